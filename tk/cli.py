@@ -1,0 +1,169 @@
+"""The `tk` command line. Heavy modules (pydantic, rich, nixl, numpy) are imported inside commands,
+so `tk --help` starts fast."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from tk import __version__
+from tk.errors import RecipeError, TkError
+
+
+def _emit_json(doc) -> None:
+    click.echo(json.dumps(doc, indent=2, sort_keys=False))
+
+
+def _say(msg: str) -> None:
+    """Prose for people: always stderr, so stdout stays one JSON document under --json."""
+    click.echo(msg, err=True)
+
+
+def recipes_dir() -> Path:
+    return Path(__file__).resolve().parent / "recipes"
+
+
+def _resolve_recipe_path(recipe: str) -> str:
+    """A path, or the name of a built-in recipe (`tk recipes`)."""
+    p = Path(recipe)
+    if p.exists():
+        return recipe
+    builtin = recipes_dir() / (recipe if recipe.endswith(".yaml") else f"{recipe}.yaml")
+    if builtin.exists():
+        return str(builtin)
+    return recipe  # load_recipe reports the missing file
+
+
+def _load_plan(recipe: str, overrides: tuple[str, ...]):
+    from tk.plan import build_plan
+    from tk.recipe import load_recipe
+
+    return build_plan(load_recipe(_resolve_recipe_path(recipe), overrides))
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+set_option = click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
+                          help="Override a recipe field, e.g. --set generation.instances=4 (repeatable).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tk")
+def cli():
+    """tk: render, launch and validate TensorRT-LLM disaggregated serving.
+
+    \b
+    tk recipes                      built-in recipes
+    tk plan RECIPE                  the resolved deployment, nothing written
+    tk render RECIPE -o DIR         every file the deployment needs
+    """
+
+
+@cli.command()
+@json_option
+@click.option("--models", is_flag=True, help="List the built-in models instead.")
+def recipes(as_json: bool, models: bool):
+    """List the built-in recipes (or models), one line each."""
+    if models:
+        from tk.models import BUILTIN_MODELS
+
+        rows = [{"name": m.name, "attention": m.attention, "layers": m.num_layers,
+                 "moe": m.is_moe} for m in BUILTIN_MODELS.values()]
+        if as_json:
+            _emit_json({"models": rows})
+        else:
+            for r in rows:
+                click.echo(f"{r['name']:<42} {r['attention']:<4} {r['layers']:>3} layers{'  MoE' if r['moe'] else ''}")
+        return
+    import yaml
+
+    rows = []
+    for path in sorted(recipes_dir().glob("*.yaml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        rows.append({"name": path.stem, "path": str(path), "engine": data.get("engine", "trtllm"),
+                     "model": data.get("model"), "description": data.get("description", "")})
+    if as_json:
+        _emit_json({"recipes": rows})
+        return
+    for r in rows:
+        click.echo(f"{r['name']:<22} {r['description']}")
+
+
+@cli.command()
+@click.argument("recipe")
+@set_option
+@json_option
+def plan(recipe: str, overrides: tuple[str, ...], as_json: bool):
+    """Show the resolved deployment of RECIPE; writes nothing."""
+    from tk.render import derived_numbers
+
+    p = _load_plan(recipe, overrides)
+    if as_json:
+        doc = {"name": p.name, "engine": p.engine.name, "trtllm_version": p.trtllm_version,
+               "recipe_file": p.recipe_file, **derived_numbers(p)}
+        doc["bytes_per_token"] = p.kv.bytes_per_token
+        _emit_json(doc)
+        return
+    from tk.report import print_plan
+
+    print_plan(p)
+
+
+@cli.command()
+@click.argument("recipe")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Output directory (default: render/<recipe name>).")
+@set_option
+@json_option
+def render(recipe: str, out_dir: str | None, overrides: tuple[str, ...], as_json: bool):
+    """Render every file of the deployment of RECIPE into a directory."""
+    from tk.render import render as render_plan
+
+    p = _load_plan(recipe, overrides)
+    out, files = render_plan(p, out_dir or Path("render") / p.name)
+    if as_json:
+        _emit_json({"name": p.name, "output": str(out), "files": sorted(files),
+                    "warnings": list(p.warnings)})
+        return
+    for w in p.warnings:
+        _say(f"warning: {w}")
+    _say(f"rendered {len(files)} files for {p.name} into {out}/")
+    for name in files:
+        _say(f"  {name}")
+
+
+def main(argv=None) -> int:
+    """Entry point: user errors are reported without a traceback."""
+    as_json = "--json" in (argv if argv is not None else sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="tk", standalone_mode=False)
+        return 0
+    except RecipeError as exc:
+        for v in exc.violations:
+            _say(f"error: {v}")
+        _say(f"{len(exc.violations)} problem(s) found; nothing was written.")
+        if as_json:
+            _emit_json({"ok": False, "errors": [v.to_dict() for v in exc.violations]})
+        return exc.exit_code
+    except TkError as exc:
+        _say(f"error: {exc}")
+        if as_json:
+            _emit_json({"ok": False, "errors": [{"message": str(exc)}]})
+        return exc.exit_code
+    except click.exceptions.Abort:
+        _say("aborted")
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,152 @@
+"""The resolved deployment: pure data, everything later stages need and nothing they must derive."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class KvGeometry:
+    """How big the KV cache of one token is, and what that means for the largest request."""
+
+    attention: str  # "gqa" or "mla"
+    num_layers: int
+    bytes_per_element: float
+    bytes_per_token: int  # whole model, all layers, one request
+    bytes_per_token_per_layer: int
+    tokens_per_block: int
+    # per tensor-parallel rank, for each role (TP splits KV heads; MLA's latent is not split)
+    ctx_bytes_per_token_per_rank: int
+    gen_bytes_per_token_per_rank: int
+    largest_request_tokens: int
+    largest_request_bytes: int
+    formula: str
+
+
+@dataclass(frozen=True)
+class Estimates:
+    """Rough timings so users see whether the KV transfer or the prefill dominates."""
+
+    transport: str
+    nominal_gbps: float
+    largest_request_transfer_ms: float
+    largest_request_prefill_ms: float
+    prefill_efficiency: float
+    gpu_peak_tflops: float
+    transfer_dominates: bool
+
+
+@dataclass(frozen=True)
+class BufferSizing:
+    max_tokens_in_buffer: int
+    reason: str
+    user_given: bool
+
+
+@dataclass(frozen=True)
+class ServerInstance:
+    """One context or generation server: an MPI world of tp*pp ranks on one or more nodes."""
+
+    role: str  # "ctx" | "gen"
+    index: int
+    nodes: tuple[int, ...]  # indices into Plan.nodes
+    gpus: tuple[int, ...]  # GPU ids on each node (CUDA_VISIBLE_DEVICES)
+    port: int
+    ntasks: int
+    ntasks_per_node: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}-{self.index}"
+
+    @property
+    def first_node(self) -> int:
+        return self.nodes[0]
+
+
+@dataclass(frozen=True)
+class RolePlan:
+    role: str  # "ctx" | "gen"
+    title: str  # "context" | "generation"
+    tp: int
+    pp: int
+    ep: int | None
+    attention_dp: bool
+    gpus_per_instance: int
+    nodes_per_instance: int
+    node_count: int
+    instances: tuple[ServerInstance, ...]
+    model_path: str
+    llm_api_options: dict  # the exact content of ctx.yaml / gen.yaml
+    serve_args: tuple[str, ...]  # `trtllm-serve` flags besides host/port/options file
+    env: dict  # the exact content of ctx.env / gen.env
+
+    @property
+    def gpu_count(self) -> int:
+        return self.gpus_per_instance * len(self.instances)
+
+
+@dataclass(frozen=True)
+class ProxyPlan:
+    node: int
+    port: int
+    config: dict  # the exact content of disagg.yaml (urls with <nodeN> placeholders)
+    args: tuple[str, ...]  # `disaggregated` flags besides -c
+    env: dict
+
+
+@dataclass(frozen=True)
+class EnginePlan:
+    """The engine that serves: TensorRT-LLM, or tk's CPU stand-in for rehearsal."""
+
+    name: str  # "trtllm" | "standin"
+    serve_command: tuple[str, ...]  # ("trtllm-serve",) or ("tk-standin-serve",)
+    launcher: tuple[str, ...]  # ("trtllm-llmapi-launch",) or ()
+    uses_mpi: bool
+    is_standin: bool
+
+
+@dataclass(frozen=True)
+class SlurmPlan:
+    job_name: str
+    nodes: int
+    gpus_per_node: int
+    partition: str | None
+    account: str | None
+    time_limit: str
+    container_image: str | None
+    container_mounts: tuple[str, ...]
+    pending_timeout_s: int
+    startup_timeout_s: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    recipe_file: str
+    toolkit_version: str
+    trtllm_version: str  # release line, e.g. "1.2"
+    trtllm_release: str  # tag the version table was written from
+    model: dict  # ModelSpec as a dict
+    engine: EnginePlan
+    kv: KvGeometry
+    buffer: BufferSizing
+    estimates: Estimates
+    context: RolePlan
+    generation: RolePlan
+    proxy: ProxyPlan
+    slurm: SlurmPlan
+    node_count: int
+    recipe: dict  # the resolved recipe (all defaults filled), for the manifest
+    warnings: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def roles(self) -> tuple[RolePlan, RolePlan]:
+        return (self.context, self.generation)
+
+    @property
+    def servers(self) -> tuple[ServerInstance, ...]:
+        return self.context.instances + self.generation.instances
+
+    def to_dict(self) -> dict:
+        return asdict(self)
