@@ -30,8 +30,15 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
 
 
-def _check_env(env: dict[str, str]) -> dict[str, str]:
+def _check_env(env) -> dict[str, str]:
+    """Environment values are strings; numbers written unquoted in YAML (`X: 1`) are taken as written."""
+    if not isinstance(env, dict):
+        raise ValueError("must be a mapping of NAME: value")
+    env = dict(env)
     for name, value in env.items():
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise ValueError(f"value of {name} must be a string; quote it, e.g. {name}: \"1\"")
+        env[name] = value = str(value)
         if not ENV_NAME.match(name):
             raise ValueError(f"environment variable name {name!r} is not of the form [A-Z_][A-Z0-9_]*")
         if "\x00" in value or "\n" in value:
@@ -96,7 +103,7 @@ class RoleSpec(Section):
     extra_serve_args: list[str] = Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
 
-    _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
+    _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _check_env(v)))
 
 
 class KvTransferSpec(Section):
@@ -111,7 +118,7 @@ class KvTransferSpec(Section):
     net_devices: Optional[str] = None
     env: dict[str, str] = Field(default_factory=dict)
 
-    _env = field_validator("env")(classmethod(lambda cls, v: _check_env(v)))
+    _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _check_env(v)))
 
     @field_validator("net_devices")
     @classmethod

@@ -1,0 +1,31 @@
+"""Small helpers for the unit specs."""
+
+from __future__ import annotations
+
+import pytest
+
+from tk.errors import RecipeError
+from tk.plan import build_plan
+from tk.recipe import load_recipe_text
+
+BASE = """\
+schema_version: 1
+name: t
+model: meta-llama/Llama-3.3-70B-Instruct
+cluster:
+  gpus_per_node: 8
+"""
+
+
+def plan_of(text: str = BASE, *overrides: str):
+    return build_plan(load_recipe_text(text, "r.yaml", list(overrides)))
+
+
+def violations_of(text: str = BASE, *overrides: str):
+    with pytest.raises(RecipeError) as info:
+        plan_of(text, *overrides)
+    return info.value.violations
+
+
+def fields(violations) -> set[str]:
+    return {v.field for v in violations}

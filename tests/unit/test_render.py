@@ -1,0 +1,148 @@
+"""Spec: rendering. Exactly the deployment's files, deterministic, atomic, only keys the target version accepts."""
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tk import versions
+from tk.errors import RecipeError
+from tk.plan import build_plan
+from tk.recipe import load_recipe
+from tk.render import MANIFEST, RENDERED_FILES, render, render_files
+from tests.conftest import RECIPES, ROOT
+from tests.unit.helpers import BASE, plan_of
+
+GOLDEN = ROOT / "tests" / "golden"
+GOLDEN_RECIPES = ["llama-3.3-70b-h100", "standin-2p2d"]
+
+
+def plan_for(path, *overrides):
+    return build_plan(load_recipe(path, list(overrides)))
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_every_shipped_recipe_renders_exactly_the_deployment_files(path, tmp_path):
+    out, files = render(plan_for(path), tmp_path / "out")
+    assert sorted(os.listdir(out)) == sorted([*RENDERED_FILES, MANIFEST])
+    manifest = json.loads((out / MANIFEST).read_text())
+    for name in RENDERED_FILES:
+        assert manifest["files"][name] == hashlib.sha256((out / name).read_bytes()).hexdigest()
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_rendering_is_deterministic(path):
+    assert render_files(plan_for(path)) == render_files(plan_for(path))
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_launch_sbatch_is_valid_bash(path, tmp_path):
+    out, _ = render(plan_for(path), tmp_path / "out")
+    subprocess.run(["bash", "-n", str(out / "launch.sbatch")], check=True)
+
+
+def _all_version_renders():
+    for path in RECIPES:
+        for line in versions.SUPPORTED:
+            try:
+                plan = plan_for(path, f"trtllm_version={line}")
+            except RecipeError:
+                continue  # a recipe may need a newer line (e.g. EFA); that refusal is tested in test_rules
+            yield pytest.param(plan, line, id=f"{path.stem}-{line}")
+
+
+@pytest.mark.parametrize("plan,line", list(_all_version_renders()))
+def test_every_rendered_key_is_accepted_by_the_target_version(plan, line):
+    v = versions.get(line)
+    files = render_files(plan)
+    for name in ("ctx.yaml", "gen.yaml"):
+        opts = yaml.safe_load(files[name])
+        assert set(opts) <= v.llm_api_keys, name
+        assert set(opts["kv_cache_config"]) <= v.kv_cache_config_keys
+        assert set(opts["cache_transceiver_config"]) <= v.cache_transceiver_keys
+        assert opts["cache_transceiver_config"]["backend"] in v.cache_transceiver_backends
+        if opts.get("cuda_graph_config"):
+            assert set(opts["cuda_graph_config"]) <= v.cuda_graph_config_keys
+        if opts.get("speculative_config"):
+            assert set(opts["speculative_config"]) <= v.mtp_config_keys
+    disagg = yaml.safe_load(files["disagg.yaml"])
+    assert set(disagg) <= v.disagg_keys
+    for section in ("context_servers", "generation_servers"):
+        assert set(disagg[section]) <= v.disagg_server_keys
+        assert disagg[section]["router"]["type"] in v.routers
+        assert len(disagg[section]["urls"]) == disagg[section]["num_instances"]
+    for name in ("ctx.env", "gen.env"):
+        names = [line.split("=", 1)[0] for line in files[name].splitlines() if line and not line.startswith("#")]
+        assert "UCX_TLS" in names
+        assert {n for n in names if n.startswith("TRTLLM_")} <= v.env_vars
+
+
+def test_env_files_can_be_sourced_and_keep_values_intact(tmp_path):
+    text = BASE + "context:\n  env:\n    MY_VAR: \"a b'c $(touch x) `id` ;\"\n"
+    out, _ = render(build_plan(_loaded(text, tmp_path)), tmp_path / "out")
+    got = subprocess.run(["bash", "-c", 'set -a; . ./ctx.env; printf %s "$MY_VAR"'], cwd=out,
+                         capture_output=True, text=True, check=True).stdout
+    assert got == "a b'c $(touch x) `id` ;"
+    assert not (out / "x").exists()
+
+
+def _loaded(text, tmp_path):
+    from tk.recipe import load_recipe_text
+
+    return load_recipe_text(text, str(tmp_path / "r.yaml"))
+
+
+@pytest.mark.parametrize("name", GOLDEN_RECIPES)
+def test_golden_files(name):
+    """Pinned output. After an intended change: TK_UPDATE_GOLDEN=1 pytest tests/unit/test_render.py"""
+    files = render_files(plan_for(ROOT / "recipes" / f"{name}.yaml"))
+    gold = GOLDEN / name
+    if os.environ.get("TK_UPDATE_GOLDEN") == "1":
+        shutil.rmtree(gold, ignore_errors=True)
+        gold.mkdir(parents=True)
+        for fname, text in files.items():
+            (gold / fname).write_text(text)
+    assert sorted(p.name for p in gold.iterdir()) == sorted(files)
+    for fname, text in files.items():
+        assert (gold / fname).read_text() == text, f"{name}/{fname} differs from the golden file"
+
+
+def test_failed_render_leaves_an_existing_output_directory_untouched(tmp_path):
+    out, _ = render(plan_for(RECIPES[0]), tmp_path / "out")
+    (out / "notes.txt").write_text("mine")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(RecipeError):
+        plan_for(RECIPES[0], "kv_transfer.max_tokens_in_buffer=33")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+
+
+def test_rerender_replaces_our_files_and_keeps_the_users(tmp_path):
+    out, _ = render(plan_for(ROOT / "recipes" / "llama-3.3-70b-h100.yaml"), tmp_path / "out")
+    (out / "notes.txt").write_text("mine")
+    render(plan_for(ROOT / "recipes" / "llama-3.3-70b-h100.yaml", "generation.instances=2"), out)
+    assert (out / "notes.txt").read_text() == "mine"
+    assert yaml.safe_load((out / "disagg.yaml").read_text())["generation_servers"]["num_instances"] == 2
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary left behind
+
+
+def test_disagg_urls_name_nodes_and_ports_from_the_plan():
+    plan = plan_of(BASE, "context.instances=2", "context.tp=4", "generation.tp=8")
+    disagg = yaml.safe_load(render_files(plan)["disagg.yaml"])
+    assert disagg["context_servers"]["urls"] == ["<node0>:8336", "<node0>:8337"]
+    assert disagg["generation_servers"]["urls"] == ["<node1>:8338"]
+    assert disagg["hostname"] == "<node0>" and disagg["port"] == 8000
+
+
+def test_container_and_mpi_flags_in_the_batch_script():
+    sbatch = render_files(plan_for(ROOT / "recipes" / "llama-3.3-70b-h100.yaml"))["launch.sbatch"]
+    assert "--container-image=nvcr.io/nvidia/tensorrt-llm/release:1.2.0" in sbatch
+    assert "--container-mounts=/lustre/models:/models:ro,/lustre/scratch:/scratch" in sbatch
+    assert "--mpi=pmix" in sbatch and "trtllm-llmapi-launch trtllm-serve" in sbatch
+    assert "#SBATCH --nodes=2" in sbatch and "#SBATCH --account=llm-serving" in sbatch
+    standin = render_files(plan_for(ROOT / "recipes" / "standin-2p2d.yaml"))["launch.sbatch"]
+    assert "tk-standin-serve" in standin and "trtllm-llmapi-launch" not in standin

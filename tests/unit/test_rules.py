@@ -1,0 +1,207 @@
+"""Spec: the rules checked before anything is written."""
+
+import math
+
+import pytest
+
+from tests.unit.helpers import BASE, fields, plan_of, violations_of
+
+DEEPSEEK = BASE.replace("meta-llama/Llama-3.3-70B-Instruct", "deepseek-ai/DeepSeek-R1")
+
+
+# --- max_tokens_in_buffer ------------------------------------------------------------------------
+
+def test_buffer_is_derived_from_the_longest_admitted_input_aligned_to_blocks():
+    p = plan_of(BASE, "traffic.max_input_len=1000", "traffic.prefix_len=24", "kv_transfer.tokens_per_block=64")
+    assert p.buffer.max_tokens_in_buffer == 1024
+    assert "1000 input + 24 prefix" in p.buffer.reason and not p.buffer.user_given
+    for role in p.roles:
+        assert role.llm_api_options["cache_transceiver_config"]["max_tokens_in_buffer"] == 1024
+
+
+def test_user_buffer_not_a_multiple_of_tokens_per_block_is_an_error_not_a_fix():
+    [v] = violations_of(BASE, "traffic.max_input_len=1000", "kv_transfer.max_tokens_in_buffer=1050")
+    assert v.field == "kv_transfer.max_tokens_in_buffer"
+    assert "not a multiple of tokens_per_block=32" in v.message and "1056" in v.fix
+
+
+def test_user_buffer_smaller_than_longest_input_is_an_error():
+    [v] = violations_of(BASE, "traffic.max_input_len=4096", "kv_transfer.max_tokens_in_buffer=2048")
+    assert "smaller than the longest input" in v.message and "4096" in v.fix
+
+
+def test_buffer_must_be_identical_on_both_roles():
+    text = BASE + "generation:\n  extra_options:\n    kv_cache_config:\n      tokens_per_block: 64\n"
+    vs = violations_of(text)
+    assert any("disagree on tokens_per_block" in v.message for v in vs)
+
+
+def test_max_num_tokens_must_be_a_multiple_of_tokens_per_block():
+    vs = violations_of(BASE, "generation.max_num_tokens=500")
+    assert "generation.max_num_tokens" in fields(vs)
+
+
+def test_context_max_num_tokens_must_hold_the_longest_input():
+    vs = violations_of(BASE, "traffic.max_input_len=8192", "context.max_num_tokens=4096")
+    assert any(v.field == "context.max_num_tokens" and "8192" in v.fix for v in vs)
+
+
+# --- agreement between roles ---------------------------------------------------------------------
+
+def test_roles_must_agree_on_kv_dtype():
+    text = BASE + "context:\n  extra_options:\n    kv_cache_config:\n      dtype: fp8\n"
+    assert any("disagree on KV dtype" in v.message for v in violations_of(text))
+
+
+def test_roles_must_agree_on_model_and_quantization():
+    text = BASE + "generation:\n  model_path: /other\n  quantization: fp8\n"
+    assert {"generation.model_path", "generation.quantization"} <= fields(violations_of(text))
+
+
+def test_roles_must_agree_on_speculative_config():
+    text = DEEPSEEK + ("context:\n  tp: 8\n  ep: 8\n  attention_dp: true\ngeneration:\n  tp: 8\n  ep: 8\n"
+                       "  extra_options:\n    speculative_config: {decoding_type: MTP, num_nextn_predict_layers: 2}\n"
+                       "speculative:\n  mtp_layers: 1\n")
+    assert any("speculative config" in v.message for v in violations_of(text))
+
+
+# --- GPU accounting and ports --------------------------------------------------------------------
+
+@pytest.mark.parametrize("gpn,tp,pp,instances", [
+    (8, 1, 1, 3), (8, 2, 1, 5), (8, 4, 1, 2), (8, 8, 1, 3), (8, 8, 2, 2), (4, 4, 1, 3), (4, 16, 1, 1), (8, 2, 2, 4),
+])
+def test_nodes_per_role_is_ceil_of_gpus_over_gpus_per_node(gpn, tp, pp, instances):
+    p = plan_of(BASE, f"cluster.gpus_per_node={gpn}", f"generation.tp={tp}", f"generation.pp={pp}",
+                f"generation.instances={instances}")
+    assert p.generation.node_count == math.ceil(tp * pp * instances / gpn)
+    assert p.generation.gpu_count == tp * pp * instances
+    # every instance gets tp*pp distinct GPUs
+    for s in p.generation.instances:
+        assert len(s.gpus) * len(s.nodes) == tp * pp
+
+
+def test_roles_do_not_share_nodes_unless_asked():
+    p = plan_of(BASE, "context.instances=1", "generation.instances=1")
+    assert p.node_count == 2
+    shared = plan_of(BASE, "context.instances=1", "generation.instances=1", "cluster.share_nodes=true")
+    assert shared.node_count == 1
+    assert set(shared.context.instances[0].gpus).isdisjoint(shared.generation.instances[0].gpus)
+
+
+def test_instance_that_does_not_pack_evenly_is_refused():
+    assert "context.tp" in fields(violations_of(BASE, "context.tp=3"))
+    assert "generation.tp" in fields(violations_of(BASE, "generation.tp=12"))
+
+
+def test_every_server_gets_a_distinct_port_and_the_proxy_none_of_them():
+    p = plan_of(BASE, "context.instances=4", "generation.instances=3", "cluster.share_nodes=true")
+    ports = [s.port for s in p.servers]
+    assert len(set(ports)) == len(ports) == 7
+    assert p.proxy.port not in ports
+
+
+def test_proxy_port_colliding_with_a_worker_port_is_an_error():
+    [v] = violations_of(BASE, "proxy.port=8337")
+    assert v.field == "proxy.port" and "collides" in v.message
+
+
+def test_nvlink_single_node_transport_needs_one_node():
+    assert "kv_transfer.transport" in fields(violations_of(BASE, "kv_transfer.transport=nvlink-single-node"))
+
+
+# --- backend and environment ---------------------------------------------------------------------
+
+def test_efa_means_nixl_over_libfabric():
+    p = plan_of(BASE, "kv_transfer.transport=efa")
+    assert p.context.env["TRTLLM_NIXL_KVCACHE_BACKEND"] == "LIBFABRIC"
+    assert p.context.env["FI_PROVIDER"] == "efa"
+    assert "kv_transfer.backend" in fields(violations_of(BASE, "kv_transfer.transport=efa", "kv_transfer.backend=UCX"))
+
+
+def test_libfabric_only_where_the_target_version_supports_it():
+    vs = violations_of(BASE, "kv_transfer.transport=efa", "trtllm_version=1.0")
+    assert any(v.field == "kv_transfer.transport" and "LIBFABRIC" in v.message for v in vs)
+
+
+def test_never_both_nixl_backend_variables():
+    vs = violations_of(BASE, "kv_transfer.transport=efa", "context.env.NIXL_BACKEND=LIBFABRIC")
+    assert any("NIXL_BACKEND" in v.field and "deserialize" in v.message for v in vs)
+
+
+def test_backend_selector_env_must_not_contradict_the_backend():
+    vs = violations_of(BASE, "kv_transfer.env.TRTLLM_USE_UCX_KVCACHE=1")
+    assert any("contradicts" in v.message for v in vs)
+
+
+def test_ucx_tls_is_always_explicit_and_owned_by_tk():
+    p = plan_of(BASE)
+    assert p.context.env["UCX_TLS"] and p.generation.env["UCX_TLS"] and p.proxy.env["UCX_TLS"]
+    assert "kv_transfer.env.UCX_TLS" in fields(violations_of(BASE, "kv_transfer.env.UCX_TLS=tcp"))
+
+
+def test_unknown_trtllm_env_var_is_refused():
+    vs = violations_of(BASE, "context.env.TRTLLM_USE_NIXL_KVCACHEE=1")
+    assert "context.env.TRTLLM_USE_NIXL_KVCACHEE" in fields(vs)
+
+
+def test_backend_must_exist_in_the_target_version():
+    assert "kv_transfer.backend" in fields(violations_of(BASE, "kv_transfer.backend=MOONCAKE", "trtllm_version=1.0"))
+
+
+def test_timeout_field_only_where_the_version_has_it():
+    p = plan_of(BASE, "trtllm_version=1.0")
+    assert "kv_transfer_timeout_ms" not in p.context.llm_api_options["cache_transceiver_config"]
+    vs = violations_of(BASE, "trtllm_version=1.0", "kv_transfer.kv_transfer_timeout_ms=5000")
+    assert "kv_transfer.kv_transfer_timeout_ms" in fields(vs)
+
+
+# --- MoE, attention DP, MTP, routers -------------------------------------------------------------
+
+def test_expert_parallel_on_a_dense_model_is_refused():
+    assert "context.ep" in fields(violations_of(BASE, "context.tp=4", "context.ep=4"))
+
+
+def test_expert_parallel_must_divide_the_role_gpus():
+    vs = violations_of(DEEPSEEK, "context.tp=8", "context.ep=3")
+    assert any(v.field == "context.ep" and "divide" in v.message for v in vs)
+
+
+def test_moe_defaults_expert_parallel_to_tp():
+    p = plan_of(DEEPSEEK, "context.tp=8", "generation.tp=8")
+    assert p.context.llm_api_options["moe_expert_parallel_size"] == 8
+
+
+def test_attention_dp_only_where_it_applies():
+    assert "context.attention_dp" in fields(violations_of(BASE, "context.attention_dp=true", "context.tp=4"))
+    assert "generation.attention_dp" in fields(violations_of(DEEPSEEK, "generation.attention_dp=true"))
+    p = plan_of(DEEPSEEK, "generation.tp=8", "generation.attention_dp=true")
+    assert p.generation.llm_api_options["enable_attention_dp"] is True
+
+
+def test_mtp_is_applied_to_both_roles_and_only_for_mtp_models():
+    p = plan_of(DEEPSEEK, "speculative.mtp_layers=3")
+    for role in p.roles:
+        assert role.llm_api_options["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
+    assert "speculative.mtp_layers" in fields(violations_of(BASE, "speculative.mtp_layers=1"))
+
+
+def test_conditional_disaggregation_needs_a_kv_cache_aware_generation_router():
+    vs = violations_of(BASE, "proxy.conditional_max_local_prefill_length=256")
+    assert "proxy.conditional_max_local_prefill_length" in fields(vs)
+    p = plan_of(BASE, "proxy.conditional_max_local_prefill_length=256", "proxy.generation_router=kv_cache_aware")
+    assert p.proxy.config["conditional_disagg_config"] == {"max_local_prefill_length": 256}
+    kv = p.generation.llm_api_options["kv_cache_config"]
+    assert kv["enable_block_reuse"] is True and kv["event_buffer_max_size"] > 0
+
+
+def test_context_role_shape():
+    p = plan_of(BASE)
+    ctx, gen = p.context.llm_api_options, p.generation.llm_api_options
+    assert ctx["disable_overlap_scheduler"] is True and ctx["cuda_graph_config"] is None
+    assert gen["cuda_graph_config"]["enable_padding"] is True
+    assert max(gen["cuda_graph_config"]["batch_sizes"]) == gen["max_batch_size"]
+    assert ctx["cache_transceiver_config"]["backend"] == gen["cache_transceiver_config"]["backend"] == "NIXL"
+
+
+def test_input_longer_than_the_model_context_is_refused():
+    assert "traffic.max_input_len" in fields(violations_of(BASE, "traffic.max_input_len=200000"))
