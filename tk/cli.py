@@ -58,6 +58,8 @@ def cli():
     tk recipes                      built-in recipes
     tk plan RECIPE                  the resolved deployment, nothing written
     tk render RECIPE -o DIR         every file the deployment needs
+    tk launch RECIPE [--local]      run it, wait until it serves
+    tk runs | status | logs | stop  look after runs
     """
 
 
@@ -134,6 +136,125 @@ def render(recipe: str, out_dir: str | None, overrides: tuple[str, ...], as_json
         _say(f"  {name}")
 
 
+# --- launch and runs -----------------------------------------------------------------------------
+
+@cli.command()
+@click.argument("recipe")
+@click.option("--local", "local", is_flag=True, help="Run as processes on this machine instead of Slurm.")
+@click.option("--dry-run", is_flag=True, help="Render into the run directory and show what would run.")
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (default runs/<name>-<time>).")
+@click.option("--pending-timeout", type=click.FloatRange(min=1), help="Seconds a Slurm job may pend.")
+@click.option("--startup-timeout", type=click.FloatRange(min=1), help="Seconds servers may take to be healthy.")
+@set_option
+@json_option
+def launch(recipe, local, dry_run, run_dir, pending_timeout, startup_timeout, overrides, as_json):
+    """Launch RECIPE on Slurm (or --local), wait until it serves, print the endpoint."""
+    from tk import launch as launcher
+
+    p = _load_plan(recipe, overrides)
+    backend = "local" if local else "slurm"
+    if dry_run:
+        run = launcher.prepare(p, backend, run_dir)
+        if as_json:
+            _emit_json({**run.public(), "dry_run": True})
+            return
+        _say(f"rendered into {run.run_dir}/ (dry run, nothing started)")
+        if backend == "slurm":
+            _say(f"would run: sbatch --chdir={run.run_dir} --export=ALL,TK_RUN_DIR={run.run_dir} "
+                 f"{run.run_dir}/launch.sbatch")
+        for s in run.servers:
+            _say(f"  {s.name:<8} node{s.node} port {s.port}")
+        return
+    from tk.progress import LaunchProgress
+
+    with LaunchProgress(enabled=not as_json) as progress:
+        run = launcher.launch(p, backend, run_dir, pending_timeout_s=pending_timeout,
+                              startup_timeout_s=startup_timeout, on_progress=progress.update)
+    if as_json:
+        _emit_json(run.public())
+        return
+    _say(f"{run.name} is serving at {run.endpoint}  ({backend}{', job ' + run.job_id if run.job_id else ''})")
+    click.echo(run.endpoint)
+
+
+@cli.command()
+@json_option
+def runs(as_json):
+    """List every run: name, backend, job id, state, endpoint."""
+    from tk.launch.run import all_runs
+
+    records = all_runs()
+    if as_json:
+        _emit_json({"runs": [r.public() for r in records]})
+        return
+    if not records:
+        _say("no runs yet; start one with `tk launch RECIPE`")
+    for r in records:
+        click.echo(f"{r.name:<40} {r.backend:<6} {r.job_id or '-':<8} {r.state:<10} {r.endpoint or '-'}")
+
+
+@cli.command()
+@click.argument("run", required=False)
+@json_option
+def status(run, as_json):
+    """Per server of RUN (default: the last run): node, port, state, health."""
+    from tk import launch as launcher
+    from tk.launch.run import log_tail
+
+    record = launcher.refresh(launcher.find_run(run))
+    if as_json:
+        _emit_json(record.public())
+    else:
+        _say(f"{record.name}: {record.state}{' - ' + record.reason if record.reason else ''}")
+        _say(f"  backend {record.backend}{', job ' + record.job_id if record.job_id else ''}, "
+             f"endpoint {record.endpoint or '-'}")
+        for s in record.servers:
+            _say(f"  {s.name:<8} node{s.node:<3} {s.host or '-':<16} port {s.port:<6} {s.state}")
+    failed = [s for s in record.servers if s.state == "failed"]
+    if record.state == "failed" and not as_json:
+        for s in failed:
+            _say(f"--- last lines of {s.name} ({record.log_path(s.name)}) ---")
+            _say(log_tail(record.log_path(s.name)))
+    if record.state in ("failed", "degraded"):
+        raise SystemExit(1)
+
+
+@cli.command()
+@click.argument("run", required=False)
+@click.option("--role", type=click.Choice(["ctx", "gen", "proxy"]), help="Only this role's logs.")
+@click.option("--instance", type=int, help="Only this instance of the role.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends (Ctrl-C stops).")
+@click.option("--lines", "-n", type=int, default=50, show_default=True, help="Lines of each log to show.")
+def logs(run, role, instance, follow, lines):
+    """Show the logs of RUN's servers."""
+    from tk import launch as launcher
+    from tk.launch.logs import follow_logs, select_logs, show_logs
+
+    record = launcher.find_run(run)
+    paths = select_logs(record, role, instance)
+    if follow:
+        follow_logs(record, paths)
+    else:
+        show_logs(paths, lines)
+
+
+@cli.command()
+@click.argument("run", required=False)
+@json_option
+def stop(run, as_json):
+    """Stop RUN (default: the last run) and verify nothing is left."""
+    from tk import launch as launcher
+
+    record = launcher.find_run(run)
+    problems = launcher.stop(record)
+    if as_json:
+        _emit_json({**record.public(), "clean": not problems, "problems": problems})
+    else:
+        _say(f"{record.name}: stopped" + ("" if not problems else f", but: {'; '.join(problems)}"))
+    if problems:
+        raise SystemExit(1)
+
+
 def main(argv=None) -> int:
     """Entry point: user errors are reported without a traceback."""
     as_json = "--json" in (argv if argv is not None else sys.argv[1:])
@@ -160,6 +281,8 @@ def main(argv=None) -> int:
         return exc.exit_code
     except click.exceptions.Exit as exc:
         return exc.exit_code
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
     except KeyboardInterrupt:
         _say("interrupted")
         return 130

@@ -1,0 +1,36 @@
+"""Live progress on stderr while `tk launch` waits."""
+
+from __future__ import annotations
+
+
+class LaunchProgress:
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+        self._status = None
+        self._last = None
+
+    def __enter__(self):
+        if self.enabled:
+            from rich.console import Console
+
+            self.console = Console(stderr=True)
+            self._status = self.console.status("submitting")
+            self._status.__enter__()
+        return self
+
+    def update(self, p) -> None:
+        if not self.enabled:
+            return
+        h = p.healthy
+        text = (f"{p.run.name}: job {p.job}{' (' + p.message + ')' if p.message and p.job == 'PENDING' else ''}"
+                f"  context {h['ctx'][0]}/{h['ctx'][1]} healthy, generation {h['gen'][0]}/{h['gen'][1]}, "
+                f"proxy {'up' if h['proxy'][0] else 'waiting'}")
+        self._status.update(text)
+        if text != self._last and not self.console.is_terminal:
+            self.console.print(text)  # a log line per change when nobody watches a spinner
+        self._last = text
+
+    def __exit__(self, *exc):
+        if self._status is not None:
+            self._status.__exit__(*exc)
+        return False
