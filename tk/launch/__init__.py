@@ -91,6 +91,7 @@ def _fail(run: RunRecord, backend, reason: str, component: str | None):
             pass
     run.set_state("failed", reason)
     problems = backend.stop(run)
+    _mark_stopped(run)
     run.set_state("failed", reason + (f"; cleanup: {'; '.join(problems)}" if problems else ""))
     raise LaunchFailed(run, reason, component, tail)
 
@@ -211,19 +212,22 @@ def refresh(run: RunRecord) -> RunRecord:
                 run.state, run.reason = "degraded", f"not healthy: {', '.join(down)}"
     elif job and job.phase == "ENDED" and run.state not in ("failed", "stopped"):
         run.state, run.reason = "failed", f"the job ended ({job.detail})"
-    if run.state in ("failed",) and job and job.phase == "ENDED":
-        for s in run.servers:
-            if s.state == "healthy":
-                s.state = "stopped"
+    if job and job.phase == "ENDED":
+        _mark_stopped(run)
     run.save()
     return run
 
 
-def stop(run: RunRecord) -> list[str]:
-    problems = backend_for(run.backend).stop(run)
+def _mark_stopped(run: RunRecord) -> None:
+    """Once the job is gone, every server that did not fail is stopped."""
     for s in run.servers:
         if s.state != "failed":
             s.state = "stopped"
+
+
+def stop(run: RunRecord) -> list[str]:
+    problems = backend_for(run.backend).stop(run)
+    _mark_stopped(run)
     if run.state != "failed":
         run.set_state("stopped", "; ".join(problems) or None)
     else:
