@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-import requests
+
+from tk import client as tk_client
+from tk.standin.baseline import AggregatedServer
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN_RECIPE = ROOT / "recipes" / "standin-2p2d.yaml"
@@ -65,75 +65,9 @@ def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
 
 
 def complete(base_url: str, prompt: str, max_tokens: int = 12, stream: bool = False, chat: bool = False) -> str:
-    """The generated text for one request; streaming answers are concatenated from their SSE chunks."""
-    if chat:
-        body = {"model": MODEL, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-                "temperature": 0, "stream": stream}
-        path = "/v1/chat/completions"
-    else:
-        body = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream}
-        path = "/v1/completions"
-    resp = requests.post(base_url + path, json=body, timeout=60, stream=stream)
-    assert resp.status_code == 200, f"{path} answered {resp.status_code}: {resp.text[:500]}"
-    if not stream:
-        choice = resp.json()["choices"][0]
-        return choice["message"]["content"] if chat else choice["text"]
-    text = []
-    done = False
-    for line in resp.iter_lines(decode_unicode=True):
-        if not line or not line.startswith("data:"):
-            continue
-        data = line[len("data:"):].strip()
-        if data == "[DONE]":
-            done = True
-            break
-        choice = json.loads(data)["choices"][0]
-        piece = (choice.get("delta") or {}).get("content") if chat else choice.get("text")
-        text.append(piece or "")
-    assert done, "stream ended without data: [DONE]"
-    return "".join(text)
+    return tk_client.complete(base_url, MODEL, prompt, max_tokens=max_tokens, stream=stream, chat=chat)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class AggregatedServer:
-    """One stand-in server answering whole requests: the baseline disaggregated answers must equal.
-
-    It gets the generation role's options without cache_transceiver_config (aggregated mode)."""
-
-    def __init__(self, run_dir: Path, workdir: Path):
-        import yaml
-
-        options = yaml.safe_load((run_dir / "gen.yaml").read_text())
-        options.pop("cache_transceiver_config", None)
-        self.options_file = workdir / "aggregated.yaml"
-        self.options_file.write_text(yaml.safe_dump(options))
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log = open(workdir / "aggregated.log", "wb")
-        self.proc = subprocess.Popen(
-            ["tk-standin-serve", MODEL, "--host", "127.0.0.1", "--port", str(self.port), "--backend", "pytorch",
-             "--extra_llm_api_options", str(self.options_file)],
-            stdout=self.log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-        wait_until(self._healthy, 60, f"the aggregated baseline server on port {self.port}")
-
-    def _healthy(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"aggregated server exited {self.proc.returncode}; see {self.log.name}")
-        try:
-            return requests.get(self.url + "/health", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
-
-    def close(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=10)
-        except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait(timeout=5)
-        self.log.close()
+def aggregated_baseline(run_dir: Path, workdir: Path) -> AggregatedServer:
+    """The aggregated stand-in with the generation role's options: what every answer must equal."""
+    return AggregatedServer.like(Path(run_dir) / "gen.yaml", workdir, model=MODEL)

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (PROMPTS, STANDIN_RECIPE, AggregatedServer, complete, processes_mentioning, tk, tk_json,
+from helpers import (PROMPTS, STANDIN_RECIPE, aggregated_baseline, complete, processes_mentioning, tk, tk_json,
                      wait_until)
 
 pytestmark = [pytest.mark.slow, pytest.mark.nixl]
@@ -69,7 +69,7 @@ def test_a_launched_deployment_answers_like_the_aggregated_baseline_and_stops_cl
         if backend == "slurm":
             assert record["job_id"]
 
-        baseline = AggregatedServer(Path(run_dir), tmp_path)
+        baseline = aggregated_baseline(Path(run_dir), tmp_path)
         try:
             for i, prompt in enumerate(PROMPTS):
                 expected = complete(baseline.url, prompt)

@@ -8,10 +8,8 @@
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 import requests
