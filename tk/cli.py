@@ -160,8 +160,10 @@ def launch(recipe, local, dry_run, run_dir, pending_timeout, startup_timeout, ov
             return
         _say(f"rendered into {run.run_dir}/ (dry run, nothing started)")
         if backend == "slurm":
-            _say(f"would run: sbatch --chdir={run.run_dir} --export=ALL,TK_RUN_DIR={run.run_dir} "
-                 f"{run.run_dir}/launch.sbatch")
+            import shlex
+
+            d = shlex.quote(str(run.run_dir))
+            _say(f"would run: TK_RUN_DIR={d} sbatch --chdir={d} --export=ALL {d}/launch.sbatch")
         for s in run.servers:
             _say(f"  {s.name:<8} node{s.node} port {s.port}")
         return

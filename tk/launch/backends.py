@@ -38,10 +38,12 @@ class LaunchError(TkError):
     pass
 
 
-def _run(cmd: list[str], timeout: float = COMMAND_TIMEOUT_S, check: bool = True) -> subprocess.CompletedProcess:
+def _run(cmd: list[str], timeout: float = COMMAND_TIMEOUT_S, check: bool = True,
+         env: dict | None = None) -> subprocess.CompletedProcess:
     """Run a Slurm client command with a bound; a missing command or a hang is a clear error."""
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                              env=None if env is None else {**os.environ, **env})
     except FileNotFoundError:
         raise LaunchError(f"`{cmd[0]}` not found: Slurm's client commands are not installed here "
                           "(use --local, or run on a Slurm login node; scripts/dev-slurm up gives a local cluster)"
@@ -134,9 +136,11 @@ class SlurmBackend:
                                   "shrink the roles or pick a bigger partition")
 
     def submit(self, run: RunRecord, plan: Plan) -> None:
-        cmd = ["sbatch", "--parsable", f"--chdir={run.run_dir}", f"--export=ALL,TK_RUN_DIR={run.run_dir}",
+        # TK_RUN_DIR travels in the environment (--export=ALL), not in --export's comma-separated list,
+        # so that any directory name arrives intact.
+        cmd = ["sbatch", "--parsable", f"--chdir={run.run_dir}", "--export=ALL",
                str(Path(run.run_dir) / "launch.sbatch")]
-        proc = _run(cmd, check=False)
+        proc = _run(cmd, check=False, env={"TK_RUN_DIR": str(run.run_dir)})
         if proc.returncode != 0:
             msg = (proc.stderr or proc.stdout).strip()
             hint = ""
