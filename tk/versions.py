@@ -1,14 +1,16 @@
 """What each supported TensorRT-LLM release line accepts. The one place version differences live.
 
 Every other module asks this table (``get(version)``) instead of testing version numbers.
-Facts come from TensorRT-LLM's own source at each release tag:
+Facts were checked against TensorRT-LLM's own source (stored NVIDIA/TensorRT-LLM files on main, pinned by
+commit below) and the upstream pull requests that changed them; the release-tag trees themselves could not
+be read, so facts that depend on when a change reached a release branch carry "unverified at tag":
   - LLM-API option keys: ``tensorrt_llm/llmapi/llm_args.py`` (``TorchLlmArgs``/``BaseLlmArgs``,
     ``KvCacheConfig``, ``CacheTransceiverConfig``, ``CudaGraphConfig``, ``MTPDecodingConfig``);
     pydantic ``extra="forbid"``, so an unknown key fails at start-up.
   - disaggregated proxy config: ``tensorrt_llm/llmapi/disagg_utils.py``; routers: ``tensorrt_llm/serve/router.py``.
   - environment: ``cpp/tensorrt_llm/common/envUtils.cpp``.
   - CLI: ``tensorrt_llm/commands/serve.py``.
-See docs/trtllm-versions.md for the tag and file each fact was read from.
+docs/trtllm-versions.md has the per-line table, every source, what is unverified, and how to add a line.
 """
 
 from __future__ import annotations
@@ -47,53 +49,120 @@ class TrtllmVersion:
         return "--extra_llm_api_options"
 
 
-_LLM_API_COMMON = {
+# ---------------------------------------------------------------------------------------------------
+# Provenance. The release tags' commits were identified from triton-inference-server/tensorrtllm_backend,
+# whose `tensorrt_llm` submodule pins them: v1.0.0 = ae8270b713446948246f16fadf4e2a32e35d0f62
+# ("Update tensorrt_llm submodule to v1.0.0 ae8270b71", 2025-09-24), v1.1.0 =
+# 48b7b5d8b7ed1e6bff57aecc6ff7d1533288bed8 ("TensorRT-LLM Backend v1.1.0 release", 2025-12-19); the v1.2.0
+# commit could not be pinned. The TensorRT-LLM tree AT THOSE TAGS could not be read here (repository snapshot
+# too large to fetch; PyPI only carries stub sdists). Every entry below therefore says which source it was
+# checked against instead: "src@<commit>" = a stored NVIDIA/TensorRT-LLM file at that commit (main branch,
+# not the tag), "PR #n" = the upstream pull request that added/changed it, with its date. An entry present
+# in a mid-2025 main-branch file (before release/1.0 branched) and in the newest file is taken as present in
+# all three lines; anything that depends on when a PR landed relative to a release branch is flagged
+# "unverified at tag". docs/trtllm-versions.md lists them.
+#   MID25_LLM_ARGS  = tensorrt_llm/llmapi/llm_args.py, stored version with the lowercase backend Literal
+#                     (June/July 2025, after PR #5234, before the 2025-08 uppercase switch)
+#   NEWEST_ENVUTILS = cpp/tensorrt_llm/common/envUtils.cpp@02734d9e111c8dc242a0e0f413275d2b2578803e (2026)
+#   MID25_ENVUTILS  = envUtils.cpp stored version with TRTLLM_PARALLEL_CACHE_SEND and no Mooncake (mid-2025)
+#   DISAGG_MID      = tensorrt_llm/llmapi/disagg_utils.py@3e53e4adfea6e24674eaec876c3009551cb25134
+#   DISAGG_NEWEST   = tensorrt_llm/llmapi/disagg_utils.py@0228a71223416496ff056a157936bad2e42c762f
+# ---------------------------------------------------------------------------------------------------
+
+# Top-level TorchLlmArgs/BaseLlmArgs fields (pytorch backend, extra="forbid"): MID25_LLM_ARGS (a main-branch
+# file from before release/1.0 branched). tk renders only a subset of these; that subset is also present in
+# later stored llm_args.py versions and official 2025-26 disagg configs. The rest are assumed not removed.
+# Deliberately absent: enable_prompt_adapter / max_prompt_adapter_token (TrtLlmArgs-only fields),
+# quant_config (a TorchLlmArgs property, not a field), and fields whose first release line is unknown
+# (sampler_type, kv_connector_config, mm_encoder_only, orchestrator_type, enable_sleep, return_perf_metrics).
+_LLM_API_CORE = {
+    # BaseLlmArgs (MID25_LLM_ARGS)
     "model", "tokenizer", "tokenizer_mode", "skip_tokenizer_init", "trust_remote_code",
     "tensor_parallel_size", "dtype", "revision", "tokenizer_revision", "pipeline_parallel_size",
     "context_parallel_size", "gpus_per_node", "moe_cluster_parallel_size", "moe_tensor_parallel_size",
-    "moe_expert_parallel_size", "enable_attention_dp", "cp_config", "load_format",
-    "enable_lora", "lora_config", "enable_prompt_adapter", "max_prompt_adapter_token",
-    "quant_config", "kv_cache_config", "enable_chunked_prefill", "guided_decoding_backend",
-    "batched_logits_processor", "iter_stats_max_iterations", "request_stats_max_iterations",
-    "peft_cache_config", "scheduler_config", "cache_transceiver_config", "speculative_config",
-    "max_batch_size", "max_input_len", "max_seq_len", "max_beam_width", "max_num_tokens",
-    "gather_generation_logits", "num_postprocess_workers", "postprocess_tokenizer_dir",
-    "reasoning_parser", "garbage_collection_gen0_threshold", "backend", "build_config",
-    "cuda_graph_config", "disable_overlap_scheduler", "moe_config", "attn_backend",
-    "enable_mixed_sampler", "enable_iter_perf_stats", "enable_iter_req_stats", "print_iter_log",
-    "torch_compile_config", "enable_autotuner", "enable_layerwise_nvtx_marker", "load_format",
-    "enable_min_latency", "stream_interval", "force_dynamic_quantization", "allreduce_strategy",
-    "checkpoint_loader", "checkpoint_format", "kv_connector_config", "mm_encoder_only",
-    "sampler_type", "enable_sleep", "return_perf_metrics", "orchestrator_type",
+    "moe_expert_parallel_size", "enable_attention_dp", "cp_config", "load_format", "enable_lora", "lora_config",
+    "kv_cache_config", "enable_chunked_prefill", "guided_decoding_backend", "batched_logits_processor",
+    "iter_stats_max_iterations", "request_stats_max_iterations", "peft_cache_config", "scheduler_config",
+    "cache_transceiver_config", "speculative_config", "max_batch_size", "max_input_len", "max_seq_len",
+    "max_beam_width", "max_num_tokens", "gather_generation_logits", "num_postprocess_workers",
+    "postprocess_tokenizer_dir", "reasoning_parser", "backend",
+    # TorchLlmArgs (MID25_LLM_ARGS)
+    "garbage_collection_gen0_threshold", "cuda_graph_config", "disable_overlap_scheduler", "moe_config",
+    "attn_backend", "enable_iter_perf_stats", "enable_iter_req_stats", "print_iter_log", "torch_compile_config",
+    "enable_autotuner", "enable_layerwise_nvtx_marker", "enable_min_latency", "stream_interval",
+    "force_dynamic_quantization", "allreduce_strategy", "checkpoint_loader", "checkpoint_format",
 }
 
-_KV_CACHE_COMMON = {
+# KvCacheConfig: MID25_LLM_ARGS has exactly these (dtype is a python-only field for the pytorch backend).
+_KV_CACHE_BASE = {
     "enable_block_reuse", "max_tokens", "max_attention_window", "sink_token_length",
     "free_gpu_memory_fraction", "host_cache_size", "onboard_blocks", "cross_kv_cache_fraction",
     "secondary_offload_min_priority", "event_buffer_max_size", "enable_partial_reuse",
-    "copy_on_partial_reuse", "use_uvm", "dtype", "mamba_ssm_cache_dtype", "tokens_per_block",
+    "copy_on_partial_reuse", "use_uvm", "dtype",
 }
+# tokens_per_block moved into KvCacheConfig by PR #5911 ("expose tokens_per_block into KvCacheConfig",
+# opened 2025-07-10, merged); present in every later stored llm_args.py. Its presence at v1.0.0 is
+# unverified at tag (see the 1.0 notes). max_gpu_total_bytes / mamba_ssm_cache_dtype: in a late-2025 main
+# version (llm_args.py, 121,745 chars, uppercase backend Literal + kv_transfer_timeout_ms, no MOONCAKE);
+# absent from MID25_LLM_ARGS and, per a third-party read of the 1.0.0 wheel, absent at 1.0.0.
+_KV_CACHE_LATER = {"max_gpu_total_bytes", "mamba_ssm_cache_dtype"}
 
+# Env variables read by the C++ transceiver (envUtils.cpp): every name below is read both in MID25_ENVUTILS
+# and in NEWEST_ENVUTILS, so it is taken as read by all three lines.
 _ENV_COMMON = {
     "TRTLLM_USE_UCX_KVCACHE", "TRTLLM_USE_MPI_KVCACHE", "TRTLLM_USE_NIXL_KVCACHE",
-    "TRTLLM_NIXL_KVCACHE_BACKEND", "TRTLLM_UCX_INTERFACE", "TRTLLM_NIXL_INTERFACE",
+    "TRTLLM_UCX_INTERFACE", "TRTLLM_NIXL_INTERFACE", "TRTLLM_NIXL_PORT", "TRTLLM_DISAGG_LAYERWISE",
     "TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE", "TRTLLM_KVCACHE_TRANSFER_USE_ASYNC_BUFFER",
+    "TRTLLM_KVCACHE_TRANSFER_USE_SYNC_BUFFER", "TRTLLM_KVCACHE_RECV_BUFFER_COUNT",
     "TRTLLM_REQUEST_KV_CACHE_CONCURRENT", "TRTLLM_KVCACHE_SEND_MAX_CONCURRENCY_NUM",
     "TRTLLM_DISABLE_KV_CACHE_TRANSFER_OVERLAP", "TRTLLM_ENABLE_KVCACHE_RECEIVE_PARALLEL",
     "TRTLLM_TRY_ZCOPY_FOR_KVCACHE_TRANSFER", "TRTLLM_KVCACHE_TIME_OUTPUT_PATH",
+    "TRTLLM_DISAGG_BENCHMARK_GEN_ONLY", "TRTLLM_ENABLE_PDL",
+    # Python-side (tensorrt_llm/commands/serve.py); names taken from the reference summary, NOT checked
+    # against source here. Kept so tk does not refuse them.
     "TRTLLM_SERVER_DISABLE_GC", "TRTLLM_WORKER_DISABLE_GC", "TRTLLM_DISAGG_SERVER_DISABLE_GC",
-    "TRTLLM_ENABLE_PDL",
 }
+# TRTLLM_NIXL_KVCACHE_BACKEND: added by PR #9075 (review 2025-11-11..14; getEnvNixlBackend(), default "UCX",
+# NEWEST_ENVUTILS). Not in MID25_ENVUTILS. Issue #10024 uses it with LIBFABRIC on 1.2.0rc5 (2025-12-16).
+_ENV_NIXL_BACKEND = {"TRTLLM_NIXL_KVCACHE_BACKEND"}
+# Mooncake: PR #8309 ("Support Mooncake transfer engine as a cache transceiver backend", reviewed
+# 2025-10-13..11-06, merged); getEnvUseMooncakeKvCache / getEnvMooncakeInterface in NEWEST_ENVUTILS.
+_ENV_MOONCAKE = {"TRTLLM_USE_MOONCAKE_KVCACHE", "TRTLLM_MOONCAKE_INTERFACE"}
 
-_DISAGG_TOP = {
+# Top level of the `trtllm-serve disaggregated -c` YAML: the named parameters of extract_disagg_cfg().
+# Any OTHER top-level key (e.g. `backend: pytorch`) is accepted too: it is copied into both server sections
+# (**kwargs in DISAGG_MID and DISAGG_NEWEST) and ignored by the HTTP proxy.
+_DISAGG_TOP = {  # all in DISAGG_MID and DISAGG_NEWEST
     "hostname", "port", "backend", "context_servers", "generation_servers", "max_retries",
     "perf_metrics_max_requests", "conditional_disagg_config",
 }
 
+# Keys under context_servers/generation_servers that tk writes: extract_ctx_gen_cfgs(num_instances, urls)
+# and extract_router_config(router) in DISAGG_MID and DISAGG_NEWEST.
+_DISAGG_SERVER = {"num_instances", "urls", "router"}
+# Router types: tensorrt_llm/serve/router.py create_router(); KvCacheAwareRouter(..., tokens_per_block=32,
+# **kwargs) in both an early-2025 stored router.py (no metadata server) and a later one (with it).
+_ROUTERS = ("round_robin", "load_balancing", "kv_cache_aware")
+
+# MTPDecodingConfig fields (MID25_LLM_ARGS) plus the `decoding_type` dispatch key.
+_MTP = {"decoding_type", "num_nextn_predict_layers", "use_relaxed_acceptance_for_thinking", "relaxed_topk",
+        "relaxed_delta", "use_mtp_vanilla"}
+# CudaGraphConfig (MID25_LLM_ARGS and newest BaseCudaGraphConfig); MoeConfig fields as read by
+# TorchLlmArgs.get_pytorch_backend_config (moe_config.backend/.max_num_tokens/.load_balancer, MID25_LLM_ARGS).
+_CUDA_GRAPH = {"batch_sizes", "max_batch_size", "enable_padding"}
+_MOE = {"backend", "max_num_tokens", "load_balancer"}
+
+# `trtllm-serve MODEL` flags tk passes (--host, --port, --backend, --tp_size, --pp_size, --ep_size,
+# --extra_llm_api_options) and a few more; spot-checked in stored tensorrt_llm/commands/serve.py versions
+# (early 2025 and newest), not at the tags.
 _SERVE_FLAGS = {
     "--host", "--port", "--backend", "--tp_size", "--pp_size", "--ep_size", "--gpus_per_node",
     "--extra_llm_api_options", "--log_level", "--trust_remote_code",
 }
+# `trtllm-serve disaggregated`: -c/--config_file, -t/--server_start_timeout, -r/--request_timeout in an
+# early-2025 serve.py and in a mid/late-2025 one, which also has -m/--metadata_server_config_file and
+# -l/--log_level. tk passes only -c, -t and -r. Whether 1.0 has -m is unverified (left as before).
+_DISAGG_FLAGS_BASE = {"-c", "-t", "-r", "-l"}
 
 _VERSIONS: dict[str, TrtllmVersion] = {}
 
@@ -104,63 +173,94 @@ def _register(v: TrtllmVersion) -> None:
 
 _register(TrtllmVersion(
     line="1.0",
-    release="v1.0.0",
-    llm_api_keys=frozenset(_LLM_API_COMMON),
-    kv_cache_config_keys=frozenset(_KV_CACHE_COMMON),
+    release="v1.0.0",  # tag commit ae8270b713446948246f16fadf4e2a32e35d0f62 (tensorrtllm_backend v1.0.0)
+    llm_api_keys=frozenset(_LLM_API_CORE),
+    # PR #5911 (tokens_per_block) vs the release/1.0 branch point: unverified at tag, see notes.
+    kv_cache_config_keys=frozenset(_KV_CACHE_BASE | {"tokens_per_block"}),
+    # backend + max_tokens_in_buffer only: MID25_LLM_ARGS; a third-party read of the 1.0.0 wheel agrees
+    # ("1.0.0 has only backend + max_tokens_in_buffer"); kv_transfer_timeout_ms PR #6801 (2025-08) was closed.
     cache_transceiver_keys=frozenset({"backend", "max_tokens_in_buffer"}),
+    # Four values, no MOONCAKE (MID25_LLM_ARGS; PR #8309 added MOONCAKE in late 2025). Spelling: see notes.
     cache_transceiver_backends=("DEFAULT", "UCX", "NIXL", "MPI"),
-    cuda_graph_config_keys=frozenset({"batch_sizes", "max_batch_size", "enable_padding"}),
-    mtp_config_keys=frozenset({"decoding_type", "num_nextn_predict_layers", "use_relaxed_acceptance_for_thinking",
-                               "relaxed_topk", "relaxed_delta", "use_mtp_vanilla"}),
-    moe_config_keys=frozenset({"backend", "max_num_tokens", "load_balancer"}),
+    cuda_graph_config_keys=frozenset(_CUDA_GRAPH),
+    mtp_config_keys=frozenset(_MTP),
+    moe_config_keys=frozenset(_MOE),
     disagg_keys=frozenset(_DISAGG_TOP),
-    disagg_server_keys=frozenset({"num_instances", "urls", "router"}),
-    routers=("round_robin", "load_balancing", "kv_cache_aware"),
+    disagg_server_keys=frozenset(_DISAGG_SERVER),
+    routers=_ROUTERS,
+    # No TRTLLM_NIXL_KVCACHE_BACKEND (PR #9075, Nov 2025) and no Mooncake variables.
     env_vars=frozenset(_ENV_COMMON),
+    # NIXL runs over UCX only; there is no variable to pick another NIXL backend before PR #9075.
     nixl_transports=("UCX",),
     serve_flags=frozenset(_SERVE_FLAGS),
-    disaggregated_flags=frozenset({"-c", "-t", "-r", "-l"}),
+    disaggregated_flags=frozenset(_DISAGG_FLAGS_BASE),
+    notes=(
+        ("cache_transceiver_config.backend spelling at v1.0.0 is unverified: main accepted only lowercase "
+        "'default|ucx|nixl|mpi' from PR #5234 (2025-06) until the uppercase switch around 2025-08-14 "
+        "(PR #6583 of 2025-08-04 still aligned examples to lowercase; PR #6887 of 2025-08-14 describes the "
+        "uppercase-only change). tk renders uppercase."),
+        ("kv_cache_config.tokens_per_block at v1.0.0 is unverified: added by PR #5911 (opened 2025-07-10), "
+        "absent from the June/July 2025 llm_args.py."),
+        ("backend DEFAULT: PR #5234 (2025-06) made the C++ factory fall back to UCX when no "
+        "TRTLLM_USE_*_KVCACHE selector is set; the v1.0.0 behaviour itself is unverified."),
+    ),
 ))
 
 _register(TrtllmVersion(
     line="1.1",
-    release="v1.1.0",
-    llm_api_keys=frozenset(_LLM_API_COMMON),
-    kv_cache_config_keys=frozenset(_KV_CACHE_COMMON),
-    cache_transceiver_keys=frozenset({"backend", "max_tokens_in_buffer", "kv_transfer_timeout_ms"}),
+    release="v1.1.0",  # tag commit 48b7b5d8b7ed1e6bff57aecc6ff7d1533288bed8 (tensorrtllm_backend v1.1.0)
+    llm_api_keys=frozenset(_LLM_API_CORE),
+    kv_cache_config_keys=frozenset(_KV_CACHE_BASE | {"tokens_per_block"} | _KV_CACHE_LATER),
+    # kv_transfer_timeout_ms was still not merged on 2025-10-03 (PR #7575 thread), after main had moved to
+    # 1.2.0rc0 (2025-09-30, tensorrtllm_backend): not in release/1.1 unless back-ported (unverified at tag).
+    cache_transceiver_keys=frozenset({"backend", "max_tokens_in_buffer"}),
     cache_transceiver_backends=("DEFAULT", "UCX", "NIXL", "MPI"),
-    cuda_graph_config_keys=frozenset({"batch_sizes", "max_batch_size", "enable_padding"}),
-    mtp_config_keys=frozenset({"decoding_type", "num_nextn_predict_layers", "use_relaxed_acceptance_for_thinking",
-                               "relaxed_topk", "relaxed_delta", "use_mtp_vanilla"}),
-    moe_config_keys=frozenset({"backend", "max_num_tokens", "load_balancer"}),
+    cuda_graph_config_keys=frozenset(_CUDA_GRAPH),
+    mtp_config_keys=frozenset(_MTP),
+    moe_config_keys=frozenset(_MOE),
+    # disagg_cluster: DisaggClusterConfig in DISAGG_MID; otlp_config: not in DISAGG_MID, in DISAGG_NEWEST.
+    # Which line first has each is unverified at tag (kept as before; tk writes neither).
     disagg_keys=frozenset(_DISAGG_TOP | {"disagg_cluster", "otlp_config"}),
-    disagg_server_keys=frozenset({"num_instances", "urls", "router"}),
-    routers=("round_robin", "load_balancing", "kv_cache_aware"),
-    env_vars=frozenset(_ENV_COMMON),
-    nixl_transports=("UCX", "LIBFABRIC"),
+    disagg_server_keys=frozenset(_DISAGG_SERVER),
+    routers=_ROUTERS,
+    env_vars=frozenset(_ENV_COMMON),  # TRTLLM_NIXL_KVCACHE_BACKEND landed after release/1.1 branched
+    nixl_transports=("UCX",),
     serve_flags=frozenset(_SERVE_FLAGS),
-    disaggregated_flags=frozenset({"-c", "-t", "-r", "-l", "-m"}),
+    disaggregated_flags=frozenset(_DISAGG_FLAGS_BASE | {"-m"}),
+    notes=(
+        ("kv_transfer_timeout_ms and TRTLLM_NIXL_KVCACHE_BACKEND are treated as absent: both landed on main "
+        "after release/1.1 branched (Oct/Nov 2025); a back-port into v1.1.0 could not be ruled out."),
+    ),
 ))
 
 _register(TrtllmVersion(
     line="1.2",
-    release="v1.2.0",
-    llm_api_keys=frozenset(_LLM_API_COMMON),
-    kv_cache_config_keys=frozenset(_KV_CACHE_COMMON),
+    release="v1.2.0",  # tag commit not pinned (tensorrtllm_backend only pins a triton fork for 1.2)
+    llm_api_keys=frozenset(_LLM_API_CORE),
+    kv_cache_config_keys=frozenset(_KV_CACHE_BASE | {"tokens_per_block"} | _KV_CACHE_LATER),
+    # kv_transfer_timeout_ms: in the README context of PR #9155 (2025-11-14) and the late-2025 llm_args.py;
+    # kv_transfer_sender_future_timeout_ms: added by PR #9155 (merged, Nov 2025). Default of
+    # kv_transfer_timeout_ms became 60000 only in PR #12249 (2026-03, after 1.2).
     cache_transceiver_keys=frozenset({"backend", "max_tokens_in_buffer", "kv_transfer_timeout_ms",
                                       "kv_transfer_sender_future_timeout_ms"}),
-    cache_transceiver_backends=("DEFAULT", "UCX", "NIXL", "MPI", "MOONCAKE"),
-    cuda_graph_config_keys=frozenset({"batch_sizes", "max_batch_size", "enable_padding"}),
-    mtp_config_keys=frozenset({"decoding_type", "num_nextn_predict_layers", "use_relaxed_acceptance_for_thinking",
-                               "relaxed_topk", "relaxed_delta", "use_mtp_vanilla"}),
-    moe_config_keys=frozenset({"backend", "max_num_tokens", "load_balancer"}),
+    cache_transceiver_backends=("DEFAULT", "UCX", "NIXL", "MPI", "MOONCAKE"),  # MOONCAKE: PR #8309
+    cuda_graph_config_keys=frozenset(_CUDA_GRAPH),
+    mtp_config_keys=frozenset(_MTP),
+    moe_config_keys=frozenset(_MOE),
+    # node_id: in DISAGG_NEWEST, line of introduction unverified (kept as before; tk does not write it).
     disagg_keys=frozenset(_DISAGG_TOP | {"disagg_cluster", "otlp_config", "node_id"}),
-    disagg_server_keys=frozenset({"num_instances", "urls", "router"}),
-    routers=("round_robin", "load_balancing", "kv_cache_aware"),
-    env_vars=frozenset(_ENV_COMMON | {"TRTLLM_USE_MOONCAKE_KVCACHE", "TRTLLM_MOONCAKE_INTERFACE"}),
+    disagg_server_keys=frozenset(_DISAGG_SERVER),
+    routers=_ROUTERS,
+    env_vars=frozenset(_ENV_COMMON | _ENV_NIXL_BACKEND | _ENV_MOONCAKE),
+    # UCX (default) and LIBFABRIC: PR #9075 review (LIBFABRIC once NIXL >= 0.6.1), issue #10024 (1.2.0rc5
+    # with TRTLLM_NIXL_KVCACHE_BACKEND=LIBFABRIC); value set at v1.2.0 itself unverified.
     nixl_transports=("UCX", "LIBFABRIC"),
     serve_flags=frozenset(_SERVE_FLAGS),
-    disaggregated_flags=frozenset({"-c", "-t", "-r", "-l", "-m"}),
+    disaggregated_flags=frozenset(_DISAGG_FLAGS_BASE | {"-m"}),
+    notes=(
+        ("backend DEFAULT: kv_cache_transceiver.py on main (PR #9352 context, 2025-11-21) maps DEFAULT to the "
+        "TRTLLM_USE_*_KVCACHE selectors, else NIXL; PR #9352 (revert to UCX) was closed unmerged."),
+    ),
 ))
 
 SUPPORTED = tuple(_VERSIONS)
