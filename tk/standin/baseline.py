@@ -44,10 +44,16 @@ class AggregatedServer:
             raise
 
     @classmethod
-    def like(cls, role_options_file: Path, workdir: Path, model: str = "tk/standin-tiny") -> "AggregatedServer":
-        """A baseline with a role's rendered options minus its cache_transceiver_config (aggregated mode)."""
+    def like(cls, role_options_file: Path, workdir: Path, model: str = "tk/standin-tiny") -> AggregatedServer:
+        """A baseline with a role's rendered options minus its cache_transceiver_config (aggregated mode).
+
+        Chunked prefill is switched on: a generation role's max_num_tokens is sized for decode batches, and
+        without chunking the server would refuse prompts longer than it (as TensorRT-LLM does). The answers do
+        not depend on it.
+        """
         options = yaml.safe_load(Path(role_options_file).read_text()) or {}
         options.pop("cache_transceiver_config", None)
+        options["enable_chunked_prefill"] = True
         return cls(model, options, workdir)
 
     def _wait_healthy(self, timeout_s: float) -> None:
@@ -79,7 +85,7 @@ class AggregatedServer:
             except subprocess.TimeoutExpired:
                 continue
 
-    def __enter__(self) -> "AggregatedServer":
+    def __enter__(self) -> AggregatedServer:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -1,0 +1,241 @@
+"""A disaggregated stand-in deployment with real NIXL KV transfers: context + generation servers and the proxy.
+
+Every answer must equal the aggregated baseline (tk.standin.baseline, the generation role's options without
+cache_transceiver_config); corrupted KV, a mismatched peer, a dead or frozen context server and KV nobody fetched
+must all fail or show, never hang.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import pytest
+import requests
+
+from tests.standin.helpers import MODEL, worker_env
+from tk.client import CompletionError, complete
+from tk.standin.baseline import AggregatedServer
+
+pytestmark = pytest.mark.nixl
+pytest.importorskip("numpy")
+if not any(__import__("importlib").util.find_spec(m) for m in ("nixl", "nixl_cu12", "nixl_cu13")):
+    pytest.skip("NIXL is not installed", allow_module_level=True)
+
+TIMEOUT_MS = 3000
+BUFFER = 128
+CTX = {"max_batch_size": 8, "max_num_tokens": 256, "max_seq_len": 320, "disable_overlap_scheduler": True,
+       "print_iter_log": True, "kv_cache_config": {"tokens_per_block": 32, "dtype": "auto", "enable_block_reuse": False},
+       "cache_transceiver_config": {"backend": "NIXL", "max_tokens_in_buffer": BUFFER,
+                                    "kv_transfer_timeout_ms": TIMEOUT_MS}}
+GEN = {**CTX, "max_batch_size": 16, "max_num_tokens": 128, "disable_overlap_scheduler": False}
+GEN16 = {**GEN, "kv_cache_config": {**GEN["kv_cache_config"], "tokens_per_block": 16},
+         "cache_transceiver_config": {**GEN["cache_transceiver_config"], "max_tokens_in_buffer": 128}}
+LENGTHS = [1, 2, 31, 32, 33, 64, 100, 128]
+
+
+def words(n: int, tag: str = "w") -> str:
+    return " ".join(f"{tag}{i}" for i in range(n))
+
+
+@pytest.fixture(scope="module")
+def dep(launcher):
+    """ctx, gen, a corrupting gen, a tokens_per_block=16 gen, a proxy (msgpack to workers) and the baseline."""
+    ctx_opts, gen_opts = launcher.options("ctx.yaml", CTX), launcher.options("gen.yaml", GEN)
+    procs = {
+        "ctx": launcher.worker("ctx", ctx_opts, wait=False),
+        "gen": launcher.worker("gen", gen_opts, wait=False),
+        "gen_corrupt": launcher.worker("gen_corrupt", gen_opts, env=worker_env(TK_STANDIN_FAULT="corrupt_kv"),
+                                       wait=False),
+        "gen16": launcher.worker("gen16", launcher.options("gen16.yaml", GEN16), wait=False),
+    }
+    baseline = AggregatedServer.like(gen_opts, launcher.dir / "baseline", model=MODEL)
+    try:
+        for p in procs.values():
+            p.wait_healthy()
+        procs["proxy"] = launcher.proxy("proxy", [procs["ctx"]], [procs["gen"]],
+                                        env=worker_env(TRTLLM_SERVE_ENABLE_MSGSPEC=1))
+        procs["baseline"] = baseline
+        yield procs
+    finally:
+        baseline.close()
+
+
+def wait_for(predicate, what: str, timeout_s: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def stats(proc) -> dict:
+    return requests.get(proc.url + "/standin/stats", timeout=10).json()
+
+
+def context_leg(ctx, prompt: str) -> dict:
+    r = requests.post(ctx.url + "/v1/completions", timeout=30, json={
+        "model": MODEL, "prompt": prompt, "max_tokens": 1, "stream": False,
+        "disaggregated_params": {"request_type": "context_only", "disagg_request_id": (1 << 40) + 7,
+                                 "schedule_style": 0}})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def generation_leg(gen, ctx_resp: dict, max_tokens: int = 12) -> tuple[int, dict, float]:
+    params = {**ctx_resp["choices"][0]["disaggregated_params"], "request_type": "generation_only"}
+    t0 = time.monotonic()
+    r = requests.post(gen.url + "/v1/completions", timeout=30, json={
+        "model": MODEL, "prompt": ctx_resp["prompt_token_ids"], "max_tokens": max_tokens,
+        "disaggregated_params": params})
+    return r.status_code, r.json(), time.monotonic() - t0
+
+
+def test_context_response_carries_trtllm_fields(dep):
+    resp = context_leg(dep["ctx"], words(40))
+    params = resp["choices"][0]["disaggregated_params"]
+    assert params["request_type"] == "context_only" and params["disagg_request_id"] == (1 << 40) + 7
+    assert isinstance(params["ctx_request_id"], int) and len(params["first_gen_tokens"]) == 1
+    assert isinstance(params["encoded_opaque_state"], str) and params["schedule_style"] == 0
+    assert "draft_tokens" in params
+    assert len(resp["prompt_token_ids"]) == 40 and resp["choices"][0]["finish_reason"] == "length"
+    status, _doc, _ = generation_leg(dep["gen"], resp)  # fetch it, so the slot is freed
+    assert status == 200
+
+
+def test_disaggregated_answers_equal_the_aggregated_baseline(dep):
+    proxy, base = dep["proxy"], dep["baseline"]
+    before_ctx, before_gen = stats(dep["ctx"]), stats(dep["gen"])
+    for n in LENGTHS:
+        prompt = words(n, f"p{n}x")
+        expected = complete(base.url, MODEL, prompt, max_tokens=12)
+        assert complete(proxy.url, MODEL, prompt, max_tokens=12) == expected, n
+        assert complete(proxy.url, MODEL, prompt, max_tokens=12, stream=True) == expected, n
+    for n in (1, 20, 100):
+        prompt = words(n, "chat")
+        expected = complete(base.url, MODEL, prompt, max_tokens=6, chat=True)
+        assert complete(proxy.url, MODEL, prompt, max_tokens=6, chat=True) == expected
+        assert complete(proxy.url, MODEL, prompt, max_tokens=6, chat=True, stream=True) == expected
+    after_ctx, after_gen = stats(dep["ctx"]), stats(dep["gen"])
+    legs = 2 * len(LENGTHS) + 6
+    assert after_ctx["requests"]["context_only"] - before_ctx["requests"]["context_only"] == legs
+    assert after_gen["requests"]["generation_only"] - before_gen["requests"]["generation_only"] == legs
+    assert after_gen["requests"]["context_and_generation"] == before_gen["requests"]["context_and_generation"]
+    assert after_gen["kv"]["kv_transfers"] - before_gen["kv"]["kv_transfers"] == legs
+    assert after_gen["kv"]["kv_bytes_received"] > before_gen["kv"]["kv_bytes_received"]
+    # the context server's NIXL agent is added once, not per request
+    assert after_gen["kv"]["kv_remote_agents_added"] - before_gen["kv"]["kv_remote_agents_added"] <= 1
+    freed = before_ctx["kv"]["kv_slots_freed_by_notification"] + legs  # every READ's notification freed its slot
+    wait_for(lambda: stats(dep["ctx"])["kv"]["kv_slots_freed_by_notification"] >= freed, "the notifications")
+
+
+def test_prompt_longer_than_max_tokens_in_buffer_is_refused_clearly(dep):
+    prompt = words(BUFFER + 10)
+    assert complete(dep["baseline"].url, MODEL, prompt, max_tokens=4)  # the baseline takes it
+    with pytest.raises(CompletionError) as exc:
+        complete(dep["proxy"].url, MODEL, prompt, max_tokens=4)
+    msg = str(exc.value)
+    assert "HTTP 400" in msg and "max_tokens_in_buffer is 128" in msg and dep["ctx"].endpoint in msg
+
+
+def test_worker_errors_reach_the_client_with_status_and_message(dep):
+    r = requests.post(dep["proxy"].url + "/v1/completions", json={"model": MODEL, "prompt": words(300)}, timeout=30)
+    assert r.status_code == 400 and "should not exceed max_num_tokens (256)" in r.json()["message"]
+
+
+def test_corrupted_kv_changes_the_answer(dep):
+    prompt = words(50, "c")
+    expected = requests.post(dep["baseline"].url + "/v1/completions", timeout=30,
+                             json={"model": MODEL, "prompt": prompt, "max_tokens": 12}).json()["choices"][0]["text"]
+    status, good, _ = generation_leg(dep["gen"], context_leg(dep["ctx"], prompt))
+    assert status == 200 and good["choices"][0]["text"] == expected
+    status, bad, _ = generation_leg(dep["gen_corrupt"], context_leg(dep["ctx"], prompt))
+    assert status == 200
+    got = bad["choices"][0]["text"].split()
+    assert got[0] == expected.split()[0]  # the first token comes from the context server
+    assert got[1:] != expected.split()[1:]
+
+
+def test_tokens_per_block_mismatch_is_refused(dep):
+    status, doc, _ = generation_leg(dep["gen16"], context_leg(dep["ctx"], words(40)))
+    assert status == 400
+    msg = doc["message"]
+    assert "tokens_per_block" in msg and "context 32, generation 16" in msg and dep["ctx"].endpoint in msg
+
+
+def test_kv_nobody_fetched_is_freed_after_the_timeout(dep):
+    before = stats(dep["ctx"])["kv"]["kv_slots_expired"]
+    resp = context_leg(dep["ctx"], words(20, "late"))
+    time.sleep(TIMEOUT_MS / 1000 + 0.3)
+    assert stats(dep["ctx"])["kv"]["kv_slots_expired"] >= before + 1  # (earlier tests' unfetched KV expires too)
+    status, doc, _ = generation_leg(dep["gen"], resp)
+    assert status == 500 and "freed the slot" in doc["message"] and dep["ctx"].endpoint in doc["message"]
+
+
+def test_frozen_or_killed_context_server_fails_the_generation_request_in_time(launcher, dep):
+    victim = launcher.worker("ctx_victim", launcher.options("ctx_victim.yaml", CTX))
+    gen = dep["gen"]
+    # frozen after the context leg: the READ never completes; bounded by kv_transfer_timeout_ms
+    resp = context_leg(victim, words(30, "f"))
+    victim.signal(signal.SIGSTOP)
+    try:
+        status, doc, took = generation_leg(gen, resp)
+    finally:
+        victim.signal(signal.SIGCONT)
+    assert status == 500 and victim.endpoint in doc["message"] and "kv_transfer_timeout_ms=3000" in doc["message"]
+    assert TIMEOUT_MS / 1000 - 0.2 < took < TIMEOUT_MS / 1000 + 1.5
+    # killed after the context leg: fails, naming the context server, well within the timeout
+    resp = context_leg(victim, words(30, "k"))
+    victim.signal(signal.SIGKILL)
+    victim.popen.wait(timeout=10)
+    status, doc, took = generation_leg(gen, resp)
+    assert status == 500 and victim.endpoint in doc["message"], doc
+    assert took < TIMEOUT_MS / 1000 + 1.0
+    # and the generation server still serves
+    assert complete(dep["proxy"].url, MODEL, "still alive", max_tokens=3)
+
+
+def test_proxy_health_models_and_stats(dep):
+    proxy = dep["proxy"]
+    assert requests.get(proxy.url + "/health", timeout=10).status_code == 200
+    assert requests.get(proxy.url + "/v1/models", timeout=10).json()["data"][0]["owned_by"] == \
+        "tk CPU stand-in, not TensorRT-LLM"
+    s = stats(proxy)
+    assert s["disaggregated"] > 0 and s["local_prefill"] == 0
+    assert "tk CPU stand-in, not TensorRT-LLM" in proxy.log()
+
+
+def test_conditional_disaggregation_sends_a_short_remainder_straight_to_generation(launcher, dep):
+    proxy = launcher.proxy("proxy_cond", [dep["ctx"]], [dep["gen"]], extra={
+        "generation_servers": {"router": {"type": "kv_cache_aware", "tokens_per_block": 32}},
+        "conditional_disagg_config": {"max_local_prefill_length": 16}})
+    base, ctx, gen = dep["baseline"], dep["ctx"], dep["gen"]
+    first = words(64, "cond")
+    assert complete(proxy.url, MODEL, first, max_tokens=5) == complete(base.url, MODEL, first, max_tokens=5)
+    s = stats(proxy)
+    assert s["disaggregated"] == 1 and s["local_prefill"] == 0  # nothing cached yet: via the context server
+    ctx_before, gen_before = stats(ctx)["requests"], stats(gen)["requests"]
+    longer = first + " " + words(8, "more")  # 64 tokens known to the generation server, 8 left to prefill
+    assert complete(proxy.url, MODEL, longer, max_tokens=5) == complete(base.url, MODEL, longer, max_tokens=5)
+    s = stats(proxy)
+    assert s["local_prefill"] == 1 and s["disaggregated"] == 1
+    assert stats(ctx)["requests"]["context_only"] == ctx_before["context_only"]
+    assert stats(gen)["requests"]["context_and_generation"] == gen_before["context_and_generation"] + 1
+    other = words(72, "fresh")  # no cached prefix: disaggregated again
+    assert complete(proxy.url, MODEL, other, max_tokens=5) == complete(base.url, MODEL, other, max_tokens=5)
+    assert stats(proxy)["disaggregated"] == 2
+
+
+def test_request_timeout_bounds_each_leg(launcher, dep):
+    slow = launcher.worker("gen_slow", launcher.options("gen_slow.yaml", GEN),
+                           env=worker_env(TK_STANDIN_DECODE_MS=200))
+    proxy = launcher.proxy("proxy_r1", [dep["ctx"]], [slow], flags=("-t", "60", "-r", "1"))
+    t0 = time.monotonic()
+    r = requests.post(proxy.url + "/v1/completions", json={"model": MODEL, "prompt": "slow", "max_tokens": 20},
+                      timeout=30)
+    assert r.status_code == 504 and slow.endpoint in r.json()["detail"] and "-r 1s" in r.json()["detail"]
+    assert time.monotonic() - t0 < 3
+    # a worker that dies makes the proxy unhealthy, naming it
+    slow.signal(signal.SIGKILL)
+    slow.popen.wait(timeout=10)
+    wait_for(lambda: requests.get(proxy.url + "/health", timeout=10).status_code == 503, "proxy /health 503", 5)
+    assert slow.endpoint in requests.get(proxy.url + "/health", timeout=10).json()["detail"]
