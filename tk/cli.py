@@ -60,6 +60,7 @@ def cli():
     tk render RECIPE -o DIR         every file the deployment needs
     tk launch RECIPE [--local]      run it, wait until it serves
     tk runs | status | logs | stop  look after runs
+    tk validate cluster RECIPE      NIXL transfers between every context and generation node
     """
 
 
@@ -254,6 +255,97 @@ def stop(run, as_json):
     else:
         _say(f"{record.name}: stopped" + ("" if not problems else f", but: {'; '.join(problems)}"))
     if problems:
+        raise SystemExit(1)
+
+
+# --- validate ------------------------------------------------------------------------------------
+
+@cli.group()
+def validate():
+    """Check a cluster before serving on it."""
+
+
+def _lengths_option(ctx, param, value):
+    if not value:
+        return None
+    try:
+        out = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter("a comma-separated list of token counts, e.g. 128,1024,8192") from None
+    if not out or min(out) < 1:
+        raise click.BadParameter("token counts must be >= 1")
+    return out
+
+
+@validate.command("cluster")
+@click.argument("recipe")
+@click.option("--local", "local", is_flag=True, help="Run the agents as processes on this machine.")
+@click.option("--nodes", type=click.IntRange(min=2), help="With --local: this many agents, half context, half "
+              "generation (default: the recipe's nodes).")
+@click.option("--in-allocation", is_flag=True, help="Inside salloc/sbatch: srun the agents on SLURM_JOB_NODELIST.")
+@click.option("--memory", type=click.Choice(["auto", "dram", "vram"]), default="auto", show_default=True,
+              help="Where the KV-shaped buffers live (auto: VRAM when a GPU is visible; DRAM for stand-in recipes).")
+@click.option("--max-memory-mb", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Cap on the buffer each agent registers; layers are scaled down to fit (and the report says so).")
+@click.option("--iterations", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Timed transfers per request length and op.")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Untimed (but verified) transfers first: connections are lazy.")
+@click.option("--sweep/--no-sweep", default=True, show_default=True,
+              help="Measure 16..256 tokens per descriptor and recommend a tokens_per_block.")
+@click.option("--sweep-iterations", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--lengths", callback=_lengths_option, metavar="N,N,...",
+              help="Request lengths in tokens (default: short, typical, longest admitted).")
+@click.option("--min-fraction", type=click.FloatRange(min=0.0), default=None,
+              help="Fail a pair below this fraction of the transport profile's nominal GB/s "
+                   "(default 0 for tcp/DRAM rehearsal, else 0.5).")
+@click.option("--transfer-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Seconds one transfer or one answer from a peer may take.")
+@click.option("--rendezvous-timeout", type=click.FloatRange(min=0.1), default=None,
+              help="Seconds to wait for every peer's metadata (default 60 local, 180 Slurm).")
+@click.option("--timeout", type=click.FloatRange(min=1), default=900.0, show_default=True,
+              help="Bound on the whole run once the agents start.")
+@click.option("--pending-timeout", type=click.FloatRange(min=1), help="Seconds the Slurm job may pend.")
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (default runs/<name>-validate-<time>).")
+@click.option("--python", "python", help="Interpreter for the agents (default: this one; python3 in containers).")
+@set_option
+@json_option
+def validate_cluster(recipe, local, nodes, in_allocation, memory, max_memory_mb, iterations, warmup, sweep,
+                     sweep_iterations, lengths, min_fraction, transfer_timeout, rendezvous_timeout, timeout,
+                     pending_timeout, run_dir, python, overrides, as_json):
+    """Real NIXL transfers shaped like RECIPE's KV blocks between every context and generation node.
+
+    Every byte is verified; per-pair bandwidth and latency are measured. Exit 0 only when every pair
+    passed every check. Without --local or --in-allocation, submits its own Slurm job.
+    """
+    if local and in_allocation:
+        raise click.UsageError("--local and --in-allocation exclude each other")
+    if nodes and not local:
+        raise click.UsageError("--nodes goes with --local (on Slurm the recipe decides the nodes)")
+    from tk.validation.params import Options
+    from tk.validation.report import LiveProgress, print_report
+    from tk.validation.run import validate as run_validation
+
+    p = _load_plan(recipe, overrides)
+    opts = Options(mode="local" if local else "in-allocation" if in_allocation else "slurm", nodes=nodes,
+                   memory=memory, max_memory_mb=max_memory_mb, iterations=iterations, warmup=warmup, sweep=sweep,
+                   sweep_iterations=sweep_iterations, lengths=lengths, min_fraction=min_fraction,
+                   transfer_timeout_s=transfer_timeout, rendezvous_timeout_s=rendezvous_timeout, timeout_s=timeout,
+                   pending_timeout_s=pending_timeout, run_dir=run_dir, python=python)
+    n_agents = nodes or sum(len({n for s in r.instances for n in s.nodes}) for r in p.roles)
+    with LiveProgress(enabled=not as_json, total_pairs=0, rounds=0) as progress:
+        def on_progress(phase, pairs=None, up=0, total=0):
+            if pairs is not None:
+                progress.total = len(pairs)
+                progress.rounds = 1 + max((x["round"] for x in pairs), default=-1)
+            progress.update(phase, pairs, up, total or n_agents)
+
+        report = run_validation(p, opts, on_progress=on_progress)
+    if as_json:
+        _emit_json(report)
+    else:
+        print_report(report)
+    if not report["passed"]:
         raise SystemExit(1)
 
 

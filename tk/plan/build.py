@@ -139,7 +139,7 @@ def _check_version_features(r: Recipe, loaded, version, transport: TransportProf
         if transport.nixl_transport not in version.nixl_transports:
             c.add("kv_transfer.transport",
                   f"TensorRT-LLM {version.line} cannot run NIXL over {transport.nixl_transport}",
-                  f"use a trtllm_version that supports it, or another transport")
+                  "use a trtllm_version that supports it, or another transport")
     if r.engine == "standin" and kv.backend in ("MPI", "MOONCAKE"):
         c.add("kv_transfer.backend", f"the CPU stand-in moves KV with NIXL and cannot emulate {kv.backend}",
               "use NIXL, UCX or DEFAULT for stand-in recipes")

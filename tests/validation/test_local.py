@@ -1,0 +1,183 @@
+"""Spec: `tk validate cluster --local` runs real NIXL agents as processes here. On the 4-node stand-in
+recipe every context x generation pair passes with every byte checked and a positive bandwidth; an
+injected corruption, a killed agent and an agent that never shows up each end, within a bound, in a
+failure that names the pair (or the node) and the cause, with no agent process left behind."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from tests.conftest import ROOT
+from tk.validation.report import load_schema
+
+pytest.importorskip("numpy")
+RECIPE = str(ROOT / "recipes" / "standin-2p2d.yaml")
+SMALL = ["--iterations", "3", "--warmup", "1", "--sweep-iterations", "2", "--transfer-timeout", "5",
+         "--rendezvous-timeout", "5", "--timeout", "120"]
+AGENT = ROOT / "tk" / "validation" / "agent.py"
+
+
+def validate(tmp_path, *extra, fault=None, json_out=True, timeout=180):
+    env = {**os.environ, "TK_RUNS_DIR": str(tmp_path / "runs")}
+    env.pop("TK_VALIDATE_FAULT", None)
+    if fault:
+        env["TK_VALIDATE_FAULT"] = fault
+    args = [sys.executable, "-m", "tk.cli", "validate", "cluster", RECIPE, "--local", "--run-dir",
+            str(tmp_path / "run"), *SMALL, *extra] + (["--json"] if json_out else [])
+    t0 = time.monotonic()
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL,
+                          check=False)
+    proc.elapsed = time.monotonic() - t0
+    proc.report = json.loads(proc.stdout) if json_out and proc.stdout.strip().startswith("{") else None
+    return proc
+
+
+def agents_left(run_dir: Path) -> list[str]:
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            if str(run_dir) in cmd and "agent.py" in cmd:
+                out.append(cmd)
+    return out
+
+
+def test_agent_needs_only_stdlib_numpy_and_nixl():
+    tree = ast.parse(AGENT.read_text())
+    mods = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            mods |= {a.name.split(".")[0] for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            mods.add(node.module.split(".")[0])
+    optional = {"numpy", "torch"}  # torch only for VRAM, when present
+    assert mods - set(sys.stdlib_module_names) - optional == set(), mods
+    text = AGENT.read_text()
+    for name in ("nixl._api", "nixl_cu12._api"):  # imported by name, after the role env is applied
+        assert f'"{name}"' in text
+
+
+@pytest.mark.nixl
+@pytest.mark.slow
+def test_four_local_nodes_pass_with_every_byte_checked(tmp_path):
+    proc = validate(tmp_path, "--nodes", "4")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = proc.report
+    jsonschema.validate(report, load_schema())
+    assert report["passed"] and report["mode"] == "local"
+    assert json.loads((tmp_path / "run" / "report.json").read_text()) == report  # a copy stays in the run dir
+    pairs = report["pairs"]
+    assert {(p["src"], p["dst"]) for p in pairs} == {(c, g) for c in ("node0", "node1") for g in ("node2", "node3")}
+    assert sorted({p["op"] for p in pairs}) == ["READ", "WRITE"] and len(pairs) == 8
+    transfers = 1 + 3  # warm-up + timed, each verified
+    for p in pairs:
+        assert p["passed"] and p["error"] is None and p["gbps"] > 0
+        assert p["latency_p50_ms"] > 0 and p["latency_p99_ms"] >= p["latency_p50_ms"]
+        assert [x["tokens"] for x in p["lengths"]] == [128, 256, 1024]
+        for x in p["lengths"]:
+            assert x["transfers_verified"] == transfers
+            assert x["bytes_verified"] >= transfers * x["bytes"]  # every moved byte, every transfer
+    for item in report["preflight"]:
+        assert item["status"] in ("pass", "not_present"), item
+    names = {i["name"] for i in report["preflight"] if i.get("agent") == "node0"}
+    assert {"env", "nixl_import", "backend", "memory", "gpus", "nics", "nvidia_peermem", "ucx_transport"} <= names
+    assert report["recommendation"]["tokens_per_block"] in (16, 32, 64, 128, 256)
+    assert [s["tokens_per_block"] for s in report["sweep"]] == [16, 32, 64, 128, 256]
+    assert report["cleanup"]["released"] and not agents_left(tmp_path / "run")
+    # the agent applied the role env before importing NIXL: what is validated is what will serve
+    env = next(i for i in report["preflight"] if i["name"] == "env" and i["agent"] == "node2")
+    assert "UCX_TLS=tcp,sm,self" in env["detail"]
+
+
+@pytest.mark.nixl
+@pytest.mark.slow
+def test_human_output_is_a_table_on_stderr(tmp_path):
+    proc = validate(tmp_path, "--nodes", "2", "--no-sweep", json_out=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout == ""
+    assert "node0 -> node1" in proc.stderr and "PASSED" in proc.stderr and "GB/s" in proc.stderr
+
+
+@pytest.mark.nixl
+@pytest.mark.slow
+def test_corrupted_buffer_fails_naming_the_pair_block_and_offset(tmp_path):
+    proc = validate(tmp_path, "--nodes", "4", "--no-sweep", fault="corrupt:node2")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    report = proc.report
+    jsonschema.validate(report, load_schema())
+    bad = [p for p in report["pairs"] if not p["passed"]]
+    assert [(p["src"], p["dst"], p["op"]) for p in bad] == [("node0", "node2", "WRITE")]
+    err = bad[0]["error"]
+    for needle in ("data mismatch", "node0 -> node2", "128-token request", "block", "offset"):
+        assert needle in err, err
+    assert not report["passed"] and not agents_left(tmp_path / "run")
+
+
+@pytest.mark.nixl
+@pytest.mark.slow
+def test_agent_killed_mid_run_fails_within_the_bound(tmp_path):
+    proc = validate(tmp_path, "--nodes", "4", "--no-sweep", fault="kill:node2")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.elapsed < 60
+    report = proc.report
+    jsonschema.validate(report, load_schema())
+    bad = [p for p in report["pairs"] if not p["passed"]]
+    assert {(p["src"], p["dst"]) for p in bad} == {("node0", "node2"), ("node1", "node2")}
+    assert all("node2" in p["error"] for p in bad)
+    assert any("exited with code 137" in p["error"] for p in bad)
+    assert all(p["passed"] for p in report["pairs"] if p["dst"] == "node3")  # the rest still validated
+    assert not agents_left(tmp_path / "run")
+
+
+@pytest.mark.nixl
+@pytest.mark.slow
+def test_agent_that_stops_answering_fails_its_pairs_within_the_bound(tmp_path):
+    proc = validate(tmp_path, "--nodes", "4", "--no-sweep", "--transfer-timeout", "3", fault="hang:node2")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.elapsed < 60
+    report = proc.report
+    jsonschema.validate(report, load_schema())
+    bad = [p for p in report["pairs"] if not p["passed"]]
+    assert {(p["src"], p["dst"]) for p in bad} == {("node0", "node2"), ("node1", "node2")}
+    assert all("no answer from node2 within 3s" in p["error"] or "node2 stopped answering" in p["error"]
+               for p in bad)
+    assert all(p["passed"] for p in report["pairs"] if p["dst"] == "node3")
+    assert not agents_left(tmp_path / "run")  # the hung agent was ended
+
+
+@pytest.mark.nixl
+@pytest.mark.slow
+def test_peer_that_never_shows_up_is_named_within_the_bound(tmp_path):
+    proc = validate(tmp_path, "--nodes", "4", "--no-sweep", "--rendezvous-timeout", "3", fault="absent:node3")
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    assert proc.elapsed < 60
+    report = proc.report
+    jsonschema.validate(report, load_schema())
+    bad = [p for p in report["pairs"] if not p["passed"]]
+    assert {(p["src"], p["dst"]) for p in bad} == {("node0", "node3"), ("node1", "node3")}
+    assert all("node3 never showed up" in p["error"] for p in bad)
+    assert not agents_left(tmp_path / "run")  # the hung agent was ended
+
+
+@pytest.mark.nixl
+@pytest.mark.slow
+def test_vram_without_a_gpu_is_a_clear_preflight_failure(tmp_path):
+    if shutil.which("nvidia-smi"):
+        pytest.skip("this machine has nvidia-smi")
+    proc = validate(tmp_path, "--nodes", "2", "--no-sweep", "--memory", "vram")
+    assert proc.returncode == 1
+    items = [i for i in proc.report["preflight"] if i["name"] == "memory"]
+    assert items and all(i["status"] == "fail" and "no GPU" in i["detail"] for i in items)
