@@ -192,6 +192,9 @@ class LocalBackend:
     def preflight(self, plan: Plan) -> None:
         for name, port in [*((s.name, s.port) for s in plan.servers), ("proxy", plan.proxy.port)]:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                # Servers bind with SO_REUSEADDR, so a port whose last connections linger in TIME_WAIT is free
+                # for them; only a listening or bound socket makes it busy.
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 try:
                     sock.bind(("0.0.0.0", port))
                 except OSError:
