@@ -205,3 +205,11 @@ def test_context_role_shape():
 
 def test_input_longer_than_the_model_context_is_refused():
     assert "traffic.max_input_len" in fields(violations_of(BASE, "traffic.max_input_len=200000"))
+
+
+def test_generation_servers_can_prefill_what_conditional_disaggregation_keeps_local():
+    local = ("proxy.conditional_max_local_prefill_length=1000", "proxy.generation_router=kv_cache_aware")
+    p = plan_of(BASE, *local, "generation.max_batch_size=8")
+    assert p.generation.llm_api_options["max_num_tokens"] == 1024  # 1000 rounded up to tokens_per_block=32
+    [v] = violations_of(BASE, *local, "generation.max_num_tokens=512")
+    assert v.field == "generation.max_num_tokens" and "1000 tokens" in v.message and "1024" in v.fix

@@ -187,6 +187,14 @@ def _check_parallelism(r: Recipe, model: ModelSpec, c: _Collector) -> None:
         if r.proxy.conditional_max_local_prefill_length is not None and r.proxy.generation_router != "kv_cache_aware":
             c.add(path, "conditional disaggregation needs a KV-cache-aware generation router "
                   "(TensorRT-LLM asserts this at start-up)", "set proxy.generation_router: kv_cache_aware")
+    local_prefill = r.proxy.conditional_max_local_prefill_length
+    if local_prefill is not None and r.generation.max_num_tokens is not None \
+            and r.generation.max_num_tokens < local_prefill:
+        c.add("generation.max_num_tokens",
+              f"generation servers prefill prompts of up to {local_prefill} tokens themselves under conditional "
+              f"disaggregation, but max_num_tokens is {r.generation.max_num_tokens}, so such prompts are refused",
+              f"raise generation.max_num_tokens to at least {ceil_to(r.kv_transfer.tokens_per_block, local_prefill)}"
+              " or lower proxy.conditional_max_local_prefill_length")
 
 
 def _longest_input(r: Recipe) -> int:
@@ -370,6 +378,9 @@ def _llm_api_options(r: Recipe, title: str, role: RoleSpec, model: ModelSpec, ve
     mtp = r.speculative.mtp_layers
     max_batch = role.max_batch_size or (8 if is_ctx else 256)
     default_mnt = ceil_to(tpb, longest) if is_ctx else ceil_to(tpb, max(max_batch * (1 + mtp), tpb))
+    if not is_ctx and r.proxy.conditional_max_local_prefill_length is not None:
+        # Under conditional disaggregation short prompts are prefilled on the generation server itself.
+        default_mnt = max(default_mnt, ceil_to(tpb, r.proxy.conditional_max_local_prefill_length))
     kv_aware = (r.proxy.context_router if is_ctx else r.proxy.generation_router) == "kv_cache_aware" \
         or (not is_ctx and r.proxy.conditional_max_local_prefill_length is not None)
     opts: dict = {
