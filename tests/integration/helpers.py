@@ -53,14 +53,16 @@ def processes_mentioning(text: str) -> list[tuple[int, str]]:
     return found
 
 
-def wait_until(predicate, timeout_s: float, what: str, interval_s: float = 0.5):
+def wait_until(predicate, timeout_s: float, what, interval_s: float = 0.5):
+    """Poll predicate until it returns something truthy; `what` (text, or a callable giving it at the
+    moment of failure) says what was awaited."""
     deadline = time.monotonic() + timeout_s
     while True:
         value = predicate()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout_s:g}s waiting for {what() if callable(what) else what}")
         time.sleep(interval_s)
 
 

@@ -38,15 +38,21 @@ def launch(backend: str, env: dict, recipe=STANDIN_RECIPE, *extra: str) -> dict:
 
 def assert_nothing_left(run_dir: str, backend: str, job_id: str | None, timeout_s: float = 60) -> None:
     wait_until(lambda: not processes_mentioning(run_dir), timeout_s,
-               f"every process of {run_dir} to exit (left: {processes_mentioning(run_dir)})")
+               lambda: f"every process of {run_dir} to exit (left: {processes_mentioning(run_dir)})")
     if backend == "slurm":
-        squeue = tk_squeue()
-        assert job_id not in squeue, f"job {job_id} still in squeue: {squeue}"
+        # slurmctld records the end a moment after the last process exits (the job passes through COMPLETING)
+        wait_until(lambda: job_id not in tk_squeue(), 30,
+                   lambda: f"job {job_id} to leave squeue (now: {_squeue_states()})")
 
 
 def tk_squeue() -> list[str]:
     import subprocess
     return subprocess.run(["squeue", "-h", "-o", "%i"], capture_output=True, text=True, timeout=30).stdout.split()
+
+
+def _squeue_states() -> str:
+    import subprocess
+    return subprocess.run(["squeue", "-h", "-o", "%i %T %r"], capture_output=True, text=True, timeout=30).stdout
 
 
 def server_pids(run_dir: str, port: int) -> list[int]:
