@@ -92,8 +92,7 @@ class RunRecord:
 
     def set_state(self, state: str, reason: str | None = None) -> None:
         self.state = state
-        if reason is not None:
-            self.reason = reason
+        self.reason = reason  # a reason belongs to its state: "ready" must not carry "pending (Priority)"
         self.history.append([round(time.time(), 3), state, reason])
         self.save()
 
