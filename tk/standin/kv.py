@@ -62,6 +62,8 @@ MAGIC = 0x746B2D7374616E64  # "tk-stand"
 STATE_VERSION = 1
 POOL_MB_ENV = "TK_STANDIN_POOL_MB"
 FAULT_ENV = "TK_STANDIN_FAULT"
+PROGRESS_INTERVAL_S = 0.001  # NIXL progress polling while a transfer is outstanding (no progress thread)
+IDLE_PROGRESS_INTERVAL_S = 0.02  # ... and while none is expected
 
 
 class TransferError(Exception):
@@ -138,7 +140,11 @@ class KvPool:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="nixl")
         self.backend = os.environ.get("TRTLLM_NIXL_KVCACHE_BACKEND", "UCX") or "UCX"
         nixl_agent, nixl_agent_config = import_nixl()
-        self.agent = nixl_agent(agent_name, nixl_agent_config(backends=[self.backend]))
+        # No NIXL progress thread: the Python API starts it with no delay between polls, a busy loop that
+        # takes most of a core per server even when idle. The stand-in drives progress itself instead: the
+        # context side polls while published KV awaits its READ (_reap), the generation side while its
+        # READ is in flight (_read).
+        self.agent = nixl_agent(agent_name, nixl_agent_config(enable_prog_thread=False, backends=[self.backend]))
         if self.backend not in getattr(self.agent, "backends", {self.backend: None}):
             raise ConfigError(f"TRTLLM_NIXL_KVCACHE_BACKEND={self.backend}: NIXL could not create that backend "
                               f"(plugin missing or unusable on this machine)")
@@ -154,6 +160,7 @@ class KvPool:
                       "kv_transfers": 0, "kv_bytes_received": 0, "kv_transfer_failures": 0,
                       "kv_remote_agents_added": 0}
         self._reaper: asyncio.Task | None = None
+        self._published: asyncio.Event | None = None
 
     # --- lifecycle ---------------------------------------------------------------------------------------
 
@@ -164,6 +171,7 @@ class KvPool:
             self.free_send.put_nowait(i)
         for i in range(self.n_recv):
             self.free_recv.put_nowait(self.n_send + i)
+        self._published = asyncio.Event()
         self._reaper = asyncio.create_task(self._reap())
 
     async def close(self) -> None:
@@ -236,6 +244,7 @@ class KvPool:
         self._header(slot)[:4] = (MAGIC, ctx_request_id, n, self.epoch)
         tag = f"tk-kv:{ctx_request_id}:{self.epoch}".encode()
         self.pending[tag] = (slot, time.monotonic() + self.timeout_s, ctx_request_id)
+        self._published.set()
         self.stats["kv_sent_slots"] += 1
         nblocks = -(-n // self.geo.tokens_per_block)
         header_addr = self.base + self._slot_offset(slot)
@@ -250,9 +259,15 @@ class KvPool:
     async def _reap(self) -> None:
         """Free send slots on their notification, or when kv_transfer_timeout_ms passed with nobody coming."""
         while True:
-            await asyncio.sleep(0.02)
-            if not self.pending:
-                continue
+            # A READ from a generation server may need this side's progress (UCX emulates small GETs over
+            # active messages): poll often while published KV awaits pickup, now and then otherwise (a late
+            # READ of KV that expired must still complete, and find the slot freed).
+            if self.pending:
+                await asyncio.sleep(PROGRESS_INTERVAL_S)
+            else:
+                self._published.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self._published.wait(), timeout=IDLE_PROGRESS_INTERVAL_S)
             try:
                 notifs = await self._nixl(self.agent.get_new_notifs)
             except Exception as exc:  # noqa: BLE001
@@ -366,7 +381,7 @@ class KvPool:
                         f"KV transfer from context server {ctx} (NIXL agent {name}) did not complete within "
                         f"kv_transfer_timeout_ms={self.timeout_ms}; the request is cancelled"))
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 0.005)
+                delay = min(delay * 2, PROGRESS_INTERVAL_S)
                 status = await self._nixl(self.agent.check_xfer_state, handle)
             if status != "DONE":
                 raise TransferError(500, f"KV transfer from context server {ctx} (NIXL agent {name}) failed: "

@@ -241,7 +241,7 @@ class Proxy:
     async def open(self):
         import aiohttp
         self.session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, force_close=True),
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
             timeout=aiohttp.ClientTimeout(total=self.s.request_timeout_s))
 
     async def close(self):
