@@ -35,12 +35,11 @@ def tk(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
                           stdin=subprocess.DEVNULL)
 
 
-def phases(run_dir: str) -> dict[str, int]:
-    out = {}
-    path = Path(run_dir) / "state" / "phases.tsv"
-    for line in path.read_text().splitlines() if path.exists() else []:
-        t, phase, _ = (line.split("\t") + ["", ""])[:3]
-        out.setdefault(phase, int(t))
+def phases(run_dir: str) -> dict[str, float]:
+    """When tk's run record first entered each state (submitted, pending, starting, ready)."""
+    out: dict[str, float] = {}
+    for t, state, _ in json.loads((Path(run_dir) / "run.json").read_text()).get("history", []):
+        out.setdefault(state, t)
     return out
 
 
@@ -81,7 +80,8 @@ def main() -> int:
             record = json.loads(proc.stdout)
             launch_s.append(elapsed)
             p = phases(record["run_dir"])
-            detail = ", ".join(f"{a}->{b} {p[b] - p[a]}s" for a, b in (("starting", "ready"),) if a in p and b in p)
+            detail = ", ".join(f"{a} -> {b} {p[b] - p[a]:.2f}s" for a, b in (("submitted", "starting"),
+                                                                             ("starting", "ready")) if a in p and b in p)
             print(f"  launch {i + 1}: {elapsed:.2f}s to healthy ({detail})", file=sys.stderr)
             last = i == args.launches - 1
             if last:
