@@ -8,6 +8,9 @@ descriptor), in one run and with the same UCX environment:
   - minimal     two bare NIXL agents, one single-descriptor WRITE/READ of the same bytes, nothing else
   - minimal+check  the same, with a numpy pass over the bytes between two transfers, as the validator
                 verifies every transfer: on shared VMs a transfer after other work runs from colder caches
+  - minimal cold   the same single-descriptor transfers, each into its own fresh region of the peer
+                (no region written twice), as every validator transfer lands in blocks the destination
+                has just poisoned: the back-to-back minimal rewrites one region that stays in cache
   - memcpy      numpy copy of the same bytes in one process
 Each figure is bytes / median latency over the timed transfers (post -> DONE for NIXL). Rounds are
 interleaved (validator, minimal, memcpy, repeat) so machine noise hits them alike; the median of the
@@ -35,15 +38,16 @@ TPB = 128
 MINIMAL = r'''
 import json, os, sys, time
 import numpy as np
-role, rdv, nbytes, iters, warmup, op, check = (sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]),
-                                               int(sys.argv[5]), sys.argv[6], sys.argv[8] == "check")
+role, rdv, nbytes, iters, warmup, op, check, regions = (
+    sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]), sys.argv[6],
+    sys.argv[8] == "check", int(sys.argv[9]))
 for k, v in json.loads(sys.argv[7]).items():
     os.environ[k] = v
 from nixl_cu12._api import nixl_agent, nixl_agent_config
 me, peer_role = ("ini", "tgt") if role == "ini" else ("tgt", "ini")
 ag = nixl_agent(f"bench-{me}-{os.getpid()}", nixl_agent_config(enable_prog_thread=False, backends=["UCX"]))
-buf = np.ones(nbytes // 8, dtype=np.uint64)
-ag.register_memory([(buf.ctypes.data, nbytes, 0, "")], "DRAM")
+buf = np.ones(regions * nbytes // 8, dtype=np.uint64)  # the initiator uses the first region only
+ag.register_memory([(buf.ctypes.data, regions * nbytes, 0, "")], "DRAM")
 def put(name, data):
     with open(f"{rdv}/{name}.tmp", "wb") as f: f.write(data)
     os.replace(f"{rdv}/{name}.tmp", f"{rdv}/{name}")
@@ -58,12 +62,12 @@ if role == "tgt":
         ag.get_new_notifs(); time.sleep(0.001)
     sys.exit(0)
 local = ag.get_xfer_descs([(buf.ctypes.data, nbytes, 0)], "DRAM")
-remote = ag.get_xfer_descs([(addr, nbytes, 0)], "DRAM")
+remotes = [ag.get_xfer_descs([(addr + j * nbytes, nbytes, 0)], "DRAM") for j in range(regions)]
 lat = []
 for i in range(warmup + iters):
     if check:  # what the validator does between two transfers: a vectorised pass over the same bytes
-        assert not (buf != (buf + np.uint64(0))).any()
-    h = ag.initialize_xfer(op, local, remote, peer)
+        assert not (buf[:nbytes // 8] != (buf[:nbytes // 8] + np.uint64(0))).any()
+    h = ag.initialize_xfer(op, local, remotes[i % regions], peer)
     t0 = time.perf_counter()
     st = ag.transfer(h)
     while st == "PROC":
@@ -100,9 +104,12 @@ def run_validator(tokens: int, iterations: int, warmup: int) -> dict:
     return out
 
 
-def run_minimal(nbytes: int, iterations: int, warmup: int, op: str, env: dict, check: bool = False) -> float:
+def run_minimal(nbytes: int, iterations: int, warmup: int, op: str, env: dict, check: bool = False,
+                cold: bool = False) -> float:
+    regions = warmup + iterations if cold else 1
     with tempfile.TemporaryDirectory() as rdv:
-        args = [str(nbytes), str(iterations), str(warmup), op, json.dumps(env), "check" if check else "-"]
+        args = [str(nbytes), str(iterations), str(warmup), op, json.dumps(env), "check" if check else "-",
+                str(regions)]
         tgt = subprocess.Popen([sys.executable, "-c", MINIMAL, "tgt", rdv, *args], stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL)
         ini = subprocess.run([sys.executable, "-c", MINIMAL, "ini", rdv, *args], capture_output=True, text=True,
@@ -141,7 +148,8 @@ def main() -> int:
     env = {k: v for k, v in _load_plan("standin-2p2d", ()).context.env.items() if k.startswith("UCX_")}
     nbytes = args.tokens * BYTES_PER_TOKEN
     rows = {k: [] for k in ("validator WRITE", "validator READ", "minimal WRITE", "minimal READ",
-                            "minimal+check WRITE", "minimal+check READ", "numpy memcpy")}
+                            "minimal+check WRITE", "minimal+check READ", "minimal cold WRITE", "minimal cold READ",
+                            "numpy memcpy")}
     descriptors = None
     for _ in range(args.rounds):
         v = run_validator(args.tokens, args.iterations, args.warmup)
@@ -153,6 +161,8 @@ def main() -> int:
         rows["minimal READ"].append(run_minimal(nbytes, args.iterations, args.warmup, "READ", env))
         rows["minimal+check WRITE"].append(run_minimal(nbytes, args.iterations, args.warmup, "WRITE", env, True))
         rows["minimal+check READ"].append(run_minimal(nbytes, args.iterations, args.warmup, "READ", env, True))
+        rows["minimal cold WRITE"].append(run_minimal(nbytes, args.iterations, args.warmup, "WRITE", env, cold=True))
+        rows["minimal cold READ"].append(run_minimal(nbytes, args.iterations, args.warmup, "READ", env, cold=True))
         rows["numpy memcpy"].append(run_memcpy(nbytes, args.iterations, args.warmup))
     med = {k: statistics.median(v) for k, v in rows.items()}
     print(f"{nbytes / 2**20:.0f} MiB per request ({args.tokens} tokens x {BYTES_PER_TOKEN} B), validator: "
@@ -166,6 +176,8 @@ def main() -> int:
               "(minimal: back-to-back transfers)")
         print(f"  validator / minimal+check {op:<5}  {med[f'validator {op}'] / med[f'minimal+check {op}']:7.1%}   "
               "(minimal with a numpy pass over the bytes between transfers, the validator's cadence)")
+        print(f"  validator / minimal cold {op:<5}   {med[f'validator {op}'] / med[f'minimal cold {op}']:7.1%}   "
+              "(minimal, every transfer into a region not written before)")
         print(f"  minimal {op:<5} / memcpy            {med[f'minimal {op}'] / med['numpy memcpy']:7.1%}")
     return 0
 
