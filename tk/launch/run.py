@@ -106,11 +106,12 @@ class RunRecord:
         return self.path / "logs" / f"{name}.log"
 
 
-def new_run_dir(plan: Plan, run_dir: str | None) -> Path:
+def new_run_dir(plan: Plan, run_dir: str | None, kind: str = "") -> Path:
+    """The given directory, or a new one under the runs root: NAME[-KIND]-TIMESTAMP[-N]."""
     if run_dir:
         return Path(run_dir)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = runs_root() / f"{plan.name}-{stamp}"
+    base = runs_root() / f"{plan.name}{'-' + kind if kind else ''}-{stamp}"
     candidate, n = base, 1
     while candidate.exists():
         n += 1

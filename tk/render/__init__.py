@@ -59,13 +59,19 @@ def proxy_command(plan: Plan) -> list[str]:
     return [*plan.engine.serve_command, "disaggregated", *plan.proxy.args]
 
 
-def _srun_flags(plan: Plan) -> list[str]:
+def container_srun_flags(plan: Plan) -> list[str]:
+    """pyxis flags that run a step in the recipe's container (none without one)."""
     flags = []
     if plan.slurm.container_image:
         flags.append(f"--container-image={plan.slurm.container_image}")
         if plan.slurm.container_mounts:
             flags.append(f"--container-mounts={','.join(plan.slurm.container_mounts)}")
         flags.append("--no-container-mount-home")
+    return flags
+
+
+def _srun_flags(plan: Plan) -> list[str]:
+    flags = container_srun_flags(plan)
     if plan.engine.uses_mpi:
         flags.append("--mpi=pmix")
     return flags

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from tk.plan.model import Plan
+from tk.render import container_srun_flags
 from tk.validation import launchers
 from tk.validation.params import Options, ValidateError, build_params, parse_fault
 from tk.validation.report import build_report, merge_pairs
@@ -32,29 +33,12 @@ GRACE_S = 30.0  # beyond the agents' own deadline
 
 
 def new_run_dir(plan: Plan, run_dir: str | None) -> Path:
-    if run_dir:
-        path = Path(run_dir)
-        if (path / "params.json").exists():
-            raise ValidateError(f"{path} already holds a validation run; give another --run-dir")
-        return path
-    from tk.launch.run import runs_root
+    from tk.launch.run import new_run_dir as new_dir
 
-    base = runs_root() / f"{plan.name}-validate-{time.strftime('%Y%m%d-%H%M%S')}"
-    path, n = base, 1
-    while path.exists():
-        n += 1
-        path = Path(f"{base}-{n}")
+    path = new_dir(plan, run_dir, kind="validate")
+    if (path / "params.json").exists():
+        raise ValidateError(f"{path} already holds a validation run; give another --run-dir")
     return path
-
-
-def _srun_flags(plan: Plan) -> list[str]:
-    flags = []
-    if plan.slurm.container_image:
-        flags.append(f"--container-image={plan.slurm.container_image}")
-        if plan.slurm.container_mounts:
-            flags.append(f"--container-mounts={','.join(plan.slurm.container_mounts)}")
-        flags.append("--no-container-mount-home")
-    return flags
 
 
 def _read_json(path: Path):
@@ -147,7 +131,7 @@ def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> 
                           "host": None})
     params = build_params(plan, opts, str(run_dir))
     if opts.mode == "in-allocation":
-        launcher = launchers.InAllocationLauncher(run_dir, params, python, _srun_flags(plan), plan.node_count)
+        launcher = launchers.InAllocationLauncher(run_dir, params, python, container_srun_flags(plan), plan.node_count)
         preflight.append({"name": "allocation", "status": "pass", "agent": None, "host": None,
                           "detail": f"job {launcher.job_id}: {', '.join(launcher.nodes)}"})
     elif opts.mode == "local":
@@ -160,7 +144,7 @@ def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> 
     if opts.mode == "slurm":
         minutes = int((opts.timeout_s + params["timeouts"]["rendezvous_s"] + 180) // 60) + 1
         (run_dir / "validate.sbatch").write_text(
-            launchers.render_sbatch(plan, params, run_dir, python, _srun_flags(plan), f"{minutes}"))
+            launchers.render_sbatch(plan, params, run_dir, python, container_srun_flags(plan), f"{minutes}"))
 
     report_path = run_dir / "report.json"
     progress = on_progress or (lambda *a, **k: None)
