@@ -147,3 +147,26 @@ def test_a_hostile_recipe_launches_nothing_unintended(backend, runs_env, tmp_pat
         tk("stop", str(run_dir), env=runs_env, timeout=120)
     assert not marker.exists()
     assert_nothing_left(str(run_dir), backend, record.get("job_id"))
+
+
+def test_a_second_deployment_on_taken_ports_fails_naming_them_and_leaves_the_first_serving(backend, runs_env, tmp_path):
+    # Whatever answers on a server's host and port is not necessarily this run's server: the same recipe
+    # launched twice must not report the second run healthy through the first run's servers.
+    first = launch(backend, runs_env)
+    try:
+        second = tk("launch", str(STANDIN_RECIPE), "--json", *(["--local"] if backend == "local" else []),
+                    "--run-dir", str(tmp_path / "second"), env=runs_env, timeout=LAUNCH_TIMEOUT_S)
+        assert second.returncode != 0, second.stdout
+        message = json.loads(second.stdout)["errors"][0]["message"]
+        assert "already in use" in message and "18336" in message, message
+        assert "worker_base_port" in message
+        if backend == "slurm":
+            second_job = json.loads((tmp_path / "second" / "run.json").read_text())["job_id"]
+            wait_until(lambda: second_job not in tk_squeue(), 30,
+                       lambda: f"the second job {second_job} to be released (now: {_squeue_states()})")
+        assert complete(first["endpoint"], PROMPTS[0]), "the first deployment still answers"
+        status = tk_json("status", first["name"], env=runs_env)
+        assert status["state"] == "ready"
+    finally:
+        tk("stop", first["name"], env=runs_env, timeout=120)
+    assert_nothing_left(first["run_dir"], backend, first.get("job_id"))

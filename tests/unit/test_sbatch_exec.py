@@ -5,6 +5,7 @@ the server command that record what they were given."""
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import time
@@ -36,8 +37,8 @@ FAKE_SRUN = r"""#!/bin/bash
 # Records its arguments; runs the command after srun's options like srun would (on one "node").
 printf '%s\0' "$@" >> "$FAKE_LOG/srun.args"; printf '\n' >> "$FAKE_LOG/srun.args"
 while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do shift; done
-if [ "$3" = 'echo "$SLURMD_NODENAME $(hostname)"' ]; then
-    for n in $FAKE_NODES; do SLURMD_NODENAME=$n bash -c "$3"; done
+if [ "${4:-}" = tk-nodes ]; then  # the step on every node: hostname and ports already taken
+    for n in $FAKE_NODES; do SLURMD_NODENAME=$n bash -c "$3" "$4" "$5"; done
     exit 0
 fi
 exec "$@"
@@ -54,10 +55,8 @@ def _exe(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IEXEC)
 
 
-def test_hostile_values_reach_the_server_as_data_not_as_commands(tmp_path):
-    marker = tmp_path / "PWNED"
-    loaded = load_recipe_text(HOSTILE.format(marker=marker), str(tmp_path / "hostile.yaml"))
-    out, _ = render(build_plan(loaded), tmp_path / "run")
+def _fake_slurm_env(tmp_path: Path, out: Path) -> dict:
+    """PATH with recording stand-ins for srun/scontrol/scancel and the server, for a 2-node job."""
     fake = tmp_path / "bin"
     fake.mkdir()
     _exe(fake / "srun", FAKE_SRUN)
@@ -65,9 +64,37 @@ def test_hostile_values_reach_the_server_as_data_not_as_commands(tmp_path):
     _exe(fake / "scancel", "#!/bin/bash\necho \"$@\" >> \"$FAKE_LOG/scancel.args\"\n")
     _exe(fake / "trtllm-llmapi-launch", '#!/bin/bash\nexec "$@"\n')
     _exe(fake / "trtllm-serve", FAKE_SERVER)
-    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "FAKE_LOG": str(tmp_path),
-           "FAKE_NODES": "nodeA nodeB", "SLURM_JOB_NODELIST": "node[A-B]", "SLURM_JOB_ID": "4242",
-           "TK_RUN_DIR": str(out)}
+    return {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "FAKE_LOG": str(tmp_path),
+            "FAKE_NODES": "nodeA nodeB", "SLURM_JOB_NODELIST": "node[A-B]", "SLURM_JOB_ID": "4242",
+            "TK_RUN_DIR": str(out)}
+
+
+def test_a_port_already_taken_on_a_node_fails_the_job_before_any_server_starts(tmp_path):
+    # Something (an orphan of an earlier run, another deployment) listens on ctx-0's port: it would answer
+    # this run's health checks, so the job must refuse to start rather than serve through it.
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        text = HOSTILE.replace("/models/x; touch {marker}; $(touch {marker}) `touch {marker}`", "/models/x")
+        text = text.replace("  startup_timeout_s: 3\n", f"  startup_timeout_s: 3\n  worker_base_port: {port}\n")
+        text = text.format(marker=tmp_path / "unused")
+        out, _ = render(build_plan(load_recipe_text(text, str(tmp_path / "r.yaml"))), tmp_path / "run")
+        proc = subprocess.run(["bash", str(out / "launch.sbatch")], env=_fake_slurm_env(tmp_path, out),
+                              capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    phases = (out / "state" / "phases.tsv").read_text()
+    assert f"port(s) {port} already in use on nodeA" in phases, phases
+    assert "cluster.worker_base_port" in phases
+    assert "started" not in phases and not (tmp_path / "server.jsonl").exists()
+    assert "4242" in (tmp_path / "scancel.args").read_text()
+
+
+def test_hostile_values_reach_the_server_as_data_not_as_commands(tmp_path):
+    marker = tmp_path / "PWNED"
+    loaded = load_recipe_text(HOSTILE.format(marker=marker), str(tmp_path / "hostile.yaml"))
+    out, _ = render(build_plan(loaded), tmp_path / "run")
+    env = _fake_slurm_env(tmp_path, out)
     start = time.monotonic()
     proc = subprocess.run(["bash", str(out / "launch.sbatch")], env=env, capture_output=True, text=True,
                           timeout=90)

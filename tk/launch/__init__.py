@@ -148,10 +148,12 @@ def _healthy_counts(run: RunRecord) -> dict:
 
 
 def _probe(run: RunRecord) -> None:
-    """Ask every server whose address is known for /health; update the record."""
+    """Ask every server the job has started (after its port checks) for /health; update the record.
+    Before that, whatever answers on a server's host and port is not this run's server."""
     nodes = read_nodes(run)
+    started = {detail.split(" ", 1)[0] for _, phase, detail in read_phases(run) if phase == "started"}
     for s in run.servers:
-        if s.node not in nodes:
+        if s.node not in nodes or s.name not in started:
             continue
         s.host = nodes[s.node]
         try:

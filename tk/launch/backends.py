@@ -160,7 +160,9 @@ class SlurmBackend:
         if proc.returncode == 0 and line:
             state, _, reason = line.partition("|")
             if state in ("PENDING", "CONFIGURING"):
-                return JobState("PENDING", reason)
+                # squeue's %R: "(Resources)", "(Priority)", or "(None)" before the scheduler looked at it
+                reason = reason.strip().strip("()")
+                return JobState("PENDING", "waiting for the scheduler" if reason in ("", "None") else reason)
             if state in ("RUNNING", "COMPLETING"):
                 return JobState("RUNNING", state)
             return JobState("ENDED", state)

@@ -148,5 +148,14 @@ class Plan:
     def servers(self) -> tuple[ServerInstance, ...]:
         return self.context.instances + self.generation.instances
 
+    @property
+    def ports_by_node(self) -> tuple[tuple[int, ...], ...]:
+        """Per node index, the HTTP ports that this deployment's servers and proxy listen on there."""
+        ports: list[list[int]] = [[] for _ in range(self.node_count)]
+        for s in self.servers:
+            ports[s.first_node].append(s.port)
+        ports[self.proxy.node].append(self.proxy.port)
+        return tuple(tuple(sorted(p)) for p in ports)
+
     def to_dict(self) -> dict:
         return asdict(self)
