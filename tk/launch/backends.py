@@ -112,8 +112,10 @@ class SlurmBackend:
                                   "(use --local, or scripts/dev-slurm up for a local cluster)")
         ping = _run(["scontrol", "ping"], timeout=15, check=False)
         if ping.returncode != 0 or "UP" not in ping.stdout:
-            raise LaunchError(f"the Slurm controller does not answer (`scontrol ping`: "
-                              f"{(ping.stdout + ping.stderr).strip() or 'no output'}); check slurmctld and SLURM_CONF")
+            said = next((line.strip() for line in (ping.stdout + ping.stderr).splitlines()
+                         if line.strip() and not line.startswith("*")), "no output")  # skip its banner
+            raise LaunchError(f"the Slurm controller does not answer (`scontrol ping`: {said}); "
+                              "check slurmctld and SLURM_CONF")
         rows = _run(["sinfo", "-h", "-o", "%P|%D|%a"]).stdout.split()
         partitions = {}
         default = None
