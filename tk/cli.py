@@ -308,11 +308,14 @@ def _lengths_option(ctx, param, value):
 @click.option("--pending-timeout", type=click.FloatRange(min=1), help="Seconds the Slurm job may pend.")
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (default runs/<name>-validate-<time>).")
 @click.option("--python", "python", help="Interpreter for the agents (default: this one; python3 in containers).")
+@click.option("--progress-thread/--no-progress-thread", default=None,
+              help="NIXL's progress thread in each agent (default: on where every agent has a host of its own, "
+                   "off with --local or where Slurm nodes share a host).")
 @set_option
 @json_option
 def validate_cluster(recipe, local, nodes, in_allocation, memory, max_memory_mb, iterations, warmup, sweep,
                      sweep_iterations, lengths, min_fraction, transfer_timeout, rendezvous_timeout, timeout,
-                     pending_timeout, run_dir, python, overrides, as_json):
+                     pending_timeout, run_dir, python, progress_thread, overrides, as_json):
     """Real NIXL transfers shaped like RECIPE's KV blocks between every context and generation node.
 
     Every byte is verified; per-pair bandwidth and latency are measured. Exit 0 only when every pair
@@ -331,7 +334,7 @@ def validate_cluster(recipe, local, nodes, in_allocation, memory, max_memory_mb,
                    memory=memory, max_memory_mb=max_memory_mb, iterations=iterations, warmup=warmup, sweep=sweep,
                    sweep_iterations=sweep_iterations, lengths=lengths, min_fraction=min_fraction,
                    transfer_timeout_s=transfer_timeout, rendezvous_timeout_s=rendezvous_timeout, timeout_s=timeout,
-                   pending_timeout_s=pending_timeout, run_dir=run_dir, python=python)
+                   pending_timeout_s=pending_timeout, run_dir=run_dir, python=python, progress_thread=progress_thread)
     n_agents = nodes or sum(len({n for s in r.instances for n in s.nodes}) for r in p.roles)
     with LiveProgress(enabled=not as_json, total_pairs=0, rounds=0) as progress:
         def on_progress(phase, pairs=None, up=0, total=0):

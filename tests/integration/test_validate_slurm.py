@@ -59,14 +59,20 @@ def test_own_job_validates_every_pair_and_is_released(dev_slurm, tmp_path):
     run_dir = report["run_dir"]
     assert os.path.isfile(os.path.join(run_dir, "validate.sbatch"))
     assert sorted(os.listdir(os.path.join(run_dir, "rendezvous", "exited"))) == ["node0", "node1", "node2", "node3"]
+    # The dev cluster's nodes share one host: no busy-polling progress thread per agent, and the report says so
+    assert report["params"]["progress_thread"] is False
+    note = next(c for c in report["preflight"] if c["name"] == "progress_thread")
+    assert "share a host" in note["detail"] and "node0" in note["detail"]
     assert_released(dev_slurm, report["job_id"])
 
 
 def test_killed_agent_fails_its_pairs_within_the_bound_and_the_job_is_released(dev_slurm, tmp_path):
-    proc = tk_validate(dev_slurm, tmp_path, "--no-sweep", fault="kill:node3")
+    # (with progress threads forced on: a dying agent must not leave a busy thread behind either)
+    proc = tk_validate(dev_slurm, tmp_path, "--no-sweep", "--progress-thread", fault="kill:node3")
     assert proc.returncode == 1, proc.stderr[-3000:]
     assert proc.elapsed < 180
     report = proc.report
+    assert report["params"]["progress_thread"] is True
     bad = [p for p in report["pairs"] if not p["passed"]]
     assert {(p["src"], p["dst"]) for p in bad} == {("node0", "node3"), ("node1", "node3")}
     assert all("node3" in p["error"] for p in bad)
@@ -84,4 +90,5 @@ def test_in_allocation_sruns_the_agents_inside_the_given_job(dev_slurm, tmp_path
     report = proc.report
     assert report["passed"] and report["mode"] == "in-allocation"
     assert any(i["name"] == "allocation" and i["status"] == "pass" for i in report["preflight"])
+    assert report["params"]["progress_thread"] is False  # the allocation's nodes share a host too
     assert_released(dev_slurm, report["job_id"])  # salloc gave the allocation back

@@ -104,14 +104,21 @@ class InAllocationLauncher(_Processes):
         super().__init__(run_dir, params, python)
         self.srun_flags = srun_flags
         self.job_id = os.environ.get("SLURM_JOB_ID")
+        self.nodes = self.allocation_nodes(needed_nodes)
+
+    @staticmethod
+    def allocation_nodes(needed_nodes: int) -> list[str]:
+        """The node names of the allocation this command runs in; an error if there is none or it is too small."""
+        job_id = os.environ.get("SLURM_JOB_ID")
         nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
-        if not self.job_id or not nodelist:
+        if not job_id or not nodelist:
             raise ValidateError("--in-allocation needs SLURM_JOB_ID and SLURM_JOB_NODELIST: run it inside salloc or "
                                 "an sbatch script (or drop --in-allocation to submit a job)")
-        self.nodes = hostnames(nodelist)
-        if len(self.nodes) < needed_nodes:
-            raise ValidateError(f"the allocation (job {self.job_id}) has {len(self.nodes)} node(s) "
-                                f"({', '.join(self.nodes)}); the recipe needs {needed_nodes}")
+        nodes = hostnames(nodelist)
+        if len(nodes) < needed_nodes:
+            raise ValidateError(f"the allocation (job {job_id}) has {len(nodes)} node(s) "
+                                f"({', '.join(nodes)}); the recipe needs {needed_nodes}")
+        return nodes
 
     def argv(self, agent: dict) -> list[str]:
         return ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={self.nodes[agent['node']]}",
@@ -128,6 +135,26 @@ def hostnames(nodelist: str) -> list[str]:
     if not names:
         raise ValidateError(f"`scontrol show hostnames {nodelist}` returned nothing")
     return names
+
+
+def nodes_sharing_a_host(nodes: list[str] | None = None, partition: str | None = None) -> list[str]:
+    """The Slurm nodes (of `nodes`, else of `partition`) whose host also runs another node's slurmd, as on
+    scripts/dev-slurm's one-machine cluster; empty when each node is a host of its own or Slurm cannot say."""
+    argv = ["sinfo", "-h", "-N", "-o", "%N|%n"]
+    if nodes:
+        argv += ["-n", ",".join(nodes)]
+    elif partition:
+        argv += ["-p", partition]
+    try:
+        out = _slurm(argv, check=False).stdout
+    except ValidateError:
+        return []
+    by_host: dict[str, set[str]] = {}
+    for line in out.splitlines():
+        name, _, host = line.partition("|")
+        if name.strip() and host.strip():
+            by_host.setdefault(host.strip(), set()).add(name.strip())
+    return sorted(n for names in by_host.values() if len(names) > 1 for n in names)
 
 
 def _slurm(cmd: list[str], timeout: float = COMMAND_TIMEOUT_S, check: bool = True) -> subprocess.CompletedProcess:

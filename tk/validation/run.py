@@ -129,6 +129,17 @@ def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> 
         launcher = launchers.SlurmLauncher(run_dir, plan, opts.pending_timeout_s or plan.slurm.pending_timeout_s)
         preflight.append({"name": "slurm", "status": "pass", "detail": launcher.preflight(), "agent": None,
                           "host": None})
+    nodes = launchers.InAllocationLauncher.allocation_nodes(plan.node_count) if opts.mode == "in-allocation" \
+        else None
+    if opts.progress_thread is None and opts.mode != "local":
+        # NIXL's progress thread polls without pause: right for an agent with a host to itself (as in
+        # serving), but agents whose Slurm nodes share one machine would starve each other.
+        shared = launchers.nodes_sharing_a_host(nodes=nodes, partition=plan.slurm.partition)
+        opts.progress_thread = not shared
+        if shared:
+            preflight.append({"name": "progress_thread", "status": "pass", "agent": None, "host": None,
+                              "detail": f"off: Slurm nodes {', '.join(shared)} share a host, and busy-polling "
+                                        "progress threads would starve each other (--progress-thread forces it)"})
     params = build_params(plan, opts, str(run_dir))
     if opts.mode == "in-allocation":
         launcher = launchers.InAllocationLauncher(run_dir, params, python, container_srun_flags(plan), plan.node_count)
