@@ -42,6 +42,17 @@ def validate(tmp_path, *extra, fault=None, json_out=True, timeout=180):
     return proc
 
 
+def failed_pairs(proc, within_s: float | None = None) -> tuple[dict, list[dict]]:
+    """A validation that ended in a verdict: exit 1 (within the bound), a schema-valid report, and the
+    pairs that failed."""
+    assert proc.returncode == 1, proc.stderr[-3000:]
+    if within_s is not None:
+        assert proc.elapsed < within_s
+    report = proc.report
+    jsonschema.validate(report, load_schema())
+    return report, [p for p in report["pairs"] if not p["passed"]]
+
+
 def agents_left(run_dir: Path) -> list[str]:
     out = []
     for entry in Path("/proc").iterdir():
@@ -114,11 +125,7 @@ def test_human_output_is_a_table_on_stderr(tmp_path):
 @pytest.mark.nixl
 @pytest.mark.slow
 def test_corrupted_buffer_fails_naming_the_pair_block_and_offset(tmp_path):
-    proc = validate(tmp_path, "--nodes", "4", "--no-sweep", fault="corrupt:node2")
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    report = proc.report
-    jsonschema.validate(report, load_schema())
-    bad = [p for p in report["pairs"] if not p["passed"]]
+    report, bad = failed_pairs(validate(tmp_path, "--nodes", "4", "--no-sweep", fault="corrupt:node2"))
     assert [(p["src"], p["dst"], p["op"]) for p in bad] == [("node0", "node2", "WRITE")]
     err = bad[0]["error"]
     for needle in ("data mismatch", "node0 -> node2", "128-token request", "block", "offset"):
@@ -129,12 +136,7 @@ def test_corrupted_buffer_fails_naming_the_pair_block_and_offset(tmp_path):
 @pytest.mark.nixl
 @pytest.mark.slow
 def test_agent_killed_mid_run_fails_within_the_bound(tmp_path):
-    proc = validate(tmp_path, "--nodes", "4", "--no-sweep", fault="kill:node2")
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert proc.elapsed < 60
-    report = proc.report
-    jsonschema.validate(report, load_schema())
-    bad = [p for p in report["pairs"] if not p["passed"]]
+    report, bad = failed_pairs(validate(tmp_path, "--nodes", "4", "--no-sweep", fault="kill:node2"), within_s=60)
     assert {(p["src"], p["dst"]) for p in bad} == {("node0", "node2"), ("node1", "node2")}
     assert all("node2" in p["error"] for p in bad)
     assert any("exited with code 137" in p["error"] for p in bad)
@@ -145,12 +147,8 @@ def test_agent_killed_mid_run_fails_within_the_bound(tmp_path):
 @pytest.mark.nixl
 @pytest.mark.slow
 def test_agent_that_stops_answering_fails_its_pairs_within_the_bound(tmp_path):
-    proc = validate(tmp_path, "--nodes", "4", "--no-sweep", "--transfer-timeout", "3", fault="hang:node2")
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert proc.elapsed < 60
-    report = proc.report
-    jsonschema.validate(report, load_schema())
-    bad = [p for p in report["pairs"] if not p["passed"]]
+    report, bad = failed_pairs(validate(tmp_path, "--nodes", "4", "--no-sweep", "--transfer-timeout", "3",
+                                        fault="hang:node2"), within_s=60)
     assert {(p["src"], p["dst"]) for p in bad} == {("node0", "node2"), ("node1", "node2")}
     assert all("no answer from node2 within 3s" in p["error"] or "node2 stopped answering" in p["error"]
                for p in bad)
@@ -161,12 +159,8 @@ def test_agent_that_stops_answering_fails_its_pairs_within_the_bound(tmp_path):
 @pytest.mark.nixl
 @pytest.mark.slow
 def test_peer_that_never_shows_up_is_named_within_the_bound(tmp_path):
-    proc = validate(tmp_path, "--nodes", "4", "--no-sweep", "--rendezvous-timeout", "3", fault="absent:node3")
-    assert proc.returncode == 1, proc.stderr[-3000:]
-    assert proc.elapsed < 60
-    report = proc.report
-    jsonschema.validate(report, load_schema())
-    bad = [p for p in report["pairs"] if not p["passed"]]
+    report, bad = failed_pairs(validate(tmp_path, "--nodes", "4", "--no-sweep", "--rendezvous-timeout", "3",
+                                        fault="absent:node3"), within_s=60)
     assert {(p["src"], p["dst"]) for p in bad} == {("node0", "node3"), ("node1", "node3")}
     assert all("node3 never showed up" in p["error"] for p in bad)
     assert not agents_left(tmp_path / "run")  # the hung agent was ended
