@@ -1016,9 +1016,7 @@ class Agent:
                     err = self._verify(entry, wl_dst, dst_blocks, wl_src, src_blocks, key_src, key_stale, it,
                                        src, dst, op, tokens)
                     if err:
-                        entry["error"] = err
-                        self.send(peer, f"{tag}|end|fail|{err}"[:900])
-                        return entry
+                        return self._failed(entry, peer, tag, err)
                     if (is_fault("kill") or is_fault("hang")) and li == 0 and it == 0:
                         self._die()
                 self.send(peer, f"{tag}|end|ok|")
@@ -1044,8 +1042,7 @@ class Agent:
             try:
                 prep, dt = self.xfer("READ", peer, tpb, lidx, ridx, "")
             except PairError as exc:
-                entry["error"] = str(exc)
-                self.send(peer, f"{tag}|end|fail|{exc}"[:900])
+                self._failed(entry, peer, tag, str(exc))
                 raise
             if it >= warmup:
                 entry["latencies_s"].append(dt)
@@ -1053,10 +1050,14 @@ class Agent:
             err = self._verify(entry, wl_dst, dst_blocks, wl_src, src_blocks, key_src, key_stale, it,
                                src, dst, op, tokens)
             if err:
-                entry["error"] = err
-                self.send(peer, f"{tag}|end|fail|{err}"[:900])
-                return entry
+                return self._failed(entry, peer, tag, err)
         self.send(peer, f"{tag}|end|ok|")
+        return entry
+
+    def _failed(self, entry: dict, peer: str, tag: str, why: str) -> dict:
+        """Record why this request length and op failed, and tell the peer, which awaits the verdict."""
+        entry["error"] = why
+        self.send(peer, f"{tag}|end|fail|{why}"[:900])
         return entry
 
     def _stale(self, wl, blocks, key, whole: bool) -> None:
