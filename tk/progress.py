@@ -1,11 +1,14 @@
-"""Live progress on stderr while `tk launch` waits."""
+"""Live progress on stderr while `tk launch` and `tk validate cluster` wait."""
 
 from __future__ import annotations
 
 
-class LaunchProgress:
-    def __init__(self, enabled: bool = True):
+class StatusLine:
+    """One live line on stderr (a rich spinner), or a plain line per change where stderr is not a terminal."""
+
+    def __init__(self, enabled: bool = True, first: str = "starting"):
         self.enabled = enabled
+        self.first = first
         self._status = None
         self._last = None
 
@@ -14,17 +17,13 @@ class LaunchProgress:
             from rich.console import Console
 
             self.console = Console(stderr=True)
-            self._status = self.console.status("submitting")
+            self._status = self.console.status(self.first)
             self._status.__enter__()
         return self
 
-    def update(self, p) -> None:
+    def show(self, text: str) -> None:
         if not self.enabled:
             return
-        h = p.healthy
-        text = (f"{p.run.name}: job {p.job}{' (' + p.message + ')' if p.message and p.job == 'PENDING' else ''}"
-                f"  context {h['ctx'][0]}/{h['ctx'][1]} healthy, generation {h['gen'][0]}/{h['gen'][1]}, "
-                f"proxy {'up' if h['proxy'][0] else 'waiting'}")
         self._status.update(text)
         if text != self._last and not self.console.is_terminal:
             self.console.print(text)  # a log line per change when nobody watches a spinner
@@ -34,3 +33,14 @@ class LaunchProgress:
         if self._status is not None:
             self._status.__exit__(*exc)
         return False
+
+
+class LaunchProgress(StatusLine):
+    def __init__(self, enabled: bool = True):
+        super().__init__(enabled, "submitting")
+
+    def update(self, p) -> None:
+        h = p.healthy
+        self.show(f"{p.run.name}: job {p.job}{' (' + p.message + ')' if p.message and p.job == 'PENDING' else ''}"
+                  f"  context {h['ctx'][0]}/{h['ctx'][1]} healthy, generation {h['gen'][0]}/{h['gen'][1]}, "
+                  f"proxy {'up' if h['proxy'][0] else 'waiting'}")

@@ -7,6 +7,7 @@ import json
 import statistics
 from pathlib import Path
 
+from tk.progress import StatusLine
 from tk.validation.agent import percentile
 
 SCHEMA_FILE = Path(__file__).resolve().parent / "report.schema.json"
@@ -260,28 +261,15 @@ def _human_bytes(n) -> str:
     return human_bytes(n)
 
 
-class LiveProgress:
+class LiveProgress(StatusLine):
     """rounds done, pairs passed/failed, while the agents run."""
 
     def __init__(self, enabled: bool, total_pairs: int, rounds: int):
-        self.enabled = enabled
+        super().__init__(enabled, "starting agents")
         self.total = total_pairs
         self.rounds = rounds
-        self._status = None
-        self._last = None
-
-    def __enter__(self):
-        if self.enabled:
-            from rich.console import Console
-
-            self.console = Console(stderr=True)
-            self._status = self.console.status("starting agents")
-            self._status.__enter__()
-        return self
 
     def update(self, phase: str, pairs: list | None = None, agents_up: int = 0, agents: int = 0) -> None:
-        if not self.enabled:
-            return
         text = phase
         if pairs is not None:
             done = [p for p in pairs if p["done"]]
@@ -289,15 +277,7 @@ class LiveProgress:
             rounds_done = sum(1 for r in range(self.rounds) if all(p["done"] for p in pairs if p["round"] == r))
             text = (f"{phase}  agents {agents_up}/{agents} up  rounds {rounds_done}/{self.rounds}  "
                     f"pairs {ok} passed, {len(done) - ok} failed, {self.total - len(done)} to go")
-        self._status.update(text)
-        if text != self._last and not self.console.is_terminal:
-            self.console.print(text)
-        self._last = text
-
-    def __exit__(self, *exc):
-        if self._status is not None:
-            self._status.__exit__(*exc)
-        return False
+        self.show(text)
 
 
 def _f(x, fmt="{:.3f}"):
