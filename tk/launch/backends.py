@@ -38,8 +38,8 @@ class LaunchError(TkError):
     pass
 
 
-def _run(cmd: list[str], timeout: float = COMMAND_TIMEOUT_S, check: bool = True,
-         env: dict | None = None) -> subprocess.CompletedProcess:
+def run_slurm_command(cmd: list[str], timeout: float = COMMAND_TIMEOUT_S, check: bool = True,
+                      env: dict | None = None) -> subprocess.CompletedProcess:
     """Run a Slurm client command with a bound; a missing command or a hang is a clear error."""
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
@@ -53,6 +53,22 @@ def _run(cmd: list[str], timeout: float = COMMAND_TIMEOUT_S, check: bool = True,
     if check and proc.returncode != 0:
         raise LaunchError(f"`{' '.join(cmd)}` failed: {(proc.stderr or proc.stdout).strip()}")
     return proc
+
+
+def submit_batch(script: Path, run_dir: Path, what: str = "the job") -> str:
+    """sbatch SCRIPT in run_dir; the job id. TK_RUN_DIR travels in the environment (--export=ALL), not in
+    --export's comma-separated list, so that any directory name arrives intact."""
+    proc = run_slurm_command(["sbatch", "--parsable", f"--chdir={run_dir}", "--export=ALL", str(script)],
+                             check=False, env={"TK_RUN_DIR": str(run_dir)})
+    if proc.returncode != 0:
+        msg = (proc.stderr or proc.stdout).strip()
+        hint = ""
+        if "account" in msg.lower():
+            hint = " (check cluster.account)"
+        elif "partition" in msg.lower():
+            hint = " (check cluster.partition)"
+        raise LaunchError(f"sbatch refused {what}: {msg}{hint}")
+    return proc.stdout.strip().split(";")[0]
 
 
 # A run's own processes name its directory and one of these (a user's `less logs/x.log` does not).
@@ -110,13 +126,13 @@ class SlurmBackend:
             if shutil.which(cmd) is None:
                 raise LaunchError(f"`{cmd}` not found: Slurm's client commands are not installed here "
                                   "(use --local, or scripts/dev-slurm up for a local cluster)")
-        ping = _run(["scontrol", "ping"], timeout=15, check=False)
+        ping = run_slurm_command(["scontrol", "ping"], timeout=15, check=False)
         if ping.returncode != 0 or "UP" not in ping.stdout:
             said = next((line.strip() for line in (ping.stdout + ping.stderr).splitlines()
                          if line.strip() and not line.startswith("*")), "no output")  # skip its banner
             raise LaunchError(f"the Slurm controller does not answer (`scontrol ping`: {said}); "
                               "check slurmctld and SLURM_CONF")
-        rows = _run(["sinfo", "-h", "-o", "%P|%D|%a"]).stdout.split()
+        rows = run_slurm_command(["sinfo", "-h", "-o", "%P|%D|%a"]).stdout.split()
         partitions = {}
         default = None
         for row in rows:
@@ -138,26 +154,13 @@ class SlurmBackend:
                                   "shrink the roles or pick a bigger partition")
 
     def submit(self, run: RunRecord, plan: Plan) -> None:
-        # TK_RUN_DIR travels in the environment (--export=ALL), not in --export's comma-separated list,
-        # so that any directory name arrives intact.
-        cmd = ["sbatch", "--parsable", f"--chdir={run.run_dir}", "--export=ALL",
-               str(Path(run.run_dir) / "launch.sbatch")]
-        proc = _run(cmd, check=False, env={"TK_RUN_DIR": str(run.run_dir)})
-        if proc.returncode != 0:
-            msg = (proc.stderr or proc.stdout).strip()
-            hint = ""
-            if "account" in msg.lower():
-                hint = " (check cluster.account)"
-            elif "partition" in msg.lower():
-                hint = " (check cluster.partition)"
-            raise LaunchError(f"sbatch refused the job: {msg}{hint}")
-        run.job_id = proc.stdout.strip().split(";")[0]
+        run.job_id = submit_batch(Path(run.run_dir) / "launch.sbatch", Path(run.run_dir))
         run.set_state("submitted", f"job {run.job_id}")
 
     def job_state(self, run: RunRecord) -> JobState:
         if not run.job_id:
             return JobState("ENDED", "never submitted")
-        proc = _run(["squeue", "-h", "-j", run.job_id, "-o", "%T|%R"], check=False)
+        proc = run_slurm_command(["squeue", "-h", "-j", run.job_id, "-o", "%T|%R"], check=False)
         line = proc.stdout.strip()
         if proc.returncode == 0 and line:
             state, _, reason = line.partition("|")
@@ -168,7 +171,7 @@ class SlurmBackend:
             if state in ("RUNNING", "COMPLETING"):
                 return JobState("RUNNING", state)
             return JobState("ENDED", state)
-        show = _run(["scontrol", "show", "job", "-o", run.job_id], check=False)
+        show = run_slurm_command(["scontrol", "show", "job", "-o", run.job_id], check=False)
         for field in show.stdout.split():
             if field.startswith("JobState="):
                 return JobState("ENDED", field.split("=", 1)[1])
@@ -177,7 +180,7 @@ class SlurmBackend:
     def stop(self, run: RunRecord, timeout_s: float = 60.0) -> list[str]:
         problems = []
         if run.job_id:
-            _run(["scancel", run.job_id], check=False)
+            run_slurm_command(["scancel", run.job_id], check=False)
             deadline = time.monotonic() + timeout_s
             while self.job_state(run).phase != "ENDED":
                 if time.monotonic() > deadline:

@@ -26,7 +26,6 @@ from tk.validation.params import ValidateError
 
 # $1 python  $2 agent.py  $3 params.json  $4 agent id  $5 exit marker
 WRAPPER = ('"$1" "$2" "$3" "$4"; rc=$?; printf "%s\\n" "$rc" > "$5.tmp.$$" && mv -f "$5.tmp.$$" "$5"; exit "$rc"')
-COMMAND_TIMEOUT_S = 30
 TEMPLATES = Path(__file__).resolve().parent.parent / "templates"
 
 
@@ -128,9 +127,19 @@ class InAllocationLauncher(_Processes):
         return f"srun steps in job {self.job_id} on {', '.join(self.nodes[: max(a['node'] for a in self.params['agents']) + 1])}"
 
 
+def _slurm(cmd: list[str], check: bool = False) -> subprocess.CompletedProcess:
+    """A Slurm client command, bounded, through launch's runner; its failures as ValidateError."""
+    from tk.launch.backends import LaunchError, run_slurm_command
+
+    try:
+        return run_slurm_command(cmd, check=check)
+    except LaunchError as exc:
+        raise ValidateError(str(exc)) from None
+
+
 def hostnames(nodelist: str) -> list[str]:
     """Expand a Slurm node list (node[0-3]) with scontrol; bounded."""
-    proc = _slurm(["scontrol", "show", "hostnames", nodelist])
+    proc = _slurm(["scontrol", "show", "hostnames", nodelist], check=True)
     names = proc.stdout.split()
     if not names:
         raise ValidateError(f"`scontrol show hostnames {nodelist}` returned nothing")
@@ -146,7 +155,7 @@ def nodes_sharing_a_host(nodes: list[str] | None = None, partition: str | None =
     elif partition:
         argv += ["-p", partition]
     try:
-        out = _slurm(argv, check=False).stdout
+        out = _slurm(argv).stdout
     except ValidateError:
         return []
     by_host: dict[str, set[str]] = {}
@@ -155,20 +164,6 @@ def nodes_sharing_a_host(nodes: list[str] | None = None, partition: str | None =
         if name.strip() and host.strip():
             by_host.setdefault(host.strip(), set()).add(name.strip())
     return sorted(n for names in by_host.values() if len(names) > 1 for n in names)
-
-
-def _slurm(cmd: list[str], timeout: float = COMMAND_TIMEOUT_S, check: bool = True) -> subprocess.CompletedProcess:
-    try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
-                              check=False)
-    except FileNotFoundError:
-        raise ValidateError(f"`{cmd[0]}` not found: Slurm's client commands are not installed here "
-                            "(use --local, or scripts/dev-slurm up for a local cluster)") from None
-    except subprocess.TimeoutExpired:
-        raise ValidateError(f"`{' '.join(cmd)}` did not answer within {timeout:g}s: is slurmctld reachable?") from None
-    if check and proc.returncode != 0:
-        raise ValidateError(f"`{' '.join(cmd)}` failed: {(proc.stderr or proc.stdout).strip()}")
-    return proc
 
 
 def render_sbatch(plan, params: dict, run_dir: Path, python: str, srun_flags: list[str], time_limit: str) -> str:
@@ -214,14 +209,12 @@ class SlurmLauncher:
                 f"{self.plan.node_count} node(s)")
 
     def start(self) -> None:
-        proc = _slurm(["sbatch", "--parsable", f"--chdir={self.run_dir}",
-                       f"--export=ALL,TK_RUN_DIR={self.run_dir}", str(self.run_dir / "validate.sbatch")], check=False)
-        if proc.returncode != 0:
-            msg = (proc.stderr or proc.stdout).strip()
-            hint = " (check cluster.partition)" if "partition" in msg.lower() else \
-                " (check cluster.account)" if "account" in msg.lower() else ""
-            raise ValidateError(f"sbatch refused the validation job: {msg}{hint}")
-        self.job_id = proc.stdout.strip().split(";")[0]
+        from tk.launch.backends import LaunchError, submit_batch
+
+        try:
+            self.job_id = submit_batch(self.run_dir / "validate.sbatch", self.run_dir, "the validation job")
+        except LaunchError as exc:
+            raise ValidateError(str(exc)) from None
         self.submitted = time.monotonic()
 
     def _state(self):
@@ -247,7 +240,7 @@ class SlurmLauncher:
     def stop(self, timeout_s: float = 60.0) -> list[str]:
         if not self.job_id:
             return []
-        _slurm(["scancel", self.job_id], check=False)
+        _slurm(["scancel", self.job_id])
         deadline = time.monotonic() + timeout_s
         while self._state().phase != "ENDED":
             if time.monotonic() > deadline:
