@@ -46,6 +46,14 @@ class ModelSpec:
     def is_moe(self) -> bool:
         return self.num_experts > 0
 
+    def kv_bytes_per_token_per_layer(self, kv_dtype: str) -> float:
+        """KV cache bytes one token takes in one layer: K and V of every KV head (GQA/MHA), or the
+        compressed latent plus the rope key (MLA)."""
+        elem = KV_DTYPE_BYTES[kv_dtype]
+        if self.attention == "mla":
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * elem
+        return 2 * self.num_kv_heads * self.head_dim * elem
+
     def to_dict(self) -> dict:
         return asdict(self)
 

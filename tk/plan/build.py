@@ -447,14 +447,13 @@ def _worker_env(r: Recipe, version, engine: EnginePlan, transport: TransportProf
 
 def _geometry(r: Recipe, model: ModelSpec) -> KvGeometry:
     elem = KV_DTYPE_BYTES[r.kv_transfer.dtype]
+    per_layer = model.kv_bytes_per_token_per_layer(r.kv_transfer.dtype)
     if model.attention == "mla":
-        per_layer = (model.kv_lora_rank + model.qk_rope_head_dim) * elem
         formula = "(kv_lora_rank + qk_rope_head_dim) x layers x bytes_per_element"
 
         def per_rank(role: RoleSpec) -> int:  # the latent is replicated, not split, across TP ranks
             return int(per_layer * math.ceil(model.num_layers / role.pp))
     else:
-        per_layer = 2 * model.num_kv_heads * model.head_dim * elem
         formula = "2 x layers x kv_heads x head_dim x bytes_per_element"
 
         def per_rank(role: RoleSpec) -> int:

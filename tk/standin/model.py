@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tk.models import KV_DTYPE_BYTES, ModelSpec
+from tk.models import ModelSpec
 
 VOCAB_SIZE = 32000
 _MASK = (1 << 64) - 1
@@ -64,11 +64,7 @@ class KvGeometry:
 
 def geometry(model: ModelSpec, tokens_per_block: int, kv_dtype: str) -> KvGeometry:
     """KV bytes per token per layer, by the formula tk's plan uses (GQA: 2 x kv_heads x head_dim; MLA: the latent)."""
-    elem = KV_DTYPE_BYTES[kv_dtype]
-    if model.attention == "mla":
-        per_layer = (model.kv_lora_rank + model.qk_rope_head_dim) * elem
-    else:
-        per_layer = 2 * model.num_kv_heads * model.head_dim * elem
+    per_layer = model.kv_bytes_per_token_per_layer(kv_dtype)
     return KvGeometry(model=model.name, attention=model.attention, num_layers=model.num_layers,
                       bytes_per_token_per_layer=max(1, int(per_layer)), tokens_per_block=tokens_per_block,
                       kv_dtype=kv_dtype)
