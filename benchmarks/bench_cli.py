@@ -22,9 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 RENDER_ALL = """
 import sys, tempfile
 from pathlib import Path
-from tk.plan import build_plan
-from tk.recipe import load_recipe
-from tk.render import render
+from toolkit.plan import build_plan
+from toolkit.recipe import load_recipe
+from toolkit.render import render
 out = Path(sys.argv[1])
 for path in sorted(Path(sys.argv[2]).glob('*.yaml')):
     render(build_plan(load_recipe(path)), out / path.stem)
@@ -49,7 +49,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cases = {
             "python -c pass": [py, "-c", "pass"],
-            "tk --help": [py, "-m", "tk.cli", "--help"],
+            "tk --help": [py, "-m", "toolkit.cli", "--help"],
             f"render all {len(recipes)} recipes": [py, "-c", RENDER_ALL, tmp, str(ROOT / "recipes")],
         }
         # interleave the cases so machine noise hits them alike

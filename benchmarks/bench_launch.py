@@ -31,7 +31,7 @@ PROMPT = " ".join(f"token{i}" for i in range(200))
 
 
 def tk(*args: str, timeout: float = 400) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "tk.cli", *args], capture_output=True, text=True, timeout=timeout,
+    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True, timeout=timeout,
                           stdin=subprocess.DEVNULL)
 
 
@@ -50,8 +50,8 @@ def main() -> int:
     ap.add_argument("--local", action="store_true", help="local backend instead of the dev Slurm cluster")
     args = ap.parse_args()
 
-    from tk.client import complete
-    from tk.standin.baseline import AggregatedServer
+    from toolkit.client import complete
+    from toolkit.standin.baseline import AggregatedServer
 
     if not args.local:
         up = subprocess.run([str(ROOT / "scripts" / "dev-slurm"), "up", "--nodes", "4"], capture_output=True,
@@ -112,10 +112,10 @@ class _single:
     def __enter__(self):
         import yaml
 
-        from tk.plan import build_plan
-        from tk.recipe import load_recipe
-        from tk.render import render_files
-        from tk.standin.baseline import AggregatedServer
+        from toolkit.plan import build_plan
+        from toolkit.recipe import load_recipe
+        from toolkit.render import render_files
+        from toolkit.standin.baseline import AggregatedServer
 
         options = yaml.safe_load(render_files(build_plan(load_recipe(RECIPE)))["gen.yaml"])
         options.pop("cache_transceiver_config", None)

@@ -89,7 +89,7 @@ def median_gbps(nbytes: int, latencies: list) -> float:
 def run_validator(tokens: int, iterations: int, warmup: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         proc = subprocess.run(
-            [sys.executable, "-m", "tk.cli", "validate", "cluster", str(ROOT / "recipes" / "standin-2p2d.yaml"),
+            [sys.executable, "-m", "toolkit.cli", "validate", "cluster", str(ROOT / "recipes" / "standin-2p2d.yaml"),
              "--local", "--nodes", "2", "--set", f"kv_transfer.tokens_per_block={TPB}", "--lengths", str(tokens),
              "--iterations", str(iterations), "--warmup", str(warmup), "--no-sweep", "--max-memory-mb", "1024",
              "--run-dir", f"{tmp}/run", "--json"],
@@ -143,7 +143,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from tk.cli import _load_plan
+    from toolkit.cli import _load_plan
 
     env = {k: v for k, v in _load_plan("standin-2p2d", ()).context.env.items() if k.startswith("UCX_")}
     nbytes = args.tokens * BYTES_PER_TOKEN

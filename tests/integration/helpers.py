@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 
-from tk import client as tk_client
-from tk.standin.baseline import AggregatedServer
+from toolkit import client as tk_client
+from toolkit.standin.baseline import AggregatedServer
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN_RECIPE = ROOT / "recipes" / "standin-2p2d.yaml"
@@ -24,7 +24,7 @@ PROMPTS = [" ".join(f"w{i}x{j}" for j in range(n)) for i, n in
 
 def tk(*args: str, env: dict | None = None, timeout: float = 300, check: bool = False) -> subprocess.CompletedProcess:
     """Run the tk command line (the installed console script's module) and capture its output."""
-    proc = subprocess.run([sys.executable, "-m", "tk.cli", *args], capture_output=True, text=True, timeout=timeout,
+    proc = subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True, timeout=timeout,
                           env={**os.environ, **(env or {})}, stdin=subprocess.DEVNULL)
     if check and proc.returncode != 0:
         raise AssertionError(f"tk {' '.join(args)} exited {proc.returncode}\nstdout:\n{proc.stdout}\n"

@@ -36,7 +36,7 @@ def tk_validate(dev_slurm, tmp_path, *extra, fault=None):
     env.pop("TK_VALIDATE_FAULT", None)
     if fault:
         env["TK_VALIDATE_FAULT"] = fault
-    return run([sys.executable, "-m", "tk.cli", "validate", "cluster", RECIPE, "--set",
+    return run([sys.executable, "-m", "toolkit.cli", "validate", "cluster", RECIPE, "--set",
                 f"cluster.partition={dev_slurm.partition}", *SMALL, "--json", *extra], env)
 
 
@@ -84,7 +84,7 @@ def test_in_allocation_sruns_the_agents_inside_the_given_job(dev_slurm, tmp_path
     env = {**os.environ, **dev_slurm.env, "TK_RUNS_DIR": str(tmp_path / "runs")}
     env.pop("TK_VALIDATE_FAULT", None)
     proc = run(["salloc", "-N", "4", "-p", dev_slurm.partition, "--time=10",
-                sys.executable, "-m", "tk.cli", "validate", "cluster", RECIPE, "--in-allocation", "--no-sweep",
+                sys.executable, "-m", "toolkit.cli", "validate", "cluster", RECIPE, "--in-allocation", "--no-sweep",
                 *SMALL, "--json"], env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     report = proc.report

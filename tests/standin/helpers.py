@@ -59,7 +59,7 @@ class Proc:
         self.url = f"http://127.0.0.1:{port}" if port else None
         self.log_path = log_dir / f"{name}.log"
         with open(self.log_path, "wb") as log:
-            self.popen = subprocess.Popen([sys.executable, "-m", "tk.standin", *args], stdout=log,
+            self.popen = subprocess.Popen([sys.executable, "-m", "toolkit.standin", *args], stdout=log,
                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                           env=env or worker_env(), start_new_session=True)
         _live.append(self)
@@ -114,5 +114,5 @@ def _stop_leftovers() -> None:
 
 def run_standin(*args: str, env: dict | None = None, timeout: float = 30) -> subprocess.CompletedProcess:
     """`tk-standin-serve ARGS` to completion (for start-up failures)."""
-    return subprocess.run([sys.executable, "-m", "tk.standin", *args], capture_output=True, text=True, check=False,
+    return subprocess.run([sys.executable, "-m", "toolkit.standin", *args], capture_output=True, text=True, check=False,
                           timeout=timeout, env=env or worker_env(), stdin=subprocess.DEVNULL)

@@ -8,7 +8,7 @@ import msgpack
 import pytest
 import requests
 
-from tk.client import complete
+from toolkit.client import complete
 
 OPTIONS = {"max_batch_size": 4, "max_num_tokens": 64, "max_seq_len": 96, "print_iter_log": True,
            "kv_cache_config": {"tokens_per_block": 32, "dtype": "auto"}}
@@ -40,7 +40,7 @@ def test_completions_are_deterministic_with_usage(agg):
 
 
 def test_token_id_prompt_equals_text_prompt(agg):
-    from tk.standin.model import encode
+    from toolkit.standin.model import encode
     text = post(agg.url, "/v1/completions", {"model": "m", "prompt": "a b c", "max_tokens": 5}).json()
     ids = post(agg.url, "/v1/completions", {"model": "m", "prompt": encode("a b c"), "max_tokens": 5}).json()
     assert text["choices"][0]["text"] == ids["choices"][0]["text"]

@@ -1,6 +1,6 @@
 """A disaggregated stand-in deployment with real NIXL KV transfers: context + generation servers and the proxy.
 
-Every answer must equal the aggregated baseline (tk.standin.baseline, the generation role's options without
+Every answer must equal the aggregated baseline (toolkit.standin.baseline, the generation role's options without
 cache_transceiver_config); corrupted KV, a mismatched peer, a dead or frozen context server and KV nobody fetched
 must all fail or show, never hang.
 """
@@ -14,8 +14,8 @@ import pytest
 import requests
 
 from tests.standin.helpers import MODEL, worker_env
-from tk.client import CompletionError, complete
-from tk.standin.baseline import AggregatedServer
+from toolkit.client import CompletionError, complete
+from toolkit.standin.baseline import AggregatedServer
 
 pytestmark = pytest.mark.nixl
 pytest.importorskip("numpy")

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from tk.models import resolve_model
-from tk.standin import model as M
-from tk.standin.routers import (
+from toolkit.models import resolve_model
+from toolkit.standin import model as M
+from toolkit.standin.routers import (
     KvCacheAwareRouter,
     LoadBalancingRouter,
     RoundRobinRouter,
@@ -76,7 +76,7 @@ def test_generation_side_refuses_a_context_server_with_other_geometry():
 
     import pytest
 
-    from tk.standin.kv import KvPool, TransferError
+    from toolkit.standin.kv import KvPool, TransferError
     me = SimpleNamespace(geo=GEO, endpoint="gen-host:2")
     KvPool.check_geometry(me, {"geometry": GEO.to_dict(), "endpoint": "ctx-host:1"})  # same: accepted
     for other, words in ((M.geometry(resolve_model("tk/standin-tiny"), 32, "fp8"), "kv_cache_config.dtype"),

@@ -8,8 +8,8 @@ import pytest
 import yaml
 
 from tests.standin.helpers import MODEL, free_port, run_standin, worker_env
-from tk.standin.options import ConfigError, worker_settings
-from tk.standin.proxy import parse_config
+from toolkit.standin.options import ConfigError, worker_settings
+from toolkit.standin.proxy import parse_config
 
 GOOD = {
     "max_batch_size": 8, "max_num_tokens": 256, "max_seq_len": 320,
@@ -58,7 +58,7 @@ def test_accepted_keys_follow_the_target_version(tmp_path, monkeypatch):
     path = write(tmp_path, GOOD)
     s = settings(path, monkeypatch, "1.2")
     assert s.transceiver.kv_transfer_timeout_ms == 5000 and s.transceiver.max_tokens_in_buffer == 256
-    msg = refused(path, monkeypatch, "1.1")  # no kv_transfer_timeout_ms before 1.2 (tk.versions)
+    msg = refused(path, monkeypatch, "1.1")  # no kv_transfer_timeout_ms before 1.2 (toolkit.versions)
     assert "cache_transceiver_config.kv_transfer_timeout_ms" in msg and str(path) in msg
 
 
@@ -97,9 +97,9 @@ def test_unknown_model_exits_2():
 def test_every_rendered_standin_file_is_accepted_by_every_version(tmp_path, monkeypatch):
     """What `tk render` writes for the stand-in recipe starts, for 1.0, 1.1 and 1.2."""
     from tests.conftest import ROOT
-    from tk.plan import build_plan
-    from tk.recipe import load_recipe
-    from tk.render import render, worker_command
+    from toolkit.plan import build_plan
+    from toolkit.recipe import load_recipe
+    from toolkit.render import render, worker_command
     for line in ("1.0", "1.1", "1.2"):
         overrides = [f"trtllm_version={line}"]
         if line != "1.2":  # no kv_transfer_timeout_ms before 1.2

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from tk.errors import RecipeError
-from tk.plan import build_plan
-from tk.recipe import load_recipe_text
+from toolkit.errors import RecipeError
+from toolkit.plan import build_plan
+from toolkit.recipe import load_recipe_text
 
 BASE = """\
 schema_version: 1

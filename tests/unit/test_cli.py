@@ -8,12 +8,12 @@ from tests.conftest import ROOT
 
 
 def tk(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "tk.cli", *args], capture_output=True, text=True, cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=60)
 
 
 def test_help_does_not_import_heavy_modules():
-    code = ("import sys; from tk.cli import main; rc = main(['--help']); "
+    code = ("import sys; from toolkit.cli import main; rc = main(['--help']); "
             "heavy = [m for m in ('nixl', 'numpy', 'torch', 'pydantic', 'rich') if m in sys.modules]; "
             "print(heavy, file=sys.stderr); sys.exit(1 if heavy else 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

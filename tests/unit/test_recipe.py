@@ -2,8 +2,8 @@
 
 import pytest
 
-from tk.errors import RecipeError
-from tk.recipe import load_recipe, load_recipe_text
+from toolkit.errors import RecipeError
+from toolkit.recipe import load_recipe, load_recipe_text
 from tests.conftest import RECIPES
 from tests.unit.helpers import BASE
 

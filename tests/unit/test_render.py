@@ -9,11 +9,11 @@ import subprocess
 import pytest
 import yaml
 
-from tk import versions
-from tk.errors import RecipeError
-from tk.plan import build_plan
-from tk.recipe import load_recipe
-from tk.render import MANIFEST, RENDERED_FILES, render, render_files
+from toolkit import versions
+from toolkit.errors import RecipeError
+from toolkit.plan import build_plan
+from toolkit.recipe import load_recipe
+from toolkit.render import MANIFEST, RENDERED_FILES, render, render_files
 from tests.conftest import RECIPES, ROOT
 from tests.unit.helpers import BASE, plan_of
 
@@ -91,7 +91,7 @@ def test_env_files_can_be_sourced_and_keep_values_intact(tmp_path):
 
 
 def _loaded(text, tmp_path):
-    from tk.recipe import load_recipe_text
+    from toolkit.recipe import load_recipe_text
 
     return load_recipe_text(text, str(tmp_path / "r.yaml"))
 

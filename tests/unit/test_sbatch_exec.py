@@ -11,9 +11,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from tk.plan import build_plan
-from tk.recipe import load_recipe_text
-from tk.render import render
+from toolkit.plan import build_plan
+from toolkit.recipe import load_recipe_text
+from toolkit.render import render
 
 HOSTILE = """\
 schema_version: 1

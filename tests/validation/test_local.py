@@ -18,13 +18,13 @@ import jsonschema
 import pytest
 
 from tests.conftest import ROOT
-from tk.validation.report import load_schema
+from toolkit.validate.report import load_schema
 
 pytest.importorskip("numpy")
 RECIPE = str(ROOT / "recipes" / "standin-2p2d.yaml")
 SMALL = ["--iterations", "3", "--warmup", "1", "--sweep-iterations", "2", "--transfer-timeout", "5",
          "--rendezvous-timeout", "5", "--timeout", "120"]
-AGENT = ROOT / "tk" / "validation" / "agent.py"
+AGENT = ROOT / "validation" / "agent.py"
 
 
 def validate(tmp_path, *extra, fault=None, json_out=True, timeout=180):
@@ -32,7 +32,7 @@ def validate(tmp_path, *extra, fault=None, json_out=True, timeout=180):
     env.pop("TK_VALIDATE_FAULT", None)
     if fault:
         env["TK_VALIDATE_FAULT"] = fault
-    args = [sys.executable, "-m", "tk.cli", "validate", "cluster", RECIPE, "--local", "--run-dir",
+    args = [sys.executable, "-m", "toolkit.cli", "validate", "cluster", RECIPE, "--local", "--run-dir",
             str(tmp_path / "run"), *SMALL, *extra] + (["--json"] if json_out else [])
     t0 = time.monotonic()
     proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL,

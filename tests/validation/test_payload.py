@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from tests.unit.helpers import plan_of
-from tk.cli import _load_plan
-from tk.validation.agent import (
+from toolkit.cli import _load_plan
+from validation.agent import (
     Mismatch,
     WordLayout,
     block_table,
@@ -19,7 +19,7 @@ from tk.validation.agent import (
     verify_blocks,
     verify_untouched,
 )
-from tk.validation.params import Options, agents_for, build_params, geometry
+from toolkit.validate.params import Options, agents_for, build_params, geometry
 
 
 def test_standin_geometry_is_one_descriptor_per_block_per_rank():
@@ -211,7 +211,7 @@ UCX_TABLES = """\
 
 
 def test_ucx_protocol_tables_give_the_rma_transport_per_scope():
-    from tk.validation.agent import parse_ucx_proto_info
+    from validation.agent import parse_ucx_proto_info
 
     tables = parse_ucx_proto_info(UCX_TABLES)
     assert [(t["scope"], t["operation"].split(" by ")[0], t["transports"]) for t in tables] == [

@@ -8,9 +8,9 @@ import jsonschema
 import pytest
 
 from tests.conftest import ROOT
-from tk.cli import _load_plan
-from tk.validation.params import Options, build_params
-from tk.validation.report import build_report, load_schema
+from toolkit.cli import _load_plan
+from toolkit.validate.params import Options, build_params
+from toolkit.validate.report import build_report, load_schema
 
 
 def _params(tmp_path):

@@ -1,0 +1,386 @@
+"""The `tk` command line. Heavy modules (pydantic, rich, nixl, numpy) are imported inside commands,
+so `tk --help` starts fast."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from toolkit import __version__
+from toolkit.errors import RecipeError, TkError
+from toolkit.resources import recipes_dir
+
+
+def _emit_json(doc) -> None:
+    click.echo(json.dumps(doc, indent=2, sort_keys=False))
+
+
+def _say(msg: str) -> None:
+    """Prose for people: always stderr, so stdout stays one JSON document under --json."""
+    click.echo(msg, err=True)
+
+
+def _resolve_recipe_path(recipe: str) -> str:
+    """A path, or the name of a built-in recipe (`tk recipes`)."""
+    p = Path(recipe)
+    if p.exists():
+        return recipe
+    builtin = recipes_dir() / (recipe if recipe.endswith(".yaml") else f"{recipe}.yaml")
+    if builtin.exists():
+        return str(builtin)
+    return recipe  # load_recipe reports the missing file
+
+
+def _load_plan(recipe: str, overrides: tuple[str, ...]):
+    from toolkit.plan import build_plan
+    from toolkit.recipe import load_recipe
+
+    return build_plan(load_recipe(_resolve_recipe_path(recipe), overrides))
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+set_option = click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
+                          help="Override a recipe field, e.g. --set generation.instances=4 (repeatable).")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="tk")
+def cli():
+    """tk: render, launch and validate TensorRT-LLM disaggregated serving.
+
+    \b
+    tk recipes                      built-in recipes
+    tk plan RECIPE                  the resolved deployment, nothing written
+    tk render RECIPE -o DIR         every file the deployment needs
+    tk launch RECIPE [--local]      run it, wait until it serves
+    tk runs | status | logs | stop  look after runs
+    tk validate cluster RECIPE      NIXL transfers between every context and generation node
+    """
+
+
+@cli.command()
+@json_option
+@click.option("--models", is_flag=True, help="List the built-in models instead.")
+def recipes(as_json: bool, models: bool):
+    """List the built-in recipes (or models), one line each."""
+    if models:
+        from toolkit.models import BUILTIN_MODELS
+
+        rows = [{"name": m.name, "attention": m.attention, "layers": m.num_layers,
+                 "moe": m.is_moe} for m in BUILTIN_MODELS.values()]
+        if as_json:
+            _emit_json({"models": rows})
+        else:
+            for r in rows:
+                click.echo(f"{r['name']:<42} {r['attention']:<4} {r['layers']:>3} layers{'  MoE' if r['moe'] else ''}")
+        return
+    import yaml
+
+    rows = []
+    for path in sorted(recipes_dir().glob("*.yaml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        rows.append({"name": path.stem, "path": str(path), "engine": data.get("engine", "trtllm"),
+                     "model": data.get("model"), "description": data.get("description", "")})
+    if as_json:
+        _emit_json({"recipes": rows})
+        return
+    for r in rows:
+        click.echo(f"{r['name']:<22} {r['description']}")
+
+
+@cli.command()
+@click.argument("recipe")
+@set_option
+@json_option
+def plan(recipe: str, overrides: tuple[str, ...], as_json: bool):
+    """Show the resolved deployment of RECIPE; writes nothing."""
+    from toolkit.render import derived_numbers
+
+    p = _load_plan(recipe, overrides)
+    if as_json:
+        doc = {"name": p.name, "engine": p.engine.name, "trtllm_version": p.trtllm_version,
+               "recipe_file": p.recipe_file, **derived_numbers(p)}
+        doc["bytes_per_token"] = p.kv.bytes_per_token
+        _emit_json(doc)
+        return
+    from toolkit.report import print_plan
+
+    print_plan(p)
+
+
+@cli.command()
+@click.argument("recipe")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Output directory (default: render/<recipe name>).")
+@set_option
+@json_option
+def render(recipe: str, out_dir: str | None, overrides: tuple[str, ...], as_json: bool):
+    """Render every file of the deployment of RECIPE into a directory."""
+    from toolkit.render import render as render_plan
+
+    p = _load_plan(recipe, overrides)
+    out, files = render_plan(p, out_dir or Path("render") / p.name)
+    if as_json:
+        _emit_json({"name": p.name, "output": str(out), "files": sorted(files),
+                    "warnings": list(p.warnings)})
+        return
+    for w in p.warnings:
+        _say(f"warning: {w}")
+    _say(f"rendered {len(files)} files for {p.name} into {out}/")
+    for name in files:
+        _say(f"  {name}")
+
+
+# --- launch and runs -----------------------------------------------------------------------------
+
+@cli.command()
+@click.argument("recipe")
+@click.option("--local", "local", is_flag=True, help="Run as processes on this machine instead of Slurm.")
+@click.option("--dry-run", is_flag=True, help="Render into the run directory and show what would run.")
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (default runs/<name>-<time>).")
+@click.option("--pending-timeout", type=click.FloatRange(min=1), help="Seconds a Slurm job may pend.")
+@click.option("--startup-timeout", type=click.FloatRange(min=1), help="Seconds servers may take to be healthy.")
+@set_option
+@json_option
+def launch(recipe, local, dry_run, run_dir, pending_timeout, startup_timeout, overrides, as_json):
+    """Launch RECIPE on Slurm (or --local), wait until it serves, print the endpoint."""
+    from toolkit import launch as launcher
+
+    p = _load_plan(recipe, overrides)
+    backend = "local" if local else "slurm"
+    if dry_run:
+        run = launcher.prepare(p, backend, run_dir)
+        if as_json:
+            _emit_json({**run.public(), "dry_run": True})
+            return
+        _say(f"rendered into {run.run_dir}/ (dry run, nothing started)")
+        if backend == "slurm":
+            import shlex
+
+            d = shlex.quote(str(run.run_dir))
+            _say(f"would run: TK_RUN_DIR={d} sbatch --chdir={d} --export=ALL {d}/launch.sbatch")
+        for s in run.servers:
+            _say(f"  {s.name:<8} node{s.node} port {s.port}")
+        return
+    from toolkit.progress import LaunchProgress
+
+    with LaunchProgress(enabled=not as_json) as progress:
+        run = launcher.launch(p, backend, run_dir, pending_timeout_s=pending_timeout,
+                              startup_timeout_s=startup_timeout, on_progress=progress.update)
+    if as_json:
+        _emit_json(run.public())
+        return
+    _say(f"{run.name} is serving at {run.endpoint}  ({backend}{', job ' + run.job_id if run.job_id else ''})")
+    click.echo(run.endpoint)
+
+
+@cli.command()
+@json_option
+def runs(as_json):
+    """List every run: name, backend, job id, state, endpoint."""
+    from toolkit.launch.run import all_runs
+
+    records = all_runs()
+    if as_json:
+        _emit_json({"runs": [r.public() for r in records]})
+        return
+    if not records:
+        _say("no runs yet; start one with `tk launch RECIPE`")
+    for r in records:
+        click.echo(f"{r.name:<40} {r.backend:<6} {r.job_id or '-':<8} {r.state:<10} {r.endpoint or '-'}")
+
+
+@cli.command()
+@click.argument("run", required=False)
+@json_option
+def status(run, as_json):
+    """Per server of RUN (default: the last run): node, port, state, health."""
+    from toolkit import launch as launcher
+    from toolkit.launch.run import log_tail
+
+    record = launcher.refresh(launcher.find_run(run))
+    if as_json:
+        _emit_json(record.public())
+    else:
+        _say(f"{record.name}: {record.state}{' - ' + record.reason if record.reason else ''}")
+        _say(f"  backend {record.backend}{', job ' + record.job_id if record.job_id else ''}, "
+             f"endpoint {record.endpoint or '-'}")
+        for s in record.servers:
+            _say(f"  {s.name:<8} node{s.node:<3} {s.host or '-':<16} port {s.port:<6} {s.state}")
+    failed = [s for s in record.servers if s.state == "failed"]
+    if record.state == "failed" and not as_json:
+        for s in failed:
+            _say(f"--- last lines of {s.name} ({record.log_path(s.name)}) ---")
+            _say(log_tail(record.log_path(s.name)))
+    if record.state in ("failed", "degraded"):
+        raise SystemExit(1)
+
+
+@cli.command()
+@click.argument("run", required=False)
+@click.option("--role", type=click.Choice(["ctx", "gen", "proxy"]), help="Only this role's logs.")
+@click.option("--instance", type=int, help="Only this instance of the role.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends (Ctrl-C stops).")
+@click.option("--lines", "-n", type=int, default=50, show_default=True, help="Lines of each log to show.")
+def logs(run, role, instance, follow, lines):
+    """Show the logs of RUN's servers."""
+    from toolkit import launch as launcher
+    from toolkit.launch.logs import follow_logs, select_logs, show_logs
+
+    record = launcher.find_run(run)
+    paths = select_logs(record, role, instance)
+    if follow:
+        follow_logs(record, paths)
+    else:
+        show_logs(paths, lines)
+
+
+@cli.command()
+@click.argument("run", required=False)
+@json_option
+def stop(run, as_json):
+    """Stop RUN (default: the last run) and verify nothing is left."""
+    from toolkit import launch as launcher
+
+    record = launcher.find_run(run)
+    problems = launcher.stop(record)
+    if as_json:
+        _emit_json({**record.public(), "clean": not problems, "problems": problems})
+    else:
+        _say(f"{record.name}: stopped" + ("" if not problems else f", but: {'; '.join(problems)}"))
+    if problems:
+        raise SystemExit(1)
+
+
+# --- validate ------------------------------------------------------------------------------------
+
+@cli.group()
+def validate():
+    """Check a cluster before serving on it."""
+
+
+def _lengths_option(ctx, param, value):
+    if not value:
+        return None
+    try:
+        out = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter("a comma-separated list of token counts, e.g. 128,1024,8192") from None
+    if not out or min(out) < 1:
+        raise click.BadParameter("token counts must be >= 1")
+    return out
+
+
+@validate.command("cluster")
+@click.argument("recipe")
+@click.option("--local", "local", is_flag=True, help="Run the agents as processes on this machine.")
+@click.option("--nodes", type=click.IntRange(min=2), help="With --local: this many agents, half context, half "
+              "generation (default: the recipe's nodes).")
+@click.option("--in-allocation", is_flag=True, help="Inside salloc/sbatch: srun the agents on SLURM_JOB_NODELIST.")
+@click.option("--memory", type=click.Choice(["auto", "dram", "vram"]), default="auto", show_default=True,
+              help="Where the KV-shaped buffers live (auto: VRAM when a GPU is visible; DRAM for stand-in recipes).")
+@click.option("--max-memory-mb", type=click.IntRange(min=1), default=256, show_default=True,
+              help="Cap on the buffer each agent registers; layers are scaled down to fit (and the report says so).")
+@click.option("--iterations", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Timed transfers per request length and op.")
+@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+              help="Untimed (but verified) transfers first: connections are lazy.")
+@click.option("--sweep/--no-sweep", default=True, show_default=True,
+              help="Measure 16..256 tokens per descriptor and recommend a tokens_per_block.")
+@click.option("--sweep-iterations", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--lengths", callback=_lengths_option, metavar="N,N,...",
+              help="Request lengths in tokens (default: short, typical, longest admitted).")
+@click.option("--min-fraction", type=click.FloatRange(min=0.0), default=None,
+              help="Fail a pair below this fraction of the transport profile's nominal GB/s "
+                   "(default 0 for tcp/DRAM rehearsal, else 0.5).")
+@click.option("--transfer-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+              help="Seconds one transfer or one answer from a peer may take.")
+@click.option("--rendezvous-timeout", type=click.FloatRange(min=0.1), default=None,
+              help="Seconds to wait for every peer's metadata (default 60 local, 180 Slurm).")
+@click.option("--timeout", type=click.FloatRange(min=1), default=900.0, show_default=True,
+              help="Bound on the whole run once the agents start.")
+@click.option("--pending-timeout", type=click.FloatRange(min=1), help="Seconds the Slurm job may pend.")
+@click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (default runs/<name>-validate-<time>).")
+@click.option("--python", "python", help="Interpreter for the agents (default: this one; python3 in containers).")
+@click.option("--progress-thread/--no-progress-thread", default=None,
+              help="NIXL's progress thread in each agent (default: on where every agent has a host of its own, "
+                   "off with --local or where Slurm nodes share a host).")
+@set_option
+@json_option
+def validate_cluster(recipe, local, nodes, in_allocation, memory, max_memory_mb, iterations, warmup, sweep,
+                     sweep_iterations, lengths, min_fraction, transfer_timeout, rendezvous_timeout, timeout,
+                     pending_timeout, run_dir, python, progress_thread, overrides, as_json):
+    """Real NIXL transfers shaped like RECIPE's KV blocks between every context and generation node.
+
+    Every byte is verified; per-pair bandwidth and latency are measured. Exit 0 only when every pair
+    passed every check. Without --local or --in-allocation, submits its own Slurm job.
+    """
+    if local and in_allocation:
+        raise click.UsageError("--local and --in-allocation exclude each other")
+    if nodes and not local:
+        raise click.UsageError("--nodes goes with --local (on Slurm the recipe decides the nodes)")
+    from toolkit.validate.params import Options
+    from toolkit.validate.report import LiveProgress, print_report
+    from toolkit.validate.run import validate as run_validation
+
+    p = _load_plan(recipe, overrides)
+    opts = Options(mode="local" if local else "in-allocation" if in_allocation else "slurm", nodes=nodes,
+                   memory=memory, max_memory_mb=max_memory_mb, iterations=iterations, warmup=warmup, sweep=sweep,
+                   sweep_iterations=sweep_iterations, lengths=lengths, min_fraction=min_fraction,
+                   transfer_timeout_s=transfer_timeout, rendezvous_timeout_s=rendezvous_timeout, timeout_s=timeout,
+                   pending_timeout_s=pending_timeout, run_dir=run_dir, python=python, progress_thread=progress_thread)
+    n_agents = nodes or sum(len({n for s in r.instances for n in s.nodes}) for r in p.roles)
+    with LiveProgress(enabled=not as_json, total_pairs=0, rounds=0) as progress:
+        def on_progress(phase, pairs=None, up=0, total=0):
+            if pairs is not None:
+                progress.total = len(pairs)
+                progress.rounds = 1 + max((x["round"] for x in pairs), default=-1)
+            progress.update(phase, pairs, up, total or n_agents)
+
+        report = run_validation(p, opts, on_progress=on_progress)
+    if as_json:
+        _emit_json(report)
+    else:
+        print_report(report)
+    if not report["passed"]:
+        raise SystemExit(1)
+
+
+def main(argv=None) -> int:
+    """Entry point: user errors are reported without a traceback."""
+    as_json = "--json" in (argv if argv is not None else sys.argv[1:])
+    try:
+        cli.main(args=argv, prog_name="tk", standalone_mode=False)
+        return 0
+    except RecipeError as exc:
+        for v in exc.violations:
+            _say(f"error: {v}")
+        _say(f"{len(exc.violations)} problem(s) found; nothing was written.")
+        if as_json:
+            _emit_json({"ok": False, "errors": [v.to_dict() for v in exc.violations]})
+        return exc.exit_code
+    except TkError as exc:
+        _say(f"error: {exc}")
+        if as_json:
+            _emit_json({"ok": False, "errors": [{"message": str(exc)}]})
+        return exc.exit_code
+    except click.exceptions.Abort:
+        _say("aborted")
+        return 130
+    except click.ClickException as exc:
+        exc.show()
+        return exc.exit_code
+    except click.exceptions.Exit as exc:
+        return exc.exit_code
+    except SystemExit as exc:
+        return exc.code if isinstance(exc.code, int) else 1
+    except KeyboardInterrupt:
+        _say("interrupted")
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""A run: one launched deployment and the directory that holds everything about it.
+
+    runs/<recipe-name>-<YYYYmmdd-HHMMSS>/
+        ctx.yaml gen.yaml disagg.yaml *.env launch.sbatch manifest.json   (rendered)
+        run.json          the run record (backend, job id, servers, state)
+        nodes.tsv         index, Slurm node name, address (written by the job / the local supervisor)
+        disagg.resolved.yaml   disagg.yaml with real hostnames
+        state/phases.tsv  what the job did, one line per step (time, phase, detail)
+        logs/<server>.log one log per server, logs/proxy.log
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from toolkit.errors import TkError
+from toolkit.plan.model import Plan
+
+RUN_RECORD = "run.json"
+
+
+def runs_root() -> Path:
+    return Path(os.environ.get("TK_RUNS_DIR", "runs"))
+
+
+@dataclass
+class ServerRecord:
+    name: str  # ctx-0, gen-1, proxy
+    role: str  # ctx | gen | proxy
+    instance: int
+    node: int  # plan node index of its first node
+    port: int
+    state: str = "planned"  # planned | starting | healthy | failed | stopped
+    host: str | None = None  # address once known
+
+
+@dataclass
+class RunRecord:
+    name: str
+    run_dir: str
+    recipe: str
+    backend: str  # slurm | local
+    engine: str
+    created: float
+    servers: list[ServerRecord]
+    job_id: str | None = None
+    state: str = "rendered"  # rendered | submitted | pending | starting | ready | failed | stopped
+    endpoint: str | None = None
+    reason: str | None = None
+    supervisor_pid: int | None = None
+    model: str = ""
+    history: list = field(default_factory=list)
+
+    @classmethod
+    def new(cls, plan: Plan, run_dir: Path, backend: str) -> "RunRecord":
+        servers = [ServerRecord(name=s.name, role=s.role, instance=s.index, node=s.first_node, port=s.port)
+                   for s in plan.servers]
+        servers.append(ServerRecord(name="proxy", role="proxy", instance=0, node=plan.proxy.node,
+                                    port=plan.proxy.port))
+        return cls(name=run_dir.name, run_dir=str(run_dir.resolve()), recipe=plan.recipe_file, backend=backend,
+                   engine=plan.engine.name, created=time.time(), servers=servers,
+                   model=plan.context.model_path)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def public(self) -> dict:
+        """The record users and scripts read (`tk launch --json`, `tk status --json`)."""
+        d = self.to_dict()
+        d.pop("history", None)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "RunRecord":
+        d = dict(d)
+        d["servers"] = [ServerRecord(**s) for s in d.get("servers", [])]
+        return cls(**d)
+
+    # -- persistence --------------------------------------------------------------------------
+    @property
+    def path(self) -> Path:
+        return Path(self.run_dir)
+
+    def save(self) -> None:
+        tmp = self.path / f".{RUN_RECORD}.tmp"
+        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        os.replace(tmp, self.path / RUN_RECORD)
+
+    def set_state(self, state: str, reason: str | None = None) -> None:
+        self.state = state
+        self.reason = reason  # a reason belongs to its state: "ready" must not carry "pending (Priority)"
+        self.history.append([round(time.time(), 3), state, reason])
+        self.save()
+
+    def server(self, name: str) -> ServerRecord:
+        for s in self.servers:
+            if s.name == name:
+                return s
+        raise KeyError(name)
+
+    def log_path(self, name: str) -> Path:
+        return self.path / "logs" / f"{name}.log"
+
+
+def new_run_dir(plan: Plan, run_dir: str | None, kind: str = "") -> Path:
+    """The given directory, or a new one under the runs root: NAME[-KIND]-TIMESTAMP[-N]."""
+    if run_dir:
+        return Path(run_dir)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = runs_root() / f"{plan.name}{'-' + kind if kind else ''}-{stamp}"
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = Path(f"{base}-{n}")
+    return candidate
+
+
+def load_run(path: Path) -> RunRecord:
+    try:
+        return RunRecord.from_dict(json.loads((path / RUN_RECORD).read_text()))
+    except (OSError, ValueError, TypeError) as exc:
+        raise TkError(f"{path}: not a readable tk run ({exc})") from None
+
+
+def all_runs() -> list[RunRecord]:
+    root = runs_root()
+    if not root.is_dir():
+        return []
+    out = []
+    for d in root.iterdir():
+        if (d / RUN_RECORD).is_file():
+            try:
+                out.append(load_run(d))
+            except TkError:
+                continue
+    return sorted(out, key=lambda r: r.created)
+
+
+def find_run(ref: str | None) -> RunRecord:
+    """A run by directory, by name, or (None) the most recent one."""
+    if ref:
+        p = Path(ref)
+        if (p / RUN_RECORD).is_file():
+            return load_run(p)
+        matches = [r for r in all_runs() if r.name == ref or r.name.startswith(ref)]
+        if len(matches) == 1:
+            return matches[0]
+        if len(matches) > 1:
+            raise TkError(f"{ref!r} matches several runs: {', '.join(r.name for r in matches)}; give the full name")
+        raise TkError(f"no run {ref!r} (a run directory or a name from `tk runs` under {runs_root()}/)")
+    runs = all_runs()
+    if not runs:
+        raise TkError(f"no runs under {runs_root()}/; start one with `tk launch RECIPE`")
+    return runs[-1]
+
+
+def read_phases(run: RunRecord) -> list[tuple[float, str, str]]:
+    """The job's own account of itself (state/phases.tsv), oldest first."""
+    path = run.path / "state" / "phases.tsv"
+    out = []
+    if path.is_file():
+        for line in path.read_text(errors="replace").splitlines():
+            parts = line.split("\t", 2)
+            if len(parts) == 3:
+                try:
+                    out.append((float(parts[0]), parts[1], parts[2]))
+                except ValueError:
+                    continue
+    return out
+
+
+def read_nodes(run: RunRecord) -> dict[int, str]:
+    """Plan node index -> address, once the job has resolved them."""
+    path = run.path / "nodes.tsv"
+    out = {}
+    if path.is_file():
+        for line in path.read_text().splitlines():
+            parts = line.split("\t")
+            if len(parts) == 3 and parts[0].isdigit():
+                out[int(parts[0])] = parts[2]
+    return out
+
+
+def log_tail(path: Path, lines: int = 20) -> str:
+    if not path.is_file():
+        return f"(no log at {path})"
+    with open(path, "rb") as f:
+        f.seek(0, os.SEEK_END)
+        size = f.tell()
+        f.seek(max(0, size - 64 * 1024))
+        text = f.read().decode(errors="replace")
+    return "\n".join(text.splitlines()[-lines:])

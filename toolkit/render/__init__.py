@@ -1,0 +1,180 @@
+"""Stage 3: a Plan becomes the files of a deployment, through the jinja2 templates in tk/templates.
+
+Rendering is deterministic (same plan, same bytes) and atomic: files are written into a
+temporary directory beside the target and moved into place only when all of them are ready.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+import jinja2
+import yaml
+
+from toolkit.errors import TkError
+from toolkit.plan.model import Plan
+from toolkit.resources import templates_dir
+
+# The files `tk render` writes, in the order the manifest lists them.
+RENDERED_FILES = ("ctx.yaml", "gen.yaml", "disagg.yaml", "ctx.env", "gen.env", "proxy.env", "launch.sbatch")
+MANIFEST = "manifest.json"
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block-style YAML; never emits anchors, so every file reads on its own."""
+
+    def ignore_aliases(self, data):
+        return True
+
+
+def to_yaml(value) -> str:
+    return yaml.dump(value, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100).rstrip("\n")
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
+                             keep_trailing_newline=True, autoescape=False,
+                             comment_start_string="{##", comment_end_string="##}")  # bash uses ${#x}
+    env.filters["to_yaml"] = to_yaml
+    env.filters["sh"] = lambda v: shlex.quote(str(v))
+    return env
+
+
+def worker_command(plan: Plan, role_name: str, port: int) -> list[str]:
+    """argv of one server, up to (not including) the options-file flag and path."""
+    role = plan.context if role_name == "ctx" else plan.generation
+    return [*plan.engine.launcher, *plan.engine.serve_command, role.model_path, "--host", "0.0.0.0",
+            "--port", str(port), *role.serve_args]
+
+
+def proxy_command(plan: Plan) -> list[str]:
+    """argv of the proxy, up to (not including) `-c FILE`."""
+    return [*plan.engine.serve_command, "disaggregated", *plan.proxy.args]
+
+
+def container_srun_flags(plan: Plan) -> list[str]:
+    """pyxis flags that run a step in the recipe's container (none without one)."""
+    flags = []
+    if plan.slurm.container_image:
+        flags.append(f"--container-image={plan.slurm.container_image}")
+        if plan.slurm.container_mounts:
+            flags.append(f"--container-mounts={','.join(plan.slurm.container_mounts)}")
+        flags.append("--no-container-mount-home")
+    return flags
+
+
+def _srun_flags(plan: Plan) -> list[str]:
+    flags = container_srun_flags(plan)
+    if plan.engine.uses_mpi:
+        flags.append("--mpi=pmix")
+    return flags
+
+
+def render_files(plan: Plan) -> dict[str, str]:
+    """Every file of the deployment, name -> text, manifest included. Pure: writes nothing."""
+    env = _environment()
+    recipe_name = os.path.basename(plan.recipe_file)
+    common = {"plan": plan, "recipe_name": recipe_name}
+    files = {
+        "ctx.yaml": env.get_template("llm_api_options.yaml.j2").render(role=plan.context, **common),
+        "gen.yaml": env.get_template("llm_api_options.yaml.j2").render(role=plan.generation, **common),
+        "disagg.yaml": env.get_template("disagg.yaml.j2").render(**common),
+        "ctx.env": env.get_template("role.env.j2").render(env=plan.context.env, title="context servers", **common),
+        "gen.env": env.get_template("role.env.j2").render(env=plan.generation.env, title="generation servers",
+                                                          **common),
+        "proxy.env": env.get_template("role.env.j2").render(env=plan.proxy.env, title="proxy", **common),
+        "launch.sbatch": env.get_template("launch.sbatch.j2").render(
+            worker_commands={s.name: worker_command(plan, s.role, s.port) for s in plan.servers},
+            proxy_command=proxy_command(plan), srun_flags=_srun_flags(plan),
+            ntasks_per_node=plan.slurm.gpus_per_node if plan.engine.uses_mpi else 1, **common),
+    }
+    files[MANIFEST] = manifest_text(plan, files)
+    return files
+
+
+def manifest(plan: Plan, files: dict[str, str]) -> dict:
+    return {
+        "manifest_version": 1,
+        "name": plan.name,
+        "toolkit_version": plan.toolkit_version,
+        "trtllm_version": plan.trtllm_version,
+        "trtllm_release": plan.trtllm_release,
+        "engine": plan.engine.name,
+        "recipe_file": os.path.basename(plan.recipe_file),
+        "recipe": plan.recipe,
+        "derived": derived_numbers(plan),
+        "files": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in sorted(files.items())},
+    }
+
+
+def manifest_text(plan: Plan, files: dict[str, str]) -> str:
+    return json.dumps(manifest(plan, files), indent=2, sort_keys=False) + "\n"
+
+
+def derived_numbers(plan: Plan) -> dict:
+    """The numbers tk worked out, with the reasons users ask for."""
+    return {
+        "model": plan.model,
+        "kv": asdict(plan.kv),
+        "max_tokens_in_buffer": plan.buffer.max_tokens_in_buffer,
+        "max_tokens_in_buffer_reason": plan.buffer.reason,
+        "estimates": asdict(plan.estimates),
+        "nodes": plan.node_count,
+        "roles": {
+            role.title: {
+                "instances": len(role.instances), "tp": role.tp, "pp": role.pp, "ep": role.ep,
+                "attention_dp": role.attention_dp, "gpus_per_instance": role.gpus_per_instance,
+                "gpus": role.gpu_count, "nodes": role.node_count,
+            } for role in plan.roles
+        },
+        "servers": [{"name": s.name, "role": s.role, "index": s.index, "nodes": list(s.nodes),
+                     "gpus": list(s.gpus), "port": s.port} for s in plan.servers],
+        "proxy": {"node": plan.proxy.node, "port": plan.proxy.port},
+        "warnings": list(plan.warnings),
+    }
+
+
+def write_atomically(files: dict[str, str], out_dir: str | os.PathLike) -> Path:
+    """Write files into out_dir via a temporary sibling directory, moving them in only once all are written.
+
+    Files in out_dir that tk did not render (a user's notes, logs) are kept.
+    """
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise TkError(f"{out}: exists and is not a directory; choose another output directory with -o")
+    parent = out.resolve().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tk-render-", dir=parent))
+    except OSError as exc:
+        raise TkError(f"{parent}: cannot create the output directory ({exc.strerror})") from None
+    try:
+        for name, text in files.items():
+            path = tmp / name
+            path.write_text(text, encoding="utf-8")
+            if name.endswith(".sbatch"):
+                path.chmod(0o755)
+        if out.exists():
+            # Move each finished file over its old version (rename is atomic per file); whatever
+            # else the directory holds (the user's notes, logs of a run) is left alone.
+            for name in files:
+                os.replace(tmp / name, out / name)
+            tmp.rmdir()
+        else:
+            os.replace(tmp, out)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise TkError(f"{out}: cannot write the rendered files ({exc.strerror or exc})") from None
+    return out
+
+
+def render(plan: Plan, out_dir: str | os.PathLike) -> tuple[Path, dict[str, str]]:
+    files = render_files(plan)
+    return write_atomically(files, out_dir), files

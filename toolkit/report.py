@@ -1,0 +1,65 @@
+"""Terminal presentation of a plan (rich tables on stderr; stdout is kept for --json)."""
+
+from __future__ import annotations
+
+from toolkit.plan.model import Plan
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return f"{n:.2f} TiB"
+
+
+def print_plan(plan: Plan) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(stderr=True, highlight=False)
+    if not console.is_terminal:
+        console.width = 120
+    engine = "CPU stand-in (rehearsal, not TensorRT-LLM)" if plan.engine.is_standin else "TensorRT-LLM"
+    console.print(f"[bold]{plan.name}[/]  {engine} {plan.trtllm_version}  model {plan.model['name']}  "
+                  f"{plan.node_count} node(s) x {plan.slurm.gpus_per_node} GPU")
+
+    roles = Table(title="Roles", title_justify="left")
+    for col in ("role", "instances", "tp", "pp", "ep", "attn DP", "GPUs/inst", "GPUs", "nodes",
+                "max_batch", "max_num_tokens"):
+        roles.add_column(col, justify="right" if col != "role" else "left")
+    for r in plan.roles:
+        o = r.llm_api_options
+        roles.add_row(r.title, str(len(r.instances)), str(r.tp), str(r.pp), str(r.ep or "-"),
+                      "yes" if r.attention_dp else "no", str(r.gpus_per_instance), str(r.gpu_count),
+                      str(r.node_count), str(o["max_batch_size"]), str(o["max_num_tokens"]))
+    console.print(roles)
+
+    servers = Table(title="Servers", title_justify="left")
+    for col in ("server", "nodes", "GPUs", "port"):
+        servers.add_column(col)
+    for s in plan.servers:
+        servers.add_row(s.name, ",".join(f"node{n}" for n in s.nodes), ",".join(map(str, s.gpus)), str(s.port))
+    servers.add_row("proxy", f"node{plan.proxy.node}", "-", str(plan.proxy.port))
+    console.print(servers)
+
+    kv, est = plan.kv, plan.estimates
+    t = Table(title="KV cache and transfer", title_justify="left", show_header=False)
+    t.add_column("what")
+    t.add_column("value")
+    t.add_row("bytes per token", f"{kv.bytes_per_token:,} B  ({kv.formula})")
+    t.add_row("per TP rank", f"context {kv.ctx_bytes_per_token_per_rank:,} B, "
+                             f"generation {kv.gen_bytes_per_token_per_rank:,} B")
+    t.add_row("tokens_per_block", str(kv.tokens_per_block))
+    t.add_row("max_tokens_in_buffer", f"{plan.buffer.max_tokens_in_buffer}  ({plan.buffer.reason})")
+    t.add_row("largest request", f"{kv.largest_request_tokens:,} tokens = {human_bytes(kv.largest_request_bytes)} of KV")
+    t.add_row("its transfer", f"{est.largest_request_transfer_ms:.1f} ms at {est.nominal_gbps:g} GB/s per GPU "
+                              f"({est.transport}, nominal)")
+    t.add_row("its prefill", f"{est.largest_request_prefill_ms:.1f} ms (2 x active params x tokens at "
+                             f"{est.prefill_efficiency:.0%} of {est.gpu_peak_tflops:g} TFLOP/s per GPU)")
+    verdict = "[red]the transfer dominates: check the transport[/]" if est.transfer_dominates \
+        else "the prefill dominates"
+    t.add_row("verdict", verdict)
+    console.print(t)
+    for w in plan.warnings:
+        console.print(f"[yellow]warning:[/] {w}")

@@ -1,0 +1,48 @@
+"""``tk-standin-serve``: the CPU stand-in's command line (tk CPU stand-in, not TensorRT-LLM).
+
+    tk-standin-serve MODEL --host H --port P --backend pytorch --tp_size N --pp_size N [...] --extra_llm_api_options F
+    tk-standin-serve disaggregated -c FILE [-t SERVER_START_TIMEOUT_S] [-r REQUEST_TIMEOUT_S]
+
+Start-up problems print one line naming the file and key and exit 2, before any port is bound.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+
+def _logging() -> None:
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="[tk-standin] %(asctime)s %(levelname)s %(message)s")
+    logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    from toolkit.standin.options import ConfigError
+    if argv and argv[0] in ("-h", "--help"):
+        print(__doc__.strip())
+        return 0
+    _logging()
+    try:
+        if argv and argv[0] == "disaggregated":
+            from toolkit.standin.proxy import proxy_settings, run
+            settings = proxy_settings(argv[1:])
+        else:
+            if argv and argv[0] == "serve":
+                argv = argv[1:]
+            from toolkit.standin.options import worker_settings
+            settings = worker_settings(argv)
+            from toolkit.standin.worker import run
+        return run(settings)
+    except ConfigError as exc:
+        print(f"tk-standin-serve: error: {exc}" if not str(exc).startswith("tk-standin-serve") else str(exc),
+              file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

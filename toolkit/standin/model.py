@@ -1,0 +1,163 @@
+"""The stand-in's "model": a deterministic tokenizer, KV content and token stream (tk CPU stand-in, not TensorRT-LLM).
+
+Nothing here is a neural network. The contract the rest of the stand-in relies on:
+
+- ``encode(text)`` splits on whitespace and hashes each word into a vocabulary of ``VOCAB_SIZE`` ids;
+  ``chat_prompt(messages)`` is the concatenation of the messages in one fixed template.
+- ``kv_content(geometry, token_ids)`` is the KV cache of a prompt: ``num_layers x n x bytes_per_token_per_layer``
+  bytes (uint8), a pure function of the token ids *and their prefix* (token t's rows depend on tokens 0..t, like
+  causal attention), computed with numpy.
+- ``kv_digest(kv)`` hashes those bytes in canonical order (layer-major, token rows 0..n-1, no padding).
+- ``token_stream(digest, last_prompt_token)`` yields the generated ids: token i is a hash of the digest, the
+  position i and token i-1. The context server emits token 0 from its own KV; the generation server continues
+  from the digest of the KV bytes **it received**; the aggregated server does both from its local KV. So a
+  disaggregated answer equals the aggregated one exactly when the KV arrived intact.
+- ``decode_token(id)`` is a readable pseudo-word; the text of a completion is ``"".join(" " + word)``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import numpy as np
+
+from toolkit.models import ModelSpec
+
+VOCAB_SIZE = 32000
+_MASK = (1 << 64) - 1
+_K1 = 0x9E3779B97F4A7C15
+_K2 = 0xBF58476D1CE4E5B9
+_K3 = 0x94D049BB133111EB
+
+_CONSONANTS = "bdfghjklmnprstvz"  # 16
+_VOWELS = "aeiou"  # 5 -> 80 syllables
+_SYLLABLES = [c + v for c in _CONSONANTS for v in _VOWELS]
+
+
+@dataclass(frozen=True)
+class KvGeometry:
+    """What one token's KV cache looks like on this server (the whole model, every layer)."""
+
+    model: str
+    attention: str  # "gqa" | "mla"
+    num_layers: int
+    bytes_per_token_per_layer: int
+    tokens_per_block: int
+    kv_dtype: str
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.num_layers * self.bytes_per_token_per_layer
+
+    @property
+    def block_bytes(self) -> int:
+        """One block of one layer: tokens_per_block rows."""
+        return self.tokens_per_block * self.bytes_per_token_per_layer
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "attention": self.attention, "num_layers": self.num_layers,
+                "bytes_per_token_per_layer": self.bytes_per_token_per_layer,
+                "bytes_per_token": self.bytes_per_token, "tokens_per_block": self.tokens_per_block,
+                "kv_dtype": self.kv_dtype}
+
+
+def geometry(model: ModelSpec, tokens_per_block: int, kv_dtype: str) -> KvGeometry:
+    """KV bytes per token per layer, by the formula tk's plan uses (GQA: 2 x kv_heads x head_dim; MLA: the latent)."""
+    per_layer = model.kv_bytes_per_token_per_layer(kv_dtype)
+    return KvGeometry(model=model.name, attention=model.attention, num_layers=model.num_layers,
+                      bytes_per_token_per_layer=max(1, int(per_layer)), tokens_per_block=tokens_per_block,
+                      kv_dtype=kv_dtype)
+
+
+# --- tokenizer ----------------------------------------------------------------------------------------
+
+def _h64(data: bytes) -> int:
+    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
+
+
+def encode(text: str) -> list[int]:
+    return [_h64(w.encode("utf-8")) % VOCAB_SIZE for w in text.split()]
+
+
+def chat_prompt(messages: list) -> str:
+    """The fixed chat template: ``<|role|> content`` per message, then ``<|assistant|>``."""
+    parts = []
+    for m in messages:
+        if not isinstance(m, dict):
+            raise TypeError("each message must be an object with role and content")
+        content = m.get("content")
+        if isinstance(content, list):  # content parts: keep the text ones
+            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+        parts.append(f"<|{m.get('role', 'user')}|> {content or ''}")
+    parts.append("<|assistant|>")
+    return "\n".join(parts)
+
+
+def decode_token(token_id: int) -> str:
+    n = len(_SYLLABLES)
+    a, b, c = token_id % n, (token_id // n) % n, token_id // (n * n)
+    return _SYLLABLES[a] + _SYLLABLES[b] + (_SYLLABLES[c % n] if c else "")
+
+
+def decode(token_ids) -> str:
+    return "".join(" " + decode_token(t) for t in token_ids)
+
+
+# --- KV content ---------------------------------------------------------------------------------------
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, elementwise on uint64 (wrapping arithmetic)."""
+    x = x ^ (x >> np.uint64(30))
+    x = x * np.uint64(_K2)
+    x = x ^ (x >> np.uint64(27))
+    x = x * np.uint64(_K3)
+    return x ^ (x >> np.uint64(31))
+
+
+def _prefix_hashes(model: str, token_ids) -> np.ndarray:
+    h = _h64(model.encode())
+    out = np.empty(len(token_ids), dtype=np.uint64)
+    for t, tok in enumerate(token_ids):
+        h = ((h ^ ((tok + 1) * _K1)) * _K2 + t) & _MASK
+        h ^= h >> 29
+        out[t] = h
+    return out
+
+
+def kv_content(geo: KvGeometry, token_ids) -> np.ndarray:
+    """The KV cache of a prompt: uint8 array (num_layers, n, bytes_per_token_per_layer)."""
+    n = len(token_ids)
+    words = -(-geo.bytes_per_token_per_layer // 8)
+    with np.errstate(over="ignore"):
+        h = _prefix_hashes(geo.model, token_ids)
+        layer = (np.arange(1, geo.num_layers + 1, dtype=np.uint64) * np.uint64(_K3))[:, None, None]
+        col = (np.arange(1, words + 1, dtype=np.uint64) * np.uint64(_K1))[None, None, :]
+        x = _mix(h[None, :, None] ^ layer ^ col)
+    raw = x.view(np.uint8).reshape(geo.num_layers, n, words * 8)
+    return raw[:, :, :geo.bytes_per_token_per_layer]
+
+
+def kv_digest(kv: np.ndarray) -> bytes:
+    """16-byte digest of KV bytes in canonical order (layer-major, token rows, no padding)."""
+    return hashlib.blake2b(np.ascontiguousarray(kv).data, digest_size=16).digest()
+
+
+def next_token(digest: bytes, position: int, prev: int) -> int:
+    d = int.from_bytes(digest[:8], "little") ^ int.from_bytes(digest[8:], "little")
+    x = (d ^ ((position + 1) * _K1) ^ ((prev + 7) * _K2)) & _MASK
+    x = ((x ^ (x >> 30)) * _K2) & _MASK
+    x = ((x ^ (x >> 27)) * _K3) & _MASK
+    x ^= x >> 31
+    return x % VOCAB_SIZE
+
+
+def generate(digest: bytes, last_prompt_token: int, count: int, first: int | None = None) -> list[int]:
+    """The first ``count`` tokens of the stream; ``first`` overrides token 0 (the context server's first token)."""
+    out = []
+    prev = last_prompt_token
+    for i in range(count):
+        tok = first if (i == 0 and first is not None) else next_token(digest, i, prev)
+        out.append(tok)
+        prev = tok
+    return out

@@ -1,0 +1,282 @@
+"""The worker's command line and LLM-API options file, checked the way TensorRT-LLM checks them (tk CPU stand-in).
+
+``tk-standin-serve MODEL [trtllm-serve flags] --extra_llm_api_options FILE``. What the target TensorRT-LLM line
+accepts (option keys, cache_transceiver_config fields and backends, KV dtypes, CLI flags) comes from
+``toolkit.versions`` (``TK_STANDIN_TRTLLM_VERSION``, default ``toolkit.versions.LATEST``). Every problem is one line that
+names the file and the key, raised as ``ConfigError`` before anything heavy is imported or any port is bound.
+
+Merging: a key set in the options file wins over the same setting given as a CLI flag (TensorRT-LLM <= 1.2).
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from toolkit import versions
+from toolkit.models import KV_DTYPE_BYTES, ModelError, ModelSpec, resolve_model
+
+VERSION_ENV = "TK_STANDIN_TRTLLM_VERSION"
+DEFAULT_TRANSFER_BUFFER_BYTES = 512 << 20  # TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE's default
+DEFAULT_TIMEOUT_MS = 60000  # the stand-in's own bound when kv_transfer_timeout_ms is unset or unknown
+
+# `trtllm-serve serve` flags beyond the ones toolkit.versions lists as rendered by tk (reference: trtllm-disagg.md §6).
+# Value: True = takes a value, False = a switch. Aliases map to the same setting.
+_SERVE_FLAGS_MORE = {
+    "--tensor_parallel_size": True, "--pipeline_parallel_size": True, "--context_parallel_size": True,
+    "--cp_size": True, "--moe_expert_parallel_size": True, "--moe_cluster_parallel_size": True,
+    "--cluster_size": True, "--max_batch_size": True, "--max_num_tokens": True, "--max_seq_len": True,
+    "--max_beam_width": True, "--free_gpu_memory_fraction": True, "--kv_cache_free_gpu_memory_fraction": True,
+    "--tokenizer": True, "--num_postprocess_workers": True, "--reasoning_parser": True,
+    "--enable_chunked_prefill": False, "--server_role": True, "--config": True,
+}
+_SWITCHES = {"--trust_remote_code", "--enable_chunked_prefill"}
+_ALIASES = {"--tensor_parallel_size": "--tp_size", "--pipeline_parallel_size": "--pp_size",
+            "--moe_expert_parallel_size": "--ep_size", "--context_parallel_size": "--cp_size",
+            "--moe_cluster_parallel_size": "--cluster_size",
+            "--kv_cache_free_gpu_memory_fraction": "--free_gpu_memory_fraction",
+            "--config": "--extra_llm_api_options"}
+_INT_FLAGS = {"--port", "--tp_size", "--pp_size", "--ep_size", "--cp_size", "--cluster_size", "--gpus_per_node",
+              "--max_batch_size", "--max_num_tokens", "--max_seq_len", "--max_beam_width", "--num_postprocess_workers"}
+
+
+class ConfigError(Exception):
+    """A start-up problem: one line naming the file (or flag) and the key. Exit code 2."""
+
+    exit_code = 2
+
+
+def target_version() -> versions.TrtllmVersion:
+    line = os.environ.get(VERSION_ENV) or versions.LATEST
+    try:
+        return versions.get(line)
+    except versions.UnsupportedVersion as exc:
+        raise ConfigError(f"{VERSION_ENV}={line}: {exc}") from None
+
+
+def serve_flags(version: versions.TrtllmVersion) -> dict[str, bool]:
+    flags = {f: f not in _SWITCHES for f in version.serve_flags}
+    flags.update(_SERVE_FLAGS_MORE)
+    if version.line == "1.0":
+        flags.pop("--config")  # older releases only know --extra_llm_api_options
+    return flags
+
+
+def parse_serve_args(argv: list[str], version: versions.TrtllmVersion) -> tuple[str, dict]:
+    """MODEL and {canonical flag: value}; unknown flags are refused like click does (exit 2)."""
+    known = serve_flags(version)
+    model = None
+    values: dict = {}
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg.startswith("-"):
+            name, eq, inline = arg.partition("=")
+            if name not in known:
+                close = difflib.get_close_matches(name, sorted(known), n=1)
+                hint = f"; did you mean {close[0]}?" if close else ""
+                raise ConfigError(f"tk-standin-serve: no such option: {name} (trtllm-serve serve does not take it "
+                                  f"for TensorRT-LLM {version.line}){hint}")
+            canon = _ALIASES.get(name, name)
+            if not known[name]:
+                if eq:
+                    raise ConfigError(f"tk-standin-serve: option {name} does not take a value")
+                values[canon] = True
+                i += 1
+                continue
+            if eq:
+                value = inline
+                i += 1
+            else:
+                if i + 1 >= len(argv):
+                    raise ConfigError(f"tk-standin-serve: option {name} requires an argument")
+                value = argv[i + 1]
+                i += 2
+            if canon in _INT_FLAGS:
+                try:
+                    value = int(value)
+                except ValueError:
+                    raise ConfigError(f"tk-standin-serve: option {name}: {value!r} is not an integer") from None
+            values[canon] = value
+        else:
+            if model is not None:
+                raise ConfigError(f"tk-standin-serve: unexpected extra argument {arg!r} (MODEL is {model!r})")
+            model = arg
+            i += 1
+    if model is None:
+        raise ConfigError("tk-standin-serve: missing argument MODEL (a tk built-in model name or a directory "
+                          "with a Hugging Face config.json)")
+    backend = values.get("--backend", "pytorch")
+    if backend != "pytorch":
+        raise ConfigError(f"tk-standin-serve: --backend {backend}: the stand-in emulates the pytorch backend only")
+    return model, values
+
+
+# --- the options file -----------------------------------------------------------------------------------------
+
+def _unknown(where: str, key: str, allowed, what: str) -> ConfigError:
+    close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return ConfigError(f"{where}: unknown key {key!r} in {what} (TensorRT-LLM forbids extra keys and fails at "
+                       f"start-up){hint}")
+
+
+def _pos_int(where: str, key: str, value, allow_none: bool = True) -> int | None:
+    if value is None and allow_none:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ConfigError(f"{where}: {key}: {value!r} is not a positive integer")
+    return value
+
+
+def _section(where: str, opts: dict, key: str, allowed) -> dict | None:
+    sec = opts.get(key)
+    if sec is None:
+        return None
+    if not isinstance(sec, dict):
+        raise ConfigError(f"{where}: {key}: expected a mapping, got {type(sec).__name__}")
+    for k in sec:
+        if k not in allowed:
+            raise _unknown(where, f"{key}.{k}", {f"{key}.{a}" for a in allowed}, key)
+    return sec
+
+
+def read_options(path: str | os.PathLike, version: versions.TrtllmVersion) -> dict:
+    """The options file, every key checked against the version table."""
+    where = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read the options file ({exc.strerror or exc})") from None
+    try:
+        opts = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if opts is None:
+        opts = {}
+    if not isinstance(opts, dict):
+        raise ConfigError(f"{where}: expected a mapping of LLM-API options, got {type(opts).__name__}")
+    for key in opts:
+        if key not in version.llm_api_keys:
+            raise _unknown(where, key, version.llm_api_keys, f"the LLM-API options of TensorRT-LLM {version.line}")
+    _section(where, opts, "kv_cache_config", version.kv_cache_config_keys)
+    _section(where, opts, "cache_transceiver_config", version.cache_transceiver_keys)
+    _section(where, opts, "cuda_graph_config", version.cuda_graph_config_keys)
+    _section(where, opts, "moe_config", version.moe_config_keys)
+    spec = opts.get("speculative_config")
+    if spec is not None:
+        if not isinstance(spec, dict):
+            raise ConfigError(f"{where}: speculative_config: expected a mapping")
+        if spec.get("decoding_type") == "MTP":
+            _section(where, opts, "speculative_config", version.mtp_config_keys)
+    if opts.get("backend") not in (None, "pytorch"):
+        raise ConfigError(f"{where}: backend: {opts['backend']!r}; the stand-in emulates the pytorch backend only")
+    return opts
+
+
+# --- the resolved worker settings -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Transceiver:
+    backend: str
+    max_tokens_in_buffer: int
+    max_tokens_in_buffer_given: bool
+    kv_transfer_timeout_ms: int
+    timeout_given: bool
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    model_arg: str
+    model: ModelSpec
+    host: str
+    port: int
+    version: versions.TrtllmVersion
+    options_file: str | None
+    options: dict
+    max_batch_size: int
+    max_num_tokens: int
+    max_seq_len: int
+    max_input_len: int | None
+    enable_chunked_prefill: bool
+    tokens_per_block: int
+    kv_dtype: str
+    print_iter_log: bool
+    transceiver: Transceiver | None  # None: aggregated mode ("cache_transceiver is disabled")
+    tp: int
+    pp: int
+
+    @property
+    def disaggregated(self) -> bool:
+        return self.transceiver is not None
+
+
+def worker_settings(argv: list[str]) -> WorkerSettings:
+    version = target_version()
+    model_arg, flags = parse_serve_args(argv, version)
+    try:
+        model = resolve_model(model_arg)
+    except ModelError as exc:
+        raise ConfigError(f"tk-standin-serve: MODEL: {exc}") from None
+    options_file = flags.get("--extra_llm_api_options")
+    opts = read_options(options_file, version) if options_file else {}
+    where = options_file or "command line"
+
+    def pick(key: str, flag: str, default):
+        if key in opts and opts[key] is not None:
+            return opts[key]
+        return flags.get(flag, default)
+
+    max_batch_size = _pos_int(where, "max_batch_size", pick("max_batch_size", "--max_batch_size", 2048), False)
+    max_num_tokens = _pos_int(where, "max_num_tokens", pick("max_num_tokens", "--max_num_tokens", 8192), False)
+    max_seq_len = _pos_int(where, "max_seq_len",
+                           pick("max_seq_len", "--max_seq_len", model.max_position_embeddings or 8192), False)
+    max_input_len = _pos_int(where, "max_input_len", opts.get("max_input_len"))
+    chunked = pick("enable_chunked_prefill", "--enable_chunked_prefill", False)
+    if not isinstance(chunked, bool):
+        raise ConfigError(f"{where}: enable_chunked_prefill: {chunked!r} is not a boolean")
+    kvc = opts.get("kv_cache_config") or {}
+    tpb = _pos_int(where, "kv_cache_config.tokens_per_block", kvc.get("tokens_per_block", 32), False)
+    kv_dtype = kvc.get("dtype", "auto")
+    if kv_dtype not in version.kv_dtypes or kv_dtype not in KV_DTYPE_BYTES:
+        raise ConfigError(f"{where}: kv_cache_config.dtype: {kv_dtype!r} is not accepted by TensorRT-LLM "
+                          f"{version.line} (use one of {', '.join(version.kv_dtypes)})")
+    transceiver = _transceiver(where, opts.get("cache_transceiver_config"), version, tpb,
+                               model, kv_dtype, max_seq_len)
+    return WorkerSettings(
+        model_arg=model_arg, model=model, host=str(flags.get("--host", "localhost")),
+        port=int(flags.get("--port", 8000)), version=version, options_file=options_file, options=opts,
+        max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, max_seq_len=max_seq_len,
+        max_input_len=max_input_len, enable_chunked_prefill=chunked, tokens_per_block=tpb, kv_dtype=kv_dtype,
+        print_iter_log=bool(opts.get("print_iter_log", False)), transceiver=transceiver,
+        tp=int(pick("tensor_parallel_size", "--tp_size", 1)), pp=int(pick("pipeline_parallel_size", "--pp_size", 1)))
+
+
+def _transceiver(where, ct, version, tpb, model, kv_dtype, max_seq_len) -> Transceiver | None:
+    if ct is None or ct.get("backend") is None:
+        return None  # TensorRT-LLM: backend None disables the transceiver
+    backend = ct["backend"]
+    if backend not in version.cache_transceiver_backends:
+        raise ConfigError(f"{where}: cache_transceiver_config.backend: {backend!r} is not accepted by TensorRT-LLM "
+                          f"{version.line} (one of {', '.join(version.cache_transceiver_backends)})")
+    if backend in ("MPI", "MOONCAKE"):
+        raise ConfigError(f"{where}: cache_transceiver_config.backend: the stand-in moves KV with NIXL and cannot "
+                          f"emulate {backend}; use NIXL, UCX or DEFAULT")
+    mtib = _pos_int(where, "cache_transceiver_config.max_tokens_in_buffer", ct.get("max_tokens_in_buffer"))
+    if mtib is not None and mtib % tpb:
+        raise ConfigError(f"{where}: cache_transceiver_config.max_tokens_in_buffer: {mtib} is not a multiple of "
+                          f"kv_cache_config.tokens_per_block={tpb} (TensorRT-LLM: Assertion failed: "
+                          f"maxNumTokens.value() % tokensPerBlock == 0, cacheTransBuffer.cpp)")
+    given = mtib is not None
+    if mtib is None:  # TensorRT-LLM sizes the buffer from TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE (512MB)
+        from toolkit.standin.model import geometry
+        bpt = geometry(model, tpb, kv_dtype).bytes_per_token
+        cap = -(-max_seq_len // tpb) * tpb
+        mtib = max(tpb, min(cap, DEFAULT_TRANSFER_BUFFER_BYTES // bpt // tpb * tpb))
+    timeout = _pos_int(where, "cache_transceiver_config.kv_transfer_timeout_ms", ct.get("kv_transfer_timeout_ms"))
+    return Transceiver(backend=backend, max_tokens_in_buffer=mtib, max_tokens_in_buffer_given=given,
+                       kv_transfer_timeout_ms=timeout or DEFAULT_TIMEOUT_MS, timeout_given=timeout is not None)

@@ -1,0 +1,538 @@
+"""``tk-standin-serve disaggregated -c FILE [-t S] [-r S]``: the proxy (tk CPU stand-in, not TensorRT-LLM).
+
+It reads the same YAML as ``trtllm-serve disaggregated`` (``tensorrt_llm/llmapi/disagg_utils.py``) and refuses at
+start-up what TensorRT-LLM refuses (urls not ``num_instances`` long, a missing server section, an unknown router
+type, conditional disaggregation without a KV-cache-aware generation router, a top-level key contradicting a
+section, negative ``max_retries``), plus what only leads to confusion later (``<nodeN>`` placeholders left in,
+urls that are not ``host:port``, duplicate urls). Unknown top-level keys are inherited by both sections and
+ignored, as TensorRT-LLM does; the stand-in logs a warning naming them.
+
+Forwarding is TensorRT-LLM's ``context_first`` flow: the context leg is the client's request with
+``disaggregated_params {request_type: context_only, disagg_request_id, schedule_style: 0}``, ``stream: false``,
+``stream_options: null`` and ``max_tokens: 1``; its single choice must carry ``disaggregated_params`` with
+``ctx_request_id``; then the generation leg is the client's original request with the context response's
+``disaggregated_params`` (``request_type: generation_only``) and the prompt replaced by its ``prompt_token_ids``.
+Only the generation leg streams, passed through byte for byte. With ``conditional_disagg_config`` the KV-cache-aware
+generation router picks the generation server first and the request skips the context server when the server
+already holds a prefix and at most ``max_local_prefill_length`` tokens are left to prefill.
+
+Connection failures are retried ``max_retries`` times, 1 s apart (``TRTLLM_DISAGG_NO_RETRY=1`` turns that off);
+an HTTP error from a worker is returned to the client with the worker's status and body; each leg is bounded by
+``-r``. ``GET /health`` is 200 only when every worker answers its own ``/health`` with 200. Request bodies to the
+workers are msgpack (``X-TRTLLM-Msgpack: 1``) when ``TRTLLM_SERVE_ENABLE_MSGSPEC=1``, JSON otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import logging
+import os
+import random
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+
+import yaml
+
+from toolkit import versions
+from toolkit.standin.options import ConfigError, target_version
+
+log = logging.getLogger("toolkit.standin")
+
+_FLAGS = {"-c": "config", "--config_file": "config", "--config": "config", "-t": "start_timeout",
+          "--server_start_timeout": "start_timeout", "-r": "request_timeout", "--request_timeout": "request_timeout",
+          "-l": "log_level", "--log_level": "log_level", "-m": "metadata", "--metadata_server_config_file": "metadata"}
+_SECTIONS = ("context_servers", "generation_servers")
+
+
+@dataclass
+class ProxySettings:
+    config_file: str
+    hostname: str
+    port: int
+    ctx_urls: list[str]
+    gen_urls: list[str]
+    ctx_router: dict
+    gen_router: dict
+    max_retries: int
+    max_local_prefill_length: int | None
+    server_start_timeout_s: float
+    request_timeout_s: float
+    version: versions.TrtllmVersion
+    inherited: dict = field(default_factory=dict)
+
+
+def proxy_settings(argv: list[str]) -> ProxySettings:
+    version = target_version()
+    allowed = set(version.disaggregated_flags)
+    values: dict = {}
+    i = 0
+    while i < len(argv):
+        name, eq, inline = argv[i].partition("=")
+        key = _FLAGS.get(name)
+        short = next((f for f, k in _FLAGS.items() if k == key and not f.startswith("--")), None)
+        if key is None or short not in allowed:
+            raise ConfigError(f"tk-standin-serve disaggregated: no such option: {name} (TensorRT-LLM {version.line}'s "
+                              f"`trtllm-serve disaggregated` takes {', '.join(sorted(allowed))})")
+        if eq:
+            values[key] = inline
+            i += 1
+        elif i + 1 < len(argv):
+            values[key] = argv[i + 1]
+            i += 2
+        else:
+            raise ConfigError(f"tk-standin-serve disaggregated: option {name} requires an argument")
+    if "metadata" in values:
+        raise ConfigError("tk-standin-serve disaggregated: -m: the stand-in has no etcd metadata server; "
+                          "list the workers under urls")
+    if "config" not in values:
+        raise ConfigError("tk-standin-serve disaggregated: -c/--config_file FILE is required")
+
+    def seconds(key, flag):
+        try:
+            v = float(values.get(key, 180))
+        except ValueError:
+            raise ConfigError(f"tk-standin-serve disaggregated: {flag} {values[key]!r} is not a number") from None
+        if v <= 0:
+            raise ConfigError(f"tk-standin-serve disaggregated: {flag} must be positive")
+        return v
+    s = parse_config(values["config"], version)
+    s.server_start_timeout_s = seconds("start_timeout", "-t")
+    s.request_timeout_s = seconds("request_timeout", "-r")
+    return s
+
+
+def _urls(where: str, section: str, cfg: dict) -> list[str]:
+    n = cfg.get("num_instances", 1)
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ConfigError(f"{where}: {section}.num_instances: {n!r} is not a positive integer")
+    urls = cfg.get("urls")
+    if urls is None:
+        raise ConfigError(f"{where}: {section}.urls is missing (the stand-in has no disagg_cluster service "
+                          f"discovery; list num_instances host:port entries)")
+    if not isinstance(urls, list):
+        raise ConfigError(f"{where}: {section}.urls: expected a list of host:port strings")
+    if len(urls) != n:
+        raise ConfigError(f"{where}: {section}.urls: Number of hostnames ({len(urls)}) should be equal to the "
+                          f"number of instances ({n})")
+    out = []
+    for u in urls:
+        text = str(u)
+        if re.search(r"<node\d+>", text):
+            raise ConfigError(f"{where}: {section}.urls: {text!r} still has a <nodeN> placeholder; give the proxy "
+                              f"the resolved file (disagg.resolved.yaml) with real host names")
+        parts = text.split(":")
+        if len(parts) != 2 or not parts[0] or not parts[1].isdigit():
+            raise ConfigError(f"{where}: {section}.urls: {text!r} is not host:port (TensorRT-LLM splits on ':'; "
+                              f"no http:// prefix, no IPv6 literal)")
+        url = f"http://{text}"
+        if url in out:
+            raise ConfigError(f"{where}: {section}.urls: {text!r} is listed twice")
+        out.append(url)
+    return out
+
+
+def parse_config(path: str, version: versions.TrtllmVersion | None = None) -> ProxySettings:
+    version = version or target_version()
+    where = str(path)
+    try:
+        with open(path) as f:
+            cfg = yaml.safe_load(f)
+    except OSError as exc:
+        raise ConfigError(f"{where}: cannot read the proxy config ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
+    if not isinstance(cfg, dict):
+        raise ConfigError(f"{where}: expected a mapping (hostname, port, context_servers, generation_servers, ...)")
+    if cfg.get("disagg_cluster") is not None:
+        raise ConfigError(f"{where}: disagg_cluster: service discovery is not emulated by the stand-in; list urls")
+    inherited = {k: v for k, v in cfg.items() if k not in version.disagg_keys}
+    if "generation_servers" not in cfg or not cfg["generation_servers"]:
+        raise ConfigError(f"{where}: generation_servers is missing: At least one generation server must be provided")
+    if "context_servers" not in cfg or not cfg["context_servers"]:
+        raise ConfigError(f"{where}: context_servers is missing: At least one context server must be provided")
+    sections = {}
+    for sec in _SECTIONS:
+        scfg = cfg[sec]
+        if not isinstance(scfg, dict):
+            raise ConfigError(f"{where}: {sec}: expected a mapping with num_instances, urls and router")
+        for k, v in list(inherited.items()) + ([("backend", cfg["backend"])] if "backend" in cfg else []):
+            if k in scfg and scfg[k] != v:
+                raise ConfigError(f"{where}: {sec}.{k}: Parameter {k} is specified both in the top-level and in "
+                                  f"the {sec} section, but with different values")
+        router = scfg.get("router") or {}
+        if not isinstance(router, dict):
+            raise ConfigError(f"{where}: {sec}.router: expected a mapping with type")
+        router = dict(router)
+        router.setdefault("type", "round_robin")
+        if router["type"] not in version.routers:
+            raise ConfigError(f"{where}: {sec}.router.type: Unsupported router type: {router['type']}. "
+                              f"Supported types are: {list(version.routers)}")
+        for k in ("max_batch_size", "max_num_tokens"):
+            if k in scfg:
+                router.setdefault(k, scfg[k])
+        kvc = scfg.get("kv_cache_config")
+        if router["type"] == "kv_cache_aware" and isinstance(kvc, dict) and "tokens_per_block" in kvc:
+            router.setdefault("tokens_per_block", kvc["tokens_per_block"])
+        sections[sec] = (_urls(where, sec, scfg), router)
+    retries = cfg.get("max_retries", 1)
+    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+        raise ConfigError(f"{where}: max_retries: Max retries {retries} must be greater than or equal to 0")
+    cond = cfg.get("conditional_disagg_config")
+    mlpl = None
+    if cond is not None:
+        if not isinstance(cond, dict) or set(cond) - {"max_local_prefill_length"}:
+            raise ConfigError(f"{where}: conditional_disagg_config: only max_local_prefill_length is accepted")
+        mlpl = cond.get("max_local_prefill_length", 0)
+        if not isinstance(mlpl, int) or isinstance(mlpl, bool) or mlpl < 0:
+            raise ConfigError(f"{where}: conditional_disagg_config.max_local_prefill_length: {mlpl!r} is not a "
+                              f"non-negative integer")
+        if sections["generation_servers"][1]["type"] != "kv_cache_aware":
+            raise ConfigError(f"{where}: conditional_disagg_config: Generation router must be a KvCacheAwareRouter "
+                              f"to enable conditional disaggregation (set generation_servers.router.type: "
+                              f"kv_cache_aware)")
+    hostname = str(cfg.get("hostname", "localhost"))
+    if re.search(r"<node\d+>", hostname):
+        raise ConfigError(f"{where}: hostname: {hostname!r} is a placeholder; use disagg.resolved.yaml")
+    port = cfg.get("port", 8000)
+    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+        raise ConfigError(f"{where}: port: {port!r} is not a TCP port")
+    return ProxySettings(config_file=where, hostname=hostname, port=port,
+                         ctx_urls=sections["context_servers"][0], gen_urls=sections["generation_servers"][0],
+                         ctx_router=sections["context_servers"][1], gen_router=sections["generation_servers"][1],
+                         max_retries=0 if os.environ.get("TRTLLM_DISAGG_NO_RETRY") == "1" else retries,
+                         max_local_prefill_length=mlpl, server_start_timeout_s=180, request_timeout_s=180,
+                         version=version, inherited={k: v for k, v in inherited.items() if k != "backend"})
+
+
+# --- the running proxy -------------------------------------------------------------------------------------------
+
+class WorkerError(Exception):
+    """A worker answered with an HTTP error: returned to the client as is."""
+
+    def __init__(self, status: int, body: bytes, content_type: str):
+        super().__init__(f"HTTP {status}")
+        self.status, self.body, self.content_type = status, body, content_type
+
+
+class ProxyError(Exception):
+    def __init__(self, status: int, detail: str):
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+class Proxy:
+    def __init__(self, s: ProxySettings):
+        from toolkit.standin.routers import create_router
+        self.s = s
+        self.ctx_router = create_router(s.ctx_router, s.ctx_urls)
+        self.gen_router = create_router(s.gen_router, s.gen_urls)
+        self.session = None
+        self.msgpack = os.environ.get("TRTLLM_SERVE_ENABLE_MSGSPEC") == "1"
+        self.counters = {"requests": 0, "disaggregated": 0, "local_prefill": 0, "ctx_finished_early": 0,
+                         "errors": 0, "retries": 0,
+                         "context_servers": {u: 0 for u in s.ctx_urls},
+                         "generation_servers": {u: 0 for u in s.gen_urls}}
+        self._health_cache = (0.0, None)
+
+    async def open(self):
+        import aiohttp
+        self.session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0),
+            timeout=aiohttp.ClientTimeout(total=self.s.request_timeout_s))
+
+    async def close(self):
+        if self.session:
+            await self.session.close()
+
+    def app(self):
+        from aiohttp import web
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/version", self.version)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/cluster_info", lambda r: web.json_response({}))
+        app.router.add_get("/perf_metrics", lambda r: web.json_response([]))
+        app.router.add_get("/standin/stats", self.stats)
+        app.router.add_post("/v1/completions", lambda r: self.handle(r, "completion"))
+        app.router.add_post("/v1/chat/completions", lambda r: self.handle(r, "chat"))
+        return app
+
+    # --- readiness -----------------------------------------------------------------------------------------
+
+    async def _healthy(self, url: str, timeout: float = 2.0) -> bool:
+        import aiohttp
+        try:
+            async with self.session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
+                return resp.status == 200
+        except Exception:  # noqa: BLE001
+            return False
+
+    async def unhealthy(self) -> list[str]:
+        urls = self.s.ctx_urls + self.s.gen_urls
+        ok = await asyncio.gather(*(self._healthy(u) for u in urls))
+        return [u for u, good in zip(urls, ok) if not good]
+
+    async def wait_ready(self) -> list[str]:
+        """[] once every worker is healthy; else, after -t seconds, the ones that never were."""
+        deadline = time.monotonic() + self.s.server_start_timeout_s
+        waiting = self.s.ctx_urls + self.s.gen_urls
+        it = 0
+        while True:
+            ok = await asyncio.gather(*(self._healthy(u) for u in waiting))
+            waiting = [u for u, good in zip(waiting, ok) if not good]
+            if not waiting or time.monotonic() > deadline:
+                return waiting
+            if it % 5 == 0:
+                log.info("Waiting for servers, context: %s, generation: %s",
+                         [u for u in waiting if u in self.s.ctx_urls], [u for u in waiting if u in self.s.gen_urls])
+            it += 1
+            await asyncio.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
+
+    async def health(self, request):
+        from aiohttp import web
+        now = time.monotonic()
+        if now - self._health_cache[0] > 1.0 or self._health_cache[1] is None:
+            self._health_cache = (now, await self.unhealthy())
+        bad = self._health_cache[1]
+        if bad:
+            return web.json_response({"detail": f"workers not healthy: {', '.join(bad)}"}, status=503)
+        return web.Response(status=200)
+
+    async def version(self, request):
+        from aiohttp import web
+        return web.json_response({"version": f"{self.s.version.release} (tk CPU stand-in, not TensorRT-LLM)"})
+
+    async def models(self, request):
+        from aiohttp import web
+        for url in self.s.gen_urls + self.s.ctx_urls:
+            try:
+                async with self.session.get(url + "/v1/models") as resp:
+                    if resp.status == 200:
+                        return web.json_response(await resp.json())
+            except Exception as exc:  # noqa: BLE001
+                log.debug("%s/v1/models: %s", url, exc)
+        return web.json_response({"detail": "no worker answered /v1/models"}, status=503)
+
+    async def stats(self, request):
+        from aiohttp import web
+        return web.json_response({"engine": "tk CPU stand-in proxy, not TensorRT-LLM", **self.counters,
+                                  "in_flight": {"context_servers": self.ctx_router.active,
+                                                "generation_servers": self.gen_router.active}})
+
+    # --- forwarding ----------------------------------------------------------------------------------------
+
+    def _encode(self, body: dict) -> tuple[bytes, dict]:
+        if self.msgpack:
+            import msgpack
+            return msgpack.packb(body, use_bin_type=True), {"Content-Type": "application/json",
+                                                             "X-TRTLLM-Msgpack": "1"}
+        return json.dumps(body).encode(), {"Content-Type": "application/json"}
+
+    async def _open(self, role: str, url: str, path: str, body: dict):
+        """POST with retries on connection failures; returns the open response (caller releases it)."""
+        import aiohttp
+        data, headers = self._encode(body)
+        for attempt in range(self.s.max_retries + 1):
+            try:
+                return await self.session.post(url + path, data=data, headers=headers)
+            except asyncio.TimeoutError:
+                raise ProxyError(504, f"the {role} server {url} did not answer within the request timeout "
+                                      f"(-r {self.s.request_timeout_s:g}s)") from None
+            except (aiohttp.ClientError, OSError) as exc:
+                if attempt == self.s.max_retries:
+                    raise ProxyError(502, f"the {role} server {url} cannot be reached: {exc} "
+                                          f"({self.s.max_retries} retries)") from None
+                self.counters["retries"] += 1
+                log.warning("%s server %s: %s - retry %d of %d", role, url, exc, attempt + 1, self.s.max_retries)
+                await asyncio.sleep(1.0)
+
+    async def _post_json(self, role: str, url: str, path: str, body: dict) -> dict:
+        resp = await self._open(role, url, path, body)
+        try:
+            raw = await resp.read()
+        except asyncio.TimeoutError:
+            raise ProxyError(504, f"the {role} server {url} did not answer within the request timeout "
+                                  f"(-r {self.s.request_timeout_s:g}s)") from None
+        finally:
+            resp.release()
+        if resp.status != 200:
+            raise WorkerError(resp.status, raw, resp.headers.get("Content-Type", "application/json"))
+        try:
+            return json.loads(raw)
+        except ValueError:
+            raise ProxyError(500, f"the {role} server {url} answered a body that is not JSON") from None
+
+    def _prompt_ids(self, kind: str, body: dict) -> list[int]:
+        """What the KV-cache-aware router hashes (the stand-in tokenizer, as the workers tokenize)."""
+        from toolkit.standin import model as M
+        if kind == "completion":
+            p = body.get("prompt")
+            return M.encode(p) if isinstance(p, str) else [t for t in (p or []) if isinstance(t, int)]
+        if body.get("prompt_token_ids"):
+            return list(body["prompt_token_ids"])
+        try:
+            return M.encode(M.chat_prompt(body.get("messages") or []))
+        except (TypeError, ValueError):
+            return []
+
+    async def handle(self, request, kind: str):
+        from aiohttp import web
+
+        from toolkit.standin import protocol as P
+        self.counters["requests"] += 1
+        try:
+            body = P.decode_body(await request.read(), request.headers)
+        except P.RequestError as exc:
+            self.counters["errors"] += 1
+            return web.json_response({"error": exc.message}, status=400)
+        try:
+            if kind == "completion":
+                prompt = body.get("prompt")
+                if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+                    body["prompt"] = prompt = prompt[0]
+                if not isinstance(prompt, str) and not (
+                        isinstance(prompt, list) and all(isinstance(x, int) for x in prompt)):
+                    raise ProxyError(500, "Internal server error Disaggregated server currently only supports "
+                                          "single string prompt or list of integers in request")
+            return await self._disagg(request, kind, body)
+        except WorkerError as exc:
+            self.counters["errors"] += 1
+            return web.Response(status=exc.status, body=exc.body, content_type=exc.content_type.split(";")[0])
+        except ProxyError as exc:
+            self.counters["errors"] += 1
+            log.error("%s", exc.detail)
+            return web.json_response({"detail": exc.detail}, status=exc.status)
+
+    async def _disagg(self, request, kind: str, body: dict):
+        from aiohttp import web
+        path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
+        gen_server = None
+        need_ctx = True
+        token_ids = self._prompt_ids(kind, body)
+        if self.s.max_local_prefill_length is not None:
+            gen_server, info = self.gen_router.get_next_server(token_ids)
+            match = sum(info.get("matches", [0]))
+            total = sum(len(t) for t in info.get("token_lists", [token_ids]))
+            need_ctx = match == 0 or total - match > self.s.max_local_prefill_length
+        ok = False
+        try:
+            if need_ctx:
+                ctx_req = copy.deepcopy(body)
+                ctx_req["disaggregated_params"] = {"request_type": "context_only",
+                                                   "disagg_request_id": random.randrange(1 << 40, 1 << 63),
+                                                   "schedule_style": 0}
+                ctx_req["stream"] = False
+                ctx_req["stream_options"] = None
+                ctx_req["max_tokens"] = 1
+                ctx_server, _ = self.ctx_router.get_next_server(token_ids, exclude=gen_server)
+                self.counters["context_servers"][ctx_server] += 1
+                try:
+                    ctx_resp = await self._post_json("context", ctx_server, path, ctx_req)
+                finally:
+                    self.ctx_router.finish_request(ctx_server, token_ids)
+                choices = ctx_resp.get("choices") or []
+                if len(choices) != 1:
+                    raise ProxyError(500, "Internal server error Context server did not return a single choice")
+                params = choices[0].get("disaggregated_params")
+                if not params or params.get("ctx_request_id") is None:
+                    raise ProxyError(500, f"Internal server error Context server {ctx_server} did not return "
+                                          f"disaggregated params")
+                if choices[0].get("finish_reason") not in ("length", "not_finished"):
+                    self.counters["ctx_finished_early"] += 1
+                    if body.get("stream"):
+                        return await self._stream_done(request)
+                    choices[0].pop("disaggregated_params", None)
+                    return web.json_response(ctx_resp)
+                self.counters["disaggregated"] += 1
+                body = copy.deepcopy(body)
+                body["disaggregated_params"] = {**params, "request_type": "generation_only", "schedule_style": 0}
+                if kind == "completion":
+                    body["prompt"] = ctx_resp.get("prompt_token_ids")
+                else:
+                    body["prompt_token_ids"] = ctx_resp.get("prompt_token_ids")
+            else:
+                self.counters["local_prefill"] += 1
+                body = copy.deepcopy(body)
+                body.pop("disaggregated_params", None)
+            if gen_server is None:
+                gen_server, _ = self.gen_router.get_next_server(token_ids)
+            self.counters["generation_servers"][gen_server] += 1
+            if not body.get("stream"):
+                doc = await self._post_json("generation", gen_server, path, body)
+                ok = True
+                return web.json_response(doc)
+            resp = await self._stream(request, gen_server, path, body)
+            ok = True
+            return resp
+        finally:
+            if gen_server is not None:
+                self.gen_router.finish_request(gen_server, token_ids, ok)
+
+    async def _stream_done(self, request):
+        from aiohttp import web
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+    async def _stream(self, request, url: str, path: str, body: dict):
+        from aiohttp import web
+        upstream = await self._open("generation", url, path, body)
+        try:
+            if upstream.status != 200:
+                raw = await upstream.read()
+                raise WorkerError(upstream.status, raw, upstream.headers.get("Content-Type", "application/json"))
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await resp.prepare(request)
+            try:
+                async for chunk in upstream.content.iter_any():
+                    if chunk:
+                        await resp.write(chunk)
+            except Exception as exc:  # noqa: BLE001 - bytes already went out: no retry, end the stream
+                log.error("stream from generation server %s broke: %s", url, exc)
+                self.counters["errors"] += 1
+            await resp.write_eof()
+            return resp
+        finally:
+            upstream.release()
+
+
+def run(s: ProxySettings) -> int:
+    from toolkit.standin.worker import bind, serve
+    if s.inherited:
+        log.warning("%s: top-level keys %s are not proxy settings; TensorRT-LLM copies them into both server "
+                    "sections and the HTTP proxy ignores them (a typo?)", s.config_file, sorted(s.inherited))
+    try:
+        sock = bind(s.hostname, s.port)
+    except RuntimeError as exc:
+        print(f"tk-standin-serve disaggregated: {exc}", file=sys.stderr)
+        return 1
+    proxy = Proxy(s)
+    log.info("tk CPU stand-in, not TensorRT-LLM: disaggregated proxy for the TensorRT-LLM %s protocol on "
+             "http://%s:%d; context servers %s (%s), generation servers %s (%s)%s; max_retries %d, -t %gs, -r %gs",
+             s.version.line, s.hostname, s.port, s.ctx_urls, s.ctx_router["type"], s.gen_urls, s.gen_router["type"],
+             f", conditional disaggregation max_local_prefill_length {s.max_local_prefill_length}"
+             if s.max_local_prefill_length is not None else "", s.max_retries, s.server_start_timeout_s,
+             s.request_timeout_s)
+
+    async def main() -> int:
+        await proxy.open()
+        try:
+            missing = await proxy.wait_ready()
+            if missing:
+                log.error("Timeout waiting for context and generation servers to be ready: after %gs these never "
+                          "answered /health with 200: %s", s.server_start_timeout_s, ", ".join(missing))
+                return 1
+            log.info("Context and generation servers are ready")
+            await serve(proxy.app(), sock)
+            return 0
+        finally:
+            await proxy.close()
+    rc = asyncio.run(main())
+    sock.close()
+    return rc

@@ -1,0 +1,332 @@
+"""The stand-in worker: ``tk-standin-serve MODEL ...`` serving trtllm-serve's HTTP API (tk CPU stand-in, not TensorRT-LLM).
+
+Routes: ``GET /health``, ``/health_generate``, ``/version``, ``/v1/models``, ``/metrics`` (the iteration stats
+since the last call, a JSON list, like trtllm-serve), ``/server_info``, ``GET|POST /steady_clock_offset``,
+``POST /kv_cache_events`` (always an empty list), ``POST /v1/completions``, ``POST /v1/chat/completions``
+(``stream: true`` gives server-sent events ending ``data: [DONE]``), and ``GET /standin/stats`` (cumulative
+counters, a stand-in addition).
+
+Limits as TensorRT-LLM's pytorch backend applies them: a prompt longer than ``max_num_tokens`` is refused (400)
+unless chunked prefill is on or the request is generation_only; ``max_tokens`` is clamped to
+``max_seq_len - prompt``, and a prompt that leaves no room is refused; at most ``max_batch_size`` requests run at
+once (the rest queue).
+
+Without ``cache_transceiver_config`` (or with ``backend`` unset) the worker is **aggregated**: it answers whole
+requests and refuses context_only / generation_only ones. With it, it also serves both disaggregated legs, moving
+the KV through ``toolkit.standin.kv``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+from collections import deque
+
+from aiohttp import web
+
+from toolkit.standin import model as M
+from toolkit.standin import protocol as P
+from toolkit.standin.options import WorkerSettings
+
+log = logging.getLogger("toolkit.standin")
+DECODE_DELAY_ENV = "TK_STANDIN_DECODE_MS"  # optional per-token delay, to rehearse load
+
+
+class Worker:
+    def __init__(self, settings: WorkerSettings):
+        self.s = settings
+        self.geo = M.geometry(settings.model, settings.tokens_per_block, settings.kv_dtype)
+        self.pool = None
+        self.endpoint = f"{_display_host(settings.host)}:{settings.port}"
+        self.batch = asyncio.Semaphore(settings.max_batch_size)
+        self.active = 0
+        self.queued = 0
+        self.completed = 0
+        self.ctx_ids = itertools.count(1)
+        self.iter_no = itertools.count(0)
+        maxlen = int(settings.options.get("iter_stats_max_iterations") or 1000)
+        self.iter_stats: deque = deque(maxlen=maxlen)
+        self.counters = {"requests": {t: 0 for t in P.REQUEST_TYPES}, "errors": 0, "prompt_tokens": 0,
+                         "completion_tokens": 0}
+        self.decode_delay = float(os.environ.get(DECODE_DELAY_ENV, "0") or 0) / 1000.0
+        self.clock_offset = 0.0
+
+    # --- set-up -----------------------------------------------------------------------------------------
+
+    def create_pool(self, agent_name: str) -> None:
+        if self.s.disaggregated:
+            from toolkit.standin.kv import KvPool
+            self.pool = KvPool(self.s, self.geo, self.endpoint, agent_name)
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 << 20)
+        app.router.add_get("/health", self.health)
+        app.router.add_get("/health_generate", self.health)
+        app.router.add_get("/version", self.version)
+        app.router.add_get("/v1/models", self.models)
+        app.router.add_get("/metrics", self.metrics)
+        app.router.add_get("/server_info", self.server_info)
+        app.router.add_get("/steady_clock_offset", self.clock_get)
+        app.router.add_post("/steady_clock_offset", self.clock_post)
+        app.router.add_post("/kv_cache_events", self.kv_events)
+        app.router.add_get("/standin/stats", self.stats)
+        app.router.add_post("/v1/completions", lambda r: self.generate(r, "completion"))
+        app.router.add_post("/v1/chat/completions", lambda r: self.generate(r, "chat"))
+        return app
+
+    # --- small routes -----------------------------------------------------------------------------------
+
+    async def health(self, request):
+        return web.Response(status=200)
+
+    async def version(self, request):
+        return web.json_response({"version": f"{self.s.version.release} (tk CPU stand-in, not TensorRT-LLM)"})
+
+    async def models(self, request):
+        return web.json_response({"object": "list", "data": [
+            {"id": self.s.model_arg, "object": "model", "created": int(time.time()), "owned_by": P.OWNED_BY}]})
+
+    async def metrics(self, request):
+        stats = list(self.iter_stats)
+        self.iter_stats.clear()  # trtllm-serve returns the iterations since the last call
+        return web.json_response(stats)
+
+    async def server_info(self, request):
+        return web.json_response({"engine": "tk CPU stand-in, not TensorRT-LLM", "model": self.s.model_arg,
+                                  "disaggregated": self.s.disaggregated, "kv_geometry": self.geo.to_dict(),
+                                  "kv": self.pool.describe() if self.pool else None})
+
+    async def clock_get(self, request):
+        now = time.monotonic() + self.clock_offset
+        return web.json_response({"receive_ts": now, "transmit_ts": time.monotonic() + self.clock_offset})
+
+    async def clock_post(self, request):
+        try:
+            self.clock_offset = float((await request.json())["offset"])
+        except Exception:  # noqa: BLE001
+            return web.json_response(P.RequestError(400, 'expected {"offset": float}').body(), status=400)
+        return web.Response(status=200)
+
+    async def kv_events(self, request):
+        return web.json_response([])
+
+    async def stats(self, request):
+        doc = {"engine": P.OWNED_BY, "mode": "disaggregated" if self.s.disaggregated else "aggregated",
+               "active": self.active, "queued": self.queued, "completed": self.completed, **self.counters}
+        if self.pool:
+            doc["kv"] = {**self.pool.describe(), **self.pool.stats, "pending": len(self.pool.pending)}
+        return web.json_response(doc)
+
+    # --- the work ---------------------------------------------------------------------------------------
+
+    def _error(self, exc, headers) -> web.Response:
+        self.counters["errors"] += 1
+        body, ctype = P.encode_body(exc.body(), headers)
+        return web.Response(status=exc.status, body=body, content_type=ctype.split(";")[0])
+
+    async def generate(self, request: web.Request, kind: str) -> web.StreamResponse:
+        from toolkit.standin.kv import TransferError, decode_state
+        try:
+            body = P.decode_body(await request.read(), request.headers)
+            req = P.parse_request(kind, body)
+            n = len(req.prompt_ids)
+            if req.request_type != "context_and_generation" and not self.s.disaggregated:
+                raise P.RequestError(400, (
+                    f"disaggregated_params.request_type {req.request_type}: this server's cache transceiver is "
+                    f"disabled (no cache_transceiver_config.backend in "
+                    f"{self.s.options_file or 'its options'}), it serves whole requests only"))
+            self._check_limits(req, n)
+            allowed = self.s.max_seq_len - n
+            count = min(req.max_tokens or allowed, allowed)
+            if req.request_type == "context_only":
+                count = 1
+            state = None
+            if req.request_type == "generation_only":
+                first = req.disagg.get("first_gen_tokens") or []
+                if not first or req.disagg.get("ctx_request_id") is None:
+                    raise P.RequestError(400, "generation_only request without disaggregated_params."
+                                              "first_gen_tokens and ctx_request_id")
+                state = decode_state(req.disagg.get("encoded_opaque_state"))
+            elif req.request_type == "context_only" and self.pool:
+                self.pool.check_fits(n)
+        except (P.RequestError, TransferError) as exc:
+            if isinstance(exc, TransferError):
+                exc = P.RequestError(exc.status, exc.message)
+            return self._error(exc, request.headers)
+
+        self.queued += 1
+        await self.batch.acquire()
+        self.queued -= 1
+        self.active += 1
+        started = time.monotonic()
+        self.counters["requests"][req.request_type] += 1
+        try:
+            try:
+                tokens, disagg_out = await self._run(req, n, count, state)
+            except TransferError as exc:
+                log.error("%s", exc.message)
+                return self._error(P.RequestError(exc.status, exc.message), request.headers)
+            self._record_iteration(req, n, len(tokens), time.monotonic() - started)
+            self.counters["prompt_tokens"] += n
+            self.counters["completion_tokens"] += len(tokens)
+            return await self._respond(request, req, n, tokens, disagg_out)
+        finally:
+            self.active -= 1
+            self.completed += 1
+            self.batch.release()
+
+    def _check_limits(self, req: P.Request, n: int) -> None:
+        s = self.s
+        if req.request_type != "generation_only" and not s.enable_chunked_prefill and n > s.max_num_tokens:
+            raise P.RequestError(400, f"The sum of prompt length ({float(n)}), query length (0) should not exceed "
+                                      f"max_num_tokens ({s.max_num_tokens})")
+        if s.max_input_len is not None and n > s.max_input_len:
+            raise P.RequestError(400, f"The prompt length ({n}) exceeds max_input_len ({s.max_input_len})")
+        if n >= s.max_seq_len:
+            raise P.RequestError(400, f"`default_max_tokens` ({s.max_seq_len - n}) must be greater than 0, "
+                                      f"`default_max_tokens` ({s.max_seq_len - n}) = max_seq_len ({s.max_seq_len}) "
+                                      f"- `splited_prompt_len` ({n}) - `query_token_len` (0)")
+
+    async def _run(self, req: P.Request, n: int, count: int, state: dict | None):
+        ids = req.prompt_ids
+        if req.request_type == "generation_only":
+            digest = await self.pool.fetch(state, n)
+            first = int(req.disagg["first_gen_tokens"][0])
+            return M.generate(digest, ids[-1], count, first=first), None
+        kv = await asyncio.to_thread(M.kv_content, self.geo, ids)
+        digest = await asyncio.to_thread(M.kv_digest, kv)
+        tokens = M.generate(digest, ids[-1], count)
+        if req.request_type != "context_only":
+            return tokens, None
+        ctx_request_id = next(self.ctx_ids)
+        opaque = await self.pool.publish(kv, ctx_request_id)
+        from toolkit.standin.kv import encode_state
+        params = {"request_type": "context_only", "first_gen_tokens": tokens[:1], "ctx_request_id": ctx_request_id,
+                  "encoded_opaque_state": encode_state(opaque), "draft_tokens": None}
+        for later in ("disagg_request_id", "schedule_style"):  # newer fields: echoed only when given
+            if req.disagg.get(later) is not None:
+                params[later] = req.disagg[later]
+        return tokens, params
+
+    async def _respond(self, request, req: P.Request, n: int, tokens: list[int], disagg_out):
+        rid = P.new_id(req.kind)
+        model = req.model or self.s.model_arg
+        pieces = [" " + M.decode_token(t) for t in tokens]
+        use = P.usage(n, len(tokens))
+        finish = "length"
+        if not req.stream or req.request_type == "context_only":
+            if self.decode_delay:
+                await asyncio.sleep(self.decode_delay * len(tokens))
+            doc = P.response(req.kind, rid, model, "".join(pieces), finish, use, disagg_params=disagg_out,
+                             prompt_token_ids=req.prompt_ids if req.request_type == "context_only" else None)
+            body, ctype = P.encode_body(doc, request.headers)
+            return web.Response(body=body, content_type=ctype)
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        for chunk in P.stream_chunks(req.kind, rid, model, pieces, finish):
+            if self.decode_delay:
+                await asyncio.sleep(self.decode_delay)
+            await resp.write(P.sse(chunk))
+        if req.include_usage:
+            await resp.write(P.sse(P.usage_chunk(req.kind, rid, model, use)))
+        await resp.write(P.SSE_DONE)
+        await resp.write_eof()
+        return resp
+
+    def _record_iteration(self, req: P.Request, n: int, generated: int, seconds: float) -> None:
+        ctx = req.request_type != "generation_only"
+        gen_tokens = 0 if req.request_type == "context_only" else generated
+        it = next(self.iter_no)
+        stats = {
+            "iter": it, "iterLatencyMS": round(seconds * 1e3, 3), "timestamp": time.strftime("%m-%d-%Y %H:%M:%S"),
+            "numActiveRequests": self.active, "numQueuedRequests": self.queued,
+            "numCompletedRequests": self.completed, "maxNumActiveRequests": self.s.max_batch_size,
+            "inflightBatchingStats": {"numContextRequests": 1 if ctx else 0, "numCtxTokens": n if ctx else 0,
+                                      "numGenRequests": 0 if req.request_type == "context_only" else 1,
+                                      "numScheduledRequests": 1, "numPausedRequests": 0, "microBatchId": 0,
+                                      "avgNumDecodedTokensPerIter": 1.0},
+            "kvCacheStats": {"tokensPerBlock": self.s.tokens_per_block},
+            "standin": {"request_type": req.request_type, "generated_tokens": gen_tokens},
+        }
+        self.iter_stats.append(stats)
+        if self.s.print_iter_log:
+            log.info("iter = %d, iterLatencyMS = %.3f, states = {'num_ctx_requests': %d, 'num_ctx_tokens': %d, "
+                     "'num_generation_tokens': %d}", it, seconds * 1e3, 1 if ctx else 0, n if ctx else 0, gen_tokens)
+
+
+def _display_host(host: str) -> str:
+    if host in ("0.0.0.0", "", "::"):
+        return socket.gethostname()
+    return host
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind the listening socket (TensorRT-LLM: 'Failed to bind socket to ...' on conflict)."""
+    infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    family, _, _, _, addr = infos[0]
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(addr)
+    except OSError as exc:
+        sock.close()
+        raise RuntimeError(f"Failed to bind socket to {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+async def serve(app: web.Application, sock: socket.socket, on_start=None, on_stop=None) -> None:
+    """Run until SIGTERM/SIGINT, then clean up."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    if on_start:
+        await on_start()
+    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    await runner.setup()
+    site = web.SockSite(runner, sock, shutdown_timeout=2.0)
+    await site.start()
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+        if on_stop:
+            await on_stop()
+
+
+def run(settings: WorkerSettings) -> int:
+    worker = Worker(settings)
+    agent_name = f"tk-standin-{socket.gethostname()}-{settings.port}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    worker.create_pool(agent_name)  # before binding: start-up errors never leave a port bound
+    try:
+        sock = bind(settings.host, settings.port)
+    except RuntimeError as exc:
+        print(f"tk-standin-serve: {exc}", file=sys.stderr)
+        return 1
+    if worker.pool:
+        mode = (f"disaggregated-capable, cache_transceiver_config.backend {settings.transceiver.backend} emulated "
+                f"with NIXL ({', '.join(f'{k}={v}' for k, v in worker.pool.describe().items())})")
+    else:
+        mode = "aggregated (cache transceiver disabled: no cache_transceiver_config.backend)"
+    log.info("tk CPU stand-in, not TensorRT-LLM: serving %s for the TensorRT-LLM %s protocol on http://%s:%d; "
+             "KV %d bytes/token (%s, tokens_per_block %d); %s", settings.model_arg, settings.version.line,
+             settings.host, settings.port, worker.geo.bytes_per_token, settings.kv_dtype,
+             settings.tokens_per_block, mode)
+
+    async def start():
+        if worker.pool:
+            await worker.pool.start()
+
+    async def stop():
+        if worker.pool:
+            await worker.pool.close()
+    asyncio.run(serve(worker.app(), sock, start, stop))
+    log.info("tk CPU stand-in worker on port %d stopped", settings.port)
+    return 0

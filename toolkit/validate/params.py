@@ -1,0 +1,235 @@
+"""What the agents are told to do: nodes and roles, the schedule, the KV geometry of the payloads,
+lengths, iterations, timeouts. Written to RUN_DIR/params.json; agents read nothing else.
+
+Pure (no numpy, no NIXL): the coordinator may run on a login node that has neither.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from dataclasses import dataclass, field
+
+from toolkit.errors import TkError
+from toolkit.plan.hardware import TRANSPORT_PROFILES
+from toolkit.plan.model import Plan
+from validation.agent import PROTOCOL, ceil_to, round_robin
+
+SWEEP_TOKENS_PER_BLOCK = (16, 32, 64, 128, 256)
+SHORT_REQUEST_TOKENS = 128
+RDMA_PROFILES = ("infiniband", "roce", "efa")
+
+
+class ValidateError(TkError):
+    """A validation that cannot start (bad options, no Slurm, ...): exit 1 with the reason."""
+
+
+@dataclass
+class Options:
+    mode: str = "slurm"  # slurm | in-allocation | local
+    nodes: int | None = None  # --local --nodes N
+    memory: str = "auto"  # auto | dram | vram
+    max_memory_mb: int = 256
+    iterations: int = 10
+    warmup: int = 2
+    sweep: bool = True
+    sweep_iterations: int = 5
+    lengths: tuple[int, ...] | None = None
+    min_fraction: float | None = None
+    transfer_timeout_s: float = 30.0
+    rendezvous_timeout_s: float | None = None
+    timeout_s: float = 900.0
+    pending_timeout_s: float | None = None
+    run_dir: str | None = None
+    python: str | None = None
+    progress_thread: bool | None = None
+    proto_info: bool = True
+    fault: dict | None = field(default=None)
+
+
+def agents_for(plan: Plan, opts: Options) -> list[dict]:
+    """One agent per node and role: the plan's context nodes and generation nodes, or N local ones."""
+    if opts.mode == "local" and opts.nodes:
+        if opts.nodes < 2:
+            raise ValidateError("--nodes must be at least 2 (one context and one generation node)")
+        n_ctx = max(1, opts.nodes // 2)
+        return [{"id": f"node{i}", "node": i, "role": "ctx" if i < n_ctx else "gen", "gpu": 0}
+                for i in range(opts.nodes)]
+    by_node: dict[int, dict[str, int]] = {}
+    for role in plan.roles:
+        for inst in role.instances:
+            for node in inst.nodes:
+                by_node.setdefault(node, {}).setdefault(role.role, inst.gpus[0] if inst.gpus else 0)
+    agents = []
+    for node in sorted(by_node):
+        roles = by_node[node]
+        for role in ("ctx", "gen"):
+            if role in roles:
+                agent_id = f"node{node}" if len(roles) == 1 else f"node{node}-{role}"
+                agents.append({"id": agent_id, "node": node, "role": role, "gpu": roles[role]})
+    return agents
+
+
+def _lengths(plan: Plan, opts: Options, tpb: int) -> list[int]:
+    traffic = plan.recipe.get("traffic", {})
+    longest = plan.kv.largest_request_tokens
+    if opts.lengths:
+        chosen = list(opts.lengths)
+    else:
+        typical = traffic.get("typical_input_len")
+        typical = typical + traffic.get("prefix_len", 0) if typical else max(1, longest // 4)
+        chosen = [min(SHORT_REQUEST_TOKENS, longest), min(typical, longest), longest]
+    out = sorted({ceil_to(tpb, max(1, int(n))) for n in chosen})
+    return out
+
+
+def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
+    """The payload shape per side, the pool sizes and the lengths, within --max-memory-mb; plus notes."""
+    model, kv = plan.model, plan.kv
+    tpb = kv.tokens_per_block
+    elem = kv.bytes_per_element
+    ctx, gen = plan.context, plan.generation
+    notes: list[str] = []
+    if kv.attention == "mla":
+        kvf = 1
+        slot = {s: (model["kv_lora_rank"] + model["qk_rope_head_dim"]) * elem for s in ("ctx", "gen")}
+    else:
+        kvf = 2
+        slot = {"ctx": max(1, model["num_kv_heads"] // ctx.tp) * model["head_dim"] * elem,
+                "gen": max(1, model["num_kv_heads"] // gen.tp) * model["head_dim"] * elem}
+    layers_rank = {"ctx": math.ceil(kv.num_layers / ctx.pp), "gen": math.ceil(kv.num_layers / gen.pp)}
+    layers_total = min(layers_rank.values())
+    mode = "block" if slot["ctx"] == slot["gen"] else "fragment"
+    frag = min(slot.values())
+    sweep_tpbs = list(SWEEP_TOKENS_PER_BLOCK) if opts.sweep else []
+    all_tpbs = [tpb, *sweep_tpbs]
+
+    def aligned(x):
+        return all((t * x) % 8 == 0 for t in all_tpbs) and float(x).is_integer()
+
+    if not (aligned(slot["ctx"]) and aligned(slot["gen"]) and aligned(frag)):
+        slot = {s: ceil_to(8, math.ceil(v)) for s, v in slot.items()}
+        frag = min(slot.values()) if mode == "fragment" else slot["ctx"]
+        notes.append("per-token slices rounded up to a multiple of 8 bytes so every byte can be checked as "
+                     "64-bit words")
+    slot = {s: int(v) for s, v in slot.items()}
+    frag = int(frag)
+
+    lengths = _lengths(plan, opts, tpb)
+    longest = max(lengths)
+    sweep_tokens = ceil_to(256, longest) if sweep_tpbs else 0
+    pool_tokens = max(longest, sweep_tokens)
+    cap = int(opts.max_memory_mb) * 2**20
+    layers = layers_total
+
+    def pool_bytes(layers_: int, tokens: int) -> dict:
+        blocks = math.ceil(tokens / tpb)
+        blocks += max(2, math.ceil(blocks / 4))  # spare blocks: scattered block tables, untouched blocks
+        return {s: blocks * tpb * layers_ * kvf * slot[s] for s in ("ctx", "gen")}
+
+    pools = pool_bytes(layers, pool_tokens)
+    if max(pools.values()) > cap:
+        per_layer = max(pool_bytes(1, pool_tokens).values())
+        layers = max(1, cap // per_layer)
+        pools = pool_bytes(layers, pool_tokens)
+        effect = ("descriptor sizes are unchanged (one per layer and K/V)" if mode == "fragment" else
+                  f"each block descriptor is {tpb * layers * kvf * slot['ctx']} bytes instead of "
+                  f"{tpb * layers_total * kvf * slot['ctx']}")
+        notes.append(f"layers scaled down from {layers_total} to {layers} per request so each agent registers at most "
+                     f"--max-memory-mb={opts.max_memory_mb} MiB; bytes per request shrink by the same factor and "
+                     f"{effect}")
+    if max(pools.values()) > cap:
+        per_token = max(pool_bytes(1, tpb * 4).values()) / (tpb * 4)
+        fit = max(tpb, int(cap / per_token) // tpb * tpb)
+        lengths = sorted({min(n, fit) for n in lengths})
+        if sweep_tokens:
+            sweep_tokens = (fit // 256) * 256
+            if not sweep_tokens:
+                sweep_tpbs = []
+                notes.append("tokens_per_block sweep skipped: a 256-token request does not fit --max-memory-mb")
+        pool_tokens = max(max(lengths), sweep_tokens)
+        pools = pool_bytes(layers, pool_tokens)
+        notes.append(f"request lengths capped at {max(lengths)} tokens to fit --max-memory-mb={opts.max_memory_mb}")
+
+    geom = {
+        "mode": mode,
+        "attention": kv.attention,
+        "tokens_per_block": tpb,
+        "kv_factor": kvf,
+        "layers": int(layers),
+        "layers_per_rank": layers_total,
+        "slot_bytes_per_token": slot,
+        "frag_bytes_per_token": frag if mode == "fragment" else int(layers) * kvf * slot["ctx"],
+        "bytes_per_token": int(layers) * kvf * frag,  # what one ctx rank sends one gen rank, per token
+        "bytes_per_token_full": layers_total * kvf * frag,
+        "descriptors_per_block": 1 if mode == "block" else int(layers) * kvf,
+        "descriptor_bytes": tpb * (int(layers) * kvf * slot["ctx"] if mode == "block" else frag),
+        "pool_bytes": pools,
+        "pool_tokens": pool_tokens,
+        "sweep_tokens": sweep_tokens,
+        "sweep_tokens_per_block": sweep_tpbs,
+        "notes": notes,
+    }
+    return geom, lengths, notes
+
+
+def build_params(plan: Plan, opts: Options, run_dir: str) -> dict:
+    if opts.memory not in ("auto", "dram", "vram"):
+        raise ValidateError(f"--memory must be auto, dram or vram, not {opts.memory!r}")
+    if opts.iterations < 1 or opts.warmup < 0:
+        raise ValidateError("--iterations must be >= 1 and --warmup >= 0")
+    agents = agents_for(plan, opts)
+    ctx = [a["id"] for a in agents if a["role"] == "ctx"]
+    gen = [a["id"] for a in agents if a["role"] == "gen"]
+    if not ctx or not gen:
+        raise ValidateError("the plan has no context or no generation node to pair")
+    geom, lengths, _ = geometry(plan, opts)
+    transport = plan.estimates.transport
+    profile = TRANSPORT_PROFILES[transport]
+    memory = opts.memory
+    if memory == "auto" and plan.engine.is_standin:
+        memory = "dram"  # the stand-in keeps its KV cache in host memory: validate what will serve
+    local = opts.mode == "local"
+    progress_thread = (not local) if opts.progress_thread is None else opts.progress_thread
+    t = opts.transfer_timeout_s
+    rendezvous = opts.rendezvous_timeout_s or (60.0 if local else 180.0)
+    return {
+        "protocol": PROTOCOL,
+        "run_id": uuid.uuid4().hex,
+        "run_dir": run_dir,
+        "recipe": plan.name,
+        "mode": opts.mode,
+        "agents": agents,
+        "rounds": [[list(p) for p in pairs] for pairs in round_robin(ctx, gen)],
+        "env": {"ctx": dict(plan.context.env), "gen": dict(plan.generation.env)},
+        "backend": profile.nixl_transport,
+        "memory": memory,
+        "progress_thread": progress_thread,
+        "proto_info": opts.proto_info,
+        "geometry": geom,
+        "lengths": lengths,
+        "iterations": opts.iterations,
+        "warmup": opts.warmup,
+        "sweep": ({"tokens_per_block": geom["sweep_tokens_per_block"], "tokens": geom["sweep_tokens"],
+                   "iterations": opts.sweep_iterations} if geom["sweep_tokens_per_block"] else None),
+        "timeouts": {"rendezvous_s": rendezvous, "transfer_s": t,
+                     "pair_s": min(opts.timeout_s, max(60.0, 10 * t)), "deadline_s": opts.timeout_s},
+        "expect": {"transport": transport, "rdma": transport in RDMA_PROFILES,
+                   "nominal_gbps": plan.estimates.nominal_gbps},
+        "fault": opts.fault,
+    }
+
+
+def parse_fault(text: str | None, agents: list[dict]) -> dict | None:
+    """TK_VALIDATE_FAULT=corrupt|kill|hang|absent[:AGENT] (tests): default target the first generation agent."""
+    if not text:
+        return None
+    kind, _, who = text.partition(":")
+    if kind not in ("corrupt", "kill", "hang", "absent"):
+        raise ValidateError(f"TK_VALIDATE_FAULT={text!r}: the kind must be corrupt, kill, hang or absent")
+    ids = [a["id"] for a in agents]
+    if who and who not in ids:
+        raise ValidateError(f"TK_VALIDATE_FAULT={text!r}: no agent {who!r} (agents: {', '.join(ids)})")
+    if not who:
+        who = next((a["id"] for a in agents if a["role"] == "gen"), ids[-1])
+    return {"kind": kind, "agent": who}

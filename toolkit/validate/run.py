@@ -1,0 +1,219 @@
+"""The coordinator of `tk validate cluster`: write params, start the agents, watch (bounded), gather,
+merge into the report, release everything.
+
+    runs/<recipe>-validate-<YYYYmmdd-HHMMSS>/
+        agent.py          the agent, copied (stdlib + numpy + NIXL; tk need not be installed on the nodes)
+        params.json       what every agent does
+        validate.sbatch   the Slurm job (default mode)
+        rendezvous/       AGENT.md (NIXL metadata), AGENT.json (address, pool), exited/AGENT, done/AGENT
+        results/AGENT.json  each agent's preflight, pair records, timings (rewritten after every pair)
+        logs/AGENT.log    agent output; logs/ucx-AGENT.log UCX's protocol selection
+        report.json       the merged report (what --json prints)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import validation.agent
+from toolkit.plan.model import Plan
+from toolkit.render import container_srun_flags
+from toolkit.validate import launchers
+from toolkit.validate.params import Options, ValidateError, build_params, parse_fault
+from toolkit.validate.report import build_report, merge_pairs
+
+AGENT_SOURCE = Path(validation.agent.__file__).resolve()
+POLL_S = 0.3
+GRACE_S = 30.0  # beyond the agents' own deadline
+
+
+def new_run_dir(plan: Plan, run_dir: str | None) -> Path:
+    from toolkit.launch.run import new_run_dir as new_dir
+
+    path = new_dir(plan, run_dir, kind="validate")
+    if (path / "params.json").exists():
+        raise ValidateError(f"{path} already holds a validation run; give another --run-dir")
+    return path
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def gather(run_dir: Path, params: dict) -> tuple[dict, dict]:
+    """(agent -> result or None, agent -> exit code or None) from the run directory."""
+    results, exits = {}, {}
+    for a in params["agents"]:
+        results[a["id"]] = _read_json(run_dir / "results" / f"{a['id']}.json")
+        stuck = _read_json(run_dir / "rendezvous" / "unresponsive" / a["id"])
+        if stuck and results[a["id"]] is not None:
+            results[a["id"]]["unresponsive"] = stuck
+        try:
+            exits[a["id"]] = (run_dir / "rendezvous" / "exited" / a["id"]).read_text().strip() or "?"
+        except OSError:
+            exits[a["id"]] = None
+    return results, exits
+
+
+def _settled(params: dict, results: dict, exits: dict) -> bool:
+    """Every agent has finished (final result or exit code), or the only ones left were given up on by all."""
+    open_ = [a for a in results if not ((results[a] or {}).get("final") or exits[a] is not None)]
+    if not open_:
+        return True
+    finished = [a for a in results if a not in open_]
+    if not finished:
+        return False
+    for a in open_:
+        peers = [b for b in finished if results[b] and a in _partners(params, b)]
+        given_up = [b for b in peers if a in results[b].get("missing_peers", {}) or a in results[b].get("gave_up_on", {})]
+        if not peers or len(given_up) != len(peers):
+            return False
+    return True
+
+
+def _partners(params: dict, agent: str) -> set:
+    return {d if s == agent else s for pairs in params["rounds"] for s, d in pairs if agent in (s, d)}
+
+
+def _coordinator_preflight(plan: Plan) -> list:
+    backend = plan.recipe["kv_transfer"]["backend"]
+    transport = plan.estimates.transport
+    if backend in ("NIXL", "DEFAULT"):
+        status = "pass"
+        detail = (f"kv_transfer.backend {backend}: TensorRT-LLM moves KV with NIXL over "
+                  f"{'LIBFABRIC' if transport == 'efa' else 'UCX'}, as validated here")
+    elif backend == "UCX":
+        status = "pass"
+        detail = ("kv_transfer.backend UCX: TensorRT-LLM uses UCX directly; validated with NIXL over the "
+                  "same UCX library, transports and environment")
+    else:
+        status = "not_present"
+        detail = (f"kv_transfer.backend {backend}: not a NIXL/UCX path; the transfers validated here "
+                  "are NIXL's, not what this recipe would use")
+    return [{"name": "recipe_backend", "status": status, "detail": detail, "agent": None, "host": None}]
+
+
+def _min_fraction(opts: Options, plan: Plan, results: dict) -> float:
+    if opts.min_fraction is not None:
+        return opts.min_fraction
+    from_recipe = (plan.recipe.get("validate") or {}).get("min_fraction")
+    if from_recipe is not None:
+        return float(from_recipe)
+    mems = {(r or {}).get("memory", {}) and r["memory"]["type"] for r in results.values() if r and r.get("memory")}
+    if plan.estimates.transport == "tcp" or mems == {"DRAM"}:
+        return 0.0  # rehearsal profiles: host memory / TCP say nothing about the production fabric
+    return 0.5
+
+
+def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> dict:
+    """Run the whole validation; return the report (also written to RUN_DIR/report.json)."""
+    started = time.time()
+    t0 = time.monotonic()
+    if opts.fault is None and os.environ.get("TK_VALIDATE_FAULT"):
+        from toolkit.validate.params import agents_for
+
+        opts.fault = parse_fault(os.environ["TK_VALIDATE_FAULT"], agents_for(plan, opts))
+    run_dir = new_run_dir(plan, opts.run_dir).resolve()
+    preflight = _coordinator_preflight(plan)
+
+    python = opts.python or ("python3" if plan.slurm.container_image and opts.mode != "local" else sys.executable)
+    if opts.mode == "slurm":
+        launcher = launchers.SlurmLauncher(run_dir, plan, opts.pending_timeout_s or plan.slurm.pending_timeout_s)
+        preflight.append({"name": "slurm", "status": "pass", "detail": launcher.preflight(), "agent": None,
+                          "host": None})
+    nodes = launchers.InAllocationLauncher.allocation_nodes(plan.node_count) if opts.mode == "in-allocation" \
+        else None
+    if opts.progress_thread is None and opts.mode != "local":
+        # NIXL's progress thread polls without pause: right for an agent with a host to itself (as in
+        # serving), but agents whose Slurm nodes share one machine would starve each other.
+        shared = launchers.nodes_sharing_a_host(nodes=nodes, partition=plan.slurm.partition)
+        opts.progress_thread = not shared
+        if shared:
+            preflight.append({"name": "progress_thread", "status": "pass", "agent": None, "host": None,
+                              "detail": f"off: Slurm nodes {', '.join(shared)} share a host, and busy-polling "
+                                        "progress threads would starve each other (--progress-thread forces it)"})
+    params = build_params(plan, opts, str(run_dir))
+    if opts.mode == "in-allocation":
+        launcher = launchers.InAllocationLauncher(run_dir, params, python, container_srun_flags(plan), plan.node_count)
+        preflight.append({"name": "allocation", "status": "pass", "agent": None, "host": None,
+                          "detail": f"job {launcher.job_id}: {', '.join(launcher.nodes)}"})
+    elif opts.mode == "local":
+        launcher = launchers.LocalLauncher(run_dir, params, python)
+
+    for sub in ("logs", "results", "state", "rendezvous/exited", "rendezvous/done", "rendezvous/unresponsive"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    shutil.copy2(AGENT_SOURCE, run_dir / "agent.py")
+    (run_dir / "params.json").write_text(json.dumps(params, indent=1) + "\n")
+    if opts.mode == "slurm":
+        minutes = int((opts.timeout_s + params["timeouts"]["rendezvous_s"] + 180) // 60) + 1
+        (run_dir / "validate.sbatch").write_text(
+            launchers.render_sbatch(plan, params, run_dir, python, container_srun_flags(plan), f"{minutes}"))
+
+    report_path = run_dir / "report.json"
+    progress = on_progress or (lambda *a, **k: None)
+    ended = None
+    cleanup: list[str] = []
+    try:
+        launcher.start()
+        progress("submitted" if opts.mode == "slurm" else "starting agents")
+        deadline = None
+        while True:
+            reason = launcher.poll()
+            if launcher.running and deadline is None:
+                deadline = time.monotonic() + opts.timeout_s + GRACE_S
+            results, exits = gather(run_dir, params)
+            if launcher.running:
+                pairs = merge_pairs(params, results, exits, 0.0, final=False)
+                up = sum(1 for r in results.values() if r)
+                progress("running", pairs, up, len(results))
+            else:
+                progress(f"{launcher.describe()} pending")
+            if launcher.running and _settled(params, results, exits):
+                break
+            if reason:
+                time.sleep(1.0)  # let the last result files land
+                results, exits = gather(run_dir, params)
+                if not _settled(params, results, exits):
+                    ended = reason
+                break
+            if deadline is not None and time.monotonic() > deadline:
+                ended = f"timed out after {opts.timeout_s:g}s (--timeout)"
+                break
+            time.sleep(POLL_S)
+    except KeyboardInterrupt:
+        ended = "interrupted"
+        raise
+    finally:
+        cleanup = launcher.stop()
+    results, exits = gather(run_dir, params)
+    if ended:
+        preflight.append({"name": "run", "status": "fail", "detail": f"{launcher.describe()}: {ended}",
+                          "agent": None, "host": None})
+    kv, est = plan.kv, plan.estimates
+    plan_info = {"largest_request_tokens": kv.largest_request_tokens,
+                 "largest_request_bytes_per_rank": kv.ctx_bytes_per_token_per_rank * kv.largest_request_tokens,
+                 "largest_request_transfer_ms": est.largest_request_transfer_ms,
+                 "largest_request_prefill_ms": est.largest_request_prefill_ms}
+    run = {"mode": opts.mode, "recipe_file": plan.recipe_file, "run_dir": str(run_dir),
+           "report_file": str(report_path), "job_id": launcher.job_id,
+           "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+           "duration_s": round(time.monotonic() - t0, 3),
+           "cleanup": {"released": not cleanup, "problems": cleanup}}
+    report = build_report(params=params, results=results, exits=exits, coordinator_preflight=preflight,
+                          plan_info=plan_info, min_fraction=_min_fraction(opts, plan, results), run=run)
+    if cleanup:
+        report["passed"] = False
+        report["failures"].append("cleanup: " + "; ".join(cleanup))
+    tmp = report_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2) + "\n")
+    os.replace(tmp, report_path)
+    return report
