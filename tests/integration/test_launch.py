@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import (PROMPTS, STANDIN_RECIPE, aggregated_baseline, complete, processes_mentioning, tk, tk_json,
+from tests.integration.helpers import (PROMPTS, STANDIN_RECIPE, aggregated_baseline, complete, processes_mentioning, tk, tk_json,
                      wait_until)
 
 pytestmark = [pytest.mark.slow, pytest.mark.nixl]

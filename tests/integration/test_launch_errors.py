@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import STANDIN_RECIPE, tk
+from tests.integration.helpers import STANDIN_RECIPE, tk
 
 pytestmark = [pytest.mark.slow]
 
