@@ -47,8 +47,6 @@ class LaunchFailed(TkError):
 def prepare(plan: Plan, backend: str, run_dir: str | None = None) -> RunRecord:
     """Render the plan into a new run directory and create its record."""
     path = new_run_dir(plan, run_dir)
-    if (path / "run.json").exists():
-        raise TkError(f"{path} already holds a run; give another --run-dir or stop and remove it")
     write_atomically(render_files(plan), path)
     (path / "logs").mkdir(exist_ok=True)
     (path / "state").mkdir(exist_ok=True)
@@ -66,7 +64,7 @@ def launch(plan: Plan, backend_name: str, run_dir: str | None = None, *, pending
     pending_timeout_s = pending_timeout_s or plan.slurm.pending_timeout_s
     startup_timeout_s = startup_timeout_s or plan.slurm.startup_timeout_s
     try:
-        backend.submit(run, plan)
+        backend.submit(run)
         _wait_until_serving(run, backend, pending_timeout_s, startup_timeout_s, on_progress)
         if smoke:
             _smoke_request(run, plan)
@@ -121,8 +119,7 @@ def _wait_until_serving(run, backend, pending_timeout_s, startup_timeout_s, on_p
             failed = _failed_phase(run)
             if failed:
                 _fail(run, backend, failed[0], failed[1])
-            _fail(run, backend, f"the job ended before serving ({job.detail})",
-                  "supervisor" if run.backend == "local" else None)
+            _fail(run, backend, f"the job ended before serving ({job.detail})", backend.log_name)
         else:
             if started is None:
                 started = time.monotonic()

@@ -3,10 +3,11 @@
     runs/<recipe-name>-<YYYYmmdd-HHMMSS>/
         ctx.yaml gen.yaml disagg.yaml *.env launch.sbatch manifest.json   (rendered)
         run.json          the run record (backend, job id, servers, state)
-        nodes.tsv         index, Slurm node name, address (written by the job / the local supervisor)
+        nodes.tsv         index, Slurm node name, address (written by the job)
         disagg.resolved.yaml   disagg.yaml with real hostnames
         state/phases.tsv  what the job did, one line per step (time, phase, detail)
-        logs/<server>.log one log per server, logs/proxy.log
+        logs/<server>.log one log per server, logs/proxy.log; logs/job.log the local job's own output
+        local/bin/        the local backend's srun/scontrol/scancel shim (tk launch --local)
 """
 
 from __future__ import annotations
@@ -19,12 +20,10 @@ from pathlib import Path
 
 from toolkit.errors import TkError
 from toolkit.plan.model import Plan
+from toolkit.runtime import rundir
+from toolkit.runtime.rundir import runs_root
 
 RUN_RECORD = "run.json"
-
-
-def runs_root() -> Path:
-    return Path(os.environ.get("TK_RUNS_DIR", "runs"))
 
 
 @dataclass
@@ -51,7 +50,9 @@ class RunRecord:
     state: str = "rendered"  # rendered | submitted | pending | starting | ready | failed | stopped
     endpoint: str | None = None
     reason: str | None = None
-    supervisor_pid: int | None = None
+    job_pid: int | None = None  # local backend: the batch script, leader of the job's process group
+    run_id: str | None = None  # local backend: TK_RUN_ID, carried by every process the job starts
+    nodes: int = 1
     model: str = ""
     history: list = field(default_factory=list)
 
@@ -63,7 +64,7 @@ class RunRecord:
                                     port=plan.proxy.port))
         return cls(name=run_dir.name, run_dir=str(run_dir.resolve()), recipe=plan.recipe_file, backend=backend,
                    engine=plan.engine.name, created=time.time(), servers=servers,
-                   model=plan.context.model_path)
+                   model=plan.context.model_path, nodes=plan.node_count)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -77,6 +78,7 @@ class RunRecord:
     @classmethod
     def from_dict(cls, d: dict) -> "RunRecord":
         d = dict(d)
+        d.pop("supervisor_pid", None)  # records written before the local backend ran launch.sbatch
         d["servers"] = [ServerRecord(**s) for s in d.get("servers", [])]
         return cls(**d)
 
@@ -86,9 +88,7 @@ class RunRecord:
         return Path(self.run_dir)
 
     def save(self) -> None:
-        tmp = self.path / f".{RUN_RECORD}.tmp"
-        tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-        os.replace(tmp, self.path / RUN_RECORD)
+        rundir.write_text_atomically(self.path / RUN_RECORD, json.dumps(self.to_dict(), indent=2) + "\n")
 
     def set_state(self, state: str, reason: str | None = None) -> None:
         self.state = state
@@ -107,16 +107,8 @@ class RunRecord:
 
 
 def new_run_dir(plan: Plan, run_dir: str | None, kind: str = "") -> Path:
-    """The given directory, or a new one under the runs root: NAME[-KIND]-TIMESTAMP[-N]."""
-    if run_dir:
-        return Path(run_dir)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = runs_root() / f"{plan.name}{'-' + kind if kind else ''}-{stamp}"
-    candidate, n = base, 1
-    while candidate.exists():
-        n += 1
-        candidate = Path(f"{base}-{n}")
-    return candidate
+    """A new run directory, created exclusively: the given one, or runs/NAME[-KIND]-TIMESTAMP[-N]."""
+    return rundir.new_run_dir(plan.name, run_dir, kind)
 
 
 def load_run(path: Path) -> RunRecord:
@@ -160,29 +152,12 @@ def find_run(ref: str | None) -> RunRecord:
 
 def read_phases(run: RunRecord) -> list[tuple[float, str, str]]:
     """The job's own account of itself (state/phases.tsv), oldest first."""
-    path = run.path / "state" / "phases.tsv"
-    out = []
-    if path.is_file():
-        for line in path.read_text(errors="replace").splitlines():
-            parts = line.split("\t", 2)
-            if len(parts) == 3:
-                try:
-                    out.append((float(parts[0]), parts[1], parts[2]))
-                except ValueError:
-                    continue
-    return out
+    return rundir.read_phases(run.path)
 
 
 def read_nodes(run: RunRecord) -> dict[int, str]:
     """Plan node index -> address, once the job has resolved them."""
-    path = run.path / "nodes.tsv"
-    out = {}
-    if path.is_file():
-        for line in path.read_text().splitlines():
-            parts = line.split("\t")
-            if len(parts) == 3 and parts[0].isdigit():
-                out[int(parts[0])] = parts[2]
-    return out
+    return rundir.read_nodes(run.path)
 
 
 def log_tail(path: Path, lines: int = 20) -> str:

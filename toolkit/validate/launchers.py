@@ -18,10 +18,10 @@ import signal
 import subprocess
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import jinja2
 
+from toolkit.runtime import slurm
 from toolkit.validate.params import ValidateError
 from toolkit.resources import templates_dir
 
@@ -127,43 +127,15 @@ class InAllocationLauncher(_Processes):
         return f"srun steps in job {self.job_id} on {', '.join(self.nodes[: max(a['node'] for a in self.params['agents']) + 1])}"
 
 
-def _slurm(cmd: list[str], check: bool = False) -> subprocess.CompletedProcess:
-    """A Slurm client command, bounded, through launch's runner; its failures as ValidateError."""
-    from toolkit.launch.backends import LaunchError, run_slurm_command
-
-    try:
-        return run_slurm_command(cmd, check=check)
-    except LaunchError as exc:
-        raise ValidateError(str(exc)) from None
-
-
 def hostnames(nodelist: str) -> list[str]:
     """Expand a Slurm node list (node[0-3]) with scontrol; bounded."""
-    proc = _slurm(["scontrol", "show", "hostnames", nodelist], check=True)
-    names = proc.stdout.split()
-    if not names:
-        raise ValidateError(f"`scontrol show hostnames {nodelist}` returned nothing")
-    return names
-
-
-def nodes_sharing_a_host(nodes: list[str] | None = None, partition: str | None = None) -> list[str]:
-    """The Slurm nodes (of `nodes`, else of `partition`) whose host also runs another node's slurmd, as on
-    scripts/dev-slurm's one-machine cluster; empty when each node is a host of its own or Slurm cannot say."""
-    argv = ["sinfo", "-h", "-N", "-o", "%N|%n"]
-    if nodes:
-        argv += ["-n", ",".join(nodes)]
-    elif partition:
-        argv += ["-p", partition]
     try:
-        out = _slurm(argv).stdout
-    except ValidateError:
-        return []
-    by_host: dict[str, set[str]] = {}
-    for line in out.splitlines():
-        name, _, host = line.partition("|")
-        if name.strip() and host.strip():
-            by_host.setdefault(host.strip(), set()).add(name.strip())
-    return sorted(n for names in by_host.values() if len(names) > 1 for n in names)
+        return slurm.hostnames(nodelist)
+    except slurm.SlurmError as exc:
+        raise ValidateError(str(exc)) from exc
+
+
+nodes_sharing_a_host = slurm.nodes_sharing_a_host
 
 
 def render_sbatch(plan, params: dict, run_dir: Path, python: str, srun_flags: list[str], time_limit: str) -> str:
@@ -187,10 +159,7 @@ class SlurmLauncher:
     name = "slurm"
 
     def __init__(self, run_dir: Path, plan, pending_timeout_s: float):
-        from toolkit.launch.backends import SlurmBackend
-
         self.run_dir = run_dir
-        self.backend = SlurmBackend()
         self.pending_timeout_s = pending_timeout_s
         self.job_id = None
         self.running = False
@@ -199,26 +168,25 @@ class SlurmLauncher:
         self.plan = plan
 
     def preflight(self) -> str:
-        from toolkit.launch.backends import LaunchError
-
-        try:
-            self.backend.preflight(self.plan)  # sbatch/squeue present, controller up, partition big enough
-        except LaunchError as exc:
-            raise ValidateError(str(exc)) from None
+        try:  # sbatch/squeue present, controller up, partition big enough
+            slurm.check_cluster(self.plan.slurm.partition, self.plan.node_count)
+        except slurm.SlurmError as exc:
+            raise ValidateError(str(exc)) from exc
         return (f"Slurm controller up; partition {self.plan.slurm.partition or '(default)'} can hold "
                 f"{self.plan.node_count} node(s)")
 
     def start(self) -> None:
-        from toolkit.launch.backends import LaunchError, submit_batch
-
         try:
-            self.job_id = submit_batch(self.run_dir / "validate.sbatch", self.run_dir, "the validation job")
-        except LaunchError as exc:
-            raise ValidateError(str(exc)) from None
+            self.job_id = slurm.submit_batch(self.run_dir / "validate.sbatch", self.run_dir, "the validation job")
+        except slurm.SlurmError as exc:
+            raise ValidateError(str(exc)) from exc
         self.submitted = time.monotonic()
 
-    def _state(self):
-        return self.backend.job_state(SimpleNamespace(job_id=self.job_id))
+    def _state(self) -> slurm.JobState:
+        try:
+            return slurm.job_state(self.job_id)
+        except slurm.SlurmError as exc:
+            raise ValidateError(str(exc)) from exc
 
     def poll(self) -> str | None:
         now = time.monotonic()
@@ -238,15 +206,10 @@ class SlurmLauncher:
         return f"job {self.job_id} ended ({state.detail})"
 
     def stop(self, timeout_s: float = 60.0) -> list[str]:
-        if not self.job_id:
-            return []
-        _slurm(["scancel", self.job_id])
-        deadline = time.monotonic() + timeout_s
-        while self._state().phase != "ENDED":
-            if time.monotonic() > deadline:
-                return [f"job {self.job_id} still in squeue after {timeout_s:g}s of scancel"]
-            time.sleep(1)
-        return []
+        try:
+            return slurm.cancel_and_wait(self.job_id, timeout_s)
+        except slurm.SlurmError as exc:
+            return [f"job {self.job_id}: {exc}"]
 
     def describe(self) -> str:
         return f"Slurm job {self.job_id}"

@@ -22,7 +22,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import validation.agent
+from toolkit.errors import TkError
 from toolkit.plan.model import Plan
+from toolkit.runtime import rundir
 from toolkit.render import container_srun_flags
 from toolkit.validate import launchers
 from toolkit.validate.params import Options, ValidateError, build_params, parse_fault
@@ -34,12 +36,11 @@ GRACE_S = 30.0  # beyond the agents' own deadline
 
 
 def new_run_dir(plan: Plan, run_dir: str | None) -> Path:
-    from toolkit.launch.run import new_run_dir as new_dir
-
-    path = new_dir(plan, run_dir, kind="validate")
-    if (path / "params.json").exists():
-        raise ValidateError(f"{path} already holds a validation run; give another --run-dir")
-    return path
+    """A new validation run directory, created exclusively (runtime.rundir)."""
+    try:
+        return rundir.new_run_dir(plan.name, run_dir, kind="validate")
+    except TkError as exc:
+        raise ValidateError(str(exc)) from exc
 
 
 def _read_json(path: Path):
@@ -124,23 +125,26 @@ def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> 
         opts.fault = parse_fault(os.environ["TK_VALIDATE_FAULT"], agents_for(plan, opts))
     run_dir = new_run_dir(plan, opts.run_dir).resolve()
     preflight = _coordinator_preflight(plan)
-
-    python = opts.python or ("python3" if plan.slurm.container_image and opts.mode != "local" else sys.executable)
-    if opts.mode == "slurm":
-        launcher = launchers.SlurmLauncher(run_dir, plan, opts.pending_timeout_s or plan.slurm.pending_timeout_s)
-        preflight.append({"name": "slurm", "status": "pass", "detail": launcher.preflight(), "agent": None,
-                          "host": None})
-    nodes = launchers.InAllocationLauncher.allocation_nodes(plan.node_count) if opts.mode == "in-allocation" \
-        else None
-    if opts.progress_thread is None and opts.mode != "local":
-        # NIXL's progress thread polls without pause: right for an agent with a host to itself (as in
-        # serving), but agents whose Slurm nodes share one machine would starve each other.
-        shared = launchers.nodes_sharing_a_host(nodes=nodes, partition=plan.slurm.partition)
-        opts.progress_thread = not shared
-        if shared:
-            preflight.append({"name": "progress_thread", "status": "pass", "agent": None, "host": None,
-                              "detail": f"off: Slurm nodes {', '.join(shared)} share a host, and busy-polling "
-                                        "progress threads would starve each other (--progress-thread forces it)"})
+    try:
+        python = opts.python or ("python3" if plan.slurm.container_image and opts.mode != "local" else sys.executable)
+        if opts.mode == "slurm":
+            launcher = launchers.SlurmLauncher(run_dir, plan, opts.pending_timeout_s or plan.slurm.pending_timeout_s)
+            preflight.append({"name": "slurm", "status": "pass", "detail": launcher.preflight(), "agent": None,
+                              "host": None})
+        nodes = launchers.InAllocationLauncher.allocation_nodes(plan.node_count) if opts.mode == "in-allocation" \
+            else None
+        if opts.progress_thread is None and opts.mode != "local":
+            # NIXL's progress thread polls without pause: right for an agent with a host to itself (as in
+            # serving), but agents whose Slurm nodes share one machine would starve each other.
+            shared = launchers.nodes_sharing_a_host(nodes=nodes, partition=plan.slurm.partition)
+            opts.progress_thread = not shared
+            if shared:
+                preflight.append({"name": "progress_thread", "status": "pass", "agent": None, "host": None,
+                                  "detail": f"off: Slurm nodes {', '.join(shared)} share a host, and busy-polling "
+                                            "progress threads would starve each other (--progress-thread forces it)"})
+    except BaseException:
+        rundir.release_if_unused(run_dir)  # refused before anything started: leave nothing behind
+        raise
     params = build_params(plan, opts, str(run_dir))
     if opts.mode == "in-allocation":
         launcher = launchers.InAllocationLauncher(run_dir, params, python, container_srun_flags(plan), plan.node_count)

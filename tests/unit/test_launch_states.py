@@ -1,0 +1,216 @@
+"""Spec: the launch state machine (toolkit.launch), whichever backend runs the job.
+
+A fake backend stands in for Slurm or the local job: the tests write the job's own state files
+(state/phases.tsv, nodes.tsv) as launch.sbatch would, and answer /health and the smoke request through
+a fake HTTP layer. No process, no port, no sleep."""
+
+from __future__ import annotations
+
+import pytest
+
+import toolkit.launch as launch_mod
+from toolkit.launch import LaunchFailed, launch, refresh, stop
+from toolkit.runtime.slurm import JobState
+from tests.unit.helpers import plan_of
+
+STANDIN = """\
+schema_version: 1
+name: sm
+model: tk/standin-tiny
+engine: standin
+cluster:
+  gpus_per_node: 1
+kv_transfer:
+  transport: tcp
+"""
+
+
+class FakeBackend:
+    """A job whose life the test scripts: a list of JobStates, the last one repeating."""
+
+    name = "fake"
+    log_name = "job"
+
+    def __init__(self, states, on_submit=None):
+        self.states = list(states)
+        self.on_submit = on_submit
+        self.stopped = 0
+        self.run = None
+
+    def preflight(self, plan):
+        pass
+
+    def submit(self, run):
+        self.run = run
+        run.job_id = "77"
+        run.set_state("submitted", "job 77")
+        if self.on_submit:
+            self.on_submit(run)
+
+    def job_state(self, run):
+        return self.states.pop(0) if len(self.states) > 1 else self.states[0]
+
+    def stop(self, run):
+        self.stopped += 1
+        return []
+
+
+class FakeHttp:
+    """/health answers per port; the smoke request answers a body."""
+
+    def __init__(self, healthy_ports=(), completion_tokens=4):
+        self.healthy_ports = set(healthy_ports)
+        self.completion_tokens = completion_tokens
+
+    def get(self, url, timeout):
+        port = int(url.split(":")[2].split("/")[0])
+        return _Resp(200 if port in self.healthy_ports else 503, {})
+
+    def post(self, url, json, timeout):
+        text = "abc" if self.completion_tokens else ""
+        return _Resp(200, {"choices": [{"text": text}], "usage": {"completion_tokens": self.completion_tokens}})
+
+
+class _Resp:
+    def __init__(self, status, body):
+        self.status_code, self._body, self.text = status, body, str(body)
+
+    def json(self):
+        return self._body
+
+
+def write_job_files(run, started=(), failed=None):
+    """What launch.sbatch writes: node addresses, then a phase line per step."""
+    (run.path / "nodes.tsv").write_text("".join(f"{i}\tn{i}\t127.0.0.1\n" for i in range(run.nodes)))
+    lines = [f"1\tstarted\t{name} on n0\n" for name in started]
+    if failed:
+        lines.append(f"2\tfailed\t{failed}\n")
+    (run.path / "state" / "phases.tsv").write_text("".join(lines))
+
+
+@pytest.fixture
+def plan():
+    return plan_of(STANDIN)
+
+
+@pytest.fixture
+def fake(monkeypatch):
+    def install(backend, http):
+        monkeypatch.setattr(launch_mod, "backend_for", lambda name: backend)
+        monkeypatch.setattr(launch_mod.requests, "get", http.get)
+        monkeypatch.setattr(launch_mod.requests, "post", http.post)
+        monkeypatch.setattr(launch_mod.time, "sleep", lambda s: None)
+        return backend
+    return install
+
+
+def all_names(plan):
+    return [s.name for s in plan.servers] + ["proxy"]
+
+
+def all_ports(plan):
+    return [s.port for s in plan.servers] + [plan.proxy.port]
+
+
+def test_a_job_whose_servers_and_proxy_answer_and_whose_smoke_request_returns_tokens_is_ready(plan, fake, tmp_path):
+    backend = fake(FakeBackend([JobState("PENDING", "Priority"), JobState("RUNNING")],
+                               on_submit=lambda run: write_job_files(run, all_names(plan))),
+                   FakeHttp(all_ports(plan)))
+    run = launch(plan, "fake", str(tmp_path / "run"))
+    assert run.state == "ready" and run.reason is None
+    assert run.endpoint == f"http://127.0.0.1:{plan.proxy.port}"
+    assert [h[1] for h in run.history] == ["rendered", "submitted", "pending", "starting", "ready"]
+    assert backend.stopped == 0
+
+
+def test_health_is_trusted_only_from_servers_the_job_has_started(plan, fake, tmp_path):
+    # Something answers on every port, but the job has not started any server yet: not ready, and the
+    # startup bound ends the run.
+    backend = fake(FakeBackend([JobState("RUNNING")], on_submit=lambda run: write_job_files(run, ())),
+                   FakeHttp(all_ports(plan)))
+    with pytest.raises(LaunchFailed, match="not healthy after"):
+        launch(plan, "fake", str(tmp_path / "run"), startup_timeout_s=0.05)
+    assert backend.stopped == 1
+
+
+def test_a_job_pending_past_its_bound_is_cancelled_and_fails_with_the_schedulers_reason(plan, fake, tmp_path):
+    backend = fake(FakeBackend([JobState("PENDING", "Resources")]), FakeHttp())
+    with pytest.raises(LaunchFailed, match=r"still pending after .*\(Resources\).*pending_timeout_s"):
+        launch(plan, "fake", str(tmp_path / "run"), pending_timeout_s=0.01)
+    assert backend.stopped == 1
+    assert backend.run.state == "failed"
+
+
+def test_a_server_the_job_reports_failed_fails_the_run_with_its_log_tail(plan, fake, tmp_path):
+    def job(run):
+        write_job_files(run, ["ctx-0"], failed="ctx-0 exited with code 3 (log: logs/ctx-0.log)")
+        run.log_path("ctx-0").write_text("line 1\nCUDA out of memory\n")
+
+    backend = fake(FakeBackend([JobState("RUNNING")], on_submit=job), FakeHttp())
+    with pytest.raises(LaunchFailed) as info:
+        launch(plan, "fake", str(tmp_path / "run"))
+    assert info.value.component == "ctx-0"
+    assert "CUDA out of memory" in str(info.value)
+    assert backend.run.server("ctx-0").state == "failed"
+    assert all(s.state == "stopped" for s in backend.run.servers if s.name != "ctx-0")
+    assert backend.stopped == 1
+
+
+def test_a_job_that_ends_before_serving_fails_with_the_jobs_own_log(plan, fake, tmp_path):
+    def job(run):
+        run.log_path("job").write_text("sbatch: error: something\n")
+
+    fake(FakeBackend([JobState("ENDED", "FAILED")], on_submit=job), FakeHttp())
+    with pytest.raises(LaunchFailed, match=r"ended before serving \(FAILED\)") as info:
+        launch(plan, "fake", str(tmp_path / "run"))
+    assert info.value.component == "job" and "something" in info.value.tail
+
+
+def test_a_smoke_request_with_zero_tokens_is_a_failed_launch_not_a_ready_one(plan, fake, tmp_path):
+    backend = fake(FakeBackend([JobState("RUNNING")], on_submit=lambda run: write_job_files(run, all_names(plan))),
+                   FakeHttp(all_ports(plan), completion_tokens=0))
+    with pytest.raises(LaunchFailed, match="no tokens"):
+        launch(plan, "fake", str(tmp_path / "run"))
+    assert backend.stopped == 1 and backend.run.state == "failed"
+
+
+def test_ctrl_c_while_waiting_releases_the_job(plan, fake, tmp_path, monkeypatch):
+    backend = fake(FakeBackend([JobState("PENDING", "Priority")]), FakeHttp())
+
+    def interrupt(_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(launch_mod.time, "sleep", interrupt)
+    with pytest.raises(LaunchFailed, match="interrupted"):
+        launch(plan, "fake", str(tmp_path / "run"))
+    assert backend.stopped == 1
+
+
+def test_refresh_marks_a_ready_run_degraded_when_a_server_stops_answering(plan, fake, tmp_path):
+    http = FakeHttp(all_ports(plan))
+    fake(FakeBackend([JobState("RUNNING")], on_submit=lambda run: write_job_files(run, all_names(plan))), http)
+    run = launch(plan, "fake", str(tmp_path / "run"))
+    http.healthy_ports.discard(plan.generation.instances[0].port)
+    run = refresh(run)
+    assert run.state == "degraded" and "gen-0" in run.reason
+    assert run.server("gen-0").state == "unhealthy"
+
+
+def test_refresh_of_a_job_that_ended_by_itself_says_failed_and_stops_every_server(plan, fake, tmp_path):
+    backend = fake(FakeBackend([JobState("RUNNING")], on_submit=lambda run: write_job_files(run, all_names(plan))),
+                   FakeHttp(all_ports(plan)))
+    run = launch(plan, "fake", str(tmp_path / "run"))
+    backend.states = [JobState("ENDED", "TIMEOUT")]
+    run = refresh(run)
+    assert run.state == "failed" and "TIMEOUT" in run.reason
+    assert {s.state for s in run.servers} == {"stopped"}
+
+
+def test_stop_ends_the_job_and_a_later_refresh_keeps_it_stopped(plan, fake, tmp_path):
+    backend = fake(FakeBackend([JobState("RUNNING")], on_submit=lambda run: write_job_files(run, all_names(plan))),
+                   FakeHttp(all_ports(plan)))
+    run = launch(plan, "fake", str(tmp_path / "run"))
+    assert stop(run) == []
+    assert backend.stopped == 1 and run.state == "stopped"
+    backend.states = [JobState("ENDED", "CANCELLED")]
+    assert refresh(run).state == "stopped"

@@ -1,0 +1,156 @@
+"""Every Slurm client call tk makes, each bounded in time, with errors a user can act on."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolkit.errors import TkError
+
+COMMAND_TIMEOUT_S = 30
+SLURM_COMMANDS = ("sbatch", "squeue", "scancel", "scontrol", "sinfo")
+
+
+class SlurmError(TkError):
+    """A Slurm command is missing, hung, or refused what tk asked."""
+
+
+@dataclass(frozen=True)
+class JobState:
+    phase: str  # PENDING | RUNNING | ENDED
+    detail: str = ""
+
+
+def run_slurm_command(cmd: list[str], timeout: float = COMMAND_TIMEOUT_S, check: bool = True,
+                      env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run a Slurm client command with a bound; a missing command or a hang is a clear error."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+                              env=None if env is None else {**os.environ, **env})
+    except FileNotFoundError:
+        raise SlurmError(f"`{cmd[0]}` not found: Slurm's client commands are not installed here "
+                         "(use --local, or run on a Slurm login node; scripts/dev-slurm up gives a local cluster)"
+                         ) from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"`{' '.join(cmd)}` did not answer within {timeout:g}s: is slurmctld reachable?") from None
+    if check and proc.returncode != 0:
+        raise SlurmError(f"`{' '.join(cmd)}` failed: {(proc.stderr or proc.stdout).strip()}")
+    return proc
+
+
+def submit_batch(script: Path, run_dir: Path, what: str = "the job") -> str:
+    """sbatch SCRIPT in run_dir; the job id. TK_RUN_DIR travels in the environment (--export=ALL), not in
+    --export's comma-separated list, so that any directory name arrives intact."""
+    proc = run_slurm_command(["sbatch", "--parsable", f"--chdir={run_dir}", "--export=ALL", str(script)],
+                             check=False, env={"TK_RUN_DIR": str(run_dir)})
+    if proc.returncode != 0:
+        msg = (proc.stderr or proc.stdout).strip()
+        hint = ""
+        if "account" in msg.lower():
+            hint = " (check cluster.account)"
+        elif "partition" in msg.lower():
+            hint = " (check cluster.partition)"
+        raise SlurmError(f"sbatch refused {what}: {msg}{hint}")
+    return proc.stdout.strip().split(";")[0]
+
+
+def job_state(job_id: str | None) -> JobState:
+    """PENDING, RUNNING or ENDED (with squeue's reason or the final state) for one job id."""
+    if not job_id:
+        return JobState("ENDED", "never submitted")
+    proc = run_slurm_command(["squeue", "-h", "-j", job_id, "-o", "%T|%R"], check=False)
+    line = proc.stdout.strip()
+    if proc.returncode == 0 and line:
+        state, _, reason = line.partition("|")
+        if state in ("PENDING", "CONFIGURING"):
+            # squeue's %R: "(Resources)", "(Priority)", or "(None)" before the scheduler looked at it
+            reason = reason.strip().strip("()")
+            return JobState("PENDING", "waiting for the scheduler" if reason in ("", "None") else reason)
+        if state in ("RUNNING", "COMPLETING"):
+            return JobState("RUNNING", state)
+        return JobState("ENDED", state)
+    show = run_slurm_command(["scontrol", "show", "job", "-o", job_id], check=False)
+    for field in show.stdout.split():
+        if field.startswith("JobState="):
+            return JobState("ENDED", field.split("=", 1)[1])
+    return JobState("ENDED", "no longer known to Slurm")
+
+
+def cancel_and_wait(job_id: str | None, timeout_s: float = 60.0, poll_s: float = 1.0) -> list[str]:
+    """scancel the job and wait (bounded) until it has left squeue; the problems, if any."""
+    if not job_id:
+        return []
+    run_slurm_command(["scancel", job_id], check=False)
+    deadline = time.monotonic() + timeout_s
+    while job_state(job_id).phase != "ENDED":
+        if time.monotonic() > deadline:
+            return [f"job {job_id} still in squeue after {timeout_s:g}s of scancel"]
+        time.sleep(poll_s)
+    return []
+
+
+def check_cluster(partition: str | None, nodes: int) -> None:
+    """Refuse early, with the reason, a cluster that cannot run `nodes` nodes in `partition`: client commands
+    missing, controller down, partition unknown, down or too small."""
+    for cmd in SLURM_COMMANDS:
+        if shutil.which(cmd) is None:
+            raise SlurmError(f"`{cmd}` not found: Slurm's client commands are not installed here "
+                             "(use --local, or scripts/dev-slurm up for a local cluster)")
+    ping = run_slurm_command(["scontrol", "ping"], timeout=15, check=False)
+    if ping.returncode != 0 or "UP" not in ping.stdout:
+        said = next((line.strip() for line in (ping.stdout + ping.stderr).splitlines()
+                     if line.strip() and not line.startswith("*")), "no output")  # skip its banner
+        raise SlurmError(f"the Slurm controller does not answer (`scontrol ping`: {said}); "
+                         "check slurmctld and SLURM_CONF")
+    rows = run_slurm_command(["sinfo", "-h", "-o", "%P|%D|%a"]).stdout.split()
+    partitions = {}
+    default = None
+    for row in rows:
+        name, count, avail = (row.split("|") + ["", ""])[:3]
+        if name.endswith("*"):
+            name = name[:-1]
+            default = name
+        partitions[name] = (int(count) if count.isdigit() else 0, avail)
+    wanted = partition or default
+    if partition and partition not in partitions:
+        raise SlurmError(f"partition {partition!r} does not exist on this cluster "
+                         f"(partitions: {', '.join(sorted(partitions)) or 'none'}); fix cluster.partition")
+    if wanted in partitions:
+        count, avail = partitions[wanted]
+        if avail not in ("up", ""):
+            raise SlurmError(f"partition {wanted!r} is {avail}")
+        if nodes > count:
+            raise SlurmError(f"the recipe needs {nodes} nodes but partition {wanted!r} has {count}; "
+                             "shrink the roles or pick a bigger partition")
+
+
+def hostnames(nodelist: str) -> list[str]:
+    """Expand a Slurm node list (node[0-3]) with scontrol; bounded."""
+    names = run_slurm_command(["scontrol", "show", "hostnames", nodelist]).stdout.split()
+    if not names:
+        raise SlurmError(f"`scontrol show hostnames {nodelist}` returned nothing")
+    return names
+
+
+def nodes_sharing_a_host(nodes: list[str] | None = None, partition: str | None = None) -> list[str]:
+    """The Slurm nodes (of `nodes`, else of `partition`) whose host also runs another node's slurmd, as on
+    scripts/dev-slurm's one-machine cluster; empty when each node is a host of its own or Slurm cannot say."""
+    argv = ["sinfo", "-h", "-N", "-o", "%N|%n"]
+    if nodes:
+        argv += ["-n", ",".join(nodes)]
+    elif partition:
+        argv += ["-p", partition]
+    try:
+        out = run_slurm_command(argv, check=False).stdout
+    except SlurmError:
+        return []
+    by_host: dict[str, set[str]] = {}
+    for line in out.splitlines():
+        name, _, host = line.partition("|")
+        if name.strip() and host.strip():
+            by_host.setdefault(host.strip(), set()).add(name.strip())
+    return sorted(n for names in by_host.values() if len(names) > 1 for n in names)
