@@ -214,3 +214,60 @@ def test_stop_ends_the_job_and_a_later_refresh_keeps_it_stopped(plan, fake, tmp_
     assert backend.stopped == 1 and run.state == "stopped"
     backend.states = [JobState("ENDED", "CANCELLED")]
     assert refresh(run).state == "stopped"
+
+
+def test_a_full_disk_after_submission_still_releases_the_job_it_submitted(plan, fake, tmp_path, monkeypatch):
+    # sbatch succeeded, then run.json cannot be written (ENOSPC): the job id is in hand, so it is cancelled.
+    import errno
+
+    from toolkit.launch.run import RunRecord
+
+    backend = fake(FakeBackend([JobState("RUNNING")]), FakeHttp())
+    real_save = RunRecord.save
+
+    def save(self):
+        if self.job_id:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real_save(self)
+
+    monkeypatch.setattr(RunRecord, "save", save)
+    with pytest.raises(LaunchFailed, match="No space left on device"):
+        launch(plan, "fake", str(tmp_path / "run"))
+    assert backend.stopped == 1 and backend.run.job_id == "77"
+
+
+def test_sigterm_while_waiting_releases_the_job_like_ctrl_c(plan, fake, tmp_path, monkeypatch):
+    import signal
+
+    backend = fake(FakeBackend([JobState("PENDING", "Priority")]), FakeHttp())
+    monkeypatch.setattr(launch_mod.time, "sleep", lambda s: signal.raise_signal(signal.SIGTERM))
+    with pytest.raises(LaunchFailed, match="interrupted by SIGTERM"):
+        launch(plan, "fake", str(tmp_path / "run"))
+    assert backend.stopped == 1
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers are put back
+
+
+def test_a_slurm_controller_that_stops_answering_is_not_a_job_that_ended(plan, fake, tmp_path, monkeypatch):
+    from toolkit.runtime.slurm import SlurmError
+
+    class Unreachable(FakeBackend):
+        def job_state(self, run):
+            raise SlurmError("`squeue` did not answer within 30s: is slurmctld reachable?")
+
+    backend = fake(Unreachable([JobState("RUNNING")]), FakeHttp())
+    monkeypatch.setattr(launch_mod, "CONTROLLER_GRACE_S", -1)
+    with pytest.raises(LaunchFailed, match="controller has not answered.*slurmctld reachable") as info:
+        launch(plan, "fake", str(tmp_path / "run"))
+    assert "ended" not in str(info.value)
+    assert backend.stopped == 1
+
+
+@pytest.mark.parametrize("option", ["pending_timeout_s", "startup_timeout_s"])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 0.0])
+def test_waits_are_finite_and_positive(plan, fake, tmp_path, option, value):
+    from toolkit.runtime.bounds import BoundError
+
+    backend = fake(FakeBackend([JobState("RUNNING")]), FakeHttp())
+    with pytest.raises(BoundError, match="timeout"):
+        launch(plan, "fake", str(tmp_path / "run"), **{option: value})
+    assert backend.run is None and not (tmp_path / "run").exists()  # refused before anything was made

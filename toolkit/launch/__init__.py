@@ -19,9 +19,12 @@ from toolkit.launch.backends import LaunchError, backend_for
 from toolkit.launch.run import (RunRecord, find_run, load_run, log_tail, new_run_dir, read_nodes,
                            read_phases)
 from toolkit.plan.model import Plan
+from toolkit.runtime import bounds, signals
+from toolkit.runtime.slurm import SlurmError
 from toolkit.render import render_files, write_atomically
 
 HEALTH_TIMEOUT_S = 3
+CONTROLLER_GRACE_S = 120  # how long launch waits for an unresponsive slurmctld before giving up
 SMOKE_PROMPT = "tk smoke test: the KV cache moves from context to generation"
 
 
@@ -58,22 +61,30 @@ def prepare(plan: Plan, backend: str, run_dir: str | None = None) -> RunRecord:
 def launch(plan: Plan, backend_name: str, run_dir: str | None = None, *, pending_timeout_s: float | None = None,
            startup_timeout_s: float | None = None, on_progress: Callable[[Progress], None] | None = None,
            smoke: bool = True) -> RunRecord:
+    """Render, submit, wait (bounded) until the deployment serves. Any failure, Ctrl-C, SIGTERM or SIGHUP
+    releases the job before LaunchFailed is raised: nothing keeps running unwatched."""
+    pending_timeout_s = bounds.wait_seconds("--pending-timeout", pending_timeout_s) or plan.slurm.pending_timeout_s
+    startup_timeout_s = bounds.wait_seconds("--startup-timeout", startup_timeout_s) or plan.slurm.startup_timeout_s
     backend = backend_for(backend_name)
     backend.preflight(plan)
-    run = prepare(plan, backend_name, run_dir)
-    pending_timeout_s = pending_timeout_s or plan.slurm.pending_timeout_s
-    startup_timeout_s = startup_timeout_s or plan.slurm.startup_timeout_s
-    try:
-        backend.submit(run)
-        _wait_until_serving(run, backend, pending_timeout_s, startup_timeout_s, on_progress)
-        if smoke:
-            _smoke_request(run, plan)
-    except LaunchFailed:
-        raise
-    except (TkError, KeyboardInterrupt) as exc:
-        reason = "interrupted" if isinstance(exc, KeyboardInterrupt) else str(exc)
-        _fail(run, backend, reason, None)
-    run.set_state("ready", None)
+    with signals.interrupt_on_termination():
+        run = prepare(plan, backend_name, run_dir)
+        try:
+            backend.submit(run)
+            _wait_until_serving(run, backend, pending_timeout_s, startup_timeout_s, on_progress)
+            if smoke:
+                _smoke_request(run, plan)
+            run.set_state("ready", None)
+        except LaunchFailed:
+            raise
+        except signals.Terminated as exc:
+            _fail(run, backend, f"interrupted by {exc}", None)
+        except KeyboardInterrupt:
+            _fail(run, backend, "interrupted", None)
+        except OSError as exc:  # e.g. the disk filled after sbatch: the job id is in memory, release it
+            _fail(run, backend, f"cannot write the run directory ({exc.strerror or exc})", None)
+        except TkError as exc:
+            _fail(run, backend, str(exc), None)
     return run
 
 
@@ -85,11 +96,21 @@ def _fail(run: RunRecord, backend, reason: str, component: str | None):
             run.server(component).state = "failed"
         except KeyError:
             pass
-    run.set_state("failed", reason)
-    problems = backend.stop(run)
-    _mark_stopped(run)
-    run.set_state("failed", reason + (f"; cleanup: {'; '.join(problems)}" if problems else ""))
-    raise LaunchFailed(run, reason, component, tail)
+    with signals.deferred():  # a second signal must not cut the cleanup short
+        try:
+            run.set_state("failed", reason)
+        except OSError:
+            pass  # the record cannot be written (disk full, read-only): release the job all the same
+        try:
+            problems = backend.stop(run)
+        except TkError as exc:
+            problems = [f"could not confirm the job was released: {exc}"]
+        _mark_stopped(run)
+        try:
+            run.set_state("failed", reason + (f"; cleanup: {'; '.join(problems)}" if problems else ""))
+        except OSError as exc:
+            reason += f"; run.json could not be written ({exc.strerror or exc})"
+    raise LaunchFailed(run, reason + (f"; cleanup: {'; '.join(problems)}" if problems else ""), component, tail)
 
 
 def _failed_phase(run: RunRecord) -> tuple[str, str | None] | None:
@@ -104,8 +125,20 @@ def _failed_phase(run: RunRecord) -> tuple[str, str | None] | None:
 def _wait_until_serving(run, backend, pending_timeout_s, startup_timeout_s, on_progress) -> None:
     submitted = time.monotonic()
     started = None
+    unreachable_since = None
     while True:
-        job = backend.job_state(run)
+        try:
+            job = backend.job_state(run)
+            unreachable_since = None
+        except SlurmError as exc:
+            # A controller that stops answering is not a job that ended: wait (bounded) for it to come back.
+            unreachable_since = unreachable_since or time.monotonic()
+            if time.monotonic() - unreachable_since > CONTROLLER_GRACE_S:
+                _fail(run, backend, f"the Slurm controller has not answered for {CONTROLLER_GRACE_S:g}s: {exc}", None)
+            if on_progress:
+                on_progress(Progress(run=run, job="UNKNOWN", healthy=_healthy_counts(run), message=str(exc)))
+            time.sleep(2)
+            continue
         failed = _failed_phase(run)
         if failed:
             _fail(run, backend, failed[0], failed[1])
@@ -125,6 +158,7 @@ def _wait_until_serving(run, backend, pending_timeout_s, startup_timeout_s, on_p
                 started = time.monotonic()
                 run.set_state("starting", None)
             _probe(run)
+            run.save()
             if run.server("proxy").state == "healthy":
                 return
             if time.monotonic() - started > startup_timeout_s:
@@ -166,7 +200,6 @@ def _probe(run: RunRecord) -> None:
     proxy = run.server("proxy")
     if proxy.host:
         run.endpoint = f"http://{proxy.host}:{proxy.port}"
-    run.save()
 
 
 def _smoke_request(run: RunRecord, plan: Plan) -> None:
@@ -211,7 +244,10 @@ def refresh(run: RunRecord) -> RunRecord:
         run.state, run.reason = "failed", f"the job ended ({job.detail})"
     if job and job.phase == "ENDED":
         _mark_stopped(run)
-    run.save()
+    try:
+        run.save()
+    except OSError:
+        pass  # a read-only or copied run directory: the state shown is still current
     return run
 
 
@@ -223,12 +259,18 @@ def _mark_stopped(run: RunRecord) -> None:
 
 
 def stop(run: RunRecord) -> list[str]:
-    problems = backend_for(run.backend).stop(run)
-    _mark_stopped(run)
-    if run.state != "failed":
-        run.set_state("stopped", "; ".join(problems) or None)
-    else:
-        run.save()
+    """End the run's job (bounded) and record it; the problems, if any."""
+    with signals.deferred():
+        problems = backend_for(run.backend).stop(run)
+        _mark_stopped(run)
+        try:
+            if run.state != "failed":
+                run.set_state("stopped", "; ".join(problems) or None)
+            else:
+                run.save()
+        except OSError as exc:
+            problems.append(f"the job was ended, but {run.path / 'run.json'} could not be written "
+                            f"({exc.strerror or exc})")
     return problems
 
 

@@ -24,6 +24,7 @@ from toolkit.runtime import rundir
 from toolkit.runtime.rundir import runs_root
 
 RUN_RECORD = "run.json"
+BACKENDS = ("slurm", "local")
 
 
 @dataclass
@@ -77,10 +78,26 @@ class RunRecord:
 
     @classmethod
     def from_dict(cls, d: dict) -> "RunRecord":
+        """A record as run.json holds it; ValueError for anything tk did not write (a damaged or edited file)."""
+        if not isinstance(d, dict):
+            raise ValueError("not a JSON object")
         d = dict(d)
         d.pop("supervisor_pid", None)  # records written before the local backend ran launch.sbatch
-        d["servers"] = [ServerRecord(**s) for s in d.get("servers", [])]
-        return cls(**d)
+        servers = d.get("servers", [])
+        if not isinstance(servers, list) or not all(isinstance(s, dict) for s in servers):
+            raise ValueError("servers: not a list of objects")
+        d["servers"] = [ServerRecord(**s) for s in servers]
+        record = cls(**d)
+        for name, kinds in _FIELD_TYPES.items():
+            value = getattr(record, name)
+            if not isinstance(value, kinds) or isinstance(value, bool) and bool not in kinds:
+                raise ValueError(f"{name}: {type(value).__name__} {str(value)[:60]!r} is not what tk writes there")
+        if record.backend not in BACKENDS:
+            raise ValueError(f"backend: {record.backend[:60]!r} is not one of {', '.join(BACKENDS)}")
+        for s in record.servers:
+            if not isinstance(s.name, str) or not isinstance(s.port, int) or not isinstance(s.node, int):
+                raise ValueError(f"servers: {str(s.name)[:60]!r} has a malformed name, port or node")
+        return record
 
     # -- persistence --------------------------------------------------------------------------
     @property
@@ -104,6 +121,12 @@ class RunRecord:
 
     def log_path(self, name: str) -> Path:
         return self.path / "logs" / f"{name}.log"
+
+
+_FIELD_TYPES = {"name": (str,), "run_dir": (str,), "recipe": (str,), "backend": (str,), "engine": (str,),
+                "created": (int, float), "job_id": (str, type(None)), "state": (str,),
+                "endpoint": (str, type(None)), "reason": (str, type(None)), "job_pid": (int, type(None)),
+                "run_id": (str, type(None)), "nodes": (int,), "model": (str,), "history": (list,)}
 
 
 def new_run_dir(plan: Plan, run_dir: str | None, kind: str = "") -> Path:
@@ -161,6 +184,9 @@ def read_nodes(run: RunRecord) -> dict[int, str]:
 
 
 def log_tail(path: Path, lines: int = 20) -> str:
+    """The last `lines` lines of a log (none for 0), read from its last 64 KiB."""
+    if lines <= 0:
+        return ""
     if not path.is_file():
         return f"(no log at {path})"
     with open(path, "rb") as f:

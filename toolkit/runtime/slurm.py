@@ -58,8 +58,13 @@ def submit_batch(script: Path, run_dir: Path, what: str = "the job") -> str:
     return proc.stdout.strip().split(";")[0]
 
 
+def _unknown_job(proc: subprocess.CompletedProcess) -> bool:
+    return "invalid job id" in (proc.stderr + proc.stdout).lower()
+
+
 def job_state(job_id: str | None) -> JobState:
-    """PENDING, RUNNING or ENDED (with squeue's reason or the final state) for one job id."""
+    """PENDING, RUNNING or ENDED (with squeue's reason or the final state) for one job id. A controller
+    that does not answer is a SlurmError, never "the job ended"."""
     if not job_id:
         return JobState("ENDED", "never submitted")
     proc = run_slurm_command(["squeue", "-h", "-j", job_id, "-o", "%T|%R"], check=False)
@@ -73,10 +78,17 @@ def job_state(job_id: str | None) -> JobState:
         if state in ("RUNNING", "COMPLETING"):
             return JobState("RUNNING", state)
         return JobState("ENDED", state)
+    if proc.returncode != 0 and not _unknown_job(proc):
+        raise SlurmError(f"squeue could not tell the state of job {job_id} "
+                         f"({(proc.stderr or proc.stdout).strip() or 'exit code ' + str(proc.returncode)}); "
+                         "is slurmctld reachable?")
     show = run_slurm_command(["scontrol", "show", "job", "-o", job_id], check=False)
     for field in show.stdout.split():
         if field.startswith("JobState="):
             return JobState("ENDED", field.split("=", 1)[1])
+    if show.returncode != 0 and not _unknown_job(show):
+        raise SlurmError(f"scontrol could not tell the state of job {job_id} "
+                         f"({(show.stderr or show.stdout).strip()}); is slurmctld reachable?")
     return JobState("ENDED", "no longer known to Slurm")
 
 
@@ -84,13 +96,19 @@ def cancel_and_wait(job_id: str | None, timeout_s: float = 60.0, poll_s: float =
     """scancel the job and wait (bounded) until it has left squeue; the problems, if any."""
     if not job_id:
         return []
-    run_slurm_command(["scancel", job_id], check=False)
     deadline = time.monotonic() + timeout_s
-    while job_state(job_id).phase != "ENDED":
-        if time.monotonic() > deadline:
-            return [f"job {job_id} still in squeue after {timeout_s:g}s of scancel"]
+    problem = None
+    while time.monotonic() <= deadline:
+        try:
+            if problem is None or problem.startswith("scancel"):
+                run_slurm_command(["scancel", job_id], check=False)
+            if job_state(job_id).phase == "ENDED":
+                return []
+            problem = f"job {job_id} still in squeue after {timeout_s:g}s of scancel"
+        except SlurmError as exc:
+            problem = f"scancel {job_id} could not be confirmed ({exc}); check `squeue -j {job_id}`"
         time.sleep(poll_s)
-    return []
+    return [problem or f"job {job_id} still in squeue after {timeout_s:g}s of scancel"]
 
 
 def check_cluster(partition: str | None, nodes: int) -> None:

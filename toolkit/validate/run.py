@@ -24,7 +24,7 @@ from pathlib import Path
 import validation.agent
 from toolkit.errors import TkError
 from toolkit.plan.model import Plan
-from toolkit.runtime import rundir
+from toolkit.runtime import bounds, rundir, signals
 from toolkit.render import container_srun_flags
 from toolkit.validate import launchers
 from toolkit.validate.params import Options, ValidateError, build_params, parse_fault
@@ -115,8 +115,30 @@ def _min_fraction(opts: Options, plan: Plan, results: dict) -> float:
     return 0.5
 
 
+MAX_LOCAL_AGENTS = 256  # --local --nodes: the pair schedule is quadratic in the agent count
+MAX_LENGTH_TOKENS = 10_000_000
+
+
+def check_bounds(opts: Options) -> None:
+    """Every number of the options within a finite range (NaN and infinity refused): BoundError, exit 2."""
+    bounds.finite("--nodes", opts.nodes, 2, MAX_LOCAL_AGENTS)
+    bounds.finite("--max-memory-mb", opts.max_memory_mb, 1, 1 << 20)
+    bounds.finite("--iterations", opts.iterations, 1, 1_000_000)
+    bounds.finite("--warmup", opts.warmup, 0, 1_000_000)
+    bounds.finite("--sweep-iterations", opts.sweep_iterations, 1, 1_000_000)
+    bounds.finite("--min-fraction", opts.min_fraction, 0.0, 1.0)
+    for length in opts.lengths or ():
+        bounds.finite("--lengths", length, 1, MAX_LENGTH_TOKENS)
+    bounds.wait_seconds("--transfer-timeout", opts.transfer_timeout_s)
+    bounds.wait_seconds("--rendezvous-timeout", opts.rendezvous_timeout_s)
+    bounds.wait_seconds("--timeout", opts.timeout_s)
+    bounds.wait_seconds("--pending-timeout", opts.pending_timeout_s)
+
+
 def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> dict:
-    """Run the whole validation; return the report (also written to RUN_DIR/report.json)."""
+    """Run the whole validation; return the report (also written to RUN_DIR/report.json). Ctrl-C, SIGTERM
+    and SIGHUP release the agents or the job, write the report, then propagate."""
+    check_bounds(opts)
     started = time.time()
     t0 = time.monotonic()
     if opts.fault is None and os.environ.get("TK_VALIDATE_FAULT"):
@@ -166,58 +188,64 @@ def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> 
     progress = on_progress or (lambda *a, **k: None)
     ended = None
     cleanup: list[str] = []
+    interrupted: KeyboardInterrupt | None = None
     try:
-        launcher.start()
-        progress("submitted" if opts.mode == "slurm" else "starting agents")
-        deadline = None
-        while True:
-            reason = launcher.poll()
-            if launcher.running and deadline is None:
-                deadline = time.monotonic() + opts.timeout_s + GRACE_S
-            results, exits = gather(run_dir, params)
-            if launcher.running:
-                pairs = merge_pairs(params, results, exits, 0.0, final=False)
-                up = sum(1 for r in results.values() if r)
-                progress("running", pairs, up, len(results))
-            else:
-                progress(f"{launcher.describe()} pending")
-            if launcher.running and _settled(params, results, exits):
-                break
-            if reason:
-                time.sleep(1.0)  # let the last result files land
+        with signals.interrupt_on_termination():
+            launcher.start()
+            progress("submitted" if opts.mode == "slurm" else "starting agents")
+            deadline = None
+            while True:
+                reason = launcher.poll()
+                if launcher.running and deadline is None:
+                    deadline = time.monotonic() + opts.timeout_s + GRACE_S
                 results, exits = gather(run_dir, params)
-                if not _settled(params, results, exits):
-                    ended = reason
-                break
-            if deadline is not None and time.monotonic() > deadline:
-                ended = f"timed out after {opts.timeout_s:g}s (--timeout)"
-                break
-            time.sleep(POLL_S)
-    except KeyboardInterrupt:
-        ended = "interrupted"
-        raise
+                if launcher.running:
+                    pairs = merge_pairs(params, results, exits, 0.0, final=False)
+                    up = sum(1 for r in results.values() if r)
+                    progress("running", pairs, up, len(results))
+                else:
+                    progress(f"{launcher.describe()} pending")
+                if launcher.running and _settled(params, results, exits):
+                    break
+                if reason:
+                    time.sleep(1.0)  # let the last result files land
+                    results, exits = gather(run_dir, params)
+                    if not _settled(params, results, exits):
+                        ended = reason
+                    break
+                if deadline is not None and time.monotonic() > deadline:
+                    ended = f"timed out after {opts.timeout_s:g}s (--timeout)"
+                    break
+                time.sleep(POLL_S)
+    except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: release everything, still write the report
+        ended = f"interrupted by {exc}" if isinstance(exc, signals.Terminated) else "interrupted"
+        interrupted = exc
     finally:
-        cleanup = launcher.stop()
-    results, exits = gather(run_dir, params)
-    if ended:
-        preflight.append({"name": "run", "status": "fail", "detail": f"{launcher.describe()}: {ended}",
-                          "agent": None, "host": None})
-    kv, est = plan.kv, plan.estimates
-    plan_info = {"largest_request_tokens": kv.largest_request_tokens,
-                 "largest_request_bytes_per_rank": kv.ctx_bytes_per_token_per_rank * kv.largest_request_tokens,
-                 "largest_request_transfer_ms": est.largest_request_transfer_ms,
-                 "largest_request_prefill_ms": est.largest_request_prefill_ms}
-    run = {"mode": opts.mode, "recipe_file": plan.recipe_file, "run_dir": str(run_dir),
-           "report_file": str(report_path), "job_id": launcher.job_id,
-           "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-           "duration_s": round(time.monotonic() - t0, 3),
-           "cleanup": {"released": not cleanup, "problems": cleanup}}
-    report = build_report(params=params, results=results, exits=exits, coordinator_preflight=preflight,
-                          plan_info=plan_info, min_fraction=_min_fraction(opts, plan, results), run=run)
-    if cleanup:
-        report["passed"] = False
-        report["failures"].append("cleanup: " + "; ".join(cleanup))
-    tmp = report_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(report, indent=2) + "\n")
-    os.replace(tmp, report_path)
+        with signals.deferred():
+            cleanup = launcher.stop()
+    with signals.deferred():
+        results, exits = gather(run_dir, params)
+        if ended:
+            preflight.append({"name": "run", "status": "fail", "detail": f"{launcher.describe()}: {ended}",
+                              "agent": None, "host": None})
+        kv, est = plan.kv, plan.estimates
+        plan_info = {"largest_request_tokens": kv.largest_request_tokens,
+                     "largest_request_bytes_per_rank": kv.ctx_bytes_per_token_per_rank * kv.largest_request_tokens,
+                     "largest_request_transfer_ms": est.largest_request_transfer_ms,
+                     "largest_request_prefill_ms": est.largest_request_prefill_ms}
+        run = {"mode": opts.mode, "recipe_file": plan.recipe_file, "run_dir": str(run_dir),
+               "report_file": str(report_path), "job_id": launcher.job_id,
+               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
+               "duration_s": round(time.monotonic() - t0, 3),
+               "cleanup": {"released": not cleanup, "problems": cleanup}}
+        report = build_report(params=params, results=results, exits=exits, coordinator_preflight=preflight,
+                              plan_info=plan_info, min_fraction=_min_fraction(opts, plan, results), run=run)
+        if cleanup:
+            report["passed"] = False
+            report["failures"].append("cleanup: " + "; ".join(cleanup))
+        tmp = report_path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(report, indent=2) + "\n")
+        os.replace(tmp, report_path)
+    if interrupted is not None:
+        raise interrupted
     return report
