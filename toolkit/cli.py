@@ -367,9 +367,12 @@ def main(argv=None) -> int:
         if as_json:
             _emit_json({"ok": False, "errors": [{"message": str(exc)}]})
         return exc.exit_code
-    except click.exceptions.Abort:
-        _say("aborted")
-        return 130
+    except click.exceptions.Abort as exc:  # click's form of Ctrl-C; SIGTERM/SIGHUP arrive the same way
+        from toolkit.runtime.signals import Terminated, exit_code
+
+        cause = exc.__cause__ or exc.__context__
+        _say(f"interrupted by {cause}" if isinstance(cause, Terminated) else "aborted")
+        return exit_code(cause) if isinstance(cause, KeyboardInterrupt) else 130
     except click.ClickException as exc:
         exc.show()
         return exc.exit_code
@@ -377,9 +380,11 @@ def main(argv=None) -> int:
         return exc.exit_code
     except SystemExit as exc:
         return exc.code if isinstance(exc.code, int) else 1
-    except KeyboardInterrupt:
-        _say("interrupted")
-        return 130
+    except KeyboardInterrupt as exc:
+        from toolkit.runtime.signals import exit_code
+
+        _say(f"interrupted ({exc})" if str(exc) else "interrupted")
+        return exit_code(exc)
 
 
 if __name__ == "__main__":
