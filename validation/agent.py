@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """`tk validate cluster`: the agent that runs on every node (one process per node and role).
 
-    python3 agent.py PARAMS_JSON AGENT_ID
+    python3 agent.pyz PARAMS_JSON AGENT_ID      (RUN_DIR/agent.pyz: a zipapp of this package)
 
 This file runs inside the serving container, where tk may not be installed: it needs only the Python
 standard library, numpy and NIXL (``nixl._api``, else ``nixl_cu12._api`` / ``nixl_cu13._api``). The
-toolkit copies it into the run directory beside ``params.json``; it must never ``import tk``.
+toolkit ships it to the run directory beside ``params.json``; it must never ``import toolkit``.
 
 What one agent does, in order (every wait is bounded; every failure ends in a written verdict):
 
@@ -1169,7 +1169,7 @@ def _touch(path: str) -> None:
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
-        print("usage: agent.py PARAMS_JSON AGENT_ID", file=sys.stderr)
+        print("usage: agent.pyz PARAMS_JSON AGENT_ID", file=sys.stderr)
         return 2
     with open(argv[0]) as f:
         params = json.load(f)

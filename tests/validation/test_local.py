@@ -61,7 +61,7 @@ def agents_left(run_dir: Path) -> list[str]:
                 cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if str(run_dir) in cmd and "agent.py" in cmd:
+            if str(run_dir) in cmd and "agent.pyz" in cmd:
                 out.append(cmd)
     return out
 
