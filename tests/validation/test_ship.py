@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import ROOT
 from toolkit.validate.launchers import agent_argv
 from toolkit.validate.ship import build_agent_archive
-from validation.agent import PROTOCOL
+from validation.wire import PROTOCOL
 
 np = pytest.importorskip("numpy")
 SITE = str(Path(np.__file__).resolve().parent.parent)  # numpy's site-packages, without its .pth files
@@ -95,7 +95,7 @@ def test_every_module_imports_from_the_archive_without_the_toolkit(archive, tmp_
     proc = isolated(IMPORT_ALL, archive, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     out = json.loads(proc.stdout)
-    assert {n.replace(".", "/") for n in out["files"]} >= {"validation/agent"}
+    assert {n.replace(".", "/") for n in out["files"]} >= {"validation/agent", "validation/pair", "validation/wire"}
     assert len(out["files"]) == len(package_files())
     for name, file in out["files"].items():
         assert file.startswith(str(archive)), (name, file)  # from the archive, not from a checkout
@@ -124,3 +124,16 @@ def test_python3_runs_the_archive_file_as_the_launchers_do(archive, tmp_path):
     proc = subprocess.run([sys.executable, str(archive)], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=60, check=False)
     assert proc.returncode == 2 and proc.stderr.startswith("usage: agent.pyz")
+
+
+def test_the_coordinator_takes_only_numpy_free_modules_of_the_agent():
+    """The login node may lack numpy and NIXL: the coordinator imports the wire, schedule, layout and
+    stats modules of the agent package, and neither numpy nor NIXL."""
+    code = ("import sys, toolkit.validate.run\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.partition('.')[0] in "
+            "('numpy', 'nixl', 'nixl_cu12', 'nixl_cu13', 'validation'))))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr
+    assert set(proc.stdout.split()) <= {"validation", "validation.wire", "validation.schedule", "validation.layout",
+                                        "validation.stats"}

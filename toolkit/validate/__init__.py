@@ -8,5 +8,6 @@ generation node, every byte checked, bandwidth and latency measured (see docs/va
     run.py       the coordinator: start, watch (bounded), gather, release
     report.py    the merged report (schema: report.schema.json) and its terminal rendering
 
-Nothing here imports numpy or NIXL at import time except validation.agent's optional numpy.
+Nothing here imports numpy or NIXL: from `validation` the coordinator imports only its numpy-free
+modules (wire, layout, schedule, stats).
 """

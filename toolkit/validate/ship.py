@@ -19,7 +19,7 @@ PACKAGE = "validation"
 ARCHIVE = "agent.pyz"
 INTERPRETER = "/usr/bin/env python3"
 # The archive's own __main__ (sys.path[0] is the archive, so the package inside it is what runs).
-MAIN = (b"import sys\n\nfrom validation.agent import main\n\nsys.exit(main())\n")
+MAIN = (b"import sys\n\nfrom validation.__main__ import main\n\nsys.exit(main())\n")
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can carry
 
 
