@@ -24,7 +24,7 @@ pytest.importorskip("numpy")
 RECIPE = str(ROOT / "recipes" / "standin-2p2d.yaml")
 SMALL = ["--iterations", "3", "--warmup", "1", "--sweep-iterations", "2", "--transfer-timeout", "5",
          "--rendezvous-timeout", "5", "--timeout", "120"]
-AGENT = ROOT / "validation" / "agent.py"
+AGENT_PACKAGE = ROOT / "validation"
 
 
 def validate(tmp_path, *extra, fault=None, json_out=True, timeout=180):
@@ -61,22 +61,27 @@ def agents_left(run_dir: Path) -> list[str]:
                 cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
             except OSError:
                 continue
-            if str(run_dir) in cmd and "agent.py" in cmd:
+            if str(run_dir) in cmd and "agent.pyz" in cmd:
                 out.append(cmd)
     return out
 
 
 def test_agent_needs_only_stdlib_numpy_and_nixl():
-    tree = ast.parse(AGENT.read_text())
+    """Every module of the agent package imports only the standard library, numpy (torch for VRAM, when
+    present) and the package itself: never toolkit, tests or anything else the nodes may lack."""
+    sources = sorted(AGENT_PACKAGE.rglob("*.py"))
+    assert {p.name for p in sources} >= {"__main__.py", "agent.py", "wire.py", "pair.py"}
     mods = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            mods |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            mods.add(node.module.split(".")[0])
+    for path in sources:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                mods |= {a.name.split(".")[0] for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                assert node.level == 0, f"{path.name}: relative import"  # absolute: one rule to check
+                mods.add(node.module.split(".")[0])
     optional = {"numpy", "torch"}  # torch only for VRAM, when present
-    assert mods - set(sys.stdlib_module_names) - optional == set(), mods
-    text = AGENT.read_text()
+    assert mods - set(sys.stdlib_module_names) - optional - {"validation"} == set(), mods
+    text = "".join(p.read_text() for p in sources)
     for name in ("nixl._api", "nixl_cu12._api"):  # imported by name, after the role env is applied
         assert f'"{name}"' in text
 

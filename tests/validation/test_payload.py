@@ -9,16 +9,8 @@ import pytest
 
 from tests.unit.helpers import plan_of
 from toolkit.cli import _load_plan
-from validation.agent import (
-    Mismatch,
-    WordLayout,
-    block_table,
-    fill_blocks,
-    key_of,
-    side_layout,
-    verify_blocks,
-    verify_untouched,
-)
+from validation.layout import block_table, key_of, side_layout
+from validation.pattern import Mismatch, WordLayout, fill_blocks, verify_blocks, verify_untouched
 from toolkit.validate.params import Options, agents_for, build_params, geometry
 
 
@@ -211,7 +203,7 @@ UCX_TABLES = """\
 
 
 def test_ucx_protocol_tables_give_the_rma_transport_per_scope():
-    from validation.agent import parse_ucx_proto_info
+    from validation.probes import parse_ucx_proto_info
 
     tables = parse_ucx_proto_info(UCX_TABLES)
     assert [(t["scope"], t["operation"].split(" by ")[0], t["transports"]) for t in tables] == [

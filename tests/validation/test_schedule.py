@@ -7,7 +7,7 @@ import itertools
 
 import pytest
 
-from validation.agent import round_robin
+from validation.schedule import round_robin
 
 
 @pytest.mark.parametrize("n_ctx,n_gen", [(1, 1), (1, 5), (5, 1), (2, 2), (3, 2), (2, 3), (4, 4), (7, 3), (16, 16),

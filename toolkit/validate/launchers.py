@@ -25,12 +25,12 @@ from toolkit.runtime import slurm
 from toolkit.validate.params import ValidateError
 from toolkit.resources import templates_dir
 
-# $1 python  $2 agent.py  $3 params.json  $4 agent id  $5 exit marker
+# $1 python  $2 agent.pyz  $3 params.json  $4 agent id  $5 exit marker
 WRAPPER = ('"$1" "$2" "$3" "$4"; rc=$?; printf "%s\\n" "$rc" > "$5.tmp.$$" && mv -f "$5.tmp.$$" "$5"; exit "$rc"')
 
 
 def agent_argv(run_dir: Path, python: str, agent_id: str) -> list[str]:
-    return ["bash", "-c", WRAPPER, "tk-validate-agent", python, str(run_dir / "agent.py"),
+    return ["bash", "-c", WRAPPER, "tk-validate-agent", python, str(run_dir / "agent.pyz"),
             str(run_dir / "params.json"), agent_id, str(run_dir / "rendezvous" / "exited" / agent_id)]
 
 

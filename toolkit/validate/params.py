@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from toolkit.errors import TkError
 from toolkit.plan.hardware import TRANSPORT_PROFILES
 from toolkit.plan.model import Plan
-from validation.agent import PROTOCOL, ceil_to, round_robin
+from validation.layout import ceil_to
+from validation.schedule import round_robin
+from validation.wire import PROTOCOL
 
 SWEEP_TOKENS_PER_BLOCK = (16, 32, 64, 128, 256)
 SHORT_REQUEST_TOKENS = 128

@@ -8,7 +8,7 @@ import statistics
 from pathlib import Path
 
 from toolkit.progress import StatusLine
-from validation.agent import percentile
+from validation.stats import percentile
 
 SCHEMA_FILE = Path(__file__).resolve().parent / "report.schema.json"
 REPORT_VERSION = 1

@@ -2,7 +2,8 @@
 merge into the report, release everything.
 
     runs/<recipe>-validate-<YYYYmmdd-HHMMSS>/
-        agent.py          the agent, copied (stdlib + numpy + NIXL; tk need not be installed on the nodes)
+        agent.pyz         the agent: a zipapp of the validation package (stdlib + numpy + NIXL; the toolkit
+                          need not be installed on the nodes), run as python3 agent.pyz params.json AGENT
         params.json       what every agent does
         validate.sbatch   the Slurm job (default mode)
         rendezvous/       AGENT.md (NIXL metadata), AGENT.json (address, pool), exited/AGENT, done/AGENT
@@ -15,13 +16,11 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-import validation.agent
 from toolkit.errors import TkError
 from toolkit.plan.model import Plan
 from toolkit.runtime import bounds, rundir, signals
@@ -29,8 +28,8 @@ from toolkit.render import container_srun_flags
 from toolkit.validate import launchers
 from toolkit.validate.params import Options, ValidateError, build_params, parse_fault
 from toolkit.validate.report import build_report, merge_pairs
+from toolkit.validate.ship import build_agent_archive
 
-AGENT_SOURCE = Path(validation.agent.__file__).resolve()
 POLL_S = 0.3
 GRACE_S = 30.0  # beyond the agents' own deadline
 
@@ -177,7 +176,7 @@ def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> 
 
     for sub in ("logs", "results", "state", "rendezvous/exited", "rendezvous/done", "rendezvous/unresponsive"):
         (run_dir / sub).mkdir(parents=True, exist_ok=True)
-    shutil.copy2(AGENT_SOURCE, run_dir / "agent.py")
+    build_agent_archive(run_dir)
     (run_dir / "params.json").write_text(json.dumps(params, indent=1) + "\n")
     if opts.mode == "slurm":
         minutes = int((opts.timeout_s + params["timeouts"]["rendezvous_s"] + 180) // 60) + 1

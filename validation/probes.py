@@ -1,0 +1,211 @@
+"""Preflight probes of the node an agent runs on: its role's environment, NIXL, GPUs, RDMA NICs, GPUDirect
+peer memory, and (after the transfers) the transports UCX chose. Each probe returns (status, detail),
+status one of pass, fail, not_present; the agent records them. Standard library only.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import re
+import shutil
+import subprocess
+
+SHOWN_ENV = ("UCX_", "NIXL_", "FI_", "TRTLLM_NIXL")
+INHERITED_ENV = ("UCX_", "NIXL_", "FI_")
+NIXL_MODULES = (("nixl._api", ("nixl", "nixl-cu12", "nixl-cu13")), ("nixl_cu12._api", ("nixl-cu12",)),
+                ("nixl_cu13._api", ("nixl-cu13",)))
+
+
+# -- the role's environment (applied before NIXL is imported) -----------------------------------
+
+def apply_role_env(env: dict, role: str, ucx_log: str | None) -> tuple[str, str]:
+    """Apply the role's environment; with ucx_log, ask UCX to print its protocol choice into it."""
+    inherited = {k: v for k, v in os.environ.items() if k.startswith(INHERITED_ENV) and k not in env}
+    for k, v in env.items():
+        os.environ[k] = str(v)
+    if ucx_log is not None:
+        os.environ.setdefault("UCX_PROTO_INFO", "y")
+        os.environ.setdefault("UCX_LOG_FILE", ucx_log)
+    applied = [k for k in env if os.environ.get(k) == str(env[k])]
+    shown = ", ".join(f"{k}={env[k]}" for k in env if k.startswith(SHOWN_ENV))
+    detail = f"applied {len(applied)} variable(s) of the {role} role env ({shown or 'no UCX/NIXL variables'})"
+    if inherited:
+        detail += "; also inherited from the node: " + ", ".join(f"{k}={v}" for k, v in sorted(inherited.items()))
+    return ("pass" if len(applied) == len(env) else "fail"), detail
+
+
+# -- NIXL -----------------------------------------------------------------------------------------
+
+def _dist_version(dists) -> str:
+    try:
+        from importlib import metadata
+    except ImportError:
+        return "unknown"
+    for d in dists:
+        try:
+            return f"{d} {metadata.version(d)}"
+        except metadata.PackageNotFoundError:
+            continue
+    return "unknown"
+
+
+def import_nixl():
+    """(module, {module, version}) or (None, reason). `nixl._api`, then the CUDA-specific wheels."""
+    errors = []
+    for name, dists in NIXL_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"{name}: {type(exc).__name__}: {exc}")
+            continue
+        return mod, {"module": name, "version": _dist_version(dists)}
+    return None, "; ".join(errors)
+
+
+# -- GPUs and GPUDirect peer memory ---------------------------------------------------------------
+
+def gpu_count() -> tuple[int, str]:
+    """(number of GPUs, how we know) without torch/cupy: nvidia-smi, else /proc/driver/nvidia."""
+    smi = shutil.which("nvidia-smi")
+    if smi:
+        try:
+            out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=15, check=False)
+            if out.returncode == 0:
+                gpus = [ln for ln in out.stdout.splitlines() if ln.startswith("GPU ")]
+                return len(gpus), "; ".join(gpus)[:400] or "nvidia-smi lists no GPU"
+            return 0, f"nvidia-smi failed: {(out.stderr or out.stdout).strip()[:300]}"
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return 0, f"nvidia-smi did not answer: {exc}"
+    if os.path.isdir("/proc/driver/nvidia/gpus"):
+        n = len(os.listdir("/proc/driver/nvidia/gpus"))
+        return n, f"{n} GPU(s) in /proc/driver/nvidia/gpus"
+    return 0, "nvidia-smi not found"
+
+
+def gpus_status(n_gpus: int) -> str:
+    """A node with nvidia-smi but no GPU listed fails; one without NVIDIA tooling has none to check."""
+    if shutil.which("nvidia-smi") or n_gpus:
+        return "pass" if n_gpus else "fail"
+    return "not_present"
+
+
+def peermem_check(n_gpus: int) -> tuple[str, str]:
+    if not n_gpus:
+        return "not_present", "no NVIDIA GPU on this node"
+    if os.path.isdir("/sys/module/nvidia_peermem") or os.path.exists("/sys/kernel/mm/memory_peers/nv_mem/version"):
+        return "pass", "GPUDirect RDMA peer memory module loaded"
+    return ("not_present",
+            "nvidia_peermem is not loaded: GPUDirect RDMA needs it unless UCX can use DMA-BUF "
+            "(rdma-core >= 41, CUDA >= 11.7); slow or failing VRAM transfers point here")
+
+
+# -- RDMA NICs ------------------------------------------------------------------------------------
+
+def parse_ibv_devinfo(text: str) -> list:
+    """ibv_devinfo's output -> [(device, port, state)]."""
+    ports, dev, port = [], None, None
+    for line in text.splitlines():
+        s = line.strip()
+        if s.startswith("hca_id:"):
+            dev = s.split(":", 1)[1].strip()
+        elif s.startswith("port:"):
+            port = s.split(":", 1)[1].strip()
+        elif s.startswith("state:") and dev:
+            ports.append((dev, port, s.split(":", 1)[1].strip()))
+    return ports
+
+
+def _nics_from_sysfs() -> tuple[str, str]:
+    devs = sorted(os.listdir("/sys/class/infiniband")) if os.path.isdir("/sys/class/infiniband") else []
+    if devs:
+        return "pass", f"RDMA devices {', '.join(devs)} (ibv_devinfo not installed, states unknown)"
+    return "not_present", "ibv_devinfo not found and no /sys/class/infiniband devices"
+
+
+def _ports_verdict(ports: list, rdma: bool) -> tuple[str, str]:
+    active = [f"{d}:{p}" for d, p, st in ports if "ACTIVE" in st]
+    down = [f"{d}:{p} {st}" for d, p, st in ports if "ACTIVE" not in st]
+    if active:
+        return "pass", f"active ports {', '.join(active)}" + (f"; not active: {', '.join(down)}" if down else "")
+    return (("fail" if rdma else "pass"),
+            f"no ACTIVE RDMA port ({', '.join(down) or 'none'})"
+            + ("" if rdma else "; not needed by this transport profile"))
+
+
+def nic_check(rdma: bool) -> tuple[str, str]:
+    """RDMA ports and their states (ibv_devinfo, else /sys/class/infiniband); rdma: the profile needs one."""
+    tool = shutil.which("ibv_devinfo")
+    if not tool:
+        return _nics_from_sysfs()
+    try:
+        out = subprocess.run([tool], capture_output=True, text=True, timeout=15, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return "fail", f"ibv_devinfo did not answer: {exc}"
+    text = out.stdout + out.stderr
+    if "No IB devices found" in text or not text.strip():
+        return "not_present", "ibv_devinfo: no RDMA devices"
+    return _ports_verdict(parse_ibv_devinfo(text), rdma)
+
+
+# -- the transports UCX chose (UCX_PROTO_INFO=y) ----------------------------------------------------
+
+_TITLE = re.compile(r"\|\s*(\S+)\s+(self|intra-node|inter-node)\s+cfg#\d+\s*\|")
+
+
+def parse_ucx_proto_info(text: str) -> list:
+    """Tables UCX prints with UCX_PROTO_INFO=y -> [{scope, operation, transports}] for RMA put/get."""
+    out = []
+    cur = None
+    for raw in text.splitlines():
+        line = raw.split("]", 2)[-1] if raw.startswith("[") else raw
+        m = _TITLE.search(line)
+        if m:
+            cur = {"scope": m.group(2), "operation": None, "transports": []}
+            out.append(cur)
+        elif cur is not None:
+            _table_row(cur, line)
+    return [t for t in out if t["operation"] and t["operation"].startswith("remote memory")]
+
+
+def _table_row(cur: dict, line: str) -> None:
+    """One line under a table title: the operation (first one-cell line), or a row naming transports."""
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if cur["operation"] is None and len(cells) == 1 and cells[0] and not cells[0].startswith("+"):
+        cur["operation"] = cells[0]
+        return
+    if len(cells) >= 3 and cur["operation"]:
+        for tok in re.split(r"[\s+]+", cells[-1]):
+            if "/" in tok and tok not in cur["transports"]:
+                cur["transports"].append(tok)
+
+
+def read_ucx_proto_info(path: str) -> list:
+    try:
+        with open(path, errors="replace") as f:
+            return parse_ucx_proto_info(f.read())
+    except OSError:
+        return []
+
+
+def transports_by_scope(tables: list) -> dict:
+    """scope (intra-node, inter-node) -> set of transports UCX chose for RMA; 'self' left out."""
+    seen: dict = {}
+    for t in tables:
+        if t["scope"] == "self":
+            continue
+        seen.setdefault(t["scope"], set()).update(t["transports"])
+    return seen
+
+
+def transport_verdict(seen: dict, expect: dict) -> tuple[str, str]:
+    """Fail when a profile that expects RDMA fell back to TCP between nodes."""
+    desc = "; ".join(f"{s}: {', '.join(sorted(v))}" for s, v in sorted(seen.items())) or "self only"
+    inter = seen.get("inter-node", set())
+    tcp = sorted(t for t in inter if t.startswith("tcp"))
+    if expect.get("rdma") and tcp:
+        return "fail", (f"TCP fallback: inter-node RMA uses {', '.join(tcp)} but the "
+                        f"{expect['transport']} profile expects RDMA ({desc})")
+    if not inter:
+        return "pass", f"{desc} (peers on this host only; no inter-node transport exercised)"
+    return "pass", desc

@@ -1,0 +1,94 @@
+"""The run directory as the agents see it: where each file lives, atomic writes, and the markers a
+peer leaves behind (exit code, done, unresponsive).
+
+    RUN_DIR/params.json                    what every agent does (written by the coordinator)
+    RUN_DIR/results/AGENT.json             each agent's result, rewritten after every pair
+    RUN_DIR/logs/ucx-AGENT.log             UCX's protocol selection (UCX_PROTO_INFO)
+    RUN_DIR/rendezvous/AGENT.md            the agent's NIXL metadata
+    RUN_DIR/rendezvous/AGENT.json          its rendezvous info, written last: its presence means .md is there
+    RUN_DIR/rendezvous/exited/AGENT        its exit code (written by the launcher's wrapper)
+    RUN_DIR/rendezvous/done/AGENT          every pair of it is over
+    RUN_DIR/rendezvous/unresponsive/AGENT  {"by", "why"}: a partner gave up waiting for it
+
+Standard library only: the coordinator may use it too.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+
+def write_bytes(path: str, data: bytes) -> None:
+    """Write through a temporary file and rename, so a reader sees all of it or nothing."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def write_json(path: str, doc) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode())
+
+
+def read_json(path: str):
+    """The document, or None when it is absent or not (yet) valid JSON."""
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def touch(path: str) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    write_bytes(path, b"")
+
+
+class RunDir:
+    """Paths and markers of one run directory."""
+
+    def __init__(self, run_dir: str):
+        self.root = run_dir
+        self.rendezvous = os.path.join(run_dir, "rendezvous")
+
+    def result(self, agent: str) -> str:
+        return os.path.join(self.root, "results", f"{agent}.json")
+
+    def ucx_log(self, agent: str) -> str:
+        return os.path.join(self.root, "logs", f"ucx-{agent}.log")
+
+    def metadata(self, agent: str) -> str:
+        return os.path.join(self.rendezvous, f"{agent}.md")
+
+    def info(self, agent: str) -> str:
+        return os.path.join(self.rendezvous, f"{agent}.json")
+
+    def done(self, agent: str) -> str:
+        return os.path.join(self.rendezvous, "done", agent)
+
+    def unresponsive(self, agent: str) -> str:
+        return os.path.join(self.rendezvous, "unresponsive", agent)
+
+    def exited(self, agent: str) -> str:
+        return os.path.join(self.rendezvous, "exited", agent)
+
+    def exit_code(self, agent: str):
+        """The agent's exit code as its wrapper recorded it ('?' when empty), or None while it runs."""
+        try:
+            with open(self.exited(agent)) as f:
+                return f.read().strip() or "?"
+        except OSError:
+            return None
+
+    def is_done(self, agent: str) -> bool:
+        return os.path.exists(self.done(agent))
+
+    def is_unresponsive(self, agent: str) -> bool:
+        return os.path.exists(self.unresponsive(agent))
+
+    def unresponsive_marker(self, agent: str):
+        return read_json(self.unresponsive(agent))
