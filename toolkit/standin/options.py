@@ -2,7 +2,7 @@
 
 ``tk-standin-serve MODEL [trtllm-serve flags] --extra_llm_api_options FILE``. What the target TensorRT-LLM line
 accepts (option keys, cache_transceiver_config fields and backends, KV dtypes, CLI flags) comes from
-``toolkit.versions`` (``TK_STANDIN_TRTLLM_VERSION``, default ``toolkit.versions.LATEST``). Every problem is one line that
+``toolkit.facts.trtllm`` (``TK_STANDIN_TRTLLM_VERSION``, default ``toolkit.facts.trtllm.LATEST``). Every problem is one line that
 names the file and the key, raised as ``ConfigError`` before anything heavy is imported or any port is bound.
 
 Merging: a key set in the options file wins over the same setting given as a CLI flag (TensorRT-LLM <= 1.2).
@@ -17,14 +17,15 @@ from pathlib import Path
 
 import yaml
 
-from toolkit import versions
-from toolkit.models import KV_DTYPE_BYTES, ModelError, ModelSpec, resolve_model
+from toolkit.facts import trtllm
+from toolkit.facts.engines import STANDIN
+from toolkit.facts.models import KV_DTYPE_BYTES, ModelError, ModelSpec, resolve_model
 
-VERSION_ENV = "TK_STANDIN_TRTLLM_VERSION"
+VERSION_ENV = STANDIN.version_env  # which TensorRT-LLM line to imitate; the plan sets it in ctx.env / gen.env
 DEFAULT_TRANSFER_BUFFER_BYTES = 512 << 20  # TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE's default
 DEFAULT_TIMEOUT_MS = 60000  # the stand-in's own bound when kv_transfer_timeout_ms is unset or unknown
 
-# `trtllm-serve serve` flags beyond the ones toolkit.versions lists as rendered by tk (reference: trtllm-disagg.md §6).
+# `trtllm-serve serve` flags beyond the ones toolkit.facts.trtllm lists as rendered by tk (reference: trtllm-disagg.md §6).
 # Value: True = takes a value, False = a switch. Aliases map to the same setting.
 _SERVE_FLAGS_MORE = {
     "--tensor_parallel_size": True, "--pipeline_parallel_size": True, "--context_parallel_size": True,
@@ -50,15 +51,15 @@ class ConfigError(Exception):
     exit_code = 2
 
 
-def target_version() -> versions.TrtllmVersion:
-    line = os.environ.get(VERSION_ENV) or versions.LATEST
+def target_version() -> trtllm.TrtllmVersion:
+    line = os.environ.get(VERSION_ENV) or trtllm.LATEST
     try:
-        return versions.get(line)
-    except versions.UnsupportedVersion as exc:
+        return trtllm.get(line)
+    except trtllm.UnsupportedVersion as exc:
         raise ConfigError(f"{VERSION_ENV}={line}: {exc}") from None
 
 
-def serve_flags(version: versions.TrtllmVersion) -> dict[str, bool]:
+def serve_flags(version: trtllm.TrtllmVersion) -> dict[str, bool]:
     flags = {f: f not in _SWITCHES for f in version.serve_flags}
     flags.update(_SERVE_FLAGS_MORE)
     if version.line == "1.0":
@@ -66,7 +67,7 @@ def serve_flags(version: versions.TrtllmVersion) -> dict[str, bool]:
     return flags
 
 
-def parse_serve_args(argv: list[str], version: versions.TrtllmVersion) -> tuple[str, dict]:
+def parse_serve_args(argv: list[str], version: trtllm.TrtllmVersion) -> tuple[str, dict]:
     """MODEL and {canonical flag: value}; unknown flags are refused like click does (exit 2)."""
     known = serve_flags(version)
     model = None
@@ -145,7 +146,7 @@ def _section(where: str, opts: dict, key: str, allowed) -> dict | None:
     return sec
 
 
-def read_options(path: str | os.PathLike, version: versions.TrtllmVersion) -> dict:
+def read_options(path: str | os.PathLike, version: trtllm.TrtllmVersion) -> dict:
     """The options file, every key checked against the version table."""
     where = str(path)
     try:
@@ -195,7 +196,7 @@ class WorkerSettings:
     model: ModelSpec
     host: str
     port: int
-    version: versions.TrtllmVersion
+    version: trtllm.TrtllmVersion
     options_file: str | None
     options: dict
     max_batch_size: int
