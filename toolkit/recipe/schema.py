@@ -15,8 +15,6 @@ from toolkit.facts import trtllm
 from toolkit.facts.hardware import GPUS, TRANSPORTS
 from toolkit.facts.trtllm import ROUTERS
 
-SCHEMA_VERSION = 1
-
 # Names end up in file names, Slurm job names and log paths: keep them boring.
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # Environment variable names tk lets a recipe set.
