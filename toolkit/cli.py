@@ -67,7 +67,7 @@ def cli():
 def recipes(as_json: bool, models: bool):
     """List the built-in recipes (or models), one line each."""
     if models:
-        from toolkit.models import BUILTIN_MODELS
+        from toolkit.facts.models import BUILTIN_MODELS
 
         rows = [{"name": m.name, "attention": m.attention, "layers": m.num_layers,
                  "moe": m.is_moe} for m in BUILTIN_MODELS.values()]

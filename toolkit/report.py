@@ -20,8 +20,7 @@ def print_plan(plan: Plan) -> None:
     console = Console(stderr=True, highlight=False)
     if not console.is_terminal:
         console.width = 120
-    engine = "CPU stand-in (rehearsal, not TensorRT-LLM)" if plan.engine.is_standin else "TensorRT-LLM"
-    console.print(f"[bold]{plan.name}[/]  {engine} {plan.trtllm_version}  model {plan.model['name']}  "
+    console.print(f"[bold]{plan.name}[/]  {plan.engine.label} {plan.trtllm_version}  model {plan.model.name}  "
                   f"{plan.node_count} node(s) x {plan.slurm.gpus_per_node} GPU")
 
     roles = Table(title="Roles", title_justify="left")

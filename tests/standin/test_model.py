@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from toolkit.models import resolve_model
+from toolkit.facts.models import resolve_model
 from toolkit.standin import model as M
 from toolkit.standin.routers import (
     KvCacheAwareRouter,

@@ -58,7 +58,7 @@ def test_accepted_keys_follow_the_target_version(tmp_path, monkeypatch):
     path = write(tmp_path, GOOD)
     s = settings(path, monkeypatch, "1.2")
     assert s.transceiver.kv_transfer_timeout_ms == 5000 and s.transceiver.max_tokens_in_buffer == 256
-    msg = refused(path, monkeypatch, "1.1")  # no kv_transfer_timeout_ms before 1.2 (toolkit.versions)
+    msg = refused(path, monkeypatch, "1.1")  # no kv_transfer_timeout_ms before 1.2 (toolkit.facts.trtllm)
     assert "cache_transceiver_config.kv_transfer_timeout_ms" in msg and str(path) in msg
 
 

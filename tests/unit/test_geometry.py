@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from toolkit.models import ModelError, resolve_model
+from toolkit.facts.models import ModelError, resolve_model
 from tests.unit.helpers import BASE, plan_of
 
 

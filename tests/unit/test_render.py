@@ -9,7 +9,7 @@ import subprocess
 import pytest
 import yaml
 
-from toolkit import versions
+from toolkit.facts import trtllm as versions
 from toolkit.errors import RecipeError
 from toolkit.plan import build_plan
 from toolkit.recipe import load_recipe

@@ -205,8 +205,8 @@ def _probe(run: RunRecord) -> None:
 def _smoke_request(run: RunRecord, plan: Plan) -> None:
     body = {"model": run.model, "prompt": SMOKE_PROMPT, "max_tokens": 4, "temperature": 0, "stream": False}
     try:
-        resp = requests.post(f"{run.endpoint}/v1/completions", json=body, timeout=min(300, plan.recipe["proxy"]
-                                                                                     ["request_timeout_s"]))
+        resp = requests.post(f"{run.endpoint}/v1/completions", json=body,
+                             timeout=min(300, plan.proxy.request_timeout_s))
     except requests.RequestException as exc:
         raise LaunchError(f"smoke request through the proxy failed: {exc}") from None
     if resp.status_code != 200:

@@ -1,7 +1,6 @@
 """Stage 2: the resolved deployment (roles, instances, nodes, GPUs, ports, KV geometry, env) as pure data."""
 
 from toolkit.plan.build import build_plan
-from toolkit.plan.hardware import TRANSPORT_PROFILES
 from toolkit.plan.model import Plan, RolePlan, ServerInstance
 
-__all__ = ["Plan", "RolePlan", "ServerInstance", "TRANSPORT_PROFILES", "build_plan"]
+__all__ = ["Plan", "RolePlan", "ServerInstance", "build_plan"]

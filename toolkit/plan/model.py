@@ -1,8 +1,16 @@
-"""The resolved deployment: pure data, everything later stages need and nothing they must derive."""
+"""The resolved deployment: pure data, everything later stages need and nothing they must derive.
+
+The Plan is the only thing render, launch and validation read. ``Plan.recipe`` (the resolved recipe as a
+dict) exists for the manifest only; every number a later stage uses is a typed field here.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+
+from toolkit.facts.engines import EngineProfile
+from toolkit.facts.hardware import TransportProfile
+from toolkit.facts.models import ModelSpec
 
 
 @dataclass(frozen=True)
@@ -21,6 +29,34 @@ class KvGeometry:
     largest_request_tokens: int
     largest_request_bytes: int
     formula: str
+
+
+@dataclass(frozen=True)
+class RoleKv:
+    """The KV cache of one token on one rank of a role's server (TP splits KV heads; MLA's latent is not split)."""
+
+    layers_per_rank: int
+    bytes_per_token_per_layer_per_rank: float  # K and V together (GQA), or the latent (MLA)
+    bytes_per_token_per_rank: int  # all the rank's layers
+
+
+@dataclass(frozen=True)
+class KvTransferPlan:
+    """How KV moves from context to generation servers."""
+
+    backend: str  # cache_transceiver_config.backend: DEFAULT | UCX | NIXL | MPI | MOONCAKE
+    dtype: str  # kv_cache_config.dtype
+    transport: TransportProfile  # the fabric, its UCX_TLS and NIXL backend
+
+
+@dataclass(frozen=True)
+class TrafficPlan:
+    """The requests the deployment is sized for (tokens)."""
+
+    max_input_len: int
+    prefix_len: int
+    max_output_len: int
+    typical_input_len: int | None
 
 
 @dataclass(frozen=True)
@@ -80,6 +116,7 @@ class RolePlan:
     llm_api_options: dict  # the exact content of ctx.yaml / gen.yaml
     serve_args: tuple[str, ...]  # `trtllm-serve` flags besides host/port/options file
     env: dict  # the exact content of ctx.env / gen.env
+    kv: RoleKv
 
     @property
     def gpu_count(self) -> int:
@@ -93,17 +130,7 @@ class ProxyPlan:
     config: dict  # the exact content of disagg.yaml (urls with <nodeN> placeholders)
     args: tuple[str, ...]  # `disaggregated` flags besides -c
     env: dict
-
-
-@dataclass(frozen=True)
-class EnginePlan:
-    """The engine that serves: TensorRT-LLM, or tk's CPU stand-in for rehearsal."""
-
-    name: str  # "trtllm" | "standin"
-    serve_command: tuple[str, ...]  # ("trtllm-serve",) or ("tk-standin-serve",)
-    launcher: tuple[str, ...]  # ("trtllm-llmapi-launch",) or ()
-    uses_mpi: bool
-    is_standin: bool
+    request_timeout_s: int  # bound on one request through the proxy (its -r)
 
 
 @dataclass(frozen=True)
@@ -127,9 +154,11 @@ class Plan:
     toolkit_version: str
     trtllm_version: str  # release line, e.g. "1.2"
     trtllm_release: str  # tag the version table was written from
-    model: dict  # ModelSpec as a dict
-    engine: EnginePlan
+    model: ModelSpec
+    engine: EngineProfile  # the engine's profile row (toolkit.facts.engines)
     kv: KvGeometry
+    kv_transfer: KvTransferPlan
+    traffic: TrafficPlan
     buffer: BufferSizing
     estimates: Estimates
     context: RolePlan
@@ -137,7 +166,7 @@ class Plan:
     proxy: ProxyPlan
     slurm: SlurmPlan
     node_count: int
-    recipe: dict  # the resolved recipe (all defaults filled), for the manifest
+    recipe: dict  # the resolved recipe (all defaults filled), for the manifest only: later stages read fields
     warnings: tuple[str, ...] = field(default_factory=tuple)
 
     @property

@@ -11,19 +11,15 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from toolkit import versions
-
-SCHEMA_VERSION = 1
+from toolkit.facts import trtllm
+from toolkit.facts.hardware import GPUS, TRANSPORTS
+from toolkit.facts.trtllm import ROUTERS
 
 # Names end up in file names, Slurm job names and log paths: keep them boring.
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # Environment variable names tk lets a recipe set.
 ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
 TIME_LIMIT = re.compile(r"^(\d+-)?\d{1,3}:\d{2}(:\d{2})?$|^\d+$")
-
-TRANSPORTS = ("infiniband", "roce", "efa", "nvlink-single-node", "tcp")
-ROUTERS = ("round_robin", "load_balancing", "kv_cache_aware")
-GPUS = ("H100", "H200", "B200", "GB200", "A100", "L40S", "CPU")
 
 
 class Section(BaseModel):
@@ -165,7 +161,7 @@ class Recipe(Section):
     model: str
     model_path: Optional[str] = None
     quantization: Optional[str] = None
-    trtllm_version: str = versions.LATEST
+    trtllm_version: str = trtllm.LATEST
     cluster: ClusterSpec
     context: RoleSpec = Field(default_factory=RoleSpec)
     generation: RoleSpec = Field(default_factory=RoleSpec)
@@ -188,5 +184,5 @@ class Recipe(Section):
             v = str(v)  # `trtllm_version: 1.2` is a YAML float; accept it as written
         if not isinstance(v, str):
             raise ValueError("trtllm_version must be a string such as \"1.2\"")
-        versions.get(v)  # raises with the supported list
+        trtllm.get(v)  # raises with the supported list
         return v

@@ -1,4 +1,4 @@
-"""Stage 3: a Plan becomes the files of a deployment, through the jinja2 templates in tk/templates.
+"""Stage 3: a Plan becomes the files of a deployment, through the jinja2 templates in templates/.
 
 Rendering is deterministic (same plan, same bytes) and atomic: files are written into a
 temporary directory beside the target and moved into place only when all of them are ready.
@@ -19,6 +19,7 @@ import jinja2
 import yaml
 
 from toolkit.errors import TkError
+from toolkit.facts import trtllm
 from toolkit.plan.model import Plan
 from toolkit.resources import templates_dir
 
@@ -50,13 +51,14 @@ def _environment() -> jinja2.Environment:
 def worker_command(plan: Plan, role_name: str, port: int) -> list[str]:
     """argv of one server, up to (not including) the options-file flag and path."""
     role = plan.context if role_name == "ctx" else plan.generation
-    return [*plan.engine.launcher, *plan.engine.serve_command, role.model_path, "--host", "0.0.0.0",
-            "--port", str(port), *role.serve_args]
+    flag = trtllm.SERVE_FLAG
+    return [*plan.engine.launcher, *plan.engine.serve_command, role.model_path, flag["host"], "0.0.0.0",
+            flag["port"], str(port), *role.serve_args]
 
 
 def proxy_command(plan: Plan) -> list[str]:
     """argv of the proxy, up to (not including) `-c FILE`."""
-    return [*plan.engine.serve_command, "disaggregated", *plan.proxy.args]
+    return [*plan.engine.serve_command, trtllm.PROXY_SUBCOMMAND, *plan.proxy.args]
 
 
 def container_srun_flags(plan: Plan) -> list[str]:
@@ -121,7 +123,7 @@ def manifest_text(plan: Plan, files: dict[str, str]) -> str:
 def derived_numbers(plan: Plan) -> dict:
     """The numbers tk worked out, with the reasons users ask for."""
     return {
-        "model": plan.model,
+        "model": asdict(plan.model),
         "kv": asdict(plan.kv),
         "max_tokens_in_buffer": plan.buffer.max_tokens_in_buffer,
         "max_tokens_in_buffer_reason": plan.buffer.reason,

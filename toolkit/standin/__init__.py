@@ -6,7 +6,7 @@ each request's KV cache from context to generation server for real with NIXL (ho
 deterministic function of the KV bytes the answering server holds, so a disaggregated deployment answers exactly
 like an aggregated one, and a broken transfer changes the answer. See docs/standin.md.
 
-Modules: ``options`` (command line and options file, checked against ``toolkit.versions``), ``model`` (tokenizer, KV
+Modules: ``options`` (command line and options file, checked against ``toolkit.facts.trtllm``), ``model`` (tokenizer, KV
 content, token stream), ``protocol`` (request/response shapes), ``kv`` (NIXL KV movement), ``worker`` (the
 server), ``routers`` and ``proxy`` (``tk-standin-serve disaggregated``), ``baseline`` (an aggregated server for
 comparisons).

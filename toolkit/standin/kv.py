@@ -109,7 +109,7 @@ def decode_state(encoded: str | None) -> dict:
 
 
 class KvPool:
-    def __init__(self, settings: WorkerSettings, geo: M.KvGeometry, endpoint: str, agent_name: str):
+    def __init__(self, settings: WorkerSettings, geo: M.KvLayout, endpoint: str, agent_name: str):
         tr = settings.transceiver
         assert tr is not None
         self.geo = geo

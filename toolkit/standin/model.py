@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from toolkit.models import ModelSpec
+from toolkit.facts.models import ModelSpec
 
 VOCAB_SIZE = 32000
 _MASK = (1 << 64) - 1
@@ -36,7 +36,7 @@ _SYLLABLES = [c + v for c in _CONSONANTS for v in _VOWELS]
 
 
 @dataclass(frozen=True)
-class KvGeometry:
+class KvLayout:
     """What one token's KV cache looks like on this server (the whole model, every layer)."""
 
     model: str
@@ -62,10 +62,10 @@ class KvGeometry:
                 "kv_dtype": self.kv_dtype}
 
 
-def geometry(model: ModelSpec, tokens_per_block: int, kv_dtype: str) -> KvGeometry:
+def geometry(model: ModelSpec, tokens_per_block: int, kv_dtype: str) -> KvLayout:
     """KV bytes per token per layer, by the formula tk's plan uses (GQA: 2 x kv_heads x head_dim; MLA: the latent)."""
     per_layer = model.kv_bytes_per_token_per_layer(kv_dtype)
-    return KvGeometry(model=model.name, attention=model.attention, num_layers=model.num_layers,
+    return KvLayout(model=model.name, attention=model.attention, num_layers=model.num_layers,
                       bytes_per_token_per_layer=max(1, int(per_layer)), tokens_per_block=tokens_per_block,
                       kv_dtype=kv_dtype)
 
@@ -125,7 +125,7 @@ def _prefix_hashes(model: str, token_ids) -> np.ndarray:
     return out
 
 
-def kv_content(geo: KvGeometry, token_ids) -> np.ndarray:
+def kv_content(geo: KvLayout, token_ids) -> np.ndarray:
     """The KV cache of a prompt: uint8 array (num_layers, n, bytes_per_token_per_layer)."""
     n = len(token_ids)
     words = -(-geo.bytes_per_token_per_layer // 8)

@@ -2,8 +2,9 @@
 
 ``tk-standin-serve MODEL [trtllm-serve flags] --extra_llm_api_options FILE``. What the target TensorRT-LLM line
 accepts (option keys, cache_transceiver_config fields and backends, KV dtypes, CLI flags) comes from
-``toolkit.versions`` (``TK_STANDIN_TRTLLM_VERSION``, default ``toolkit.versions.LATEST``). Every problem is one line that
-names the file and the key, raised as ``ConfigError`` before anything heavy is imported or any port is bound.
+``toolkit.facts.trtllm`` (``TK_STANDIN_TRTLLM_VERSION``, default ``toolkit.facts.trtllm.LATEST``). Every problem is
+one line that names the file and the key, raised as ``ConfigError`` before anything heavy is imported or any port
+is bound.
 
 Merging: a key set in the options file wins over the same setting given as a CLI flag (TensorRT-LLM <= 1.2).
 """
@@ -17,14 +18,16 @@ from pathlib import Path
 
 import yaml
 
-from toolkit import versions
-from toolkit.models import KV_DTYPE_BYTES, ModelError, ModelSpec, resolve_model
+from toolkit.facts import trtllm
+from toolkit.facts.engines import STANDIN
+from toolkit.facts.models import KV_DTYPE_BYTES, ModelError, ModelSpec, resolve_model
 
-VERSION_ENV = "TK_STANDIN_TRTLLM_VERSION"
+VERSION_ENV = STANDIN.version_env  # which TensorRT-LLM line to imitate; the plan sets it in ctx.env / gen.env
 DEFAULT_TRANSFER_BUFFER_BYTES = 512 << 20  # TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE's default
 DEFAULT_TIMEOUT_MS = 60000  # the stand-in's own bound when kv_transfer_timeout_ms is unset or unknown
 
-# `trtllm-serve serve` flags beyond the ones toolkit.versions lists as rendered by tk (reference: trtllm-disagg.md §6).
+# `trtllm-serve serve` flags beyond the ones toolkit.facts.trtllm lists as rendered by tk
+# (reference: trtllm-disagg.md §6).
 # Value: True = takes a value, False = a switch. Aliases map to the same setting.
 _SERVE_FLAGS_MORE = {
     "--tensor_parallel_size": True, "--pipeline_parallel_size": True, "--context_parallel_size": True,
@@ -50,15 +53,15 @@ class ConfigError(Exception):
     exit_code = 2
 
 
-def target_version() -> versions.TrtllmVersion:
-    line = os.environ.get(VERSION_ENV) or versions.LATEST
+def target_version() -> trtllm.TrtllmVersion:
+    line = os.environ.get(VERSION_ENV) or trtllm.LATEST
     try:
-        return versions.get(line)
-    except versions.UnsupportedVersion as exc:
+        return trtllm.get(line)
+    except trtllm.UnsupportedVersion as exc:
         raise ConfigError(f"{VERSION_ENV}={line}: {exc}") from None
 
 
-def serve_flags(version: versions.TrtllmVersion) -> dict[str, bool]:
+def serve_flags(version: trtllm.TrtllmVersion) -> dict[str, bool]:
     flags = {f: f not in _SWITCHES for f in version.serve_flags}
     flags.update(_SERVE_FLAGS_MORE)
     if version.line == "1.0":
@@ -66,7 +69,7 @@ def serve_flags(version: versions.TrtllmVersion) -> dict[str, bool]:
     return flags
 
 
-def parse_serve_args(argv: list[str], version: versions.TrtllmVersion) -> tuple[str, dict]:
+def parse_serve_args(argv: list[str], version: trtllm.TrtllmVersion) -> tuple[str, dict]:
     """MODEL and {canonical flag: value}; unknown flags are refused like click does (exit 2)."""
     known = serve_flags(version)
     model = None
@@ -145,7 +148,7 @@ def _section(where: str, opts: dict, key: str, allowed) -> dict | None:
     return sec
 
 
-def read_options(path: str | os.PathLike, version: versions.TrtllmVersion) -> dict:
+def read_options(path: str | os.PathLike, version: trtllm.TrtllmVersion) -> dict:
     """The options file, every key checked against the version table."""
     where = str(path)
     try:
@@ -184,9 +187,7 @@ def read_options(path: str | os.PathLike, version: versions.TrtllmVersion) -> di
 class Transceiver:
     backend: str
     max_tokens_in_buffer: int
-    max_tokens_in_buffer_given: bool
     kv_transfer_timeout_ms: int
-    timeout_given: bool
 
 
 @dataclass(frozen=True)
@@ -195,7 +196,7 @@ class WorkerSettings:
     model: ModelSpec
     host: str
     port: int
-    version: versions.TrtllmVersion
+    version: trtllm.TrtllmVersion
     options_file: str | None
     options: dict
     max_batch_size: int
@@ -263,7 +264,7 @@ def _transceiver(where, ct, version, tpb, model, kv_dtype, max_seq_len) -> Trans
     if backend not in version.cache_transceiver_backends:
         raise ConfigError(f"{where}: cache_transceiver_config.backend: {backend!r} is not accepted by TensorRT-LLM "
                           f"{version.line} (one of {', '.join(version.cache_transceiver_backends)})")
-    if backend in ("MPI", "MOONCAKE"):
+    if backend not in STANDIN.kv_backends:
         raise ConfigError(f"{where}: cache_transceiver_config.backend: the stand-in moves KV with NIXL and cannot "
                           f"emulate {backend}; use NIXL, UCX or DEFAULT")
     mtib = _pos_int(where, "cache_transceiver_config.max_tokens_in_buffer", ct.get("max_tokens_in_buffer"))
@@ -271,12 +272,11 @@ def _transceiver(where, ct, version, tpb, model, kv_dtype, max_seq_len) -> Trans
         raise ConfigError(f"{where}: cache_transceiver_config.max_tokens_in_buffer: {mtib} is not a multiple of "
                           f"kv_cache_config.tokens_per_block={tpb} (TensorRT-LLM: Assertion failed: "
                           f"maxNumTokens.value() % tokensPerBlock == 0, cacheTransBuffer.cpp)")
-    given = mtib is not None
     if mtib is None:  # TensorRT-LLM sizes the buffer from TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE (512MB)
         from toolkit.standin.model import geometry
         bpt = geometry(model, tpb, kv_dtype).bytes_per_token
         cap = -(-max_seq_len // tpb) * tpb
         mtib = max(tpb, min(cap, DEFAULT_TRANSFER_BUFFER_BYTES // bpt // tpb * tpb))
     timeout = _pos_int(where, "cache_transceiver_config.kv_transfer_timeout_ms", ct.get("kv_transfer_timeout_ms"))
-    return Transceiver(backend=backend, max_tokens_in_buffer=mtib, max_tokens_in_buffer_given=given,
-                       kv_transfer_timeout_ms=timeout or DEFAULT_TIMEOUT_MS, timeout_given=timeout is not None)
+    return Transceiver(backend=backend, max_tokens_in_buffer=mtib,
+                       kv_transfer_timeout_ms=timeout or DEFAULT_TIMEOUT_MS)

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 import yaml
 
-from toolkit import versions
+from toolkit.facts import trtllm
 from toolkit.standin.options import ConfigError, target_version
 
 log = logging.getLogger("toolkit.standin")
@@ -61,7 +61,7 @@ class ProxySettings:
     max_local_prefill_length: int | None
     server_start_timeout_s: float
     request_timeout_s: float
-    version: versions.TrtllmVersion
+    version: trtllm.TrtllmVersion
     inherited: dict = field(default_factory=dict)
 
 
@@ -135,7 +135,7 @@ def _urls(where: str, section: str, cfg: dict) -> list[str]:
     return out
 
 
-def parse_config(path: str, version: versions.TrtllmVersion | None = None) -> ProxySettings:
+def parse_config(path: str, version: trtllm.TrtllmVersion | None = None) -> ProxySettings:
     version = version or target_version()
     where = str(path)
     try:

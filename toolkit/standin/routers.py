@@ -17,8 +17,6 @@ import hashlib
 import os
 from collections import OrderedDict
 
-ROUTER_TYPES = ("round_robin", "load_balancing", "kv_cache_aware")
-
 
 class Router:
     def __init__(self, servers: list[str], args: dict | None = None):

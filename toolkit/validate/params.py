@@ -11,7 +11,6 @@ import uuid
 from dataclasses import dataclass, field
 
 from toolkit.errors import TkError
-from toolkit.plan.hardware import TRANSPORT_PROFILES
 from toolkit.plan.model import Plan
 from validation.layout import ceil_to
 from validation.schedule import round_robin
@@ -73,13 +72,13 @@ def agents_for(plan: Plan, opts: Options) -> list[dict]:
 
 
 def _lengths(plan: Plan, opts: Options, tpb: int) -> list[int]:
-    traffic = plan.recipe.get("traffic", {})
+    traffic = plan.traffic
     longest = plan.kv.largest_request_tokens
     if opts.lengths:
         chosen = list(opts.lengths)
     else:
-        typical = traffic.get("typical_input_len")
-        typical = typical + traffic.get("prefix_len", 0) if typical else max(1, longest // 4)
+        typical = traffic.typical_input_len
+        typical = typical + traffic.prefix_len if typical else max(1, longest // 4)
         chosen = [min(SHORT_REQUEST_TOKENS, longest), min(typical, longest), longest]
     out = sorted({ceil_to(tpb, max(1, int(n))) for n in chosen})
     return out
@@ -87,19 +86,14 @@ def _lengths(plan: Plan, opts: Options, tpb: int) -> list[int]:
 
 def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
     """The payload shape per side, the pool sizes and the lengths, within --max-memory-mb; plus notes."""
-    model, kv = plan.model, plan.kv
+    kv = plan.kv
     tpb = kv.tokens_per_block
-    elem = kv.bytes_per_element
     ctx, gen = plan.context, plan.generation
     notes: list[str] = []
-    if kv.attention == "mla":
-        kvf = 1
-        slot = {s: (model["kv_lora_rank"] + model["qk_rope_head_dim"]) * elem for s in ("ctx", "gen")}
-    else:
-        kvf = 2
-        slot = {"ctx": max(1, model["num_kv_heads"] // ctx.tp) * model["head_dim"] * elem,
-                "gen": max(1, model["num_kv_heads"] // gen.tp) * model["head_dim"] * elem}
-    layers_rank = {"ctx": math.ceil(kv.num_layers / ctx.pp), "gen": math.ceil(kv.num_layers / gen.pp)}
+    kvf = plan.model.kv_factor  # one descriptor per K and per V (GQA), or per latent (MLA)
+    slot = {"ctx": ctx.kv.bytes_per_token_per_layer_per_rank / kvf,
+            "gen": gen.kv.bytes_per_token_per_layer_per_rank / kvf}
+    layers_rank = {"ctx": ctx.kv.layers_per_rank, "gen": gen.kv.layers_per_rank}
     layers_total = min(layers_rank.values())
     mode = "block" if slot["ctx"] == slot["gen"] else "fragment"
     frag = min(slot.values())
@@ -187,10 +181,10 @@ def build_params(plan: Plan, opts: Options, run_dir: str) -> dict:
         raise ValidateError("the plan has no context or no generation node to pair")
     geom, lengths, _ = geometry(plan, opts)
     transport = plan.estimates.transport
-    profile = TRANSPORT_PROFILES[transport]
+    profile = plan.kv_transfer.transport
     memory = opts.memory
-    if memory == "auto" and plan.engine.is_standin:
-        memory = "dram"  # the stand-in keeps its KV cache in host memory: validate what will serve
+    if memory == "auto":
+        memory = plan.engine.validate_memory  # e.g. dram for an engine whose KV cache is in host memory
     local = opts.mode == "local"
     progress_thread = (not local) if opts.progress_thread is None else opts.progress_thread
     t = opts.transfer_timeout_s

@@ -85,12 +85,11 @@ def _partners(params: dict, agent: str) -> set:
 
 
 def _coordinator_preflight(plan: Plan) -> list:
-    backend = plan.recipe["kv_transfer"]["backend"]
-    transport = plan.estimates.transport
+    backend = plan.kv_transfer.backend
     if backend in ("NIXL", "DEFAULT"):
         status = "pass"
         detail = (f"kv_transfer.backend {backend}: TensorRT-LLM moves KV with NIXL over "
-                  f"{'LIBFABRIC' if transport == 'efa' else 'UCX'}, as validated here")
+                  f"{plan.kv_transfer.transport.nixl_transport}, as validated here")
     elif backend == "UCX":
         status = "pass"
         detail = ("kv_transfer.backend UCX: TensorRT-LLM uses UCX directly; validated with NIXL over the "
@@ -105,9 +104,6 @@ def _coordinator_preflight(plan: Plan) -> list:
 def _min_fraction(opts: Options, plan: Plan, results: dict) -> float:
     if opts.min_fraction is not None:
         return opts.min_fraction
-    from_recipe = (plan.recipe.get("validate") or {}).get("min_fraction")
-    if from_recipe is not None:
-        return float(from_recipe)
     mems = {(r or {}).get("memory", {}) and r["memory"]["type"] for r in results.values() if r and r.get("memory")}
     if plan.estimates.transport == "tcp" or mems == {"DRAM"}:
         return 0.0  # rehearsal profiles: host memory / TCP say nothing about the production fabric

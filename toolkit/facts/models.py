@@ -1,4 +1,4 @@
-"""Model architectures: what tk needs to know about a model to size its KV cache.
+"""Model facts: what tk needs to know about a model to size its KV cache.
 
 A model is either a built-in name (the table below, numbers taken from each model's
 Hugging Face ``config.json``) or a local directory holding a ``config.json``.
@@ -9,6 +9,7 @@ Pure Python, no heavy imports: the CPU stand-in engine imports this module too.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -53,6 +54,27 @@ class ModelSpec:
         if self.attention == "mla":
             return (self.kv_lora_rank + self.qk_rope_head_dim) * elem
         return 2 * self.num_kv_heads * self.head_dim * elem
+
+    @property
+    def kv_factor(self) -> int:
+        """How many tensors one layer's KV cache is: K and V (GQA/MHA), or one latent (MLA)."""
+        return 1 if self.attention == "mla" else 2
+
+    def kv_bytes_per_token_per_layer_per_rank(self, kv_dtype: str, tp: int) -> float:
+        """KV bytes one token takes in one layer on one tensor-parallel rank: TP splits the KV heads
+        (at least one per rank); MLA's latent is replicated on every rank, not split."""
+        elem = KV_DTYPE_BYTES[kv_dtype]
+        if self.attention == "mla":
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * elem
+        return 2 * max(1, self.num_kv_heads // tp) * self.head_dim * elem
+
+    def layers_per_rank(self, pp: int) -> int:
+        """Layers one pipeline-parallel rank holds (the first ranks take the remainder)."""
+        return math.ceil(self.num_layers / pp)
+
+    def kv_bytes_per_token_per_rank(self, kv_dtype: str, tp: int, pp: int) -> int:
+        """KV bytes one token takes on one rank of a tp x pp server, all of that rank's layers."""
+        return int(self.kv_bytes_per_token_per_layer_per_rank(kv_dtype, tp) * self.layers_per_rank(pp))
 
     def to_dict(self) -> dict:
         return asdict(self)

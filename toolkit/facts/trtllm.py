@@ -1,6 +1,10 @@
-"""What each supported TensorRT-LLM release line accepts. The one place version differences live.
+"""TensorRT-LLM facts: what each supported release line accepts, and every TensorRT-LLM name tk writes.
 
-Every other module asks this table (``get(version)``) instead of testing version numbers.
+The one place version differences live: every other module asks this table (``get(version)``) instead of
+testing version numbers. The names tk writes (commands, CLI flags, the options-file flag, environment
+selectors, option keys tk owns) are the constants below the table's dataclass; plan and templates use them.
+Adding a TensorRT-LLM field is one row here plus one template line (or one line of the option builder in
+``toolkit/plan/options.py`` when the value is derived).
 Facts were checked against TensorRT-LLM's own source (stored NVIDIA/TensorRT-LLM files on main, pinned by
 commit below) and the upstream pull requests that changed them; the release-tag trees themselves could not
 be read, so facts that depend on when a change reached a release branch carry "unverified at tag":
@@ -45,8 +49,48 @@ class TrtllmVersion:
     kv_dtypes: tuple[str, ...] = ("auto", "fp8")
     notes: tuple[str, ...] = field(default_factory=tuple)
 
-    def options_file_flag(self) -> str:
-        return "--extra_llm_api_options"
+
+# ---------------------------------------------------------------------------------------------------
+# Names tk writes. Commands and flags: tensorrt_llm/commands/serve.py; env: envUtils.cpp (see below).
+# ---------------------------------------------------------------------------------------------------
+SERVE_COMMAND = "trtllm-serve"
+LAUNCHER = "trtllm-llmapi-launch"  # wraps each MPI rank of a multi-GPU server
+PROXY_SUBCOMMAND = "disaggregated"  # `trtllm-serve disaggregated -c FILE`
+PYTORCH_BACKEND = "pytorch"  # the value of --backend and of disagg.yaml's `backend`
+# `trtllm-serve MODEL` flags tk writes, by what they carry.
+SERVE_FLAG = {
+    "host": "--host", "port": "--port", "backend": "--backend", "tp": "--tp_size", "pp": "--pp_size",
+    "ep": "--ep_size",
+    # The LLM-API options file, as launch.sbatch passes it (every supported line has this spelling).
+    "options_file": "--extra_llm_api_options",
+}
+OPTIONS_FILE_FLAG = SERVE_FLAG["options_file"]
+# `trtllm-serve disaggregated` flags tk writes.
+PROXY_FLAG = {"config": "-c", "start_timeout": "-t", "request_timeout": "-r"}
+
+LOG_LEVEL_ENV = "TLLM_LOG_LEVEL"
+NIXL_BACKEND_ENV = "TRTLLM_NIXL_KVCACHE_BACKEND"  # which NIXL backend (UCX, LIBFABRIC) moves KV
+# cache_transceiver_config.backend -> the env selector that forces the same backend (DEFAULT reads them).
+BACKEND_SELECTORS = {"NIXL": "TRTLLM_USE_NIXL_KVCACHE", "UCX": "TRTLLM_USE_UCX_KVCACHE",
+                     "MPI": "TRTLLM_USE_MPI_KVCACHE", "MOONCAKE": "TRTLLM_USE_MOONCAKE_KVCACHE"}
+# Environment variables a recipe may not set because tk owns them: name -> the recipe field tk derives it from.
+TK_OWNED_ENV = {"UCX_TLS": "kv_transfer.transport", NIXL_BACKEND_ENV: "kv_transfer.transport",
+                "UCX_NET_DEVICES": "kv_transfer.net_devices"}
+# LLM-API option keys a recipe may not set in extra_options: key -> (the recipe section tk renders it from,
+# what to do instead).
+TK_OWNED_OPTIONS = {
+    "cache_transceiver_config": ("kv_transfer", "set kv_transfer.backend / max_tokens_in_buffer instead"),
+}
+# What TensorRT-LLM checks when a generation server connects to a context server:
+# (what, path in the LLM-API options, the recipe field that sets it once for both roles).
+CTX_GEN_MUST_AGREE = (
+    ("KV dtype", ("kv_cache_config", "dtype"), "kv_transfer.dtype"),
+    ("tokens_per_block", ("kv_cache_config", "tokens_per_block"), "kv_transfer.tokens_per_block"),
+    ("speculative config", ("speculative_config",), "speculative"),
+    ("max_tokens_in_buffer", ("cache_transceiver_config", "max_tokens_in_buffer"),
+     "kv_transfer.max_tokens_in_buffer"),
+    ("cache transceiver backend", ("cache_transceiver_config", "backend"), "kv_transfer.backend"),
+)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -110,7 +154,7 @@ _KV_CACHE_LATER = {"max_gpu_total_bytes", "mamba_ssm_cache_dtype"}
 # Env variables read by the C++ transceiver (envUtils.cpp): every name below is read both in MID25_ENVUTILS
 # and in NEWEST_ENVUTILS, so it is taken as read by all three lines.
 _ENV_COMMON = {
-    "TRTLLM_USE_UCX_KVCACHE", "TRTLLM_USE_MPI_KVCACHE", "TRTLLM_USE_NIXL_KVCACHE",
+    BACKEND_SELECTORS["UCX"], BACKEND_SELECTORS["MPI"], BACKEND_SELECTORS["NIXL"],
     "TRTLLM_UCX_INTERFACE", "TRTLLM_NIXL_INTERFACE", "TRTLLM_NIXL_PORT", "TRTLLM_DISAGG_LAYERWISE",
     "TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE", "TRTLLM_KVCACHE_TRANSFER_USE_ASYNC_BUFFER",
     "TRTLLM_KVCACHE_TRANSFER_USE_SYNC_BUFFER", "TRTLLM_KVCACHE_RECV_BUFFER_COUNT",
@@ -124,10 +168,10 @@ _ENV_COMMON = {
 }
 # TRTLLM_NIXL_KVCACHE_BACKEND: added by PR #9075 (review 2025-11-11..14; getEnvNixlBackend(), default "UCX",
 # NEWEST_ENVUTILS). Not in MID25_ENVUTILS. Issue #10024 uses it with LIBFABRIC on 1.2.0rc5 (2025-12-16).
-_ENV_NIXL_BACKEND = {"TRTLLM_NIXL_KVCACHE_BACKEND"}
+_ENV_NIXL_BACKEND = {NIXL_BACKEND_ENV}
 # Mooncake: PR #8309 ("Support Mooncake transfer engine as a cache transceiver backend", reviewed
 # 2025-10-13..11-06, merged); getEnvUseMooncakeKvCache / getEnvMooncakeInterface in NEWEST_ENVUTILS.
-_ENV_MOONCAKE = {"TRTLLM_USE_MOONCAKE_KVCACHE", "TRTLLM_MOONCAKE_INTERFACE"}
+_ENV_MOONCAKE = {BACKEND_SELECTORS["MOONCAKE"], "TRTLLM_MOONCAKE_INTERFACE"}
 
 # Top level of the `trtllm-serve disaggregated -c` YAML: the named parameters of extract_disagg_cfg().
 # Any OTHER top-level key (e.g. `backend: pytorch`) is accepted too: it is copied into both server sections
@@ -142,7 +186,7 @@ _DISAGG_TOP = {  # all in DISAGG_MID and DISAGG_NEWEST
 _DISAGG_SERVER = {"num_instances", "urls", "router"}
 # Router types: tensorrt_llm/serve/router.py create_router(); KvCacheAwareRouter(..., tokens_per_block=32,
 # **kwargs) in both an early-2025 stored router.py (no metadata server) and a later one (with it).
-_ROUTERS = ("round_robin", "load_balancing", "kv_cache_aware")
+ROUTERS = ("round_robin", "load_balancing", "kv_cache_aware")
 
 # MTPDecodingConfig fields (MID25_LLM_ARGS) plus the `decoding_type` dispatch key.
 _MTP = {"decoding_type", "num_nextn_predict_layers", "use_relaxed_acceptance_for_thinking", "relaxed_topk",
@@ -155,14 +199,11 @@ _MOE = {"backend", "max_num_tokens", "load_balancer"}
 # `trtllm-serve MODEL` flags tk passes (--host, --port, --backend, --tp_size, --pp_size, --ep_size,
 # --extra_llm_api_options) and a few more; spot-checked in stored tensorrt_llm/commands/serve.py versions
 # (early 2025 and newest), not at the tags.
-_SERVE_FLAGS = {
-    "--host", "--port", "--backend", "--tp_size", "--pp_size", "--ep_size", "--gpus_per_node",
-    "--extra_llm_api_options", "--log_level", "--trust_remote_code",
-}
+_SERVE_FLAGS = {*SERVE_FLAG.values(), "--gpus_per_node", "--log_level", "--trust_remote_code"}
 # `trtllm-serve disaggregated`: -c/--config_file, -t/--server_start_timeout, -r/--request_timeout in an
 # early-2025 serve.py and in a mid/late-2025 one, which also has -m/--metadata_server_config_file and
 # -l/--log_level. tk passes only -c, -t and -r. Whether 1.0 has -m is unverified (left as before).
-_DISAGG_FLAGS_BASE = {"-c", "-t", "-r", "-l"}
+_DISAGG_FLAGS_BASE = {*PROXY_FLAG.values(), "-l"}
 
 _VERSIONS: dict[str, TrtllmVersion] = {}
 
@@ -187,7 +228,7 @@ _register(TrtllmVersion(
     moe_config_keys=frozenset(_MOE),
     disagg_keys=frozenset(_DISAGG_TOP),
     disagg_server_keys=frozenset(_DISAGG_SERVER),
-    routers=_ROUTERS,
+    routers=ROUTERS,
     # No TRTLLM_NIXL_KVCACHE_BACKEND (PR #9075, Nov 2025) and no Mooncake variables.
     env_vars=frozenset(_ENV_COMMON),
     # NIXL runs over UCX only; there is no variable to pick another NIXL backend before PR #9075.
@@ -222,7 +263,7 @@ _register(TrtllmVersion(
     # Which line first has each is unverified at tag (kept as before; tk writes neither).
     disagg_keys=frozenset(_DISAGG_TOP | {"disagg_cluster", "otlp_config"}),
     disagg_server_keys=frozenset(_DISAGG_SERVER),
-    routers=_ROUTERS,
+    routers=ROUTERS,
     env_vars=frozenset(_ENV_COMMON),  # TRTLLM_NIXL_KVCACHE_BACKEND landed after release/1.1 branched
     nixl_transports=("UCX",),
     serve_flags=frozenset(_SERVE_FLAGS),
@@ -250,7 +291,7 @@ _register(TrtllmVersion(
     # node_id: in DISAGG_NEWEST, line of introduction unverified (kept as before; tk does not write it).
     disagg_keys=frozenset(_DISAGG_TOP | {"disagg_cluster", "otlp_config", "node_id"}),
     disagg_server_keys=frozenset(_DISAGG_SERVER),
-    routers=_ROUTERS,
+    routers=ROUTERS,
     env_vars=frozenset(_ENV_COMMON | _ENV_NIXL_BACKEND | _ENV_MOONCAKE),
     # UCX (default) and LIBFABRIC: PR #9075 review (LIBFABRIC once NIXL >= 0.6.1), issue #10024 (1.2.0rc5
     # with TRTLLM_NIXL_KVCACHE_BACKEND=LIBFABRIC); value set at v1.2.0 itself unverified.

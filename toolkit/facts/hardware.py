@@ -1,4 +1,4 @@
-"""Numbers about hardware and transports that the plan uses for its estimates and environment.
+"""Hardware facts: GPUs and the KV transport profiles, for the plan's estimates and environment.
 
 Nominal bandwidths are per GPU (per tensor-parallel rank), one direction, as sold:
 the validator measures the real ones.
@@ -11,8 +11,11 @@ from dataclasses import dataclass, field
 # Dense BF16 peak, TFLOP/s per GPU (vendor datasheets, SXM parts).
 GPU_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "B200": 2250.0, "GB200": 2500.0,
                    "A100": 312.0, "L40S": 362.0, "CPU": 0.5}
+GPUS = tuple(GPU_PEAK_TFLOPS)
 # The fraction of peak a prefill reaches; used only for the estimate `tk plan` prints.
 PREFILL_EFFICIENCY = 0.4
+# GPUs whose multi-node NVLink (MNNVL) spans nodes: CUDA IPC between nodes is left on for them.
+MNNVL_GPUS = ("GB200",)
 
 
 @dataclass(frozen=True)
@@ -22,11 +25,15 @@ class TransportProfile:
     name: str
     nominal_gbps: float  # GB/s per GPU, one direction
     ucx_tls_gpu: str  # UCX_TLS with GPU memory transports
-    ucx_tls_host: str  # UCX_TLS when the KV lives in host memory (the CPU stand-in)
+    ucx_tls_host: str  # UCX_TLS when the KV cache lives in host memory
     env: dict = field(default_factory=dict)  # further UCX_*/FI_* settings
     nixl_transport: str = "UCX"  # TRTLLM_NIXL_KVCACHE_BACKEND
     multi_node: bool = True
     description: str = ""
+
+    def ucx_tls(self, kv_memory: str) -> str:
+        """UCX_TLS for an engine whose KV cache lives in ``kv_memory`` ("gpu" or "host")."""
+        return {"gpu": self.ucx_tls_gpu, "host": self.ucx_tls_host}[kv_memory]
 
 
 TRANSPORT_PROFILES = {
@@ -52,3 +59,4 @@ TRANSPORT_PROFILES = {
             description="plain TCP, 25 GbE; for rehearsal and for the CPU stand-in"),
     ]
 }
+TRANSPORTS = tuple(TRANSPORT_PROFILES)

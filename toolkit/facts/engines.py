@@ -1,0 +1,73 @@
+"""Engine facts: one ``EngineProfile`` row per engine that can serve a plan.
+
+The plan, the templates, the reports and validation read fields of the profile; none of them asks which
+engine it is. The CPU stand-in (``toolkit/standin``, a rehearsal engine) is a row here like TensorRT-LLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from toolkit.facts import trtllm
+
+
+@dataclass(frozen=True)
+class EngineProfile:
+    """How one engine is started and what it needs from the deployment. Data only."""
+
+    name: str  # the recipe's `engine`
+    label: str  # how `tk plan` names the engine
+    serve_command: tuple[str, ...]  # the `trtllm-serve`-compatible command (servers and proxy)
+    launcher: tuple[str, ...]  # wraps each server's ranks (the MPI launcher), or ()
+    uses_mpi: bool  # one MPI rank per GPU (srun --mpi=pmix, ntasks = tp*pp) or one process per server
+    options_file_flag: str  # how a server is handed its LLM-API options file
+    kv_memory: str  # "gpu" | "host": where the KV cache lives; picks the transport profile's UCX_TLS
+    # cache_transceiver_config backends the engine can serve (None: whatever the TensorRT-LLM line accepts),
+    # why the others are refused, and what to use instead.
+    kv_backends: tuple[str, ...] | None
+    kv_backends_reason: str
+    kv_backends_fix: str
+    validate_memory: str  # what `tk validate cluster --memory auto` registers: "auto" (GPU if present) or "dram"
+    gpu_fabric_env: bool  # GPU-only transport settings apply (UCX_CUDA_IPC_ENABLE_MNNVL across NVLink domains)
+    version_env: str | None  # env var naming the TensorRT-LLM line the engine imitates, or None
+    script_note: str  # a comment line launch.sbatch carries ("" for none)
+    options_note: str  # a comment line ctx.yaml / gen.yaml carry ("" for none)
+
+
+TRTLLM = EngineProfile(
+    name="trtllm",
+    label="TensorRT-LLM",
+    serve_command=(trtllm.SERVE_COMMAND,),
+    launcher=(trtllm.LAUNCHER,),
+    uses_mpi=True,
+    options_file_flag=trtllm.OPTIONS_FILE_FLAG,
+    kv_memory="gpu",
+    kv_backends=None,
+    kv_backends_reason="",
+    kv_backends_fix="",
+    validate_memory="auto",
+    gpu_fabric_env=True,
+    version_env=None,
+    script_note="",
+    options_note="",
+)
+
+STANDIN = EngineProfile(
+    name="standin",
+    label="CPU stand-in (rehearsal, not TensorRT-LLM)",
+    serve_command=("tk-standin-serve",),
+    launcher=(),
+    uses_mpi=False,
+    options_file_flag=trtllm.OPTIONS_FILE_FLAG,  # it parses trtllm-serve's command line
+    kv_memory="host",
+    kv_backends=("NIXL", "UCX", "DEFAULT"),
+    kv_backends_reason="the CPU stand-in moves KV with NIXL",
+    kv_backends_fix="use NIXL, UCX or DEFAULT for stand-in recipes",
+    validate_memory="dram",  # its KV cache is in host memory: validate what will serve
+    gpu_fabric_env=False,
+    version_env="TK_STANDIN_TRTLLM_VERSION",
+    script_note="Engine: tk CPU stand-in (tk-standin-serve), a rehearsal engine, not TensorRT-LLM.",
+    options_note="Engine: tk CPU stand-in (rehearsal only, not TensorRT-LLM).",
+)
+
+ENGINES: dict[str, EngineProfile] = {e.name: e for e in (TRTLLM, STANDIN)}

@@ -1,0 +1,69 @@
+"""Where servers run: instances packed onto nodes and GPUs, one port each."""
+
+from __future__ import annotations
+
+import math
+
+from toolkit.plan.model import ServerInstance
+from toolkit.recipe.schema import RoleSpec
+
+
+def nodes_per_instance(role: RoleSpec, gpn: int, title: str, c) -> int:
+    """How many nodes one instance of the role spans; a violation (to c) when it does not pack evenly."""
+    world = role.tp * role.pp
+    if world <= gpn:
+        if gpn % world:
+            c.add(f"{title}.tp", f"an instance of tp*pp={world} GPUs does not pack evenly into "
+                  f"{gpn}-GPU nodes", f"use tp*pp that divides {gpn}")
+        return 1
+    if world % gpn:
+        c.add(f"{title}.tp", f"an instance of tp*pp={world} GPUs spans nodes but is not a multiple of "
+              f"gpus_per_node={gpn}", f"use tp*pp that is a multiple of {gpn}")
+        return math.ceil(world / gpn)
+    return world // gpn
+
+
+class GpuCursor:
+    """Hands out GPUs node by node, the way instances are packed onto a Slurm allocation."""
+
+    def __init__(self, gpus_per_node: int):
+        self.gpn = gpus_per_node
+        self.node = 0
+        self.gpu = 0
+
+    def next_node(self) -> None:
+        if self.gpu:
+            self.node, self.gpu = self.node + 1, 0
+
+    def take(self, world: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        if world >= self.gpn:  # whole nodes
+            self.next_node()
+            span = math.ceil(world / self.gpn)
+            nodes = tuple(range(self.node, self.node + span))
+            self.node += span
+            return nodes, tuple(range(self.gpn))
+        if self.gpu + world > self.gpn:
+            self.next_node()
+        gpus = tuple(range(self.gpu, self.gpu + world))
+        node = self.node
+        self.gpu += world
+        if self.gpu == self.gpn:
+            self.node, self.gpu = self.node + 1, 0
+        return (node,), gpus
+
+
+def place(role_name: str, role: RoleSpec, cursor: GpuCursor, first_port: int,
+          uses_mpi: bool) -> tuple[ServerInstance, ...]:
+    """The role's instances, in order, from the cursor's next free GPU; ports count up from first_port."""
+    world = role.tp * role.pp
+    out = []
+    for i in range(role.instances):
+        nodes, gpus = cursor.take(world)
+        ntasks = world if uses_mpi else 1
+        out.append(ServerInstance(role=role_name, index=i, nodes=nodes, gpus=gpus, port=first_port + i,
+                                  ntasks=ntasks, ntasks_per_node=min(ntasks, cursor.gpn)))
+    return tuple(out)
+
+
+def nodes_used(instances) -> int:
+    return len({n for s in instances for n in s.nodes})

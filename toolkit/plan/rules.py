@@ -1,0 +1,193 @@
+"""The rules a recipe must keep, checked on the derived numbers. Each violation points at the recipe line to change."""
+
+from __future__ import annotations
+
+from toolkit.errors import Violation
+from toolkit.facts import trtllm
+from toolkit.facts.engines import EngineProfile
+from toolkit.facts.hardware import TransportProfile
+from toolkit.facts.models import ModelSpec
+from toolkit.plan.sizing import ceil_to, longest_input
+from toolkit.recipe.loader import LoadedRecipe
+from toolkit.recipe.schema import Recipe
+
+
+class Collector:
+    """Violations (with the recipe line each points at) and warnings, gathered over every rule."""
+
+    def __init__(self, loaded: LoadedRecipe):
+        self.loaded = loaded
+        self.violations: list[Violation] = []
+        self.warnings: list[str] = []
+
+    def add(self, path, message: str, fix: str = "") -> None:
+        self.violations.append(self.loaded.violation(path, message, fix))
+
+
+def check_version_features(r: Recipe, version: trtllm.TrtllmVersion, engine: EngineProfile,
+                           transport: TransportProfile, c: Collector) -> None:
+    kv = r.kv_transfer
+    if kv.backend not in version.cache_transceiver_backends:
+        c.add("kv_transfer.backend",
+              f"backend {kv.backend} is not accepted by TensorRT-LLM {version.line}",
+              f"use one of {', '.join(version.cache_transceiver_backends)} or a newer trtllm_version")
+    if kv.dtype not in version.kv_dtypes:
+        c.add("kv_transfer.dtype", f"kv dtype {kv.dtype} is not accepted by TensorRT-LLM {version.line}",
+              f"use one of {', '.join(version.kv_dtypes)}")
+    if "kv_transfer_timeout_ms" in kv.model_fields_set and kv.kv_transfer_timeout_ms is not None \
+            and "kv_transfer_timeout_ms" not in version.cache_transceiver_keys:
+        c.add("kv_transfer.kv_transfer_timeout_ms",
+              f"TensorRT-LLM {version.line} has no kv_transfer_timeout_ms in cache_transceiver_config",
+              "remove the field, or target a newer trtllm_version")
+    if transport.nixl_transport != "UCX":
+        if kv.backend != "NIXL":
+            c.add("kv_transfer.backend",
+                  f"transport {transport.name} moves KV with NIXL over {transport.nixl_transport}, "
+                  f"but the backend is {kv.backend}", "set kv_transfer.backend: NIXL")
+        if transport.nixl_transport not in version.nixl_transports:
+            c.add("kv_transfer.transport",
+                  f"TensorRT-LLM {version.line} cannot run NIXL over {transport.nixl_transport}",
+                  "use a trtllm_version that supports it, or another transport")
+    if engine.kv_backends is not None and kv.backend not in engine.kv_backends:
+        c.add("kv_transfer.backend", f"{engine.kv_backends_reason} and cannot emulate {kv.backend}",
+              engine.kv_backends_fix)
+    if kv.backend == "DEFAULT":
+        c.warnings.append("kv_transfer.backend DEFAULT lets TensorRT-LLM pick from TRTLLM_USE_*_KVCACHE; "
+                          "an explicit NIXL or UCX avoids surprises between versions")
+    if kv.backend == "MPI":
+        c.warnings.append("the MPI KV-cache backend is deprecated in TensorRT-LLM")
+
+
+def check_parallelism(r: Recipe, model: ModelSpec, c: Collector) -> None:
+    for title, role in (("context", r.context), ("generation", r.generation)):
+        if role.ep is not None:
+            if not model.is_moe:
+                c.add(f"{title}.ep", f"{model.name} is a dense model; expert parallelism does not apply",
+                      "remove ep")
+            elif role.tp % role.ep:
+                c.add(f"{title}.ep",
+                      f"ep={role.ep} must divide the role's tensor-parallel GPUs (tp={role.tp}); "
+                      "TensorRT-LLM splits tp into moe_ep_size x moe_tp_size",
+                      f"use an ep that divides {role.tp}, e.g. ep={role.tp}")
+            elif model.num_experts % role.ep:
+                c.add(f"{title}.ep", f"ep={role.ep} must divide the model's {model.num_experts} experts",
+                      "use a divisor of the expert count")
+        if role.attention_dp:
+            if not model.is_moe:
+                c.add(f"{title}.attention_dp",
+                      f"attention data parallelism applies to MoE models; {model.name} is dense",
+                      "set attention_dp: false")
+            elif role.tp < 2:
+                c.add(f"{title}.attention_dp", "attention data parallelism needs tp >= 2 (one rank per DP group)",
+                      "raise tp or set attention_dp: false")
+        if r.kv_transfer.dtype == "auto" and model.attention == "mla" and role.tp > 1 and not role.attention_dp:
+            c.warnings.append(f"{title}: MLA with tp={role.tp} and no attention DP replicates the KV cache "
+                              "on every rank")
+    if r.speculative.mtp_layers and model.attention != "mla":
+        c.add("speculative.mtp_layers", f"MTP needs a model trained with multi-token prediction layers "
+              f"(DeepSeek-V3/R1); {model.name} has none", "set speculative.mtp_layers: 0")
+    if r.traffic.max_input_len + r.traffic.prefix_len + r.traffic.max_output_len > model.max_position_embeddings > 0:
+        c.add("traffic.max_input_len",
+              f"input + prefix + output = {r.traffic.max_input_len + r.traffic.prefix_len + r.traffic.max_output_len}"
+              f" tokens exceeds the model's {model.max_position_embeddings}-token context",
+              "lower max_input_len, prefix_len or max_output_len")
+    local_prefill = r.proxy.conditional_max_local_prefill_length
+    if local_prefill is not None and r.proxy.generation_router != "kv_cache_aware":
+        c.add("proxy.conditional_max_local_prefill_length",
+              "conditional disaggregation needs a KV-cache-aware generation router "
+              "(TensorRT-LLM asserts this at start-up)", "set proxy.generation_router: kv_cache_aware")
+    if local_prefill is not None and r.generation.max_num_tokens is not None \
+            and r.generation.max_num_tokens < local_prefill:
+        c.add("generation.max_num_tokens",
+              f"generation servers prefill prompts of up to {local_prefill} tokens themselves under conditional "
+              f"disaggregation, but max_num_tokens is {r.generation.max_num_tokens}, so such prompts are refused",
+              f"raise generation.max_num_tokens to at least {ceil_to(r.kv_transfer.tokens_per_block, local_prefill)}"
+              " or lower proxy.conditional_max_local_prefill_length")
+
+
+def check_placement(r: Recipe, transport: TransportProfile, servers, node_count: int, ctx_nodes: int,
+                    gen_nodes: int, c: Collector) -> None:
+    if not transport.multi_node and node_count > 1:
+        c.add("kv_transfer.transport",
+              f"transport 'nvlink-single-node' needs everything on one node, but the plan uses "
+              f"{node_count} nodes ({ctx_nodes} context + {gen_nodes} generation)",
+              "use infiniband/roce/efa, set cluster.share_nodes: true if the roles fit one node together, "
+              "or shrink the roles")
+    ports = [s.port for s in servers]
+    if max(ports) > 65535:
+        c.add("cluster.worker_base_port", f"worker ports run up to {max(ports)}, past 65535",
+              "lower cluster.worker_base_port")
+    if r.proxy.port in ports:
+        c.add("proxy.port", f"proxy port {r.proxy.port} collides with a worker port "
+              f"({min(ports)}-{max(ports)} are the workers')",
+              f"use a port outside {min(ports)}-{max(ports)}, or move cluster.worker_base_port")
+
+
+def check_role_options(r: Recipe, ctx_opts: dict, gen_opts: dict, c: Collector) -> None:
+    tpb = r.kv_transfer.tokens_per_block
+    longest = longest_input(r)
+    for title, role, opts in (("context", r.context, ctx_opts), ("generation", r.generation, gen_opts)):
+        mnt = opts["max_num_tokens"]
+        if mnt % tpb:
+            c.add(f"{title}.max_num_tokens", f"{mnt} is not a multiple of tokens_per_block={tpb}",
+                  f"use {ceil_to(tpb, mnt)}")
+        if title == "context" and mnt < longest and not opts.get("enable_chunked_prefill"):
+            c.add("context.max_num_tokens",
+                  f"{mnt} tokens cannot hold the longest admitted input ({longest} tokens) in one prefill",
+                  f"use at least {ceil_to(tpb, longest)}, or enable chunked prefill in context.extra_options")
+        for key in role.extra_options:
+            if key in trtllm.TK_OWNED_OPTIONS:
+                source, fix = trtllm.TK_OWNED_OPTIONS[key]
+                c.add(f"{title}.extra_options.{key}", f"tk renders {key} from {source}", fix)
+
+
+def check_agreement(r: Recipe, ctx: dict, gen: dict, c: Collector) -> None:
+    """What TensorRT-LLM checks when a generation server connects to a context server."""
+    for what, path, field in trtllm.CTX_GEN_MUST_AGREE:
+        a, b = _dig(ctx, path), _dig(gen, path)
+        if a != b:
+            c.add(f"generation.extra_options.{'.'.join(path)}",
+                  f"context and generation disagree on {what} ({a!r} vs {b!r}); the KV transfer fails",
+                  f"set it once in {field} and remove the per-role override")
+    ctx_model = r.context.model_path or r.model_path or r.model
+    gen_model = r.generation.model_path or r.model_path or r.model
+    if ctx_model != gen_model:
+        c.add("generation.model_path", f"context serves {ctx_model!r} but generation serves {gen_model!r}",
+              "serve the same checkpoint on both roles (set model_path once at the top level)")
+    cq = r.context.quantization or r.quantization
+    gq = r.generation.quantization or r.quantization
+    if cq != gq:
+        c.add("generation.quantization", f"context quantization {cq!r} differs from generation {gq!r}; "
+              "the KV layouts differ", "use the same quantization on both roles")
+
+
+def _dig(d: dict, path):
+    for k in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def check_env(r: Recipe, role: str, env: dict, version: trtllm.TrtllmVersion, c: Collector) -> None:
+    user = {**r.kv_transfer.env, **getattr(r, role).env}
+    owned = trtllm.TK_OWNED_ENV
+    for name in user:
+        if name in owned:
+            src = "kv_transfer.env" if name in r.kv_transfer.env else f"{role}.env"
+            c.add(f"{src}.{name}", f"tk sets {name} from {owned[name]}",
+                  f"change {owned[name]} instead of setting {name}")
+        elif name.startswith("TRTLLM_") and name not in version.env_vars:
+            src = "kv_transfer.env" if name in r.kv_transfer.env else f"{role}.env"
+            c.add(f"{src}.{name}", f"TensorRT-LLM {version.line} does not read {name}",
+                  "check the name (tk knows: " + ", ".join(sorted(v for v in version.env_vars
+                                                                   if v[:12] == name[:12])[:4]) + ")")
+    if "NIXL_BACKEND" in env and trtllm.NIXL_BACKEND_ENV in env:
+        c.add(f"{role}.env.NIXL_BACKEND",
+              f"NIXL_BACKEND together with {trtllm.NIXL_BACKEND_ENV} breaks NIXL endpoint exchange "
+              "('Failed to deserialize data rail endpoints')", "remove NIXL_BACKEND; tk sets the TRT-LLM one")
+    backend = r.kv_transfer.backend
+    for b, var in trtllm.BACKEND_SELECTORS.items():
+        if env.get(var) == "1" and backend not in ("DEFAULT", b):
+            c.add(f"{role}.env.{var}", f"{var}=1 contradicts kv_transfer.backend {backend}",
+                  f"remove {var}; the backend is set in cache_transceiver_config")

@@ -1,0 +1,79 @@
+"""Numbers the plan derives: KV geometry, the transfer buffer, the rough estimates `tk plan` prints."""
+
+from __future__ import annotations
+
+import math
+
+from toolkit.facts.hardware import GPU_PEAK_TFLOPS, PREFILL_EFFICIENCY, TransportProfile
+from toolkit.facts.models import KV_DTYPE_BYTES, ModelSpec
+from toolkit.plan.model import BufferSizing, Estimates, KvGeometry, RoleKv
+from toolkit.recipe.schema import Recipe, RoleSpec
+
+
+def ceil_to(multiple: int, value: int) -> int:
+    return int(math.ceil(value / multiple) * multiple)
+
+
+def longest_input(r: Recipe) -> int:
+    return r.traffic.max_input_len + r.traffic.prefix_len
+
+
+def size_buffer(r: Recipe, c) -> BufferSizing:
+    """cache_transceiver_config.max_tokens_in_buffer: derived, or the recipe's value checked (violations to c)."""
+    tpb = r.kv_transfer.tokens_per_block
+    longest = longest_input(r)
+    given = r.kv_transfer.max_tokens_in_buffer
+    if given is None:
+        value = ceil_to(tpb, longest)
+        return BufferSizing(value, f"longest admitted input ({r.traffic.max_input_len} input + "
+                                   f"{r.traffic.prefix_len} prefix = {longest} tokens) rounded up to a multiple "
+                                   f"of tokens_per_block={tpb}", user_given=False)
+    if given % tpb:
+        c.add("kv_transfer.max_tokens_in_buffer",
+              f"{given} is not a multiple of tokens_per_block={tpb}; TensorRT-LLM aborts at start-up "
+              "(maxNumTokens % tokensPerBlock == 0 in cacheTransBuffer.cpp)",
+              f"use {ceil_to(tpb, given)}, or remove the field and let tk size it")
+    if given < longest:
+        c.add("kv_transfer.max_tokens_in_buffer",
+              f"{given} is smaller than the longest input the recipe admits ({longest} tokens = max_input_len "
+              "+ prefix_len); longer requests fall back to dynamic buffers, which fail with NIXL",
+              f"use at least {ceil_to(tpb, longest)}, or remove the field and let tk size it")
+    return BufferSizing(given, "given in the recipe", user_given=True)
+
+
+def role_kv(model: ModelSpec, kv_dtype: str, role: RoleSpec) -> RoleKv:
+    per_layer = model.kv_bytes_per_token_per_layer_per_rank(kv_dtype, role.tp)
+    return RoleKv(layers_per_rank=model.layers_per_rank(role.pp), bytes_per_token_per_layer_per_rank=per_layer,
+                  bytes_per_token_per_rank=model.kv_bytes_per_token_per_rank(kv_dtype, role.tp, role.pp))
+
+
+def geometry(r: Recipe, model: ModelSpec) -> KvGeometry:
+    dtype = r.kv_transfer.dtype
+    per_layer = model.kv_bytes_per_token_per_layer(dtype)
+    if model.attention == "mla":
+        formula = "(kv_lora_rank + qk_rope_head_dim) x layers x bytes_per_element"
+    else:
+        formula = "2 x layers x kv_heads x head_dim x bytes_per_element"
+    per_token = int(per_layer * model.num_layers)
+    longest = longest_input(r)
+    return KvGeometry(
+        attention=model.attention, num_layers=model.num_layers, bytes_per_element=KV_DTYPE_BYTES[dtype],
+        bytes_per_token=per_token, bytes_per_token_per_layer=int(per_layer),
+        tokens_per_block=r.kv_transfer.tokens_per_block,
+        ctx_bytes_per_token_per_rank=model.kv_bytes_per_token_per_rank(dtype, r.context.tp, r.context.pp),
+        gen_bytes_per_token_per_rank=model.kv_bytes_per_token_per_rank(dtype, r.generation.tp, r.generation.pp),
+        largest_request_tokens=longest, largest_request_bytes=per_token * longest, formula=formula,
+    )
+
+
+def estimates(r: Recipe, model: ModelSpec, kv: KvGeometry, transport: TransportProfile) -> Estimates:
+    ctx_gpus = r.context.tp * r.context.pp
+    peak = GPU_PEAK_TFLOPS[r.cluster.gpu]
+    prefill_s = 2 * model.active_params * kv.largest_request_tokens / (ctx_gpus * peak * 1e12 * PREFILL_EFFICIENCY)
+    # Each context rank sends its share over its own NIC in parallel.
+    transfer_s = kv.ctx_bytes_per_token_per_rank * kv.largest_request_tokens / (transport.nominal_gbps * 1e9)
+    return Estimates(transport=transport.name, nominal_gbps=transport.nominal_gbps,
+                     largest_request_transfer_ms=round(transfer_s * 1e3, 3),
+                     largest_request_prefill_ms=round(prefill_s * 1e3, 3),
+                     prefill_efficiency=PREFILL_EFFICIENCY, gpu_peak_tflops=peak,
+                     transfer_dominates=transfer_s > prefill_s)
