@@ -143,9 +143,9 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from toolkit.cli import _load_plan
+    from toolkit.api import load_plan
 
-    env = {k: v for k, v in _load_plan("standin-2p2d", ()).context.env.items() if k.startswith("UCX_")}
+    env = {k: v for k, v in load_plan("standin-2p2d", ()).context.env.items() if k.startswith("UCX_")}
     nbytes = args.tokens * BYTES_PER_TOKEN
     rows = {k: [] for k in ("validator WRITE", "validator READ", "minimal WRITE", "minimal READ",
                             "minimal+check WRITE", "minimal+check READ", "minimal cold WRITE", "minimal cold READ",

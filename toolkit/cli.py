@@ -1,17 +1,16 @@
-"""The `tk` command line. Heavy modules (pydantic, rich, nixl, numpy) are imported inside commands,
-so `tk --help` starts fast."""
+"""The `tk` command line: a thin click layer over `toolkit.api`. Each command parses its options, calls
+the API and prints (prose on stderr, `--json` documents on stdout). Heavy modules (pydantic, rich, nixl,
+numpy) are imported by the API inside its functions, so `tk --help` starts fast."""
 
 from __future__ import annotations
 
 import json
 import sys
-from pathlib import Path
 
 import click
 
-from toolkit import __version__
+from toolkit import __version__, api
 from toolkit.errors import RecipeError, TkError
-from toolkit.resources import recipes_dir
 
 
 def _emit_json(doc) -> None:
@@ -21,24 +20,6 @@ def _emit_json(doc) -> None:
 def _say(msg: str) -> None:
     """Prose for people: always stderr, so stdout stays one JSON document under --json."""
     click.echo(msg, err=True)
-
-
-def _resolve_recipe_path(recipe: str) -> str:
-    """A path, or the name of a built-in recipe (`tk recipes`)."""
-    p = Path(recipe)
-    if p.exists():
-        return recipe
-    builtin = recipes_dir() / (recipe if recipe.endswith(".yaml") else f"{recipe}.yaml")
-    if builtin.exists():
-        return str(builtin)
-    return recipe  # load_recipe reports the missing file
-
-
-def _load_plan(recipe: str, overrides: tuple[str, ...]):
-    from toolkit.plan import build_plan
-    from toolkit.recipe import load_recipe
-
-    return build_plan(load_recipe(_resolve_recipe_path(recipe), overrides))
 
 
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
@@ -67,23 +48,14 @@ def cli():
 def recipes(as_json: bool, models: bool):
     """List the built-in recipes (or models), one line each."""
     if models:
-        from toolkit.facts.models import BUILTIN_MODELS
-
-        rows = [{"name": m.name, "attention": m.attention, "layers": m.num_layers,
-                 "moe": m.is_moe} for m in BUILTIN_MODELS.values()]
+        rows = api.list_models()
         if as_json:
             _emit_json({"models": rows})
         else:
             for r in rows:
                 click.echo(f"{r['name']:<42} {r['attention']:<4} {r['layers']:>3} layers{'  MoE' if r['moe'] else ''}")
         return
-    import yaml
-
-    rows = []
-    for path in sorted(recipes_dir().glob("*.yaml")):
-        data = yaml.safe_load(path.read_text()) or {}
-        rows.append({"name": path.stem, "path": str(path), "engine": data.get("engine", "trtllm"),
-                     "model": data.get("model"), "description": data.get("description", "")})
+    rows = api.list_recipes()
     if as_json:
         _emit_json({"recipes": rows})
         return
@@ -97,14 +69,9 @@ def recipes(as_json: bool, models: bool):
 @json_option
 def plan(recipe: str, overrides: tuple[str, ...], as_json: bool):
     """Show the resolved deployment of RECIPE; writes nothing."""
-    from toolkit.render import derived_numbers
-
-    p = _load_plan(recipe, overrides)
+    p = api.load_plan(recipe, overrides)
     if as_json:
-        doc = {"name": p.name, "engine": p.engine.name, "trtllm_version": p.trtllm_version,
-               "recipe_file": p.recipe_file, **derived_numbers(p)}
-        doc["bytes_per_token"] = p.kv.bytes_per_token
-        _emit_json(doc)
+        _emit_json(api.plan_summary(p))
         return
     from toolkit.report import print_plan
 
@@ -119,10 +86,8 @@ def plan(recipe: str, overrides: tuple[str, ...], as_json: bool):
 @json_option
 def render(recipe: str, out_dir: str | None, overrides: tuple[str, ...], as_json: bool):
     """Render every file of the deployment of RECIPE into a directory."""
-    from toolkit.render import render as render_plan
-
-    p = _load_plan(recipe, overrides)
-    out, files = render_plan(p, out_dir or Path("render") / p.name)
+    p = api.load_plan(recipe, overrides)
+    out, files = api.render(p, out_dir or None)
     if as_json:
         _emit_json({"name": p.name, "output": str(out), "files": sorted(files),
                     "warnings": list(p.warnings)})
@@ -147,12 +112,10 @@ def render(recipe: str, out_dir: str | None, overrides: tuple[str, ...], as_json
 @json_option
 def launch(recipe, local, dry_run, run_dir, pending_timeout, startup_timeout, overrides, as_json):
     """Launch RECIPE on Slurm (or --local), wait until it serves, print the endpoint."""
-    from toolkit import launch as launcher
-
-    p = _load_plan(recipe, overrides)
+    p = api.load_plan(recipe, overrides)
     backend = "local" if local else "slurm"
     if dry_run:
-        run = launcher.prepare(p, backend, run_dir)
+        run = api.prepare(p, local=local, run_dir=run_dir)
         if as_json:
             _emit_json({**run.public(), "dry_run": True})
             return
@@ -168,8 +131,8 @@ def launch(recipe, local, dry_run, run_dir, pending_timeout, startup_timeout, ov
     from toolkit.progress import LaunchProgress
 
     with LaunchProgress(enabled=not as_json) as progress:
-        run = launcher.launch(p, backend, run_dir, pending_timeout_s=pending_timeout,
-                              startup_timeout_s=startup_timeout, on_progress=progress.update)
+        run = api.launch(p, local=local, run_dir=run_dir, pending_timeout_s=pending_timeout,
+                         startup_timeout_s=startup_timeout, on_progress=progress.update)
     if as_json:
         _emit_json(run.public())
         return
@@ -181,9 +144,7 @@ def launch(recipe, local, dry_run, run_dir, pending_timeout, startup_timeout, ov
 @json_option
 def runs(as_json):
     """List every run: name, backend, job id, state, endpoint."""
-    from toolkit.launch.run import all_runs
-
-    records = all_runs()
+    records = api.runs()
     if as_json:
         _emit_json({"runs": [r.public() for r in records]})
         return
@@ -198,10 +159,9 @@ def runs(as_json):
 @json_option
 def status(run, as_json):
     """Per server of RUN (default: the last run): node, port, state, health."""
-    from toolkit import launch as launcher
     from toolkit.launch.run import log_tail
 
-    record = launcher.refresh(launcher.find_run(run))
+    record = api.status(run)
     if as_json:
         _emit_json(record.public())
     else:
@@ -227,11 +187,10 @@ def status(run, as_json):
 @click.option("--lines", "-n", type=int, default=50, show_default=True, help="Lines of each log to show.")
 def logs(run, role, instance, follow, lines):
     """Show the logs of RUN's servers."""
-    from toolkit import launch as launcher
-    from toolkit.launch.logs import follow_logs, select_logs, show_logs
+    from toolkit.launch.logs import follow_logs, show_logs
 
-    record = launcher.find_run(run)
-    paths = select_logs(record, role, instance)
+    record = api.find_run(run)
+    paths = api.logs(record, role, instance)
     if follow:
         follow_logs(record, paths)
     else:
@@ -243,10 +202,8 @@ def logs(run, role, instance, follow, lines):
 @json_option
 def stop(run, as_json):
     """Stop RUN (default: the last run) and verify nothing is left."""
-    from toolkit import launch as launcher
-
-    record = launcher.find_run(run)
-    problems = launcher.stop(record)
+    record = api.find_run(run)
+    problems = api.stop(record)
     if as_json:
         _emit_json({**record.public(), "clean": not problems, "problems": problems})
     else:
@@ -322,16 +279,9 @@ def validate_cluster(recipe, local, nodes, in_allocation, memory, max_memory_mb,
         raise click.UsageError("--local and --in-allocation exclude each other")
     if nodes and not local:
         raise click.UsageError("--nodes goes with --local (on Slurm the recipe decides the nodes)")
-    from toolkit.validate.params import Options
     from toolkit.validate.report import LiveProgress, print_report
-    from toolkit.validate.run import validate as run_validation
 
-    p = _load_plan(recipe, overrides)
-    opts = Options(mode="local" if local else "in-allocation" if in_allocation else "slurm", nodes=nodes,
-                   memory=memory, max_memory_mb=max_memory_mb, iterations=iterations, warmup=warmup, sweep=sweep,
-                   sweep_iterations=sweep_iterations, lengths=lengths, min_fraction=min_fraction,
-                   transfer_timeout_s=transfer_timeout, rendezvous_timeout_s=rendezvous_timeout, timeout_s=timeout,
-                   pending_timeout_s=pending_timeout, run_dir=run_dir, python=python, progress_thread=progress_thread)
+    p = api.load_plan(recipe, overrides)
     n_agents = nodes or sum(len({n for s in r.instances for n in s.nodes}) for r in p.roles)
     with LiveProgress(enabled=not as_json, total_pairs=0, rounds=0) as progress:
         def on_progress(phase, pairs=None, up=0, total=0):
@@ -340,7 +290,13 @@ def validate_cluster(recipe, local, nodes, in_allocation, memory, max_memory_mb,
                 progress.rounds = 1 + max((x["round"] for x in pairs), default=-1)
             progress.update(phase, pairs, up, total or n_agents)
 
-        report = run_validation(p, opts, on_progress=on_progress)
+        report = api.validate(
+            p, mode="local" if local else "in-allocation" if in_allocation else "slurm", nodes=nodes,
+            memory=memory, max_memory_mb=max_memory_mb, iterations=iterations, warmup=warmup, sweep=sweep,
+            sweep_iterations=sweep_iterations, lengths=lengths, min_fraction=min_fraction,
+            transfer_timeout_s=transfer_timeout, rendezvous_timeout_s=rendezvous_timeout, timeout_s=timeout,
+            pending_timeout_s=pending_timeout, run_dir=run_dir, python=python, progress_thread=progress_thread,
+            on_progress=on_progress)
     if as_json:
         _emit_json(report)
     else:

@@ -1,16 +1,18 @@
 """Spec: rendering. Exactly the deployment's files, deterministic, atomic, only keys the target version accepts."""
 
+import errno
 import hashlib
 import json
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
 
 from toolkit.facts import trtllm as versions
-from toolkit.errors import RecipeError
+from toolkit.errors import RecipeError, TkError
 from toolkit.plan import build_plan
 from toolkit.recipe import load_recipe
 from toolkit.render import MANIFEST, RENDERED_FILES, render, render_files
@@ -18,7 +20,6 @@ from tests.conftest import RECIPES, ROOT
 from tests.unit.helpers import BASE, plan_of
 
 GOLDEN = ROOT / "tests" / "golden"
-GOLDEN_RECIPES = ["llama-3.3-70b-h100", "standin-2p2d"]
 
 
 def plan_for(path, *overrides):
@@ -96,28 +97,55 @@ def _loaded(text, tmp_path):
     return load_recipe_text(text, str(tmp_path / "r.yaml"))
 
 
-@pytest.mark.parametrize("name", GOLDEN_RECIPES)
-def test_golden_files(name):
-    """Pinned output. After an intended change: TK_UPDATE_GOLDEN=1 pytest tests/unit/test_render.py"""
-    files = render_files(plan_for(ROOT / "recipes" / f"{name}.yaml"))
-    gold = GOLDEN / name
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.stem)
+def test_golden_files(path):
+    """Pinned output of every shipped recipe. After an intended change, or for a new recipe:
+    TK_UPDATE_GOLDEN=1 python3 -m pytest tests/unit/test_render.py -k golden   (then review the diff)"""
+    files = render_files(plan_for(path))
+    gold = GOLDEN / path.stem
     if os.environ.get("TK_UPDATE_GOLDEN") == "1":
         shutil.rmtree(gold, ignore_errors=True)
         gold.mkdir(parents=True)
         for fname, text in files.items():
             (gold / fname).write_text(text)
+    if not gold.is_dir():
+        pytest.fail(f"recipes/{path.name} has no golden files: create tests/golden/{path.stem}/ with "
+                    "`TK_UPDATE_GOLDEN=1 python3 -m pytest tests/unit/test_render.py -k golden`, "
+                    "review the files and commit them")
     assert sorted(p.name for p in gold.iterdir()) == sorted(files)
     for fname, text in files.items():
-        assert (gold / fname).read_text() == text, f"{name}/{fname} differs from the golden file"
+        assert (gold / fname).read_text() == text, f"{path.stem}/{fname} differs from the golden file"
 
 
-def test_failed_render_leaves_an_existing_output_directory_untouched(tmp_path):
+def test_every_golden_directory_belongs_to_a_shipped_recipe():
+    orphans = {p.name for p in GOLDEN.iterdir() if p.is_dir()} - {p.stem for p in RECIPES}
+    assert not orphans, f"tests/golden/ holds files of recipes that are no longer shipped: {sorted(orphans)}"
+
+
+@pytest.mark.parametrize("fail_at", [1, 4])
+def test_failed_render_leaves_an_existing_output_directory_untouched(tmp_path, monkeypatch, fail_at):
+    """The write fails part-way (disk full after `fail_at - 1` files): the old files stay as they were."""
     out, _ = render(plan_for(RECIPES[0]), tmp_path / "out")
     (out / "notes.txt").write_text("mine")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
-    with pytest.raises(RecipeError):
-        plan_for(RECIPES[0], "kv_transfer.max_tokens_in_buffer=33")
+    plan = plan_for(RECIPES[0], "generation.instances=2")  # a valid plan whose files differ
+    assert render_files(plan)["disagg.yaml"] != before["disagg.yaml"].decode()
+
+    real_write_text, written = Path.write_text, []
+
+    def write_text(self, *args, **kwargs):
+        if len(written) + 1 == fail_at:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        written.append(self.name)
+        return real_write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    with pytest.raises(TkError, match="cannot write the rendered files"):
+        render(plan, out)
+    monkeypatch.undo()
+    assert len(written) == fail_at - 1  # it did fail during the write, after that many files
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no temporary directory left behind
 
 
 def test_rerender_replaces_our_files_and_keeps_the_users(tmp_path):

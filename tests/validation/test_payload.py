@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 
 from tests.unit.helpers import plan_of
-from toolkit.cli import _load_plan
+from toolkit.api import load_plan
 from validation.layout import block_table, key_of, side_layout
 from validation.pattern import Mismatch, WordLayout, fill_blocks, verify_blocks, verify_untouched
 from toolkit.validate.params import Options, agents_for, build_params, geometry
 
 
 def test_standin_geometry_is_one_descriptor_per_block_per_rank():
-    plan = _load_plan("standin-2p2d", ())
+    plan = load_plan("standin-2p2d", ())
     g, lengths, notes = geometry(plan, Options())
     assert g["mode"] == "block" and notes == []
     assert g["bytes_per_token"] == plan.kv.ctx_bytes_per_token_per_rank == 2048
@@ -26,7 +26,7 @@ def test_standin_geometry_is_one_descriptor_per_block_per_rank():
 
 
 def test_tp_mismatch_moves_each_layer_and_kv_slice_of_the_shared_heads():
-    plan = _load_plan("llama-3.3-70b-h100", ())  # context TP4 (2 KV heads/rank), generation TP8 (1)
+    plan = load_plan("llama-3.3-70b-h100", ())  # context TP4 (2 KV heads/rank), generation TP8 (1)
     g, lengths, notes = geometry(plan, Options(max_memory_mb=4096))
     assert g["mode"] == "fragment" and g["layers"] == 80 and not notes
     e = plan.kv.bytes_per_element
@@ -40,14 +40,14 @@ def test_tp_mismatch_moves_each_layer_and_kv_slice_of_the_shared_heads():
 
 
 def test_mla_is_one_latent_per_layer_not_split_by_tp():
-    plan = _load_plan("deepseek-r1-gb200", ())
+    plan = load_plan("deepseek-r1-gb200", ())
     g, _, _ = geometry(plan, Options(max_memory_mb=4096))
     assert g["mode"] == "block" and g["kv_factor"] == 1
     assert g["slot_bytes_per_token"]["ctx"] == (512 + 64) * plan.kv.bytes_per_element
 
 
 def test_memory_cap_scales_layers_down_and_says_so():
-    plan = _load_plan("llama-3.3-70b-h100", ())
+    plan = load_plan("llama-3.3-70b-h100", ())
     g, _, notes = geometry(plan, Options(max_memory_mb=64))
     assert max(g["pool_bytes"].values()) <= 64 * 2**20
     assert 1 <= g["layers"] < 80 and g["layers_per_rank"] == 80
@@ -55,17 +55,17 @@ def test_memory_cap_scales_layers_down_and_says_so():
 
 
 def test_agents_one_per_node_and_role():
-    plan = _load_plan("standin-2p2d", ())
+    plan = load_plan("standin-2p2d", ())
     assert [(a["id"], a["role"]) for a in agents_for(plan, Options(mode="slurm"))] == [
         ("node0", "ctx"), ("node1", "ctx"), ("node2", "gen"), ("node3", "gen")]
-    shared = _load_plan("qwen3-smoke", ())  # context and generation share node 0
+    shared = load_plan("qwen3-smoke", ())  # context and generation share node 0
     assert [a["id"] for a in agents_for(shared, Options())] == ["node0-ctx", "node0-gen"]
     local = agents_for(plan, Options(mode="local", nodes=6))
     assert [a["role"] for a in local] == ["ctx"] * 3 + ["gen"] * 3
 
 
 def test_params_carry_the_role_env_and_the_schedule(tmp_path):
-    plan = _load_plan("standin-2p2d", ())
+    plan = load_plan("standin-2p2d", ())
     p = build_params(plan, Options(mode="local"), str(tmp_path))
     assert p["env"]["ctx"]["UCX_TLS"] == plan.context.env["UCX_TLS"]
     assert p["memory"] == "dram"  # the stand-in serves from host memory

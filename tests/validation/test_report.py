@@ -8,13 +8,13 @@ import jsonschema
 import pytest
 
 from tests.conftest import ROOT
-from toolkit.cli import _load_plan
+from toolkit.api import load_plan
 from toolkit.validate.params import Options, build_params
 from toolkit.validate.report import build_report, load_schema
 
 
 def _params(tmp_path):
-    return build_params(_load_plan("standin-2p2d", ()), Options(mode="local", iterations=3, warmup=1),
+    return build_params(load_plan("standin-2p2d", ()), Options(mode="local", iterations=3, warmup=1),
                         str(tmp_path))
 
 

@@ -1,0 +1,36 @@
+"""Spec: the import rules in pyproject.toml ([tool.importlinter]) hold. `lint-imports` prints which import broke
+which contract; docs/architecture.md says what each package may import and why."""
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import ROOT
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("importlinter") is None,
+                                reason="import-linter is not installed (pip install -e '.[test]')")
+
+
+def _lint_imports(*args):
+    exe = shutil.which("lint-imports")
+    cmd = [exe] if exe else [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "
+                                                    "sys.exit(lint_imports_command())"]
+    return subprocess.run([*cmd, "--no-cache", "--no-logo", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+CONTRACTS = ["agent-standalone", "standin-separate", "standin-protected", "stages"]
+
+
+def test_every_contract_in_pyproject_is_checked_here():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    assert [c["id"] for c in config["contracts"]] == CONTRACTS
+
+
+@pytest.mark.parametrize("contract", CONTRACTS)
+def test_import_contract_holds(contract):
+    proc = _lint_imports("--contract", contract)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

@@ -1,0 +1,216 @@
+"""The public Python API of tk: what the `tk` command does, callable from a program.
+
+    list_recipes()                      the shipped recipes (name, path, engine, model, description)
+    list_models()                       the built-in models
+    load_plan(recipe, overrides=())     a recipe name or path -> the frozen, typed Plan
+    plan_summary(plan)                  the numbers `tk plan --json` prints
+    render(plan, out_dir=None)          every file of the deployment, written atomically
+    prepare(plan, ...)                  render into a new run directory, start nothing (`tk launch --dry-run`)
+    launch(plan, ...)                   run it (Slurm or local), wait until it serves -> RunRecord
+    runs() / find_run(ref)              every run / one run by directory, name or (None) the latest
+    status(run) / logs(run) / stop(run) look after a run
+    validate(plan, ...)                 NIXL transfers between every context and generation node -> report
+
+Errors are `toolkit.errors.TkError` (and its `RecipeError`, which lists every violation); nothing here
+prints or exits. `toolkit.cli` is a thin click layer over these functions.
+
+Heavy modules (pydantic, jinja2, requests, numpy, rich) are imported inside the functions, so importing
+this module (and `toolkit`) stays cheap: `tk --help` must start fast.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from toolkit.resources import recipes_dir
+
+if TYPE_CHECKING:
+    from toolkit.launch import Progress
+    from toolkit.launch.run import RunRecord
+    from toolkit.plan.model import Plan
+
+__all__ = [
+    "find_run",
+    "launch",
+    "list_models",
+    "list_recipes",
+    "load_plan",
+    "logs",
+    "plan_summary",
+    "prepare",
+    "recipe_path",
+    "render",
+    "runs",
+    "status",
+    "stop",
+    "validate",
+]
+
+# --- recipe -> plan ------------------------------------------------------------------------------
+
+def recipe_path(recipe: str | os.PathLike) -> str:
+    """A path as given, or the file of a shipped recipe named `recipe` (with or without `.yaml`).
+
+    An unknown name is returned unchanged, so loading it reports the missing file.
+    """
+    recipe = os.fspath(recipe)
+    if Path(recipe).exists():
+        return recipe
+    builtin = recipes_dir() / (recipe if recipe.endswith(".yaml") else f"{recipe}.yaml")
+    if builtin.exists():
+        return str(builtin)
+    return recipe
+
+
+def load_plan(recipe: str | os.PathLike, overrides: Sequence[str] = ()) -> Plan:
+    """Load, validate and resolve a recipe (a shipped name or a path) into its Plan.
+
+    overrides are `FIELD=VALUE` strings, as `tk --set` takes them. Raises RecipeError with every violation.
+    """
+    from toolkit.plan import build_plan
+    from toolkit.recipe import load_recipe
+
+    return build_plan(load_recipe(recipe_path(recipe), tuple(overrides)))
+
+
+def list_recipes() -> list[dict[str, Any]]:
+    """The shipped recipes, sorted by name: {name, path, engine, model, description} each."""
+    import yaml
+
+    rows = []
+    for path in sorted(recipes_dir().glob("*.yaml")):
+        data = yaml.safe_load(path.read_text()) or {}
+        rows.append({"name": path.stem, "path": str(path), "engine": data.get("engine", "trtllm"),
+                     "model": data.get("model"), "description": data.get("description", "")})
+    return rows
+
+
+def list_models() -> list[dict[str, Any]]:
+    """The built-in models: {name, attention, layers, moe} each."""
+    from toolkit.facts.models import BUILTIN_MODELS
+
+    return [{"name": m.name, "attention": m.attention, "layers": m.num_layers, "moe": m.is_moe}
+            for m in BUILTIN_MODELS.values()]
+
+
+def plan_summary(plan: Plan) -> dict[str, Any]:
+    """The resolved deployment as one JSON-ready document (what `tk plan --json` prints)."""
+    from toolkit.render import derived_numbers
+
+    doc = {"name": plan.name, "engine": plan.engine.name, "trtllm_version": plan.trtllm_version,
+           "recipe_file": plan.recipe_file, **derived_numbers(plan)}
+    doc["bytes_per_token"] = plan.kv.bytes_per_token
+    return doc
+
+
+# --- plan -> files -------------------------------------------------------------------------------
+
+def render(plan: Plan, out_dir: str | os.PathLike | None = None) -> tuple[Path, dict[str, str]]:
+    """Write every file of the deployment into out_dir (default `render/<plan name>`), atomically.
+
+    Returns (the directory, {file name: text}). Files in out_dir that tk does not render are kept.
+    """
+    from toolkit.render import render as render_plan
+
+    return render_plan(plan, out_dir if out_dir is not None else Path("render") / plan.name)
+
+
+# --- launch and runs -----------------------------------------------------------------------------
+
+def _backend(local: bool) -> str:
+    return "local" if local else "slurm"
+
+
+def prepare(plan: Plan, *, local: bool = False, run_dir: str | os.PathLike | None = None) -> RunRecord:
+    """Render the plan into a new run directory and record the run; starts nothing."""
+    from toolkit.launch import prepare as prepare_run
+
+    return prepare_run(plan, _backend(local), os.fspath(run_dir) if run_dir is not None else None)
+
+
+def launch(plan: Plan, *, local: bool = False, run_dir: str | os.PathLike | None = None,
+           pending_timeout_s: float | None = None, startup_timeout_s: float | None = None,
+           on_progress: Callable[[Progress], None] | None = None) -> RunRecord:
+    """Launch the plan on Slurm (or local processes), wait (bounded) until it serves; the ready run.
+
+    Raises TkError (LaunchFailed, with the failing component's log tail) when it does not come up;
+    nothing is left running then.
+    """
+    from toolkit.launch import launch as launch_plan
+
+    return launch_plan(plan, _backend(local), os.fspath(run_dir) if run_dir is not None else None,
+                       pending_timeout_s=pending_timeout_s, startup_timeout_s=startup_timeout_s,
+                       on_progress=on_progress)
+
+
+def runs() -> list[RunRecord]:
+    """Every run under the runs directory (`$TK_RUNS_DIR`, default `runs/`), oldest first."""
+    from toolkit.launch.run import all_runs
+
+    return all_runs()
+
+
+def find_run(ref: str | os.PathLike | None = None) -> RunRecord:
+    """A run by directory, by name (or unique prefix), or (None) the most recent one."""
+    from toolkit.launch.run import find_run as find
+
+    return find(os.fspath(ref) if ref is not None else None)
+
+
+def _record(run: RunRecord | str | os.PathLike | None) -> RunRecord:
+    from toolkit.launch.run import RunRecord
+
+    return run if isinstance(run, RunRecord) else find_run(run)
+
+
+def status(run: RunRecord | str | os.PathLike | None = None) -> RunRecord:
+    """The run with every server's current state (asks Slurm or the local processes)."""
+    from toolkit.launch import refresh
+
+    return refresh(_record(run))
+
+
+def logs(run: RunRecord | str | os.PathLike | None = None, role: str | None = None,
+         instance: int | None = None) -> list[Path]:
+    """The log files of the run's servers, optionally only one role (ctx, gen, proxy) and instance."""
+    from toolkit.launch.logs import select_logs
+
+    return select_logs(_record(run), role, instance)
+
+
+def stop(run: RunRecord | str | os.PathLike | None = None) -> list[str]:
+    """Stop the run and verify nothing is left; the problems found (empty when it stopped cleanly)."""
+    from toolkit.launch import stop as stop_run
+
+    return stop_run(_record(run))
+
+
+# --- validate ------------------------------------------------------------------------------------
+
+_VALIDATE_MODES = ("slurm", "in-allocation", "local")
+
+
+def validate(plan: Plan, *, mode: str = "slurm", on_progress: Callable[..., None] | None = None,
+             **options: Any) -> dict[str, Any]:
+    """Real NIXL transfers shaped like the plan's KV blocks between every context and generation node.
+
+    mode: "slurm" (submit a job), "in-allocation" (srun inside salloc/sbatch) or "local" (processes here).
+    options: the fields of `toolkit.validate.params.Options` (nodes, memory, max_memory_mb, iterations,
+    warmup, sweep, sweep_iterations, lengths, min_fraction, transfer_timeout_s, rendezvous_timeout_s,
+    timeout_s, pending_timeout_s, run_dir, python, progress_thread, ...).
+    Returns the report (also written to the run directory); report["passed"] is the verdict.
+    """
+    from toolkit.validate.params import Options, ValidateError
+    from toolkit.validate.run import validate as run_validation
+
+    if mode not in _VALIDATE_MODES:
+        raise ValidateError(f"mode {mode!r}: one of {', '.join(_VALIDATE_MODES)}")
+    if options.get("nodes") and mode != "local":
+        raise ValidateError("nodes goes with mode='local' (on Slurm the recipe decides the nodes)")
+    try:
+        opts = Options(mode=mode, **options)
+    except TypeError as exc:
+        raise ValidateError(f"validate(): {exc}") from None
+    return run_validation(plan, opts, on_progress=on_progress)
