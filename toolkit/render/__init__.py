@@ -10,17 +10,15 @@ import hashlib
 import json
 import os
 import shlex
-import shutil
-import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
 import jinja2
 import yaml
 
-from toolkit.errors import TkError
 from toolkit.facts import trtllm
 from toolkit.plan.model import Plan
+from toolkit.render.output import write_atomically
 from toolkit.resources import templates_dir
 
 # The files `tk render` writes, in the order the manifest lists them.
@@ -141,40 +139,6 @@ def derived_numbers(plan: Plan) -> dict:
         "proxy": {"node": plan.proxy.node, "port": plan.proxy.port},
         "warnings": list(plan.warnings),
     }
-
-
-def write_atomically(files: dict[str, str], out_dir: str | os.PathLike) -> Path:
-    """Write files into out_dir via a temporary sibling directory, moving them in only once all are written.
-
-    Files in out_dir that tk did not render (a user's notes, logs) are kept.
-    """
-    out = Path(out_dir)
-    if out.exists() and not out.is_dir():
-        raise TkError(f"{out}: exists and is not a directory; choose another output directory with -o")
-    parent = out.resolve().parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tk-render-", dir=parent))
-    except OSError as exc:
-        raise TkError(f"{parent}: cannot create the output directory ({exc.strerror})") from None
-    try:
-        for name, text in files.items():
-            path = tmp / name
-            path.write_text(text, encoding="utf-8")
-            if name.endswith(".sbatch"):
-                path.chmod(0o755)
-        if out.exists():
-            # Move each finished file over its old version (rename is atomic per file); whatever
-            # else the directory holds (the user's notes, logs of a run) is left alone.
-            for name in files:
-                os.replace(tmp / name, out / name)
-            tmp.rmdir()
-        else:
-            os.replace(tmp, out)
-    except OSError as exc:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise TkError(f"{out}: cannot write the rendered files ({exc.strerror or exc})") from None
-    return out
 
 
 def render(plan: Plan, out_dir: str | os.PathLike) -> tuple[Path, dict[str, str]]:

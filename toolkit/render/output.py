@@ -1,0 +1,147 @@
+"""Writing a render: an output directory holds the old render or the new one, whole, never a mix.
+
+    1. take the lock (flock on the parent directory; bounded), so concurrent renders of one target queue;
+    2. write every file into a sibling temporary directory; hard-link into it whatever the old directory
+       holds that tk did not render (a user's notes, a run's logs), so nothing a user put there is lost;
+    3. swap the two directories in one step (renameat2 RENAME_EXCHANGE), then remove the old one. Where the
+       file system cannot exchange, rename the old directory aside, rename the new one in, remove the old;
+       a render killed between those two renames is repaired by the next render (under the lock), which
+       puts the old directory back before it starts.
+
+A write error (disk full, read-only) or a kill before step 3 leaves the old directory untouched; the
+temporary directory of a killed render is removed by the next render of the same target.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import os
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from toolkit.errors import TkError
+
+LOCK_TIMEOUT_S = 60.0
+_TMP_TAG = ".tk-render-"
+_OLD_TAG = ".tk-old-"
+
+_AT_FDCWD = -100
+_RENAME_EXCHANGE = 2
+try:
+    _renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
+except (AttributeError, OSError):  # not glibc >= 2.28
+    _renameat2 = None
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories atomically; False where the system or file system cannot."""
+    if _renameat2 is None:
+        return False
+    rc = _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE)
+    if rc == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EPERM):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+class _Lock:
+    """flock on the parent directory: one render at a time into it (bounded wait)."""
+
+    def __init__(self, parent: Path, timeout_s: float):
+        self.parent, self.timeout_s = parent, timeout_s
+
+    def __enter__(self):
+        self.fd = os.open(self.parent, os.O_RDONLY)
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(self.fd)
+                    raise TkError(f"{self.parent}: another tk render into this directory has held its lock for "
+                                  f"{self.timeout_s:g}s; try again when it has finished") from None
+                time.sleep(0.05)
+
+    def __exit__(self, *exc):
+        fcntl.flock(self.fd, fcntl.LOCK_UN)
+        os.close(self.fd)
+
+
+def _repair(out: Path, parent: Path) -> None:
+    """Under the lock: undo what a killed render left (its temporary directory; an old directory renamed
+    aside with no new one in its place)."""
+    asides = sorted(parent.glob(f".{out.name}{_OLD_TAG}*"))
+    if asides and not out.exists():
+        os.rename(asides.pop(), out)
+    for leftover in [*asides, *parent.glob(f".{out.name}{_TMP_TAG}*")]:
+        shutil.rmtree(leftover, ignore_errors=True)
+
+
+def _carry_over(old: Path, new: Path, rendered: set[str]) -> None:
+    """Hard-link (copy where links cannot be made) what the old directory holds beyond the rendered files."""
+    for item in old.iterdir():
+        if item.name in rendered:
+            continue
+        target = new / item.name
+        if item.is_dir() and not item.is_symlink():
+            shutil.copytree(item, target, symlinks=True, copy_function=_link_or_copy)
+        else:
+            _link_or_copy(item, target)
+
+
+def _link_or_copy(src, dst) -> None:
+    if os.path.islink(src):
+        os.symlink(os.readlink(src), dst)
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def write_atomically(files: dict[str, str], out_dir: str | os.PathLike) -> Path:
+    """Write the rendered files into out_dir as one directory swap (see the module docstring)."""
+    out = Path(out_dir)
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise TkError(f"{out}: exists and is not a directory; choose another output directory with -o")
+    parent = out.resolve().parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise TkError(f"{parent}: cannot create the output directory ({exc.strerror})") from None
+    with _Lock(parent, LOCK_TIMEOUT_S):
+        try:
+            _repair(out, parent)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}{_TMP_TAG}", dir=parent))
+        except OSError as exc:
+            raise TkError(f"{parent}: cannot write next to the output directory ({exc.strerror or exc})") from None
+        try:
+            tmp.chmod(0o755)
+            for name, text in files.items():
+                path = tmp / name
+                path.write_text(text, encoding="utf-8")
+                path.chmod(0o755 if name.endswith(".sbatch") else 0o644)
+            if not out.exists():
+                os.rename(tmp, out)
+                return out
+            _carry_over(out, tmp, set(files))
+            if _exchange(tmp, out):
+                shutil.rmtree(tmp, ignore_errors=True)  # now the old render
+                return out
+            aside = parent / f".{out.name}{_OLD_TAG}{os.getpid()}-{time.time_ns()}"
+            os.rename(out, aside)
+            os.rename(tmp, out)
+            shutil.rmtree(aside, ignore_errors=True)
+        except OSError as exc:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise TkError(f"{out}: cannot write the rendered files ({exc.strerror or exc}); "
+                          "the directory is as it was") from None
+    return out
