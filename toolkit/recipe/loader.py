@@ -86,11 +86,11 @@ def cut(text: str, limit: int = MAX_ECHO) -> str:
     must not break the message or drive the terminal), cut to ``limit`` characters (a 20,000-entry mapping
     is not echoed whole)."""
     n = len(text)
-    if n > limit:
-        text = text[:limit]
-    text = "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in ("Cc", "Zl", "Zp")
-                   else ch for ch in text)
-    return text if n <= limit else text + f"... ({n} characters)"
+    text = "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp")
+                   else ch for ch in text[:limit])
+    if len(text) > limit or n > limit:
+        text = text[:limit] + f"... ({n} characters)"
+    return text
 
 
 def short(value: Any, limit: int = MAX_ECHO) -> str:
@@ -282,8 +282,9 @@ def _parse(text: str, source: str) -> tuple[Any, dict, dict]:
         raise RecipeError([Violation(source, None, "(size)", f"{len(text)} characters, more than the "
                                      f"{MAX_RECIPE_BYTES} a recipe may have", "a recipe is a small file; "
                                      "remove what tk does not need")])
-    loader = _LineLoader(text)
+    loader = None
     try:
+        loader = _LineLoader(text)  # the reader refuses unprintable characters here already
         node = loader.get_single_node()
         if node is None:
             return None, {}, {}
@@ -293,7 +294,8 @@ def _parse(text: str, source: str) -> tuple[Any, dict, dict]:
     except (yaml.YAMLError, _Bound, ValueError, TypeError, OverflowError, RecursionError, MemoryError) as exc:
         raise RecipeError([_yaml_violation(source, exc)]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def _count_values(data, limit: int) -> int:

@@ -41,13 +41,24 @@ def check_text(v: str) -> str:
     paragraph separators. bash quoting would survive them, but env files read by other tools, YAML comments,
     Slurm, pyxis and the terminal do not."""
     for ch in v:
-        if unicodedata.category(ch) in ("Cc", "Zl", "Zp"):
+        if unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp"):
             raise ValueError(f"contains the control character {ch!r}; write it on one line, without control "
                              "characters")
     return v
 
 
 Text = Annotated[str, Field(max_length=MAX_TEXT), AfterValidator(check_text)]
+
+
+def check_path(v: str) -> str:
+    """A model name or directory: tk looks it up on disk, and no file system has a name over 255 bytes."""
+    for part in v.split("/"):
+        if len(part.encode("utf-8", "surrogatepass")) > 255:
+            raise ValueError(f"has a path component of {len(part)} characters; a file name has at most 255 bytes")
+    return v
+
+
+PathText = Annotated[Text, AfterValidator(check_path)]
 
 
 def _strict_one(v: Any) -> Any:
@@ -115,9 +126,14 @@ def _check_options(v: Any) -> dict:
     def walk(value, where: str) -> None:
         if isinstance(value, dict):
             for key, item in value.items():
-                if not isinstance(key, str) or not _OPTION_KEY.fullmatch(key):
-                    raise ValueError(f"option name {_cut(repr(key))} at {where or 'top level'} must be an "
-                                     "identifier such as max_num_tokens")
+                if not where and (not isinstance(key, str) or not _OPTION_KEY.fullmatch(key)):
+                    raise ValueError(f"option name {_cut(repr(key))} must be an identifier such as max_num_tokens")
+                if not isinstance(key, str) or not key or len(key) > 128:
+                    raise ValueError(f"key {_cut(repr(key))} in {where} must be a name (text of 1-128 characters)")
+                try:
+                    check_text(key)
+                except ValueError as exc:
+                    raise ValueError(f"key {_cut(repr(key))} in {where} {exc}") from None
                 walk(item, f"{where}.{key}" if where else key)
         elif isinstance(value, list):
             for i, item in enumerate(value):
@@ -208,7 +224,7 @@ class RoleSpec(Section):
     max_num_tokens: Optional[int] = Field(None, ge=1, le=1 << 20)
     free_gpu_memory_fraction: Optional[float] = Field(None, gt=0.0, le=1.0)
     cuda_graph: Optional[bool] = None
-    model_path: Optional[Text] = None
+    model_path: Optional[PathText] = None
     quantization: Optional[Text] = None
     extra_options: Annotated[dict, BeforeValidator(_check_options)] = Field(default_factory=dict)
     extra_serve_args: Annotated[list[Text], BeforeValidator(lambda v: _check_list(v, "arguments"))] = \
@@ -269,8 +285,8 @@ class Recipe(Section):
     name: str
     description: Annotated[str, Field(max_length=1000), AfterValidator(check_text)] = ""
     engine: Literal["trtllm", "standin"] = "trtllm"
-    model: Text
-    model_path: Optional[Text] = None
+    model: PathText
+    model_path: Optional[PathText] = None
     quantization: Optional[Text] = None
     trtllm_version: str = versions.LATEST
     cluster: ClusterSpec
