@@ -7,6 +7,7 @@ so later stages can point a user at the line to change.
 from __future__ import annotations
 
 import difflib
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,90 +41,311 @@ class LoadedRecipe:
         return None
 
     def violation(self, path: Path_ | str, message: str, fix: str = "") -> Violation:
+        """A violation at ``path``, blamed on the --set that wrote it, else on the recipe file's line."""
         if isinstance(path, str):
             path = tuple(path.split("."))
-        source = self.file
-        line = self.line_of(path)
-        dotted = ".".join(str(p) for p in path)
-        for expr in self.overrides:
-            if expr.split("=", 1)[0].strip() == dotted:
-                source, line = f"--set {expr}", None
+        path = tuple(path)
+        source, line = cut(self.file), self.line_of(path)
+        expr = self.override_of(path)
+        if expr is not None:
+            source, line = f"--set {cut(expr)}", None
+        dotted = cut(".".join(str(p) for p in path))
         return Violation(file=source, line=line, field=dotted, message=message, fix=fix)
+
+    def override_of(self, path: tuple) -> str | None:
+        """The last --set that wrote ``path`` or a part of it, or that created it (``--set foo.bar=1`` creates
+        the unknown section ``foo``, which is not in the file)."""
+        str_path = tuple(str(p) for p in path)
+        for expr in reversed(self.overrides):
+            target = _set_path(expr)
+            n = min(len(target), len(str_path))
+            if target[:n] != str_path[:n]:
+                continue
+            if len(str_path) >= len(target) or path not in self.lines:
+                return expr
+        return None
 
     @property
     def base_dir(self) -> Path:
         return Path(self.file).resolve().parent
 
 
-class _LineLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (a silent override is a classic recipe bug)."""
+# Bounds on what a recipe may be: a recipe is a small hand-written file, and a YAML alias "bomb"
+# (a few hundred bytes that expand to billions of values) must be refused before it is expanded.
+MAX_RECIPE_BYTES = 1 << 20  # 1 MiB, the recipe file and each --set value
+MAX_NODES = 10_000  # values in the document, every alias and merge key counted as expanded
+MAX_DEPTH = 64  # nesting of mappings and sequences, aliases expanded
+MAX_ECHO = 200  # characters of a value an error message repeats
+MAX_VIOLATIONS = 50  # violations reported at once
+
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+def cut(text: str, limit: int = MAX_ECHO) -> str:
+    """Text for an error message: control characters escaped (a newline or ESC in a file name or a --set
+    must not break the message or drive the terminal), cut to ``limit`` characters (a 20,000-entry mapping
+    is not echoed whole)."""
+    n = len(text)
+    text = "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp")
+                   else ch for ch in text[:limit])
+    if len(text) > limit or n > limit:
+        text = text[:limit] + f"... ({n} characters)"
+    return text
+
+
+def short(value: Any, limit: int = MAX_ECHO) -> str:
+    """``repr`` of a value for an error message, cut to ``limit`` characters."""
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - an odd object must not break the error report
+        text = f"<{type(value).__name__}>"
+    return cut(text, limit)
+
+
+class _Bound(Exception):
+    """The document breaks a size, depth or alias bound (raised while composing, before expanding)."""
+
+    def __init__(self, mark, message: str, fix: str):
+        super().__init__(message)
+        self.line = mark.line + 1 if mark is not None else None
+        self.message = message
+        self.fix = fix
+
+
+class _BoundedComposer(yaml.composer.Composer):
+    """Composes the node graph while counting what it would expand to.
+
+    PyYAML shares an aliased node instead of copying it, so composing a billion-laughs document is cheap;
+    the expansion happens later, in whoever walks the data. Here each node counts once, and each alias
+    (merge keys included) counts as the size of what it points to, so the walk is refused before it starts.
+    Recursive aliases (an anchor used inside itself) are refused too: the data would be a cycle.
+    """
+
+    def compose_document(self):
+        self._tk_total = 0
+        self._tk_heights: list[int] = []  # per open node: the tallest child so far
+        self._tk_open: set[str] = set()  # anchors whose node is still being composed
+        self._tk_anchored: dict[str, tuple[int, int]] = {}  # anchor -> (expanded size, height)
+        self._tk_aliases = 0
+        return super().compose_document()
+
+    def _tk_add(self, n: int, mark) -> None:
+        self._tk_total += n
+        if self._tk_total > MAX_NODES:
+            if self._tk_aliases:
+                raise _Bound(mark, f"the document expands to more than {MAX_NODES} values, each alias (*name, "
+                             "<<: *name) counted as the values it repeats; a recipe is a small file",
+                             "remove the aliases that repeat large parts, or write the values out")
+            raise _Bound(mark, f"the document holds more than {MAX_NODES} values; a recipe is a small file",
+                         "remove what tk does not need")
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.events.AliasEvent):
+            event = self.peek_event()
+            if event.anchor in self._tk_open:
+                raise _Bound(event.start_mark, f"alias *{event.anchor} is used inside its own anchor "
+                             f"&{event.anchor} (a recursive structure)",
+                             f"remove *{event.anchor} from inside the value it names")
+            node = super().compose_node(parent, index)  # raises on an undefined alias
+            self._tk_aliases += 1
+            size, height = self._tk_anchored.get(event.anchor, (1, 1))
+            if len(self._tk_heights) + height > MAX_DEPTH:
+                raise _Bound(event.start_mark, f"alias *{event.anchor} nests values deeper than {MAX_DEPTH} "
+                             "levels", "flatten the structure")
+            self._tk_add(size, event.start_mark)
+            if self._tk_heights:
+                self._tk_heights[-1] = max(self._tk_heights[-1], height)
+            return node
+        event = self.peek_event()
+        if len(self._tk_heights) >= MAX_DEPTH:
+            raise _Bound(event.start_mark, f"values nested deeper than {MAX_DEPTH} levels",
+                         "flatten the structure; a recipe needs only a few levels")
+        anchor = event.anchor
+        before = self._tk_total
+        self._tk_add(1, event.start_mark)
+        if anchor is not None:
+            self._tk_open.add(anchor)
+        self._tk_heights.append(0)
+        node = super().compose_node(parent, index)
+        height = 1 + self._tk_heights.pop()
+        if self._tk_heights:
+            self._tk_heights[-1] = max(self._tk_heights[-1], height)
+        if anchor is not None:
+            self._tk_open.discard(anchor)
+            self._tk_anchored[anchor] = (self._tk_total - before, height)
+        return node
+
+
+class _LineLoader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, _BoundedComposer,
+                  yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
+    """SafeLoader with bounds, that refuses duplicate and complex keys and supports merge keys (``<<: *x``).
+
+    Duplicate keys are refused because a silent override is a classic recipe bug; a key given by a merge
+    key and again in the mapping itself is an override by design (YAML 1.1), not a duplicate.
+    """
+
+    def __init__(self, stream):
+        yaml.reader.Reader.__init__(self, stream)
+        yaml.scanner.Scanner.__init__(self)
+        yaml.parser.Parser.__init__(self)
+        _BoundedComposer.__init__(self)
+        yaml.constructor.SafeConstructor.__init__(self)
+        yaml.resolver.Resolver.__init__(self)
 
 
 def _construct_mapping(loader, node, deep=False):
+    if not isinstance(node, yaml.MappingNode):
+        raise yaml.constructor.ConstructorError(None, None, f"expected a mapping, found {node.id}", node.start_mark)
     seen = {}
     for key_node, _ in node.value:
+        if key_node.tag == _MERGE_TAG:
+            continue
+        if not isinstance(key_node, yaml.ScalarNode):
+            raise yaml.constructor.ConstructorError(
+                None, None, f"a key must be a plain name, not a {key_node.id} (`? [a, b]` or `? {{a: 1}}`)",
+                key_node.start_mark)
         key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(None, None, f"key {short(key)} cannot be a mapping key",
+                                                    key_node.start_mark) from None
         if key in seen:
             raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (first on line {seen[key] + 1})", key_node.start_mark)
+                None, None, f"duplicate key {short(key)} (first on line {seen[key] + 1})", key_node.start_mark)
         seen[key] = key_node.start_mark.line
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+    loader.flatten_mapping(node)  # merge keys: the merged pairs first, so the mapping's own keys win
+    return yaml.constructor.BaseConstructor.construct_mapping(loader, node, deep=deep)
 
 
 _LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
-def _line_map(node, path=(), out=None) -> dict:
+def _line_map(node, path=(), out=None, texts=None) -> tuple[dict, dict]:
+    """field path -> line, and field path -> source text of each unquoted number (see ``_AS_WRITTEN``).
+
+    Walks the flattened node graph (merge keys already applied), so it visits at most MAX_NODES nodes."""
     out = {} if out is None else out
+    texts = {} if texts is None else texts
     if isinstance(node, yaml.MappingNode):
         for key_node, value_node in node.value:
             child = path + (key_node.value,)
             out[child] = key_node.start_mark.line + 1
-            _line_map(value_node, child, out)
+            _line_map(value_node, child, out, texts)
     elif isinstance(node, yaml.SequenceNode):
         for i, item in enumerate(node.value):
             out[path + (i,)] = item.start_mark.line + 1
-            _line_map(item, path + (i,), out)
-    return out
+            _line_map(item, path + (i,), out, texts)
+    elif isinstance(node, yaml.ScalarNode) and path in _AS_WRITTEN and node.style is None:
+        texts[path] = node.value
+    return out, texts
+
+
+# Fields that are strings even when written as a YAML number: `trtllm_version: 1.10` means "1.10",
+# which YAML would read as the float 1.1. The loader keeps the text as written.
+_AS_WRITTEN = {("trtllm_version",)}
+
+
+def _expand(value):
+    """A fresh copy of the data: an aliased value is shared by PyYAML, and an override of one use must not
+    change the others. Bounded by the composer (at most MAX_NODES values, MAX_DEPTH deep)."""
+    if isinstance(value, dict):
+        return {k: _expand(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v) for v in value]
+    return value
+
+
+def _yaml_violation(source: str, exc: BaseException) -> Violation:
+    if isinstance(exc, _Bound):
+        return Violation(source, exc.line, "(yaml)", exc.message, exc.fix)
+    if isinstance(exc, yaml.MarkedYAMLError):
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark else None
+        return Violation(source, line, "(yaml)", f"not valid YAML: {cut(str(exc.problem or exc))}",
+                         "fix the YAML syntax on that line")
+    if isinstance(exc, yaml.YAMLError):
+        return Violation(source, None, "(yaml)", f"not valid YAML: {cut(str(exc))}", "fix the YAML syntax")
+    # A value PyYAML cannot build (e.g. the date 2024-13-01), or a bound this module missed.
+    return Violation(source, None, "(yaml)", f"cannot read the YAML: {cut(f'{type(exc).__name__}: {exc}')}",
+                     "fix the value, or quote it to make it a string")
 
 
 def parse_yaml(text: str, file: str) -> tuple[Any, dict]:
-    """Parse YAML text; a syntax error becomes a RecipeError pointing at the line."""
+    """Parse YAML text within the bounds; any problem becomes a RecipeError pointing at the line."""
+    data, lines, _ = _parse(text, file)
+    return data, lines
+
+
+def _parse(text: str, source: str) -> tuple[Any, dict, dict]:
+    if len(text) > MAX_RECIPE_BYTES:
+        raise RecipeError([Violation(source, None, "(size)", f"{len(text)} characters, more than the "
+                                     f"{MAX_RECIPE_BYTES} a recipe may have", "a recipe is a small file; "
+                                     "remove what tk does not need")])
+    loader = None
     try:
-        node = yaml.compose(text, Loader=_LineLoader)
-        data = yaml.load(text, Loader=_LineLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
-        raise RecipeError([Violation(file, line, "(yaml)", f"not valid YAML: {exc.problem or exc}",
-                                     "fix the YAML syntax on that line")]) from None
-    except yaml.YAMLError as exc:
-        raise RecipeError([Violation(file, None, "(yaml)", f"not valid YAML: {exc}", "fix the YAML syntax")]) from None
-    return data, (_line_map(node) if node is not None else {})
+        loader = _LineLoader(text)  # the reader refuses unprintable characters here already
+        node = loader.get_single_node()
+        if node is None:
+            return None, {}, {}
+        data = loader.construct_document(node)
+        lines, texts = _line_map(node)
+        return _expand(data), lines, texts
+    except (yaml.YAMLError, _Bound, ValueError, TypeError, OverflowError, RecursionError, MemoryError) as exc:
+        raise RecipeError([_yaml_violation(source, exc)]) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def _count_values(data, limit: int) -> int:
+    """How many values ``data`` holds, stopping past ``limit`` (the overrides can add up)."""
+    count, stack = 0, [data]
+    while stack and count <= limit:
+        v = stack.pop()
+        count += 1
+        if isinstance(v, dict):
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return count
+
+
+def _set_path(expr: str) -> tuple:
+    return tuple(k.strip() for k in expr.split("=", 1)[0].strip().split("."))
 
 
 def apply_override(data: dict, expr: str) -> None:
-    """Apply one ``a.b.c=value`` override in place; the value is parsed as YAML."""
+    """Apply one ``a.b.c=value`` override in place; the value is parsed as YAML, within the same bounds."""
+    source = f"--set {cut(expr)}"
     if "=" not in expr:
-        raise RecipeError([Violation(f"--set {expr}", None, expr, "an override must look like a.b=value",
+        raise RecipeError([Violation(source, None, cut(expr), "an override must look like a.b=value",
                                      "write e.g. --set generation.instances=4")])
     dotted, raw_value = expr.split("=", 1)
     keys = [k.strip() for k in dotted.strip().split(".")]
     if not all(keys):
-        raise RecipeError([Violation(f"--set {expr}", None, dotted, "empty key in the field path",
+        raise RecipeError([Violation(source, None, cut(dotted), "empty key in the field path",
                                      "write e.g. --set generation.instances=4")])
+    if len(keys) > MAX_DEPTH:
+        raise RecipeError([Violation(source, None, cut(dotted), f"a field path deeper than {MAX_DEPTH} levels",
+                                     "give the path of a recipe field, e.g. context.env.NAME")])
     try:
-        value = yaml.safe_load(raw_value) if raw_value.strip() else ""
-    except yaml.YAMLError:
-        value = raw_value
+        value, _, texts = _parse(raw_value, source) if raw_value.strip() else ("", {}, {})
+    except RecipeError as exc:
+        if exc.violations[0].field != "(yaml)" or not exc.violations[0].message.startswith("not valid YAML"):
+            raise  # a bound (size, depth, aliases): never taken as a plain string
+        value = raw_value  # not YAML: the text as given, e.g. --set description=a: b: c
+    else:
+        if tuple(keys) in _AS_WRITTEN and isinstance(value, (int, float)) and not isinstance(value, bool):
+            value = raw_value.strip()  # --set trtllm_version=1.10 means "1.10"
     node = data
     for key in keys[:-1]:
         child = node.get(key)
         if child is None:
             child = node[key] = {}
         if not isinstance(child, dict):
-            raise RecipeError([Violation(f"--set {expr}", None, dotted,
-                                         f"{key!r} is not a section, it cannot hold {keys[-1]!r}",
+            raise RecipeError([Violation(source, None, cut(dotted),
+                                         f"{short(key)} is not a section, it cannot hold {short(keys[-1])}",
                                          "override a field inside a section, e.g. context.tp=2")])
         node = child
     node[keys[-1]] = value
@@ -133,32 +355,68 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     """Read, override and validate a recipe. Raises RecipeError with every violation found."""
     file = str(path)
     p = Path(path)
+
+    def refuse(message: str, fix: str):
+        return RecipeError([Violation(cut(file), None, "(file)", message, fix)])
+
+    if p.is_dir():
+        name = p.name.removesuffix(".yaml")
+        builtin = _builtin_recipe(name)
+        if builtin is not None:
+            raise refuse(f"is a directory, not a recipe file (it shadows the built-in recipe {name!r})",
+                         f"give the built-in recipe by its path: {builtin}; or rename the directory")
+        raise refuse("is a directory, not a recipe file", "give the path of a recipe YAML file")
+    if not p.exists():
+        raise refuse("no such recipe file",
+                     "give the path of a recipe YAML, or see `tk recipes` for the built-in ones")
     if not p.is_file():
-        raise RecipeError([Violation(file, None, "(file)", "no such recipe file",
-                                     "give the path of a recipe YAML, or see `tk recipes` for the built-in ones")])
+        raise refuse("not a regular file (a pipe, device or socket)", "give the path of a recipe YAML file")
     try:
-        text = p.read_text(encoding="utf-8")
+        with p.open("rb") as f:
+            data = f.read(MAX_RECIPE_BYTES + 1)
+        if len(data) > MAX_RECIPE_BYTES:
+            raise refuse(f"the file is larger than {MAX_RECIPE_BYTES} bytes (1 MiB); a recipe is a small file",
+                         "give the recipe YAML, not a data file; remove what tk does not need")
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise RecipeError([Violation(file, None, "(file)", f"cannot read the recipe: {exc}",
-                                     "check the file's permissions and encoding (UTF-8)")]) from None
+        raise refuse(f"cannot read the recipe: {cut(str(exc))}",
+                     "check the file's permissions and encoding (UTF-8)") from None
     return load_recipe_text(text, file, overrides)
 
 
+def _builtin_recipe(name: str) -> Path | None:
+    try:
+        from toolkit.resources import recipes_dir
+
+        candidate = recipes_dir() / f"{name}.yaml"
+    except (OSError, ValueError):
+        return None
+    return candidate if candidate.is_file() else None
+
+
 def load_recipe_text(text: str, file: str, overrides=()) -> LoadedRecipe:
-    data, lines = parse_yaml(text, file)
+    overrides = tuple(overrides)
+    data, lines, texts = _parse(text, cut(file))
     if data is None:
         data = {}
     if not isinstance(data, dict):
-        raise RecipeError([Violation(file, 1, "(top level)", "a recipe must be a YAML mapping",
+        raise RecipeError([Violation(cut(file), 1, "(top level)", "a recipe must be a YAML mapping",
                                      "start from a recipe in recipes/ (see `tk recipes`)")])
+    for path, written in texts.items():  # `trtllm_version: 1.10` is "1.10", not the float 1.1
+        if len(path) == 1 and isinstance(data.get(path[0]), (int, float)) and not isinstance(data.get(path[0]), bool):
+            data[path[0]] = written
     for expr in overrides:
         apply_override(data, expr)
-    proto = LoadedRecipe(recipe=None, file=file, raw=data, lines=lines, overrides=tuple(overrides))  # type: ignore[arg-type]
+    if overrides and _count_values(data, MAX_NODES) > MAX_NODES:
+        raise RecipeError([Violation(f"--set {cut(overrides[-1])}", None, "(size)",
+                                     f"with the overrides the recipe holds more than {MAX_NODES} values",
+                                     "set fewer or smaller values")])
+    proto = LoadedRecipe(recipe=None, file=file, raw=data, lines=lines, overrides=overrides)  # type: ignore[arg-type]
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         raise RecipeError(_violations(exc, proto)) from None
-    return LoadedRecipe(recipe=recipe, file=file, raw=data, lines=lines, overrides=tuple(overrides))
+    return LoadedRecipe(recipe=recipe, file=file, raw=data, lines=lines, overrides=overrides)
 
 
 def _model_at(path: tuple) -> type[BaseModel] | None:
@@ -178,7 +436,8 @@ def _model_at(path: tuple) -> type[BaseModel] | None:
 
 def _violations(exc: ValidationError, loaded: LoadedRecipe) -> list[Violation]:
     out = []
-    for err in exc.errors():
+    errors = exc.errors()
+    for err in errors[:MAX_VIOLATIONS]:
         loc = tuple(err["loc"])
         kind = err["type"]
         if kind == "extra_forbidden":
@@ -186,15 +445,18 @@ def _violations(exc: ValidationError, loaded: LoadedRecipe) -> list[Violation]:
             known = sorted(model.model_fields) if model else []
             guess = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
             hint = f"did you mean {guess[0]!r}?" if guess else f"known keys here: {', '.join(known)}"
-            out.append(loaded.violation(loc, f"unknown key {loc[-1]!r}", hint))
+            out.append(loaded.violation(loc, f"unknown key {short(loc[-1])}", hint))
         elif kind == "missing":
-            out.append(loaded.violation(loc, "required field is missing", f"add `{loc[-1]}:` to the recipe"))
+            out.append(loaded.violation(loc, "required field is missing", f"add `{cut(str(loc[-1]))}:` to the recipe"))
         elif kind in ("literal_error", "enum"):
             expected = err.get("ctx", {}).get("expected", "")
-            out.append(loaded.violation(loc, f"{err['input']!r} is not allowed", f"use one of {expected}"))
+            out.append(loaded.violation(loc, f"{short(err['input'])} is not allowed", f"use one of {expected}"))
         else:
-            msg = err["msg"].removeprefix("Value error, ")
-            out.append(loaded.violation(loc, f"{msg} (got {err.get('input')!r})", _fix_for(kind, err)))
+            msg = cut(str(err["msg"]).removeprefix("Value error, "), 2 * MAX_ECHO)
+            out.append(loaded.violation(loc, f"{msg} (got {short(err.get('input'))})", _fix_for(kind, err)))
+    if len(errors) > MAX_VIOLATIONS:
+        out.append(Violation(cut(loaded.file), None, "(more)", f"{len(errors) - MAX_VIOLATIONS} more violations "
+                             "not shown", "fix the ones above and run again"))
     return out
 
 

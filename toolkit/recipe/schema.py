@@ -6,40 +6,175 @@ environment) it derives in the plan stage. ``None`` on a field means "let tk der
 
 from __future__ import annotations
 
+import math
 import re
-from typing import Literal, Optional
+import unicodedata
+from typing import Annotated, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from toolkit.facts import trtllm
 from toolkit.facts.hardware import GPUS, TRANSPORTS
 from toolkit.facts.trtllm import ROUTERS
 
+# Every pattern is used with fullmatch (``$`` would accept a trailing newline) and spells digits [0-9]
+# (``\d`` matches Arabic-Indic and other Unicode digits, which Slurm and bash do not read).
 # Names end up in file names, Slurm job names and log paths: keep them boring.
-SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
 # Environment variable names tk lets a recipe set.
-ENV_NAME = re.compile(r"^[A-Z_][A-Z0-9_]*$")
-TIME_LIMIT = re.compile(r"^(\d+-)?\d{1,3}:\d{2}(:\d{2})?$|^\d+$")
+ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}", re.ASCII)
+TIME_LIMIT = re.compile(r"([0-9]{1,3}-)?[0-9]{1,3}:[0-9]{2}(:[0-9]{2})?|[0-9]{1,7}", re.ASCII)
+SLURM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}", re.ASCII)
+NET_DEVICES = re.compile(r"[A-Za-z0-9_.:,-]{1,512}", re.ASCII)
+VERSION = re.compile(r"[0-9]{1,4}\.[0-9]{1,4}(\.[0-9]{1,4})?([a-z]{1,5}[0-9]{0,4})?(\.?post[0-9]{1,4})?", re.ASCII)
+
+# Bounds for free text: a path, an image name or an argument is never longer than this.
+MAX_TEXT = 4096
+MAX_ITEMS = 256  # list entries (mounts, serve args) and env variables per mapping
+# Largest values TensorRT-LLM reads into C++ ints: int32 for timeouts and token counts.
+INT32_MAX = (1 << 31) - 1
+WEEK_S = 7 * 86400
+
+
+def check_text(v: str) -> str:
+    """Free text that reaches a rendered file: no control characters (newline, NUL, ESC, tab...), no line or
+    paragraph separators. bash quoting would survive them, but env files read by other tools, YAML comments,
+    Slurm, pyxis and the terminal do not."""
+    for ch in v:
+        if unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp"):
+            raise ValueError(f"contains the control character {ch!r}; write it on one line, without control "
+                             "characters")
+    return v
+
+
+Text = Annotated[str, Field(max_length=MAX_TEXT), AfterValidator(check_text)]
+
+
+def check_path(v: str) -> str:
+    """A model name or directory: tk looks it up on disk, and no file system has a name over 255 bytes."""
+    for part in v.split("/"):
+        if len(part.encode("utf-8", "surrogatepass")) > 255:
+            raise ValueError(f"has a path component of {len(part)} characters; a file name has at most 255 bytes")
+    return v
+
+
+PathText = Annotated[Text, AfterValidator(check_path)]
+
+
+def _strict_one(v: Any) -> Any:
+    if type(v) is not int or v != 1:  # `schema_version: true` is not 1
+        raise ValueError("schema_version must be the number 1")
+    return v
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True, allow_inf_nan=False)
+
+
+def _cut(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _check_env(env) -> dict[str, str]:
-    """Environment values are strings; numbers written unquoted in YAML (`X: 1`) are taken as written."""
+    """Environment values are strings; numbers written unquoted in YAML (`X: 1`) are taken as written.
+
+    Raises only ValueError (pydantic turns it into a violation; a TypeError would be a traceback)."""
     if not isinstance(env, dict):
         raise ValueError("must be a mapping of NAME: value")
-    env = dict(env)
+    if len(env) > MAX_ITEMS:
+        raise ValueError(f"{len(env)} variables; at most {MAX_ITEMS} may be set here")
+    out = {}
     for name, value in env.items():
+        if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
+            raise ValueError(f"environment variable name {_cut(repr(name))} is not of the form [A-Z_][A-Z0-9_]* "
+                             "(at most 128 characters)")
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise ValueError(f"value of {name} must be a string; quote it, e.g. {name}: \"1\"")
-        env[name] = value = str(value)
-        if not ENV_NAME.match(name):
-            raise ValueError(f"environment variable name {name!r} is not of the form [A-Z_][A-Z0-9_]*")
-        if "\x00" in value or "\n" in value:
-            raise ValueError(f"value of {name} contains a newline or NUL byte")
-    return env
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"value of {name} is {value!r}; quote it if you mean the text")
+        value = str(value)
+        if len(value) > MAX_TEXT:
+            raise ValueError(f"value of {name} is {len(value)} characters long; at most {MAX_TEXT}")
+        try:
+            check_text(value)
+        except ValueError as exc:
+            raise ValueError(f"value of {name} {exc}") from None
+        out[name] = value
+    return out
+
+
+# Keys of extra_options that tk itself reads (to size, check or report the plan): their type is checked here.
+_OPTION_INTS = {
+    "max_num_tokens": (1, 1 << 20), "max_batch_size": (1, 65536), "max_seq_len": (1, INT32_MAX),
+    "max_input_len": (1, INT32_MAX), "tensor_parallel_size": (1, 256), "pipeline_parallel_size": (1, 64),
+    "moe_expert_parallel_size": (1, 1024), "moe_tensor_parallel_size": (1, 1024),
+}
+_OPTION_BOOLS = {"enable_chunked_prefill", "enable_attention_dp", "disable_overlap_scheduler"}
+_OPTION_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}", re.ASCII)
+
+
+def _check_options(v: Any) -> dict:
+    """TensorRT-LLM LLM-API options: a mapping of option names to plain YAML values (strings, finite numbers
+    that fit in 64 bits, booleans, null, lists, mappings), rendered verbatim into ctx.yaml / gen.yaml."""
+    if not isinstance(v, dict):
+        raise ValueError("must be a mapping of option: value")
+
+    def walk(value, where: str) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not where and (not isinstance(key, str) or not _OPTION_KEY.fullmatch(key)):
+                    raise ValueError(f"option name {_cut(repr(key))} must be an identifier such as max_num_tokens")
+                if not isinstance(key, str) or not key or len(key) > 128:
+                    raise ValueError(f"key {_cut(repr(key))} in {where} must be a name (text of 1-128 characters)")
+                try:
+                    check_text(key)
+                except ValueError as exc:
+                    raise ValueError(f"key {_cut(repr(key))} in {where} {exc}") from None
+                walk(item, f"{where}.{key}" if where else key)
+        elif isinstance(value, list):
+            for i, item in enumerate(value):
+                walk(item, f"{where}[{i}]")
+        elif isinstance(value, bool) or value is None:
+            pass
+        elif isinstance(value, int):
+            if not -(1 << 63) <= value < (1 << 63):
+                raise ValueError(f"{where} = {_cut(str(value))} does not fit in 64 bits")
+        elif isinstance(value, float):
+            if not math.isfinite(value):
+                raise ValueError(f"{where} is {value!r}; give a finite number")
+        elif isinstance(value, str):
+            if len(value) > MAX_TEXT:
+                raise ValueError(f"{where} is {len(value)} characters long; at most {MAX_TEXT}")
+            try:
+                check_text(value)
+            except ValueError as exc:
+                raise ValueError(f"{where} {exc}") from None
+        else:
+            raise ValueError(f"{where} is a {type(value).__name__}; use a string, number, boolean, list or mapping")
+
+    walk(v, "")
+    for key, (lo, hi) in _OPTION_INTS.items():
+        if key in v and (type(v[key]) is not int or not lo <= v[key] <= hi):
+            raise ValueError(f"{key} must be a whole number from {lo} to {hi}, not {_cut(repr(v[key]))}")
+    for key in _OPTION_BOOLS:
+        if key in v and type(v[key]) is not bool:
+            raise ValueError(f"{key} must be true or false, not {_cut(repr(v[key]))}")
+    return v
+
+
+def _check_list(v: Any, what: str) -> Any:
+    if isinstance(v, list) and len(v) > MAX_ITEMS:
+        raise ValueError(f"{len(v)} {what}; at most {MAX_ITEMS}")
+    return v
+
+
+def _text_pattern(pattern: re.Pattern, message: str):
+    def check(v: Optional[str]) -> Optional[str]:
+        if v is not None and not pattern.fullmatch(v):
+            raise ValueError(message)
+        return v
+
+    return check
 
 
 class ClusterSpec(Section):
@@ -50,26 +185,18 @@ class ClusterSpec(Section):
     partition: Optional[str] = None
     account: Optional[str] = None
     time_limit: str = "02:00:00"
-    container_image: Optional[str] = None
-    container_mounts: list[str] = Field(default_factory=list)
+    container_image: Optional[Text] = None
+    container_mounts: Annotated[list[Text], BeforeValidator(lambda v: _check_list(v, "mounts"))] = \
+        Field(default_factory=list)
     worker_base_port: int = Field(8336, ge=1024, le=65000)
     share_nodes: bool = False  # generation servers may use GPUs left free on context nodes
-    pending_timeout_s: int = Field(1800, ge=1, le=7 * 86400)
+    pending_timeout_s: int = Field(1800, ge=1, le=WEEK_S)
     startup_timeout_s: int = Field(1800, ge=1, le=86400)
 
-    @field_validator("time_limit")
-    @classmethod
-    def _time_limit(cls, v: str) -> str:
-        if not TIME_LIMIT.match(v):
-            raise ValueError("time_limit must be Slurm's [D-]HH:MM[:SS] or minutes, e.g. 02:00:00")
-        return v
-
-    @field_validator("partition", "account")
-    @classmethod
-    def _slurm_name(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not re.match(r"^[A-Za-z0-9_.-]+$", v):
-            raise ValueError("must contain only letters, digits, '_', '.' and '-'")
-        return v
+    _time_limit = field_validator("time_limit")(classmethod(lambda cls, v: _text_pattern(
+        TIME_LIMIT, "time_limit must be Slurm's [D-]HH:MM[:SS] or minutes, e.g. 02:00:00 (ASCII digits)")(v)))
+    _slurm_name = field_validator("partition", "account")(classmethod(lambda cls, v: _text_pattern(
+        SLURM_NAME, "must be 1-128 letters, digits, '_', '.' and '-'")(v)))
 
     @field_validator("container_mounts")
     @classmethod
@@ -93,10 +220,11 @@ class RoleSpec(Section):
     max_num_tokens: Optional[int] = Field(None, ge=1, le=1 << 20)
     free_gpu_memory_fraction: Optional[float] = Field(None, gt=0.0, le=1.0)
     cuda_graph: Optional[bool] = None
-    model_path: Optional[str] = None
-    quantization: Optional[str] = None
-    extra_options: dict = Field(default_factory=dict)
-    extra_serve_args: list[str] = Field(default_factory=list)
+    model_path: Optional[PathText] = None
+    quantization: Optional[Text] = None
+    extra_options: Annotated[dict, BeforeValidator(_check_options)] = Field(default_factory=dict)
+    extra_serve_args: Annotated[list[Text], BeforeValidator(lambda v: _check_list(v, "arguments"))] = \
+        Field(default_factory=list)
     env: dict[str, str] = Field(default_factory=dict)
 
     _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _check_env(v)))
@@ -109,19 +237,14 @@ class KvTransferSpec(Section):
     transport: Literal[TRANSPORTS] = "infiniband"  # type: ignore[valid-type]
     tokens_per_block: int = Field(32, ge=1, le=1024)
     dtype: Literal["auto", "fp8", "nvfp4"] = "auto"
-    max_tokens_in_buffer: Optional[int] = Field(None, ge=1)
-    kv_transfer_timeout_ms: Optional[int] = Field(60000, ge=1)
+    max_tokens_in_buffer: Optional[int] = Field(None, ge=1, le=INT32_MAX)
+    kv_transfer_timeout_ms: Optional[int] = Field(60000, ge=1, le=INT32_MAX)  # a C++ int in TensorRT-LLM
     net_devices: Optional[str] = None
     env: dict[str, str] = Field(default_factory=dict)
 
     _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _check_env(v)))
-
-    @field_validator("net_devices")
-    @classmethod
-    def _net_devices(cls, v: Optional[str]) -> Optional[str]:
-        if v is not None and not re.match(r"^[A-Za-z0-9_.:,-]+$", v):
-            raise ValueError("net_devices must look like mlx5_0:1,mlx5_1:1")
-        return v
+    _net_devices = field_validator("net_devices")(classmethod(lambda cls, v: _text_pattern(
+        NET_DEVICES, "net_devices must look like mlx5_0:1,mlx5_1:1")(v)))
 
 
 class TrafficSpec(Section):
@@ -130,7 +253,7 @@ class TrafficSpec(Section):
     max_input_len: int = Field(4096, ge=1, le=1 << 21)
     max_output_len: int = Field(1024, ge=1, le=1 << 20)
     prefix_len: int = Field(0, ge=0, le=1 << 21)
-    typical_input_len: Optional[int] = Field(None, ge=1)
+    typical_input_len: Optional[int] = Field(None, ge=1, le=1 << 21)
 
 
 class SpeculativeSpec(Section):
@@ -145,22 +268,22 @@ class ProxySpec(Section):
     port: int = Field(8000, ge=1024, le=65535)
     context_router: Literal[ROUTERS] = "round_robin"  # type: ignore[valid-type]
     generation_router: Literal[ROUTERS] = "round_robin"  # type: ignore[valid-type]
-    conditional_max_local_prefill_length: Optional[int] = Field(None, ge=0)
-    server_start_timeout_s: int = Field(1800, ge=1)
-    request_timeout_s: int = Field(7200, ge=1)
+    conditional_max_local_prefill_length: Optional[int] = Field(None, ge=0, le=1 << 21)
+    server_start_timeout_s: int = Field(1800, ge=1, le=WEEK_S)
+    request_timeout_s: int = Field(7200, ge=1, le=WEEK_S)
     max_retries: int = Field(1, ge=0, le=16)
 
 
 class Recipe(Section):
     """A whole recipe file."""
 
-    schema_version: Literal[1]
+    schema_version: Annotated[Literal[1], BeforeValidator(_strict_one)]
     name: str
-    description: str = ""
+    description: Annotated[str, Field(max_length=1000), AfterValidator(check_text)] = ""
     engine: Literal["trtllm", "standin"] = "trtllm"
-    model: str
-    model_path: Optional[str] = None
-    quantization: Optional[str] = None
+    model: PathText
+    model_path: Optional[PathText] = None
+    quantization: Optional[Text] = None
     trtllm_version: str = trtllm.LATEST
     cluster: ClusterSpec
     context: RoleSpec = Field(default_factory=RoleSpec)
@@ -173,16 +296,21 @@ class Recipe(Section):
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
-        if not SAFE_NAME.match(v):
+        if not SAFE_NAME.fullmatch(v):
             raise ValueError("name must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit")
         return v
 
     @field_validator("trtllm_version", mode="before")
     @classmethod
     def _version(cls, v):
+        # The loader passes `trtllm_version: 1.10` on as the text "1.10"; a number that reaches here lost its
+        # text (1.10 would be 1.1), so it is refused rather than guessed.
         if isinstance(v, (int, float)) and not isinstance(v, bool):
-            v = str(v)  # `trtllm_version: 1.2` is a YAML float; accept it as written
+            raise ValueError(f"trtllm_version is the number {v!r}; write it as a quoted string, e.g. "
+                             f"trtllm_version: \"{v}\" (1.10 unquoted would be read as 1.1)")
         if not isinstance(v, str):
             raise ValueError("trtllm_version must be a string such as \"1.2\"")
+        if not VERSION.fullmatch(v):
+            raise ValueError("trtllm_version must look like \"1.2\" or \"1.2.0rc3\"")
         trtllm.get(v)  # raises with the supported list
         return v
