@@ -9,41 +9,18 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shlex
 from dataclasses import asdict
 from pathlib import Path
 
-import jinja2
-import yaml
 
 from toolkit.facts import trtllm
 from toolkit.plan.model import Plan
+from toolkit.render.escape import RenderError, environment, to_yaml  # noqa: F401 (re-exported)
 from toolkit.render.output import write_atomically
-from toolkit.resources import templates_dir
 
 # The files `tk render` writes, in the order the manifest lists them.
 RENDERED_FILES = ("ctx.yaml", "gen.yaml", "disagg.yaml", "ctx.env", "gen.env", "proxy.env", "launch.sbatch")
 MANIFEST = "manifest.json"
-
-
-class _Dumper(yaml.SafeDumper):
-    """Block-style YAML; never emits anchors, so every file reads on its own."""
-
-    def ignore_aliases(self, data):
-        return True
-
-
-def to_yaml(value) -> str:
-    return yaml.dump(value, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100).rstrip("\n")
-
-
-def _environment() -> jinja2.Environment:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, autoescape=False,
-                             comment_start_string="{##", comment_end_string="##}")  # bash uses ${#x}
-    env.filters["to_yaml"] = to_yaml
-    env.filters["sh"] = lambda v: shlex.quote(str(v))
-    return env
 
 
 def worker_command(plan: Plan, role_name: str, port: int) -> list[str]:
@@ -79,7 +56,7 @@ def _srun_flags(plan: Plan) -> list[str]:
 
 def render_files(plan: Plan) -> dict[str, str]:
     """Every file of the deployment, name -> text, manifest included. Pure: writes nothing."""
-    env = _environment()
+    env = environment()
     recipe_name = os.path.basename(plan.recipe_file)
     common = {"plan": plan, "recipe_name": recipe_name}
     files = {

@@ -13,17 +13,14 @@ peers notice a dead agent in well under a second instead of waiting for a timeou
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import subprocess
 import time
 from pathlib import Path
 
-import jinja2
-
 from toolkit.runtime import slurm
 from toolkit.validate.params import ValidateError
-from toolkit.resources import templates_dir
+from toolkit.render.escape import environment
 
 # $1 python  $2 agent.pyz  $3 params.json  $4 agent id  $5 exit marker
 WRAPPER = ('"$1" "$2" "$3" "$4"; rc=$?; printf "%s\\n" "$rc" > "$5.tmp.$$" && mv -f "$5.tmp.$$" "$5"; exit "$rc"')
@@ -139,10 +136,7 @@ nodes_sharing_a_host = slurm.nodes_sharing_a_host
 
 
 def render_sbatch(plan, params: dict, run_dir: Path, python: str, srun_flags: list[str], time_limit: str) -> str:
-    env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
-                             keep_trailing_newline=True, autoescape=False,
-                             comment_start_string="{##", comment_end_string="##}")
-    env.filters["sh"] = lambda v: shlex.quote(str(v))
+    env = environment()
     per_node: dict[int, int] = {}
     for a in params["agents"]:
         per_node[a["node"]] = per_node.get(a["node"], 0) + 1
