@@ -28,7 +28,8 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
     try:
         model = resolve_model(r.model, base_dir=loaded.base_dir)
     except ModelError as exc:
-        c.add("model", str(exc), "use a name from `tk recipes --models` or a directory with config.json")
+        c.add("model", str(exc),
+              exc.fix or "use a name from `tk recipes --models` or a directory with config.json")
         raise RecipeError(c.violations) from None
 
     transport = TRANSPORT_PROFILES[r.kv_transfer.transport]
