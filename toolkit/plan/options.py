@@ -14,15 +14,10 @@ from toolkit.plan.sizing import ceil_to, longest_input
 from toolkit.recipe.schema import Recipe, RoleSpec
 
 
-def llm_api_options(r: Recipe, title: str, role: RoleSpec, model: ModelSpec, version: trtllm.TrtllmVersion,
-                    buffer: BufferSizing) -> dict:
-    """The exact content of ctx.yaml / gen.yaml: what tk derives, with the recipe's extra_options merged in last."""
-    return deep_merge(derived_options(r, title, role, model, version, buffer), role.extra_options)
-
-
 def derived_options(r: Recipe, title: str, role: RoleSpec, model: ModelSpec, version: trtllm.TrtllmVersion,
                     buffer: BufferSizing) -> dict:
-    """The LLM-API options tk derives from the recipe (before the recipe's extra_options are merged in)."""
+    """The LLM-API options tk derives from the recipe. ctx.yaml / gen.yaml hold these with the role's checked
+    extra_options merged in last (``deep_merge``, in ``build``)."""
     is_ctx = title == "context"
     kv = r.kv_transfer
     tpb = kv.tokens_per_block
