@@ -31,9 +31,11 @@ def test_user_buffer_smaller_than_longest_input_is_an_error():
 
 
 def test_buffer_must_be_identical_on_both_roles():
+    # A per-role override of a value both roles must share is refused, naming the one field that sets it.
     text = BASE + "generation:\n  extra_options:\n    kv_cache_config:\n      tokens_per_block: 64\n"
-    vs = violations_of(text)
-    assert any("disagree on tokens_per_block" in v.message for v in vs)
+    [v] = violations_of(text)
+    assert v.field == "generation.extra_options.kv_cache_config.tokens_per_block"
+    assert "kv_transfer.tokens_per_block" in v.fix
 
 
 def test_max_num_tokens_must_be_a_multiple_of_tokens_per_block():
@@ -50,7 +52,8 @@ def test_context_max_num_tokens_must_hold_the_longest_input():
 
 def test_roles_must_agree_on_kv_dtype():
     text = BASE + "context:\n  extra_options:\n    kv_cache_config:\n      dtype: fp8\n"
-    assert any("disagree on KV dtype" in v.message for v in violations_of(text))
+    [v] = violations_of(text)
+    assert v.field == "context.extra_options.kv_cache_config.dtype" and "kv_transfer.dtype" in v.fix
 
 
 def test_roles_must_agree_on_model_and_quantization():
@@ -62,7 +65,8 @@ def test_roles_must_agree_on_speculative_config():
     text = DEEPSEEK + ("context:\n  tp: 8\n  ep: 8\n  attention_dp: true\ngeneration:\n  tp: 8\n  ep: 8\n"
                        "  extra_options:\n    speculative_config: {decoding_type: MTP, num_nextn_predict_layers: 2}\n"
                        "speculative:\n  mtp_layers: 1\n")
-    assert any("speculative config" in v.message for v in violations_of(text))
+    [v] = violations_of(text)
+    assert v.field == "generation.extra_options.speculative_config" and "speculative.mtp_layers" in v.fix
 
 
 # --- GPU accounting and ports --------------------------------------------------------------------

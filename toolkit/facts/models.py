@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -20,7 +21,11 @@ KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "nvfp4": 0.5
 
 
 class ModelError(ValueError):
-    """A model name or directory tk cannot use; the message says why and what to do."""
+    """A model name or directory tk cannot use; the message says why, ``fix`` what to do."""
+
+    def __init__(self, message: str, fix: str = ""):
+        super().__init__(message)
+        self.fix = fix
 
 
 @dataclass(frozen=True)
@@ -129,7 +134,11 @@ def resolve_model(name_or_dir: str, base_dir: str | os.PathLike | None = None) -
     path = Path(name_or_dir).expanduser()
     if not path.is_absolute() and base_dir is not None:
         path = Path(base_dir) / path
-    if path.is_dir():
+    try:
+        is_dir = path.is_dir()
+    except (OSError, ValueError):  # a name the OS cannot take (NUL byte, too long)
+        is_dir = False
+    if is_dir:
         return from_config_json(path / "config.json")
     raise ModelError(
         f"unknown model {name_or_dir!r}: use a built-in name ({', '.join(builtin_names())}) "
@@ -141,57 +150,146 @@ def _looks_like_path(s: str) -> bool:
     return s.startswith(("/", "./", "../", "~"))
 
 
-def from_config_json(path: Path) -> ModelSpec:
-    """Read the attention geometry from a Hugging Face config.json."""
-    if not path.is_file():
-        raise ModelError(f"{path}: no config.json in the model directory")
+# The most a config.json may hold (bytes), and the bounds of the fields tk reads: far above any real model,
+# low enough that every number tk derives (bytes per token, parameter estimates) stays a finite float.
+CONFIG_MAX_BYTES = 16 << 20
+_BOUNDS = {
+    "layers": 1 << 16, "heads": 1 << 16, "kv_heads": 1 << 16, "hidden": 1 << 20, "head_dim": 1 << 16,
+    "experts": 1 << 16, "topk": 1 << 16, "positions": 1 << 31, "ffn": 1 << 24, "vocab": 1 << 28,
+    "kv_lora_rank": 1 << 16, "qk_rope_head_dim": 1 << 16,
+}
+_MISSING = object()
+
+
+def _short(value) -> str:
+    text = json.dumps(value, allow_nan=True) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _read_config(path: Path) -> dict:
     try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelError(f"{path}: not a readable JSON file ({exc})") from None
+        if not path.is_file():
+            raise ModelError(f"{path}: no config.json in the model directory",
+                             "point model at a directory that holds the checkpoint's Hugging Face config.json")
+        with open(path, "rb") as f:
+            data = f.read(CONFIG_MAX_BYTES + 1)
+    except OSError as exc:
+        raise ModelError(f"{path}: cannot read the file ({exc.strerror or exc})",
+                         "make config.json readable by the user running tk") from None
+    if len(data) > CONFIG_MAX_BYTES:
+        raise ModelError(f"{path}: larger than {CONFIG_MAX_BYTES >> 20} MiB; not a model config.json",
+                         "point model at a directory with the checkpoint's Hugging Face config.json")
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ModelError(f"{path}: not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r})",
+                         "config.json must be the UTF-8 JSON file the checkpoint ships with") from None
+    try:
+        cfg = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ModelError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})",
+                         "fix the JSON syntax, or restore the checkpoint's original config.json") from None
+    except RecursionError:
+        raise ModelError(f"{path}: nested too deeply to be a model config.json",
+                         "restore the checkpoint's original config.json") from None
     if not isinstance(cfg, dict):
-        raise ModelError(f"{path}: expected a JSON object")
-    cfg = {**cfg.get("text_config", {}), **cfg} if isinstance(cfg.get("text_config"), dict) else cfg
+        raise ModelError(f"{path}: expected a JSON object, got {type(cfg).__name__}",
+                         "config.json must be a JSON object of the model's settings")
+    text_cfg = cfg.get("text_config")
+    if isinstance(text_cfg, dict):  # multimodal checkpoints keep the language model's settings here
+        cfg = {**text_cfg, **cfg}
+    return cfg
 
-    def need(*keys):
-        for k in keys:
-            if isinstance(cfg.get(k), int) and not isinstance(cfg.get(k), bool):
-                return cfg[k]
-        raise ModelError(f"{path}: missing integer field {keys[0]!r}; tk needs it to size the KV cache")
 
-    layers = need("num_hidden_layers", "n_layer", "num_layers")
-    heads = need("num_attention_heads", "n_head")
-    hidden = cfg.get("hidden_size") or cfg.get("n_embd") or 0
-    experts = int(cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0)
-    topk = int(cfg.get("num_experts_per_tok") or cfg.get("num_experts_per_token") or 0)
-    params = _estimate_params(cfg, layers, hidden, experts)
-    active = _estimate_params(cfg, layers, hidden, topk) if experts else params
+def from_config_json(path: Path) -> ModelSpec:
+    """Read the attention geometry from a Hugging Face config.json; every number tk uses is checked."""
+    cfg = _read_config(path)
+
+    def bad(key: str, value, what: str, fix: str = "") -> ModelError:
+        return ModelError(f"{path}: {key}: {_short(value)} {what}",
+                          fix or f"set {key} in {path} to the value the checkpoint was trained with "
+                                 f"(a positive integer)")
+
+    def integer(keys: tuple[str, ...], bound: str, required: bool = False, default=_MISSING, zero_ok=False):
+        """The first of keys that is present (null counts as absent), as a positive integer within bounds."""
+        for key in keys:
+            value = cfg.get(key)
+            if value is None:
+                continue
+            if isinstance(value, float) and math.isfinite(value) and value.is_integer():
+                number = int(value)  # 64.0 is 64; 64.5 is refused below
+            elif isinstance(value, int) and not isinstance(value, bool):
+                number = value
+            else:
+                raise bad(key, value, "is not an integer")
+            if number < 0 or (number == 0 and not zero_ok):
+                raise bad(key, value, "must be positive" if not zero_ok else "must not be negative")
+            if number > _BOUNDS[bound]:
+                raise bad(key, value, f"is larger than any model tk can size (at most {_BOUNDS[bound]})")
+            return key, number
+        if required:
+            raise ModelError(f"{path}: missing integer field {keys[0]!r}; tk needs it to size the KV cache",
+                             f"add {keys[0]} to {path} (the checkpoint's own value)")
+        return None, default
+
+    _, layers = integer(("num_hidden_layers", "n_layer", "num_layers"), "layers", required=True)
+    heads_key, heads = integer(("num_attention_heads", "n_head"), "heads", required=True)
+    hidden_key, hidden = integer(("hidden_size", "n_embd"), "hidden", default=0)
+    experts_key, experts = integer(("n_routed_experts", "num_local_experts", "num_experts"), "experts", default=0)
+    topk_key, topk = integer(("num_experts_per_tok", "num_experts_per_token"), "topk", default=0)
+    if experts and topk > experts:
+        raise bad(topk_key, topk, f"is more than the model's {experts} experts ({experts_key})",
+                  f"set {topk_key} in {path} to at most {experts}")
+    _, positions = integer(("max_position_embeddings",), "positions", default=0)
+    ffn_key = "moe_intermediate_size" if experts and cfg.get("moe_intermediate_size") is not None \
+        else "intermediate_size"
+    _, ffn = integer((ffn_key,), "ffn", default=0)
+    _, vocab = integer(("vocab_size",), "vocab", default=0)
+    dtype = cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))
+    if dtype is None:
+        dtype = "bfloat16"
+    if not isinstance(dtype, str) or not re.fullmatch(r"[A-Za-z0-9_.]{1,32}", dtype):
+        raise bad("torch_dtype", dtype, "is not a dtype name",
+                  f"set torch_dtype in {path} to the checkpoint's dtype, e.g. \"bfloat16\"")
     name = str(path.parent)
-    if isinstance(cfg.get("kv_lora_rank"), int):
-        return ModelSpec(name=name, num_layers=layers, num_attention_heads=heads, num_kv_heads=1,
-                         head_dim=cfg["kv_lora_rank"] + int(cfg.get("qk_rope_head_dim", 0)),
-                         params=params, active_params=active, attention="mla",
-                         kv_lora_rank=cfg["kv_lora_rank"], qk_rope_head_dim=int(cfg.get("qk_rope_head_dim", 0)),
-                         num_experts=experts, experts_per_token=topk,
-                         max_position_embeddings=int(cfg.get("max_position_embeddings", 0)),
-                         dtype=str(cfg.get("torch_dtype", "bfloat16")), source=str(path))
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or (hidden // heads if hidden else 0)
+
+    def spec(hidden_for_estimate: int, **attention) -> ModelSpec:
+        params = _estimate_params(layers, hidden_for_estimate, ffn, vocab, experts)
+        active = _estimate_params(layers, hidden_for_estimate, ffn, vocab, topk) if experts else params
+        return ModelSpec(name=name, num_layers=layers, num_attention_heads=heads, params=params,
+                         active_params=active, num_experts=experts, experts_per_token=topk,
+                         max_position_embeddings=positions, dtype=dtype, source=str(path), **attention)
+
+    if cfg.get("kv_lora_rank") is not None:  # multi-head latent attention (DeepSeek-V2/V3/R1)
+        _, rank = integer(("kv_lora_rank",), "kv_lora_rank")
+        _, rope = integer(("qk_rope_head_dim",), "qk_rope_head_dim", default=0, zero_ok=True)
+        if not hidden:
+            raise ModelError(f"{path}: missing integer field 'hidden_size'; tk needs it to estimate the prefill",
+                             f"add hidden_size to {path} (the checkpoint's own value)")
+        return spec(hidden, num_kv_heads=1, head_dim=rank + rope, attention="mla", kv_lora_rank=rank,
+                    qk_rope_head_dim=rope)
+    kv_key, kv_heads = integer(("num_key_value_heads",), "kv_heads", default=heads)
+    if kv_key and kv_heads > heads:
+        raise bad(kv_key, kv_heads, f"is more than {heads_key} ({heads})",
+                  f"set {kv_key} in {path} to a divisor of {heads_key} ({heads})")
+    if heads % kv_heads:
+        raise bad(kv_key, kv_heads, f"does not divide {heads_key} ({heads}); grouped-query attention shares "
+                  "each KV head among a whole number of query heads",
+                  f"set {kv_key} in {path} to a divisor of {heads}")
+    _, head_dim = integer(("head_dim",), "head_dim", default=0)
     if not head_dim:
-        raise ModelError(f"{path}: neither head_dim nor hidden_size is set; tk cannot size the KV cache")
-    return ModelSpec(name=name, num_layers=layers, num_attention_heads=heads, num_kv_heads=int(kv_heads),
-                     head_dim=int(head_dim), params=params, active_params=active,
-                     num_experts=experts, experts_per_token=topk,
-                     max_position_embeddings=int(cfg.get("max_position_embeddings", 0)),
-                     dtype=str(cfg.get("torch_dtype", "bfloat16")), source=str(path))
+        if not hidden:
+            raise ModelError(f"{path}: neither head_dim nor hidden_size is set; tk cannot size the KV cache",
+                             f"add head_dim (or hidden_size) to {path}")
+        if hidden % heads:
+            raise bad(hidden_key, hidden, f"is not a multiple of {heads_key} ({heads}), so head_dim is not a "
+                      "whole number", f"correct {hidden_key}, or add the checkpoint's head_dim to {path}")
+        head_dim = hidden // heads
+    return spec(hidden or heads * head_dim, num_kv_heads=kv_heads, head_dim=head_dim)
 
 
-def _estimate_params(cfg: dict, layers: int, hidden: int, experts: int) -> float:
+def _estimate_params(layers: int, hidden: int, ffn: int, vocab: int, experts: int) -> float:
     """Rough parameter count: attention 4h^2 plus MLP 3·h·ffn per (active) expert, plus embeddings."""
-    if not hidden:
-        return 0.0
-    ffn = cfg.get("moe_intermediate_size") if experts else None
-    ffn = ffn or cfg.get("intermediate_size") or 4 * hidden
+    ffn = ffn or 4 * hidden
     mlp = 3 * hidden * ffn * max(experts, 1)
-    vocab = cfg.get("vocab_size") or 0
     return float(layers * (4 * hidden * hidden + mlp) + 2 * vocab * hidden)

@@ -76,10 +76,57 @@ BACKEND_SELECTORS = {"NIXL": "TRTLLM_USE_NIXL_KVCACHE", "UCX": "TRTLLM_USE_UCX_K
 # Environment variables a recipe may not set because tk owns them: name -> the recipe field tk derives it from.
 TK_OWNED_ENV = {"UCX_TLS": "kv_transfer.transport", NIXL_BACKEND_ENV: "kv_transfer.transport",
                 "UCX_NET_DEVICES": "kv_transfer.net_devices"}
-# LLM-API option keys a recipe may not set in extra_options: key -> (the recipe section tk renders it from,
-# what to do instead).
+# LLM-API option keys tk writes from the recipe: dotted path in the options file -> the recipe field that sets it
+# ("{role}" is context or generation). A recipe's extra_options may repeat such a key only with exactly the
+# value tk writes (harmless, e.g. pasted from an upstream config); any other value is refused and names the field.
+# A path tk does not write for a plan (moe_expert_parallel_size of a dense model, speculative_config without MTP,
+# kv_transfer_timeout_ms where the line lacks it) has no value to repeat, so any value is refused.
 TK_OWNED_OPTIONS = {
-    "cache_transceiver_config": ("kv_transfer", "set kv_transfer.backend / max_tokens_in_buffer instead"),
+    "model": "{role}.model_path (or model_path)",  # trtllm-serve's MODEL argument
+    "backend": "engine (tk always serves the pytorch backend)",  # --backend pytorch
+    "tensor_parallel_size": "{role}.tp",
+    "pipeline_parallel_size": "{role}.pp",
+    "moe_expert_parallel_size": "{role}.ep",
+    "enable_attention_dp": "{role}.attention_dp",
+    "max_batch_size": "{role}.max_batch_size",
+    "max_num_tokens": "{role}.max_num_tokens",
+    "max_seq_len": "traffic.max_input_len / prefix_len / max_output_len",
+    "kv_cache_config.tokens_per_block": "kv_transfer.tokens_per_block",
+    "kv_cache_config.dtype": "kv_transfer.dtype",
+    "kv_cache_config.free_gpu_memory_fraction": "{role}.free_gpu_memory_fraction",
+    "cache_transceiver_config.backend": "kv_transfer.backend",
+    "cache_transceiver_config.max_tokens_in_buffer": "kv_transfer.max_tokens_in_buffer",
+    "cache_transceiver_config.kv_transfer_timeout_ms": "kv_transfer.kv_transfer_timeout_ms",
+    "speculative_config": "speculative.mtp_layers",
+}
+# Owned keys tk passes on the command line rather than in the options file, with the value it passes there
+# (None: the plan supplies it, e.g. the role's model path).
+TK_IMPLIED_OPTIONS = {"backend": PYTORCH_BACKEND, "model": None}
+# The kind of value TensorRT-LLM's pydantic models take for the option keys tk (or the stand-in) reads; a value
+# of another kind fails at start-up, or in tk's own checks. "mapping?" also takes null.
+OPTION_KINDS = {
+    "tensor_parallel_size": "positive integer", "pipeline_parallel_size": "positive integer",
+    "moe_expert_parallel_size": "positive integer", "max_batch_size": "positive integer",
+    "max_num_tokens": "positive integer", "max_seq_len": "positive integer", "max_input_len": "positive integer",
+    "enable_attention_dp": "boolean", "enable_chunked_prefill": "boolean", "print_iter_log": "boolean",
+    "disable_overlap_scheduler": "boolean", "trust_remote_code": "boolean",
+    "kv_cache_config": "mapping", "cache_transceiver_config": "mapping", "cuda_graph_config": "mapping?",
+    "moe_config": "mapping?", "speculative_config": "mapping?",
+    "kv_cache_config.tokens_per_block": "positive integer", "kv_cache_config.enable_block_reuse": "boolean",
+    "kv_cache_config.free_gpu_memory_fraction": "fraction", "kv_cache_config.dtype": "kv dtype",
+    "kv_cache_config.max_tokens": "positive integer", "kv_cache_config.event_buffer_max_size": "integer",
+    "cache_transceiver_config.max_tokens_in_buffer": "positive integer",
+    "cache_transceiver_config.kv_transfer_timeout_ms": "positive integer",
+    "cache_transceiver_config.kv_transfer_sender_future_timeout_ms": "positive integer",
+    "cuda_graph_config.batch_sizes": "list of positive integers", "cuda_graph_config.max_batch_size": "integer",
+    "cuda_graph_config.enable_padding": "boolean",
+}
+# Sections of the options file whose keys the version table lists: section -> the TrtllmVersion field.
+# speculative_config is checked only for decoding_type MTP (the one tk renders).
+OPTION_SECTIONS = {
+    "kv_cache_config": "kv_cache_config_keys", "cache_transceiver_config": "cache_transceiver_keys",
+    "cuda_graph_config": "cuda_graph_config_keys", "moe_config": "moe_config_keys",
+    "speculative_config": "mtp_config_keys",
 }
 # What TensorRT-LLM checks when a generation server connects to a context server:
 # (what, path in the LLM-API options, the recipe field that sets it once for both roles).
@@ -200,6 +247,39 @@ _MOE = {"backend", "max_num_tokens", "load_balancer"}
 # --extra_llm_api_options) and a few more; spot-checked in stored tensorrt_llm/commands/serve.py versions
 # (early 2025 and newest), not at the tags.
 _SERVE_FLAGS = {*SERVE_FLAG.values(), "--gpus_per_node", "--log_level", "--trust_remote_code"}
+# Further `trtllm-serve serve` flags a recipe's extra_serve_args may pass (reference: trtllm-disagg.md §6; the
+# stand-in accepts the same): True = takes a value, False = a switch. Not checked per release line.
+SERVE_FLAGS_MORE = {
+    "--tensor_parallel_size": True, "--pipeline_parallel_size": True, "--context_parallel_size": True,
+    "--cp_size": True, "--moe_expert_parallel_size": True, "--moe_cluster_parallel_size": True,
+    "--cluster_size": True, "--max_batch_size": True, "--max_num_tokens": True, "--max_seq_len": True,
+    "--max_beam_width": True, "--free_gpu_memory_fraction": True, "--kv_cache_free_gpu_memory_fraction": True,
+    "--tokenizer": True, "--num_postprocess_workers": True, "--reasoning_parser": True,
+    "--enable_chunked_prefill": False, "--server_role": True, "--config": True,
+}
+SERVE_SWITCHES = {"--trust_remote_code", "--enable_chunked_prefill"}
+# Long spellings of the same setting -> the flag tk writes.
+SERVE_FLAG_ALIASES = {
+    "--tensor_parallel_size": "--tp_size", "--pipeline_parallel_size": "--pp_size",
+    "--moe_expert_parallel_size": "--ep_size", "--context_parallel_size": "--cp_size",
+    "--moe_cluster_parallel_size": "--cluster_size",
+    "--kv_cache_free_gpu_memory_fraction": "--free_gpu_memory_fraction", "--config": "--extra_llm_api_options",
+}
+SERVE_INT_FLAGS = {"--port", "--tp_size", "--pp_size", "--ep_size", "--cp_size", "--cluster_size", "--gpus_per_node",
+                   "--max_batch_size", "--max_num_tokens", "--max_seq_len", "--max_beam_width",
+                   "--num_postprocess_workers"}
+# Flags (canonical spelling) tk sets itself, or whose setting tk writes into the options file (which wins over
+# the flag): a recipe's extra_serve_args may not pass them. Flag -> the recipe field to set instead.
+TK_OWNED_SERVE_FLAGS = {
+    SERVE_FLAG["host"]: "nothing (tk binds each server to its node's address)",
+    SERVE_FLAG["port"]: "cluster.worker_base_port",
+    SERVE_FLAG["backend"]: "engine (tk always serves the pytorch backend)",
+    SERVE_FLAG["tp"]: "{role}.tp", SERVE_FLAG["pp"]: "{role}.pp", SERVE_FLAG["ep"]: "{role}.ep",
+    OPTIONS_FILE_FLAG: "{role}.extra_options",
+    "--max_batch_size": "{role}.max_batch_size", "--max_num_tokens": "{role}.max_num_tokens",
+    "--max_seq_len": "traffic.max_input_len / max_output_len",
+    "--free_gpu_memory_fraction": "{role}.free_gpu_memory_fraction",
+}
 # `trtllm-serve disaggregated`: -c/--config_file, -t/--server_start_timeout, -r/--request_timeout in an
 # early-2025 serve.py and in a mid/late-2025 one, which also has -m/--metadata_server_config_file and
 # -l/--log_level. tk passes only -c, -t and -r. Whether 1.0 has -m is unverified (left as before).
@@ -306,6 +386,15 @@ _register(TrtllmVersion(
 
 SUPPORTED = tuple(_VERSIONS)
 LATEST = SUPPORTED[-1]
+
+
+def serve_flag_table(version: TrtllmVersion) -> dict[str, bool]:
+    """Every `trtllm-serve MODEL` flag the line accepts -> whether it takes a value."""
+    flags = {f: f not in SERVE_SWITCHES for f in version.serve_flags}
+    flags.update(SERVE_FLAGS_MORE)
+    if version.line == "1.0":
+        flags.pop("--config")  # older releases only know --extra_llm_api_options
+    return flags
 
 
 def get(line: str) -> TrtllmVersion:

@@ -28,7 +28,8 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
     try:
         model = resolve_model(r.model, base_dir=loaded.base_dir)
     except ModelError as exc:
-        c.add("model", str(exc), "use a name from `tk recipes --models` or a directory with config.json")
+        c.add("model", str(exc),
+              exc.fix or "use a name from `tk recipes --models` or a directory with config.json")
         raise RecipeError(c.violations) from None
 
     transport = TRANSPORT_PROFILES[r.kv_transfer.transport]
@@ -36,8 +37,13 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
     rules.check_parallelism(r, model, c)
     buffer = sizing.size_buffer(r, c)
 
-    ctx_opts = options.llm_api_options(r, "context", r.context, model, version, buffer)
-    gen_opts = options.llm_api_options(r, "generation", r.generation, model, version, buffer)
+    merged = {}
+    for title, spec in (("context", r.context), ("generation", r.generation)):
+        derived = options.derived_options(r, title, spec, model, version, buffer)
+        rules.check_extra_options(r, title, spec, derived, version, c)
+        rules.check_extra_serve_args(title, spec, version, c)
+        merged[title] = options.deep_merge(derived, spec.extra_options)
+    ctx_opts, gen_opts = merged["context"], merged["generation"]
     rules.check_role_options(r, ctx_opts, gen_opts, c)
     rules.check_agreement(r, ctx_opts, gen_opts, c)
 

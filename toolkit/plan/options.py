@@ -14,9 +14,10 @@ from toolkit.plan.sizing import ceil_to, longest_input
 from toolkit.recipe.schema import Recipe, RoleSpec
 
 
-def llm_api_options(r: Recipe, title: str, role: RoleSpec, model: ModelSpec, version: trtllm.TrtllmVersion,
+def derived_options(r: Recipe, title: str, role: RoleSpec, model: ModelSpec, version: trtllm.TrtllmVersion,
                     buffer: BufferSizing) -> dict:
-    """The exact content of ctx.yaml / gen.yaml (before the recipe's extra_options are merged in)."""
+    """The LLM-API options tk derives from the recipe. ctx.yaml / gen.yaml hold these with the role's checked
+    extra_options merged in last (``deep_merge``, in ``build``)."""
     is_ctx = title == "context"
     kv = r.kv_transfer
     tpb = kv.tokens_per_block
@@ -62,7 +63,7 @@ def llm_api_options(r: Recipe, title: str, role: RoleSpec, model: ModelSpec, ver
     opts["cache_transceiver_config"] = ct
     if mtp:
         opts["speculative_config"] = {"decoding_type": "MTP", "num_nextn_predict_layers": mtp}
-    return deep_merge(opts, role.extra_options)
+    return opts
 
 
 def deep_merge(base: dict, extra: dict) -> dict:

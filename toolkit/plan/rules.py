@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import difflib
+import math
+import re
+
 from toolkit.errors import Violation
 from toolkit.facts import trtllm
 from toolkit.facts.engines import EngineProfile
@@ -128,6 +132,8 @@ def check_role_options(r: Recipe, ctx_opts: dict, gen_opts: dict, c: Collector) 
     longest = longest_input(r)
     for title, role, opts in (("context", r.context, ctx_opts), ("generation", r.generation, gen_opts)):
         mnt = opts["max_num_tokens"]
+        if not _is_kind(mnt, "positive integer", None):
+            continue  # reported by check_extra_options
         if mnt % tpb:
             c.add(f"{title}.max_num_tokens", f"{mnt} is not a multiple of tokens_per_block={tpb}",
                   f"use {ceil_to(tpb, mnt)}")
@@ -135,16 +141,16 @@ def check_role_options(r: Recipe, ctx_opts: dict, gen_opts: dict, c: Collector) 
             c.add("context.max_num_tokens",
                   f"{mnt} tokens cannot hold the longest admitted input ({longest} tokens) in one prefill",
                   f"use at least {ceil_to(tpb, longest)}, or enable chunked prefill in context.extra_options")
-        for key in role.extra_options:
-            if key in trtllm.TK_OWNED_OPTIONS:
-                source, fix = trtllm.TK_OWNED_OPTIONS[key]
-                c.add(f"{title}.extra_options.{key}", f"tk renders {key} from {source}", fix)
 
 
 def check_agreement(r: Recipe, ctx: dict, gen: dict, c: Collector) -> None:
     """What TensorRT-LLM checks when a generation server connects to a context server."""
+    reported = {v.field for v in c.violations}
     for what, path, field in trtllm.CTX_GEN_MUST_AGREE:
         a, b = _dig(ctx, path), _dig(gen, path)
+        if any(f"{t}.extra_options.{'.'.join(path[:i])}" in reported
+               for t in ("context", "generation") for i in range(1, len(path) + 1)):
+            continue  # an extra_options override of it is already reported, naming the field to set
         if a != b:
             c.add(f"generation.extra_options.{'.'.join(path)}",
                   f"context and generation disagree on {what} ({a!r} vs {b!r}); the KV transfer fails",
@@ -191,3 +197,166 @@ def check_env(r: Recipe, role: str, env: dict, version: trtllm.TrtllmVersion, c:
         if env.get(var) == "1" and backend not in ("DEFAULT", b):
             c.add(f"{role}.env.{var}", f"{var}=1 contradicts kv_transfer.backend {backend}",
                   f"remove {var}; the backend is set in cache_transceiver_config")
+
+
+# --- extra_options and extra_serve_args -------------------------------------------------------------------------
+
+_ABSENT = object()  # an option tk does not write for this plan
+_INT_MAX = (1 << 31) - 1  # TensorRT-LLM hands these to C++ as int32
+
+
+def _show(value) -> str:
+    text = {_ABSENT: "nothing", None: "null", True: "true", False: "false"}.get(value, None) \
+        if value is _ABSENT or value is None or isinstance(value, bool) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_kind(value, kind: str, version) -> bool:
+    def pos_int(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= _INT_MAX
+
+    if kind == "positive integer":
+        return pos_int(value)
+    if kind == "integer":
+        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _INT_MAX
+    if kind == "boolean":
+        return isinstance(value, bool)
+    if kind == "fraction":
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+            and 0 < value <= 1
+    if kind == "kv dtype":
+        return value in version.kv_dtypes
+    if kind == "mapping":
+        return isinstance(value, dict)
+    if kind == "mapping?":
+        return value is None or isinstance(value, dict)
+    if kind == "list of positive integers":
+        return isinstance(value, list) and all(pos_int(v) for v in value)
+    raise AssertionError(kind)
+
+
+def _kind_text(kind: str, version) -> str:
+    if kind == "kv dtype":
+        return f"a KV dtype TensorRT-LLM {version.line} accepts ({', '.join(version.kv_dtypes)})"
+    if kind == "fraction":
+        return "a fraction in (0, 1]"
+    if kind == "mapping?":
+        return "a mapping (or null)"
+    if kind in ("positive integer", "integer"):
+        return f"a{'' if kind == 'integer' else ' positive'} integer (at most {_INT_MAX})"
+    return f"a {kind}"
+
+
+def _same(a, b) -> bool:
+    """Equal values of the same kind (true is not 1, "1" is not 1); 64 and 64.0 are the same number."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return a == b
+    return type(a) is type(b) and a == b
+
+
+def check_extra_options(r: Recipe, title: str, role, derived: dict, version: trtllm.TrtllmVersion,
+                        c: Collector) -> None:
+    """A role's extra_options: keys the version accepts, values of the right kind, nothing tk owns overridden.
+
+    ``derived`` is what tk writes before extra_options are merged in. One violation per key at most.
+    """
+    implied = {**trtllm.TK_IMPLIED_OPTIONS, "model": role.model_path or r.model_path or r.model}
+
+    def check(path: tuple, value, allowed, what: str) -> None:
+        key = path[-1]
+        dotted = ".".join(str(p) for p in path)
+        field = (title, "extra_options", *path)
+        where = f"{title}.extra_options.{dotted}"
+        if not isinstance(key, str):
+            c.add(field, f"option name {_show(key)} is not a string", "write the option name as text")
+            return
+        if key not in allowed:
+            close = difflib.get_close_matches(key, sorted(allowed), n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            c.add(field, f"TensorRT-LLM {version.line} has no {what} {key!r}: it refuses unknown keys at "
+                  f"start-up{hint}", f"rename it to {close[0]!r}" if close else
+                  f"remove {where}, or use a trtllm_version that has it")
+            return
+        owner = trtllm.TK_OWNED_OPTIONS.get(dotted)
+        owner = owner.replace("{role}", title) if owner else None
+        instead = f"set {owner} instead and remove {where}" if owner else ""
+        kind = trtllm.OPTION_KINDS.get(dotted)
+        if kind and not _is_kind(value, kind, version):
+            c.add(field, f"{_show(value)} is not {_kind_text(kind, version)}",
+                  instead or f"give {dotted} {_kind_text(kind, version)}")
+            return
+        if owner:
+            tk_value = implied[key] if key in implied and len(path) == 1 else _dig_or_absent(derived, path)
+            if not _same(value, tk_value):
+                what_tk = (f"tk writes {dotted} = {_show(tk_value)} from {owner}" if tk_value is not _ABSENT
+                           else f"tk writes no {dotted} for this recipe (it follows {owner})")
+                c.add(field, f"{what_tk}; extra_options would change it to {_show(value)}", instead)
+                return
+        section = trtllm.OPTION_SECTIONS.get(dotted)
+        if section and isinstance(value, dict) and not owner:
+            if key == "speculative_config" and value.get("decoding_type") != "MTP":
+                return
+            for sub, sub_value in value.items():
+                check((*path, sub), sub_value, getattr(version, section), f"{key} field")
+
+    for key, value in role.extra_options.items():
+        check((key,), value, version.llm_api_keys, "LLM-API option")
+
+
+def _dig_or_absent(d: dict, path):
+    for k in path:
+        if not isinstance(d, dict) or k not in d:
+            return _ABSENT
+        d = d[k]
+    return d
+
+
+def check_extra_serve_args(title: str, role, version: trtllm.TrtllmVersion, c: Collector) -> None:
+    """A role's extra_serve_args: flags the version's trtllm-serve takes, none that tk sets itself."""
+    known = trtllm.serve_flag_table(version)
+    field = f"{title}.extra_serve_args"
+    args = list(role.extra_serve_args)
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if not arg.startswith("-"):
+            c.add(field, f"{_show(arg)} is not a flag, and no flag before it takes a value (trtllm-serve would "
+                  "read it as a second MODEL)", f"remove it, or put the flag it belongs to before it")
+            continue
+        name, eq, inline = arg.partition("=")
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            hint = f"; did you mean {close[0]}?" if close else ""
+            c.add(field, f"trtllm-serve of TensorRT-LLM {version.line} has no flag {_show(name)}{hint}",
+                  f"use {close[0]}" if close else f"remove {_show(name)} from {field}")
+            if not eq and i < len(args) and not args[i].startswith("-"):
+                i += 1  # most likely its value
+            continue
+        canon = trtllm.SERVE_FLAG_ALIASES.get(name, name)
+        takes_value = known[name]
+        if takes_value and not eq:
+            if i >= len(args):
+                c.add(field, f"{name} needs a value", f"add the value after {name}, or write {name}=VALUE")
+                continue
+            value = args[i]
+            i += 1
+        else:
+            value = inline
+        owner = trtllm.TK_OWNED_SERVE_FLAGS.get(canon)
+        if owner:
+            spelled = name if canon == name else f"{name} (the same as {canon})"
+            owner = owner.replace("{role}", title)
+            c.add(field, f"tk passes {spelled} itself (from {owner}); a second one would contradict the plan",
+                  f"remove {name} from {field}" + ("" if owner.startswith("nothing") else f"; set {owner} instead"))
+            continue
+        if not takes_value and eq:
+            c.add(field, f"{name} is a switch and takes no value", f"write {name} without ={inline}")
+        elif takes_value and canon in trtllm.SERVE_INT_FLAGS and not re.fullmatch(r"[0-9]+", value):
+            c.add(field, f"{name}: {_show(value)} is not an integer", f"give {name} a whole number")

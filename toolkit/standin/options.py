@@ -26,25 +26,9 @@ VERSION_ENV = STANDIN.version_env  # which TensorRT-LLM line to imitate; the pla
 DEFAULT_TRANSFER_BUFFER_BYTES = 512 << 20  # TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE's default
 DEFAULT_TIMEOUT_MS = 60000  # the stand-in's own bound when kv_transfer_timeout_ms is unset or unknown
 
-# `trtllm-serve serve` flags beyond the ones toolkit.facts.trtllm lists as rendered by tk
-# (reference: trtllm-disagg.md §6).
-# Value: True = takes a value, False = a switch. Aliases map to the same setting.
-_SERVE_FLAGS_MORE = {
-    "--tensor_parallel_size": True, "--pipeline_parallel_size": True, "--context_parallel_size": True,
-    "--cp_size": True, "--moe_expert_parallel_size": True, "--moe_cluster_parallel_size": True,
-    "--cluster_size": True, "--max_batch_size": True, "--max_num_tokens": True, "--max_seq_len": True,
-    "--max_beam_width": True, "--free_gpu_memory_fraction": True, "--kv_cache_free_gpu_memory_fraction": True,
-    "--tokenizer": True, "--num_postprocess_workers": True, "--reasoning_parser": True,
-    "--enable_chunked_prefill": False, "--server_role": True, "--config": True,
-}
-_SWITCHES = {"--trust_remote_code", "--enable_chunked_prefill"}
-_ALIASES = {"--tensor_parallel_size": "--tp_size", "--pipeline_parallel_size": "--pp_size",
-            "--moe_expert_parallel_size": "--ep_size", "--context_parallel_size": "--cp_size",
-            "--moe_cluster_parallel_size": "--cluster_size",
-            "--kv_cache_free_gpu_memory_fraction": "--free_gpu_memory_fraction",
-            "--config": "--extra_llm_api_options"}
-_INT_FLAGS = {"--port", "--tp_size", "--pp_size", "--ep_size", "--cp_size", "--cluster_size", "--gpus_per_node",
-              "--max_batch_size", "--max_num_tokens", "--max_seq_len", "--max_beam_width", "--num_postprocess_workers"}
+# The trtllm-serve flags the stand-in accepts: toolkit.facts.trtllm (the plan checks extra_serve_args the same way).
+_ALIASES = trtllm.SERVE_FLAG_ALIASES
+_INT_FLAGS = trtllm.SERVE_INT_FLAGS
 
 
 class ConfigError(Exception):
@@ -62,11 +46,7 @@ def target_version() -> trtllm.TrtllmVersion:
 
 
 def serve_flags(version: trtllm.TrtllmVersion) -> dict[str, bool]:
-    flags = {f: f not in _SWITCHES for f in version.serve_flags}
-    flags.update(_SERVE_FLAGS_MORE)
-    if version.line == "1.0":
-        flags.pop("--config")  # older releases only know --extra_llm_api_options
-    return flags
+    return trtllm.serve_flag_table(version)
 
 
 def parse_serve_args(argv: list[str], version: trtllm.TrtllmVersion) -> tuple[str, dict]:

@@ -1,0 +1,202 @@
+"""Spec: extra_options and extra_serve_args are checked (hostile-findings bug 16, bug 14's extra_options rows).
+
+extra_options: keys the target TensorRT-LLM line accepts; values of the kind tk reads; a key tk writes from a
+recipe field may repeat tk's value but not change it. extra_serve_args: flags the line's trtllm-serve takes, never
+one tk passes itself (in either spelling, `--flag value` or `--flag=value`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.unit.helpers import BASE, plan_of, violations_of
+from toolkit.errors import RecipeError
+from toolkit.facts import trtllm
+
+ROOT = Path(__file__).resolve().parents[2]
+QWEN = (ROOT / "recipes" / "qwen3-smoke.yaml").read_text()
+STANDIN = (ROOT / "recipes" / "standin-2p2d.yaml").read_text()
+MOE = BASE.replace("meta-llama/Llama-3.3-70B-Instruct", "Qwen/Qwen3-235B-A22B")
+
+
+def only(text, *overrides):
+    [v] = violations_of(text, *overrides)
+    return v
+
+
+# --- bug 16 reproductions ----------------------------------------------------------------------------------
+
+def test_unknown_extra_option_is_a_violation_for_trtllm_and_standin_recipes():
+    for text in (QWEN, STANDIN):
+        v = only(text, "context.extra_options.not_an_option=1")
+        assert v.field == "context.extra_options.not_an_option"
+        assert v.file == "--set context.extra_options.not_an_option=1"
+        assert "has no LLM-API option 'not_an_option'" in v.message and v.fix
+
+
+def test_unknown_extra_option_gets_a_did_you_mean():
+    v = only(BASE, "generation.extra_options.max_num_token=64")
+    assert "did you mean 'max_num_tokens'?" in v.message and v.fix == "rename it to 'max_num_tokens'"
+
+
+def test_unknown_key_inside_a_section_is_a_violation():
+    v = only(BASE, "context.extra_options.kv_cache_config.tokens_per_blok=32")
+    assert v.field == "context.extra_options.kv_cache_config.tokens_per_blok"
+    assert "'tokens_per_block'" in v.message
+
+
+def test_key_the_line_lacks_is_refused_for_that_line_only():
+    key = "cache_transceiver_config.kv_transfer_sender_future_timeout_ms=5"
+    plan_of(BASE, "trtllm_version=1.2", f"context.extra_options.{key}")
+    v = only(BASE, "trtllm_version=1.0", f"context.extra_options.{key}")
+    assert "TensorRT-LLM 1.0 has no cache_transceiver_config field" in v.message
+
+
+def test_tensor_parallel_size_contradicting_tp_is_refused_naming_tp():
+    v = only(QWEN, "context.extra_options.tensor_parallel_size=8")
+    assert v.field == "context.extra_options.tensor_parallel_size"
+    assert "tk writes tensor_parallel_size = 1 from context.tp" in v.message
+    assert v.fix == "set context.tp instead and remove context.extra_options.tensor_parallel_size"
+
+
+@pytest.mark.parametrize("override,recipe_field", [
+    ("generation.extra_options.pipeline_parallel_size=2", "generation.pp"),
+    ("context.extra_options.max_batch_size=3", "context.max_batch_size"),
+    ("context.extra_options.backend=tensorrt", "engine"),
+    ("context.extra_options.model=/other", "context.model_path"),
+    ("context.extra_options.kv_cache_config.free_gpu_memory_fraction=0.5", "context.free_gpu_memory_fraction"),
+    ("generation.extra_options.cache_transceiver_config.max_tokens_in_buffer=64",
+     "kv_transfer.max_tokens_in_buffer"),
+    ("context.extra_options.moe_expert_parallel_size=2", "context.ep"),  # dense model: tk writes none
+    ("context.extra_options.max_seq_len=99", "traffic.max_input_len"),
+])
+def test_owned_options_are_refused_when_they_change_tks_value(override, recipe_field):
+    v = only(BASE, override)
+    assert v.field == override.split("=")[0] and recipe_field in v.fix
+
+
+def test_owned_options_may_repeat_tks_value():
+    p = plan_of(MOE, "context.tp=4", "context.extra_options.tensor_parallel_size=4",
+                "context.extra_options.moe_expert_parallel_size=4", "context.extra_options.backend=pytorch",
+                "context.extra_options.kv_cache_config.tokens_per_block=32",
+                "context.extra_options.cache_transceiver_config.backend=NIXL")
+    assert p.context.llm_api_options["tensor_parallel_size"] == 4 and p.context.ep == 4
+    # ... but not the same number in another kind: true is not 1
+    v = only(BASE, "context.extra_options.tensor_parallel_size=true")
+    assert "not a positive integer" in v.message
+
+
+def test_options_tk_does_not_own_stay_tunable():
+    p = plan_of(BASE, "context.extra_options.enable_chunked_prefill=true",
+                "generation.extra_options.cuda_graph_config.batch_sizes=[1, 2]",
+                "generation.extra_options.kv_cache_config.enable_block_reuse=true")
+    assert p.context.llm_api_options["enable_chunked_prefill"] is True
+    assert p.generation.llm_api_options["cuda_graph_config"] == {"enable_padding": True, "batch_sizes": [1, 2]}
+
+
+def test_port_in_extra_serve_args_is_refused():
+    for args in ('["--port", "1"]', '["--port=1"]'):
+        v = only(STANDIN, f"context.extra_serve_args={args}")
+        assert v.field == "context.extra_serve_args" and v.file.startswith("--set ")
+        assert "tk passes --port itself (from cluster.worker_base_port)" in v.message
+        assert "cluster.worker_base_port" in v.fix
+
+
+@pytest.mark.parametrize("flag,field", [
+    ("--host", "nothing"), ("--backend", "engine"), ("--tp_size", "generation.tp"),
+    ("--tensor_parallel_size", "generation.tp"), ("--pp_size", "generation.pp"), ("--ep_size", "generation.ep"),
+    (trtllm.OPTIONS_FILE_FLAG, "generation.extra_options"), ("--config", "generation.extra_options"),
+    ("--max_num_tokens", "generation.max_num_tokens"),
+])
+def test_flags_tk_sets_are_refused_even_with_tks_value(flag, field):
+    v = only(BASE, f'generation.extra_serve_args=["{flag}", "1"]')
+    assert flag in v.message and field in v.message
+
+
+@pytest.mark.parametrize("args,expect", [
+    ('["--max_batch_sizes", "3"]', "did you mean --max_batch_size?"),
+    ('["--nope"]', "has no flag '--nope'"),
+    ('["stray"]', "is not a flag"),
+    ('["--log_level"]', "needs a value"),
+    ('["--trust_remote_code=1"]', "takes no value"),
+    ('["--gpus_per_node", "x"]', "'x' is not an integer"),
+    ('["--gpus_per_node=\u0663"]', "is not an integer"),  # an Arabic-Indic digit
+])
+def test_bad_extra_serve_args_are_violations(args, expect):
+    v = only(BASE, f"context.extra_serve_args={args}")
+    assert expect in v.message and v.fix
+
+
+def test_flags_the_line_takes_pass_through():
+    p = plan_of(BASE, 'context.extra_serve_args=["--log_level", "info", "--trust_remote_code", "--gpus_per_node=8"]')
+    assert p.context.serve_args[-4:] == ("--log_level", "info", "--trust_remote_code", "--gpus_per_node=8")
+
+
+def test_config_flag_is_unknown_to_1_0():
+    v = only(BASE, "trtllm_version=1.0", 'context.extra_serve_args=["--config", "x"]')
+    assert "has no flag '--config'" in v.message
+
+
+# --- bug 14: extra_options values tk reads are type-checked, never a TypeError -------------------------------
+
+@pytest.mark.parametrize("value,shown", [("abc", "'abc'"), ("null", "null"), ('"%d"', "'%d'"), ("0", "0"),
+                                         ("-32", "-32"), ("4096.5", "4096.5"), ("[1]", "[1]"),
+                                         ("99999999999999999999", "99999999999999999999")])
+def test_max_num_tokens_of_the_wrong_kind_is_a_violation(value, shown):
+    v = only(STANDIN, f"context.extra_options.max_num_tokens={value}")
+    assert v.message.startswith(f"{shown} is not a positive integer")
+    assert v.fix == "set context.max_num_tokens instead and remove context.extra_options.max_num_tokens"
+
+
+@pytest.mark.parametrize("override,expect", [
+    ("context.extra_options.enable_chunked_prefill=maybe", "is not a boolean"),
+    ("context.extra_options.kv_cache_config=3", "is not a mapping"),
+    ("context.extra_options.kv_cache_config=null", "is not a mapping"),
+    ("context.extra_options.cache_transceiver_config=[]", "is not a mapping"),
+    ("generation.extra_options.cuda_graph_config.batch_sizes=[0]", "list of positive integers"),
+    ("context.extra_options.kv_cache_config.free_gpu_memory_fraction=.nan", "fraction"),
+    ("context.extra_options.kv_cache_config.dtype=int4", "KV dtype"),
+    ("context.extra_options={1: x}", "option name 1 is not a string"),
+])
+def test_values_of_the_wrong_kind_are_violations(override, expect):
+    assert expect in only(BASE, override).message
+
+
+# --- property: hostile extra_options / extra_serve_args plan or are RecipeErrors, nothing else ---------------
+
+_value = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), st.text(max_size=8),
+              st.sampled_from(["NIXL", "pytorch", "auto", "fp8", "MTP"])),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(
+        st.one_of(st.sampled_from(sorted(trtllm.get("1.2").kv_cache_config_keys | {"backend", "decoding_type"})),
+                  st.text(max_size=5)), inner, max_size=3)),
+    max_leaves=6)
+_key = st.one_of(st.sampled_from(sorted(trtllm.get("1.2").llm_api_keys)), st.text(max_size=12), st.integers())
+_flag = st.one_of(st.sampled_from(sorted(trtllm.serve_flag_table(trtllm.get("1.2")))), st.text(max_size=10))
+_arg = st.one_of(_flag, st.builds(lambda f, v: f"{f}={v}", _flag, st.text(max_size=4)), st.text(max_size=4))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(opts=st.dictionaries(_key, _value, max_size=4), args=st.lists(_arg, max_size=4),
+       role=st.sampled_from(["context", "generation"]), text=st.sampled_from([BASE, MOE, STANDIN]))
+def test_hostile_extra_options_and_serve_args_plan_or_are_recipe_errors(opts, args, role, text):
+    import json
+
+    overrides = [f"{role}.extra_options={json.dumps(opts)}" if all(isinstance(k, str) for k in opts) else
+                 f"{role}.extra_options={{{', '.join(f'{k}: {json.dumps(v)}' for k, v in opts.items())}}}",
+                 f"{role}.extra_serve_args={json.dumps(args)}"]
+    try:
+        p = plan_of(text, *overrides)
+    except RecipeError as exc:
+        assert exc.violations and all(v.message for v in exc.violations)
+        return
+    spec = getattr(p, role)
+    opts_out = spec.llm_api_options
+    assert opts_out["tensor_parallel_size"] == spec.tp and opts_out["pipeline_parallel_size"] == spec.pp
+    assert isinstance(opts_out["max_num_tokens"], int) and opts_out["max_num_tokens"] > 0
+    assert all(k in trtllm.get(p.trtllm_version).llm_api_keys for k in opts_out)
+    assert not {"--port", "--host", "--tp_size"} & {a.split("=")[0] for a in spec.serve_args[6:]}
