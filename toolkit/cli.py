@@ -17,6 +17,25 @@ def _emit_json(doc) -> None:
     click.echo(json.dumps(doc, indent=2, sort_keys=False))
 
 
+class _Finite(click.FloatRange):
+    """A float in [min, max]; NaN and infinity are refused (click's FloatRange lets them through)."""
+
+    def convert(self, value, param, ctx):
+        import math
+
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+WEEK_S = 7 * 24 * 3600.0
+
+
+def _seconds(minimum: float) -> _Finite:
+    return _Finite(min=minimum, max=WEEK_S)
+
+
 def _say(msg: str) -> None:
     """Prose for people: always stderr, so stdout stays one JSON document under --json."""
     click.echo(msg, err=True)
@@ -106,8 +125,8 @@ def render(recipe: str, out_dir: str | None, overrides: tuple[str, ...], as_json
 @click.option("--local", "local", is_flag=True, help="Run as processes on this machine instead of Slurm.")
 @click.option("--dry-run", is_flag=True, help="Render into the run directory and show what would run.")
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (default runs/<name>-<time>).")
-@click.option("--pending-timeout", type=click.FloatRange(min=1), help="Seconds a Slurm job may pend.")
-@click.option("--startup-timeout", type=click.FloatRange(min=1), help="Seconds servers may take to be healthy.")
+@click.option("--pending-timeout", type=_seconds(1), help="Seconds a Slurm job may pend.")
+@click.option("--startup-timeout", type=_seconds(1), help="Seconds servers may take to be healthy.")
 @set_option
 @json_option
 def launch(recipe, local, dry_run, run_dir, pending_timeout, startup_timeout, overrides, as_json):
@@ -184,7 +203,8 @@ def status(run, as_json):
 @click.option("--role", type=click.Choice(["ctx", "gen", "proxy"]), help="Only this role's logs.")
 @click.option("--instance", type=int, help="Only this instance of the role.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends (Ctrl-C stops).")
-@click.option("--lines", "-n", type=int, default=50, show_default=True, help="Lines of each log to show.")
+@click.option("--lines", "-n", type=click.IntRange(0, 1_000_000), default=50, show_default=True,
+              help="Lines of each log to show (0: none).")
 def logs(run, role, instance, follow, lines):
     """Show the logs of RUN's servers."""
     from toolkit.launch.logs import follow_logs, show_logs
@@ -234,32 +254,32 @@ def _lengths_option(ctx, param, value):
 @validate.command("cluster")
 @click.argument("recipe")
 @click.option("--local", "local", is_flag=True, help="Run the agents as processes on this machine.")
-@click.option("--nodes", type=click.IntRange(min=2), help="With --local: this many agents, half context, half "
+@click.option("--nodes", type=click.IntRange(2, 256), help="With --local: this many agents, half context, half "
               "generation (default: the recipe's nodes).")
 @click.option("--in-allocation", is_flag=True, help="Inside salloc/sbatch: srun the agents on SLURM_JOB_NODELIST.")
 @click.option("--memory", type=click.Choice(["auto", "dram", "vram"]), default="auto", show_default=True,
               help="Where the KV-shaped buffers live (auto: VRAM when a GPU is visible; DRAM for stand-in recipes).")
-@click.option("--max-memory-mb", type=click.IntRange(min=1), default=256, show_default=True,
+@click.option("--max-memory-mb", type=click.IntRange(1, 1 << 20), default=256, show_default=True,
               help="Cap on the buffer each agent registers; layers are scaled down to fit (and the report says so).")
-@click.option("--iterations", type=click.IntRange(min=1), default=10, show_default=True,
+@click.option("--iterations", type=click.IntRange(1, 1_000_000), default=10, show_default=True,
               help="Timed transfers per request length and op.")
-@click.option("--warmup", type=click.IntRange(min=0), default=2, show_default=True,
+@click.option("--warmup", type=click.IntRange(0, 1_000_000), default=2, show_default=True,
               help="Untimed (but verified) transfers first: connections are lazy.")
 @click.option("--sweep/--no-sweep", default=True, show_default=True,
               help="Measure 16..256 tokens per descriptor and recommend a tokens_per_block.")
-@click.option("--sweep-iterations", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--sweep-iterations", type=click.IntRange(1, 1_000_000), default=5, show_default=True)
 @click.option("--lengths", callback=_lengths_option, metavar="N,N,...",
               help="Request lengths in tokens (default: short, typical, longest admitted).")
-@click.option("--min-fraction", type=click.FloatRange(min=0.0), default=None,
+@click.option("--min-fraction", type=_Finite(min=0.0, max=1.0), default=None,
               help="Fail a pair below this fraction of the transport profile's nominal GB/s "
                    "(default 0 for tcp/DRAM rehearsal, else 0.5).")
-@click.option("--transfer-timeout", type=click.FloatRange(min=0.1), default=30.0, show_default=True,
+@click.option("--transfer-timeout", type=_seconds(0.1), default=30.0, show_default=True,
               help="Seconds one transfer or one answer from a peer may take.")
-@click.option("--rendezvous-timeout", type=click.FloatRange(min=0.1), default=None,
+@click.option("--rendezvous-timeout", type=_seconds(0.1), default=None,
               help="Seconds to wait for every peer's metadata (default 60 local, 180 Slurm).")
-@click.option("--timeout", type=click.FloatRange(min=1), default=900.0, show_default=True,
+@click.option("--timeout", type=_seconds(1), default=900.0, show_default=True,
               help="Bound on the whole run once the agents start.")
-@click.option("--pending-timeout", type=click.FloatRange(min=1), help="Seconds the Slurm job may pend.")
+@click.option("--pending-timeout", type=_seconds(1), help="Seconds the Slurm job may pend.")
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (default runs/<name>-validate-<time>).")
 @click.option("--python", "python", help="Interpreter for the agents (default: this one; python3 in containers).")
 @click.option("--progress-thread/--no-progress-thread", default=None,

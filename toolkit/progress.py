@@ -22,8 +22,12 @@ class StatusLine:
         return self
 
     def show(self, text: str) -> None:
+        """text is plain (names and paths may hold [brackets]); it is never read as rich markup."""
         if not self.enabled:
             return
+        from rich.markup import escape
+
+        text = escape(text)
         self._status.update(text)
         if text != self._last and not self.console.is_terminal:
             self.console.print(text)  # a log line per change when nobody watches a spinner

@@ -15,13 +15,14 @@ def human_bytes(n: float) -> str:
 
 def print_plan(plan: Plan) -> None:
     from rich.console import Console
+    from rich.markup import escape as esc
     from rich.table import Table
 
     console = Console(stderr=True, highlight=False)
     if not console.is_terminal:
         console.width = 120
-    console.print(f"[bold]{plan.name}[/]  {plan.engine.label} {plan.trtllm_version}  model {plan.model.name}  "
-                  f"{plan.node_count} node(s) x {plan.slurm.gpus_per_node} GPU")
+    console.print(f"[bold]{esc(plan.name)}[/]  {esc(plan.engine.label)} {plan.trtllm_version}  model "
+                  f"{esc(plan.model.name)}  {plan.node_count} node(s) x {plan.slurm.gpus_per_node} GPU")
 
     roles = Table(title="Roles", title_justify="left")
     for col in ("role", "instances", "tp", "pp", "ep", "attn DP", "GPUs/inst", "GPUs", "nodes",
@@ -46,11 +47,11 @@ def print_plan(plan: Plan) -> None:
     t = Table(title="KV cache and transfer", title_justify="left", show_header=False)
     t.add_column("what")
     t.add_column("value")
-    t.add_row("bytes per token", f"{kv.bytes_per_token:,} B  ({kv.formula})")
+    t.add_row("bytes per token", f"{kv.bytes_per_token:,} B  ({esc(kv.formula)})")
     t.add_row("per TP rank", f"context {kv.ctx_bytes_per_token_per_rank:,} B, "
                              f"generation {kv.gen_bytes_per_token_per_rank:,} B")
     t.add_row("tokens_per_block", str(kv.tokens_per_block))
-    t.add_row("max_tokens_in_buffer", f"{plan.buffer.max_tokens_in_buffer}  ({plan.buffer.reason})")
+    t.add_row("max_tokens_in_buffer", f"{plan.buffer.max_tokens_in_buffer}  ({esc(plan.buffer.reason)})")
     t.add_row("largest request", f"{kv.largest_request_tokens:,} tokens = {human_bytes(kv.largest_request_bytes)} of KV")
     t.add_row("its transfer", f"{est.largest_request_transfer_ms:.1f} ms at {est.nominal_gbps:g} GB/s per GPU "
                               f"({est.transport}, nominal)")
@@ -61,4 +62,4 @@ def print_plan(plan: Plan) -> None:
     t.add_row("verdict", verdict)
     console.print(t)
     for w in plan.warnings:
-        console.print(f"[yellow]warning:[/] {w}")
+        console.print(f"[yellow]warning:[/] {esc(w)}")

@@ -161,7 +161,9 @@ def find_run(ref: str | None) -> RunRecord:
         p = Path(ref)
         if (p / RUN_RECORD).is_file():
             return load_run(p)
-        matches = [r for r in all_runs() if r.name == ref or r.name.startswith(ref)]
+        runs = all_runs()
+        exact = [r for r in runs if r.name == ref]
+        matches = exact or [r for r in runs if r.name.startswith(ref)]  # an exact name wins over prefixes
         if len(matches) == 1:
             return matches[0]
         if len(matches) > 1:

@@ -286,25 +286,30 @@ def _f(x, fmt="{:.3f}"):
 
 def print_report(report: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape as esc
     from rich.table import Table
+    from rich.text import Text
+
+    def plain(*cells) -> list:  # table cells shown as given: a [bracket] in a name or path is not markup
+        return [Text(str(c)) for c in cells]
 
     console = Console(stderr=True, highlight=False)
     if not console.is_terminal:
         console.width = 140
     g = report["geometry"]
-    console.print(f"[bold]{report['recipe']}[/]  tk validate cluster ({report['mode']})  "
+    console.print(f"[bold]{esc(report['recipe'])}[/]  tk validate cluster ({report['mode']})  "
                   f"{len(report['nodes'])} agents, {report['schedule']['rounds']} round(s); "
                   f"{g['mode']} descriptors of {_human_bytes(g['descriptor_bytes'])}, tokens_per_block "
                   f"{g['tokens_per_block']}, lengths {', '.join(map(str, report['params']['lengths']))} tokens")
     for note in g["notes"]:
-        console.print(f"[yellow]note:[/] {note}")
+        console.print(f"[yellow]note:[/] {esc(note)}")
     bad = [i for i in report["preflight"] if i["status"] == "fail"]
     if bad:
         t = Table(title="Preflight failures", title_justify="left")
         for col in ("check", "agent", "detail"):
             t.add_column(col, overflow="fold")
         for i in bad:
-            t.add_row(i["name"], i.get("agent") or "-", i["detail"])
+            t.add_row(*plain(i["name"], i.get("agent") or "-", i["detail"]))
         console.print(t)
     t = Table(title=f"Pairs (bandwidth and latency of the longest request; threshold "
                     f"{report['thresholds']['min_gbps']:.3f} GB/s)", title_justify="left")
@@ -312,8 +317,8 @@ def print_report(report: dict) -> None:
         t.add_column(col, justify="right" if col not in ("context -> generation", "op", "verdict") else "left",
                      overflow="fold")
     for p in report["pairs"]:
-        verdict = "[green]pass[/]" if p["passed"] else f"[red]FAIL[/] {p['error'] or ''}"
-        t.add_row(f"{p['src']} -> {p['dst']}", p["op"], _human_bytes(p["bytes_verified"]), _f(p["gbps"]),
+        verdict = "[green]pass[/]" if p["passed"] else f"[red]FAIL[/] {esc(p['error'] or '')}"
+        t.add_row(*plain(f"{p['src']} -> {p['dst']}", p["op"]), _human_bytes(p["bytes_verified"]), _f(p["gbps"]),
                   _f(p["latency_p50_ms"]), _f(p["latency_p99_ms"]), verdict)
     console.print(t)
     if any(s["gbps_median"] for s in report["sweep"]):
@@ -328,7 +333,7 @@ def print_report(report: dict) -> None:
     if rec:
         console.print(f"recommended tokens_per_block: [bold]{rec['tokens_per_block']}[/] "
                       f"({'the recipe already uses it' if rec['matches_recipe'] else 'recipe: ' + str(rec['recipe_tokens_per_block'])}); "
-                      f"{rec['reason']}")
+                      f"{esc(rec['reason'])}")
     lr = report["largest_request"]
     if lr["measured_transfer_ms"] is not None:
         verdict = "[red]the transfer dominates[/]" if lr["transfer_dominates"] else "the prefill dominates"
@@ -339,7 +344,7 @@ def print_report(report: dict) -> None:
     n_ok = sum(p["passed"] for p in report["pairs"])
     if report["passed"]:
         console.print(f"[green bold]PASSED[/]: {n_ok}/{len(report['pairs'])} pair checks, every byte verified. "
-                      f"Report: {report['report_file']}")
+                      f"Report: {esc(report['report_file'])}")
     else:
         console.print(f"[red bold]FAILED[/]: {n_ok}/{len(report['pairs'])} pair checks passed; "
-                      f"{len(report['failures'])} problem(s). Report: {report['report_file']}")
+                      f"{len(report['failures'])} problem(s). Report: {esc(report['report_file'])}")

@@ -1,0 +1,133 @@
+"""Spec: what an operator types or leaves behind never ends in a traceback, a wrong answer or an unbounded
+wait (hostile-findings.md bugs 4, 12, 13, 14 and 20: numbers, damaged run records, rich markup in paths,
+exact run names, `tk logs --lines`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from toolkit.api import load_plan, prepare
+from toolkit.launch.run import find_run, load_run, log_tail
+from toolkit.errors import TkError
+
+
+def tk(*args, env=None, timeout=120):
+    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.parametrize("args", [
+    ["validate", "cluster", "standin-2p2d", "--local", "--timeout", "inf"],
+    ["validate", "cluster", "standin-2p2d", "--local", "--timeout", "nan"],
+    ["validate", "cluster", "standin-2p2d", "--local", "--transfer-timeout", "inf"],
+    ["validate", "cluster", "standin-2p2d", "--local", "--min-fraction", "nan"],
+    ["validate", "cluster", "standin-2p2d", "--local", "--min-fraction", "2"],
+    ["validate", "cluster", "standin-2p2d", "--local", "--nodes", "100000"],
+    ["validate", "cluster", "standin-2p2d", "--local", "--iterations", "10000000000"],
+    ["launch", "standin-2p2d", "--local", "--pending-timeout", "nan"],
+    ["launch", "standin-2p2d", "--local", "--startup-timeout", "inf"],
+    ["logs", "--lines", "-3"],
+])
+def test_every_number_on_the_command_line_has_a_finite_range(args, tmp_path):
+    proc = tk(*args, env={"TK_RUNS_DIR": str(tmp_path / "runs")})
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr and "Invalid value" in proc.stderr
+    assert not (tmp_path / "runs").exists()  # refused before anything was made
+
+
+def _dry_run(tmp_path, name: str):
+    return prepare(load_plan("standin-2p2d"), local=True, run_dir=tmp_path / "runs" / name)
+
+
+@pytest.mark.parametrize("edit, what", [
+    ({"backend": "kubernetes"}, "backend"),
+    ({"job_id": 11}, "job_id"),
+    ({"created": "yesterday"}, "created"),
+    ({"servers": "many"}, "servers"),
+    ({"servers": [{"name": 1, "role": "ctx", "instance": 0, "node": 0, "port": "x"}]}, "servers"),
+    ({"unknown_field": 1}, "unknown_field"),
+])
+def test_a_damaged_run_record_is_named_not_a_traceback_and_does_not_hide_the_other_runs(tmp_path, edit, what):
+    good = _dry_run(tmp_path, "good")
+    bad = _dry_run(tmp_path, "bad")
+    record = json.loads((bad.path / "run.json").read_text())
+    record.update(edit)
+    (bad.path / "run.json").write_text(json.dumps(record))
+    with pytest.raises(TkError, match="not a readable tk run"):
+        load_run(bad.path)
+    env = {"TK_RUNS_DIR": str(tmp_path / "runs")}
+    for args in (["status", str(bad.path)], ["stop", str(bad.path)]):
+        proc = tk(*args, env=env)
+        assert proc.returncode == 1 and "Traceback" not in proc.stderr and what in proc.stderr, proc.stderr
+    listed = tk("runs", "--json", env=env)
+    assert listed.returncode == 0, listed.stderr
+    assert good.name in listed.stdout
+
+
+def test_status_of_a_read_only_run_directory_answers(tmp_path):
+    run = _dry_run(tmp_path, "ro")
+    os.chmod(run.path, 0o555)
+    try:
+        if os.access(run.path, os.W_OK):
+            pytest.skip("this user can write anywhere (root without CAP_DAC_OVERRIDE dropped)")
+        proc = tk("status", str(run.path))
+        assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    finally:
+        os.chmod(run.path, 0o755)
+
+
+def test_an_exact_run_name_wins_over_runs_it_is_a_prefix_of(tmp_path, monkeypatch):
+    monkeypatch.setenv("TK_RUNS_DIR", str(tmp_path / "runs"))
+    first = _dry_run(tmp_path, "hb-20261123-171956")
+    _dry_run(tmp_path, "hb-20261123-171956-2")
+    assert find_run("hb-20261123-171956").path == first.path
+    with pytest.raises(TkError, match="matches several runs"):
+        find_run("hb-2026")
+
+
+def test_logs_lines_zero_prints_nothing(tmp_path):
+    log = tmp_path / "x.log"
+    log.write_text("".join(f"line {i}\n" for i in range(10)))
+    assert log_tail(log, 0) == ""
+    assert log_tail(log, 3) == "line 7\nline 8\nline 9"
+
+
+def test_rich_markup_characters_in_a_model_directory_are_shown_as_written(tmp_path):
+    model = tmp_path / "m[/bold]"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text(json.dumps({"num_hidden_layers": 4, "num_attention_heads": 8,
+                                                   "num_key_value_heads": 2, "hidden_size": 512}))
+    proc = tk("plan", "standin-2p2d", "--set", f"model={model}")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    assert "m[/bold]" in proc.stderr
+    proc = tk("plan", "standin-2p2d", "--set", f"model={tmp_path / 'm[red]x'}")
+    assert proc.returncode == 2 and "m[red]x" in proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.nixl
+def test_a_passed_validation_whose_run_directory_holds_markup_exits_0(tmp_path):
+    run_dir = tmp_path / "v[/b]"
+    proc = tk("validate", "cluster", "standin-2p2d", "--local", "--nodes", "2", "--no-sweep", "--iterations", "1",
+              "--run-dir", str(run_dir), timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"Report: {run_dir}/report.json" in proc.stderr
+
+
+@pytest.mark.slow
+def test_concurrent_launches_never_share_a_run_directory(tmp_path):
+    env = {**os.environ, "TK_RUNS_DIR": str(tmp_path / "runs")}
+    procs = [subprocess.Popen([sys.executable, "-m", "toolkit.cli", "launch", "standin-2p2d", "--local", "--dry-run",
+                               "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(5)]
+    dirs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        dirs.append(json.loads(out)["run_dir"])
+    assert len(set(dirs)) == 5
