@@ -113,3 +113,26 @@ def test_sigterm_to_a_launch_whose_job_pends_cancels_the_job(dev_slurm, tmp_path
         assert "interrupted by SIGTERM" in _record(run_dir)["reason"]
     finally:
         dev_slurm.run("scancel", blocker)
+
+
+@pytest.mark.slurm
+def test_a_launch_rides_out_a_slurm_controller_that_stops_answering_for_a_while(dev_slurm, tmp_path):
+    # hostile-findings.md bug 15: slurmctld stopped right after submission was reported as "the job ended".
+    pidfile = Path(dev_slurm.conf).parent / "run" / "slurmctld.pid"
+    assert pidfile.is_file(), f"no slurmctld pid file at {pidfile}"
+    run_dir = tmp_path / "run"
+    proc = _start("launch", str(STANDIN_RECIPE), "--run-dir", str(run_dir), *_ports(28000), env=dev_slurm.env)
+    controller = int(pidfile.read_text().split()[0])
+    try:
+        wait_until(lambda: _record(run_dir).get("job_id"), 60, "the job id in run.json")
+        os.kill(controller, signal.SIGSTOP)
+        time.sleep(40)  # longer than one squeue's 30 s bound
+    finally:
+        os.kill(controller, signal.SIGCONT)
+    try:
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+        assert "no longer known" not in err and "ended" not in err
+        assert _record(run_dir)["state"] == "ready"
+    finally:
+        tk("stop", str(run_dir), env=dev_slurm.env, timeout=120)

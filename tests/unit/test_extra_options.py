@@ -87,7 +87,7 @@ def test_owned_options_may_repeat_tks_value():
     assert p.context.llm_api_options["tensor_parallel_size"] == 4 and p.context.ep == 4
     # ... but not the same number in another kind: true is not 1
     v = only(BASE, "context.extra_options.tensor_parallel_size=true")
-    assert "not a positive integer" in v.message
+    assert "true is not a positive integer" in v.message
 
 
 def test_options_tk_does_not_own_stay_tunable():
@@ -144,8 +144,7 @@ def test_config_flag_is_unknown_to_1_0():
 # --- bug 14: extra_options values tk reads are type-checked, never a TypeError -------------------------------
 
 @pytest.mark.parametrize("value,shown", [("abc", "'abc'"), ("null", "null"), ('"%d"', "'%d'"), ("0", "0"),
-                                         ("-32", "-32"), ("4096.5", "4096.5"), ("[1]", "[1]"),
-                                         ("99999999999999999999", "99999999999999999999")])
+                                         ("-32", "-32"), ("4096.5", "4096.5"), ("[1]", "[1]")])
 def test_max_num_tokens_of_the_wrong_kind_is_a_violation(value, shown):
     v = only(STANDIN, f"context.extra_options.max_num_tokens={value}")
     assert v.message.startswith(f"{shown} is not a positive integer")
@@ -160,7 +159,8 @@ def test_max_num_tokens_of_the_wrong_kind_is_a_violation(value, shown):
     ("generation.extra_options.cuda_graph_config.batch_sizes=[0]", "list of positive integers"),
     ("context.extra_options.kv_cache_config.free_gpu_memory_fraction=.nan", "fraction"),
     ("context.extra_options.kv_cache_config.dtype=int4", "KV dtype"),
-    ("context.extra_options={1: x}", "option name 1 is not a string"),
+    ("context.extra_options={1: x}", "option name 1 must be an identifier"),
+    ("context.extra_options.max_num_tokens=99999999999999999999", "does not fit in 64 bits"),
 ])
 def test_values_of_the_wrong_kind_are_violations(override, expect):
     assert expect in only(BASE, override).message

@@ -103,13 +103,6 @@ def _check_env(env) -> dict[str, str]:
     return out
 
 
-# Keys of extra_options that tk itself reads (to size, check or report the plan): their type is checked here.
-_OPTION_INTS = {
-    "max_num_tokens": (1, 1 << 20), "max_batch_size": (1, 65536), "max_seq_len": (1, INT32_MAX),
-    "max_input_len": (1, INT32_MAX), "tensor_parallel_size": (1, 256), "pipeline_parallel_size": (1, 64),
-    "moe_expert_parallel_size": (1, 1024), "moe_tensor_parallel_size": (1, 1024),
-}
-_OPTION_BOOLS = {"enable_chunked_prefill", "enable_attention_dp", "disable_overlap_scheduler"}
 _OPTION_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}", re.ASCII)
 
 
@@ -153,12 +146,9 @@ def _check_options(v: Any) -> dict:
             raise ValueError(f"{where} is a {type(value).__name__}; use a string, number, boolean, list or mapping")
 
     walk(v, "")
-    for key, (lo, hi) in _OPTION_INTS.items():
-        if key in v and (type(v[key]) is not int or not lo <= v[key] <= hi):
-            raise ValueError(f"{key} must be a whole number from {lo} to {hi}, not {_cut(repr(v[key]))}")
-    for key in _OPTION_BOOLS:
-        if key in v and type(v[key]) is not bool:
-            raise ValueError(f"{key} must be true or false, not {_cut(repr(v[key]))}")
+    # The kind of each value tk or TensorRT-LLM reads (max_num_tokens a positive integer, ...) is checked by
+    # the plan (toolkit/plan/rules.py, from facts.trtllm.OPTION_KINDS), which names the key and the recipe
+    # field to use instead.
     return v
 
 
