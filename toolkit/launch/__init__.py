@@ -19,7 +19,7 @@ from toolkit.launch.backends import LaunchError, backend_for
 from toolkit.launch.run import (RunRecord, find_run, load_run, log_tail, new_run_dir, read_nodes,
                            read_phases)
 from toolkit.plan.model import Plan
-from toolkit.runtime import bounds, signals
+from toolkit.runtime import bounds, rundir, signals
 from toolkit.runtime.slurm import SlurmError
 from toolkit.render import render_files, write_atomically
 
@@ -49,12 +49,20 @@ class LaunchFailed(TkError):
 
 def prepare(plan: Plan, backend: str, run_dir: str | None = None) -> RunRecord:
     """Render the plan into a new run directory and create its record."""
+    files = render_files(plan)
     path = new_run_dir(plan, run_dir)
-    write_atomically(render_files(plan), path)
-    (path / "logs").mkdir(exist_ok=True)
-    (path / "state").mkdir(exist_ok=True)
-    run = RunRecord.new(plan, path, backend)
-    run.set_state("rendered")
+    try:
+        write_atomically(files, path)
+        (path / "logs").mkdir(exist_ok=True)
+        (path / "state").mkdir(exist_ok=True)
+        run = RunRecord.new(plan, path, backend)
+        run.set_state("rendered")
+    except OSError as exc:
+        rundir.release_if_unused(path)
+        raise TkError(f"{path}: cannot write the run directory ({exc.strerror or exc})") from None
+    except BaseException:
+        rundir.release_if_unused(path)
+        raise
     return run
 
 
