@@ -19,6 +19,7 @@ docs/trtllm-versions.md has the per-line table, every source, what is unverified
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 
@@ -385,7 +386,75 @@ _register(TrtllmVersion(
 ))
 
 SUPPORTED = tuple(_VERSIONS)
-LATEST = SUPPORTED[-1]
+LATEST = SUPPORTED[-1]  # the recipe default when neither trtllm_version nor a readable image tag names a line
+
+
+# ---------------------------------------------------------------------------------------------------
+# Version text: a recipe's trtllm_version, or the tag of a TensorRT-LLM container image.
+# TensorRT-LLM versions are MAJOR.MINOR.PATCH with an optional pre-release (rcN) and post suffix, as
+# tensorrt_llm/version.py writes them ("1.0.0rc4", "1.2.0rc6.post1") and as NGC tags its release images
+# (nvcr.io/nvidia/tensorrt-llm/release:1.0.0, :1.2.0rc3). A patch release (1.2.1) belongs to its line (1.2):
+# the facts are per MINOR line. A recipe may also name the line alone ("1.2").
+# ---------------------------------------------------------------------------------------------------
+VERSION_TEXT = re.compile(
+    r"(?P<major>[0-9]{1,4})\.(?P<minor>[0-9]{1,4})(?:\.(?P<patch>[0-9]{1,4}))?"
+    r"(?P<pre>(?:a|b|rc|dev)[0-9]{0,4})?(?P<post>\.?post[0-9]{1,4})?", re.ASCII)
+
+
+@dataclass(frozen=True)
+class ParsedVersion:
+    text: str  # as written
+    line: str  # "1.2"
+    prerelease: bool  # an rc/dev/alpha/beta build of the line
+
+
+def parse_version(text: str) -> ParsedVersion | None:
+    """``1.2``, ``1.2.1``, ``1.0.0``, ``1.2.0rc3``, ``1.2.0rc6.post1`` -> its line; None if not a version."""
+    m = VERSION_TEXT.fullmatch(text) if isinstance(text, str) else None
+    if m is None:
+        return None
+    return ParsedVersion(text=text, line=f"{int(m['major'])}.{int(m['minor'])}", prerelease=bool(m["pre"]))
+
+
+# Container images whose tag is the TensorRT-LLM version: NVIDIA's NGC release and devel images, under any
+# registry or mirror that keeps the repository path (nvcr.io/nvidia/tensorrt-llm/release:1.2.0,
+# registry.example.com/nvidia/tensorrt-llm/release:1.2.0). Other images (Dynamo's tensorrtllm-runtime, whose
+# tag is the Dynamo version; a site's own build; a .sqsh file) do not say which TensorRT-LLM they hold.
+IMAGE_REPOSITORIES = ("nvidia/tensorrt-llm/release", "nvidia/tensorrt-llm/devel")
+_IMAGE_TAG = re.compile(r"v?(?P<version>[0-9][0-9A-Za-z.]*)", re.ASCII)
+
+
+@dataclass(frozen=True)
+class ImageVersion:
+    """What tk can read from a container image reference about the TensorRT-LLM it holds."""
+
+    image: str
+    version: ParsedVersion | None  # None: not readable
+    reason: str  # why not readable ("" when readable)
+
+
+def image_version(image: str) -> ImageVersion:
+    """Read the TensorRT-LLM version from an image reference as pyxis takes it (``REGISTRY/PATH:TAG``,
+    ``REGISTRY#PATH:TAG``, optionally ``@sha256:...``). Only a tag of an image in ``IMAGE_REPOSITORIES`` is
+    read; a digest alone names no version."""
+    ref = image.strip()
+    if ref.startswith(("/", "./", "../", "~")) or ref.endswith((".sqsh", ".squashfs")):
+        return ImageVersion(image, None, "it is an image file, whose name need not say which TensorRT-LLM it holds")
+    name, _, digest = ref.partition("@")
+    name = name.replace("#", "/")  # enroot/pyxis spell the registry separator '#'
+    last = name.rsplit("/", 1)[-1]
+    repo, tag = (name.rsplit(":", 1) if ":" in last else (name, ""))
+    if not any(repo == r or repo.endswith("/" + r) for r in IMAGE_REPOSITORIES):
+        return ImageVersion(image, None, "it is not one of NVIDIA's TensorRT-LLM images "
+                                         f"({', '.join(IMAGE_REPOSITORIES)}), whose tag is the version")
+    if not tag:
+        return ImageVersion(image, None, "it is pinned by digest only; a digest does not name a version"
+                            if digest else "it has no tag (pyxis pulls :latest, which moves)")
+    m = _IMAGE_TAG.fullmatch(tag)
+    parsed = parse_version(m["version"]) if m else None
+    if parsed is None:
+        return ImageVersion(image, None, f"its tag {tag!r} is not a TensorRT-LLM version such as 1.2.0 or 1.2.0rc3")
+    return ImageVersion(image, parsed, "")
 
 
 def serve_flag_table(version: TrtllmVersion) -> dict[str, bool]:
@@ -398,8 +467,10 @@ def serve_flag_table(version: TrtllmVersion) -> dict[str, bool]:
 
 
 def get(line: str) -> TrtllmVersion:
-    """The table entry for a release line ("1.2") or a full version ("1.2.0rc3")."""
-    key = ".".join(str(line).split(".")[:2])
+    """The table entry for a release line ("1.2"), a release or patch release ("1.2.0", "1.2.1") or a
+    pre-release ("1.2.0rc3")."""
+    parsed = parse_version(str(line))
+    key = parsed.line if parsed else str(line)
     try:
         return _VERSIONS[key]
     except KeyError:

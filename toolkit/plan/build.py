@@ -22,6 +22,7 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
     """Resolve everything; raise RecipeError listing every rule the recipe breaks."""
     r = loaded.recipe
     c = rules.Collector(loaded)
+    c.warnings.extend(loaded.warnings)  # e.g. an image tag tk cannot read (toolkit.recipe.loader.resolve_version)
     version = trtllm.get(r.trtllm_version)
     engine = ENGINES[r.engine]
 
