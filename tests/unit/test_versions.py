@@ -163,3 +163,37 @@ def test_every_shipped_recipe_is_coherent(path):
         assert lr.version_source in ("image", "recipe")
         assert trtllm.image_version(image).version.line == plan.trtllm_version
     assert not any("cannot read" in w for w in plan.warnings)
+
+
+# --- W4: keys whose acceptance by a line is unverified --------------------------------------------------------
+
+def test_every_unverified_key_has_one_facts_row_with_a_default_and_a_source():
+    for fact in trtllm.OPTION_FACTS:
+        assert set(fact.acceptance) == set(trtllm.SUPPORTED) and fact.source
+        assert set(fact.acceptance.values()) <= {trtllm.VERIFIED, trtllm.UNVERIFIED}
+    [tpb] = [f for f in trtllm.OPTION_FACTS if f.dotted == "kv_cache_config.tokens_per_block"]
+    assert tpb.default == 32 and tpb.acceptance["1.0"] == trtllm.UNVERIFIED
+
+
+@pytest.mark.parametrize("tag,written", [("1.0.0", False), ("1.1.0", True), ("1.2.0", True)])
+def test_tokens_per_block_at_the_default_is_left_out_where_acceptance_is_unverified(tag, written):
+    plan = build_plan(loaded(f"{IMG}:{tag}"))
+    for role in plan.roles:
+        assert ("tokens_per_block" in role.llm_api_options["kv_cache_config"]) == written
+    assert not any("tokens_per_block" in w for w in plan.warnings)
+    assert plan.kv.tokens_per_block == 32  # sizing still uses it: it is the engine's value either way
+
+
+def test_tokens_per_block_off_the_default_is_kept_with_a_warning_on_an_unverified_line():
+    plan = build_plan(loaded(f"{IMG}:1.0.0", "kv_transfer.tokens_per_block=64"))
+    assert all(r.llm_api_options["kv_cache_config"]["tokens_per_block"] == 64 for r in plan.roles)
+    [w] = [w for w in plan.warnings if "tokens_per_block" in w]
+    assert "= 64" in w and "TensorRT-LLM 1.0" in w and "PR #5911" in w and "use 32" in w
+    plan = build_plan(loaded(f"{IMG}:1.2.0", "kv_transfer.tokens_per_block=64"))
+    assert not any("tokens_per_block" in w for w in plan.warnings)
+
+
+def test_repeating_an_omitted_key_in_extra_options_says_why_it_is_left_out():
+    v = refused(f"{IMG}:1.0.0", "context.extra_options.kv_cache_config.tokens_per_block=32")
+    assert v.field == "context.extra_options.kv_cache_config.tokens_per_block"
+    assert "leaves kv_cache_config.tokens_per_block out for TensorRT-LLM 1.0" in v.message

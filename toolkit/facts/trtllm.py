@@ -386,6 +386,48 @@ _register(TrtllmVersion(
 ))
 
 SUPPORTED = tuple(_VERSIONS)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Option keys whose acceptance is unverified on some line, one row per key (dotted path in the options file).
+# Where a line's acceptance is "unverified", tk omits the key when its value is TensorRT-LLM's default (the
+# engine then uses that same value), and keeps it with a plan warning when it differs. "verified" = present
+# on main before that line's release branch was cut (see the provenance block above); "unverified" = could
+# not be established for the tag.
+# ---------------------------------------------------------------------------------------------------
+VERIFIED, UNVERIFIED = "verified", "unverified"
+
+
+@dataclass(frozen=True)
+class OptionFact:
+    path: tuple[str, ...]  # ("kv_cache_config", "tokens_per_block")
+    default: object  # TensorRT-LLM's default when the key is absent
+    acceptance: dict  # line -> VERIFIED | UNVERIFIED
+    source: str  # why, with citations
+
+    @property
+    def dotted(self) -> str:
+        return ".".join(self.path)
+
+
+OPTION_FACTS: tuple[OptionFact, ...] = (
+    OptionFact(
+        path=("kv_cache_config", "tokens_per_block"),
+        # KvCacheConfig.tokens_per_block: int = Field(default=32) in LATE25_LLM_ARGS (llm_args.py, late-2025
+        # main) and in the newest stored llm_args.py; 32 is also the router's default (router.py) and the
+        # value every line used before the key existed (the audit, trtllm-fidelity.md W4).
+        default=32,
+        acceptance={"1.0": UNVERIFIED, "1.1": VERIFIED, "1.2": VERIFIED},
+        source=("added to KvCacheConfig by PR #5911 (opened 2025-07-10), absent from the June/July 2025 "
+                "llm_args.py; whether it reached release/1.0 (branched ~2025-08-14) is unverified; on main by "
+                "2025-09-02 (PR #7372 thread), before release/1.1"),
+    ),
+)
+
+
+def unverified_options(version: TrtllmVersion) -> tuple[OptionFact, ...]:
+    """The rows whose acceptance by this line is unverified."""
+    return tuple(f for f in OPTION_FACTS if f.acceptance.get(version.line, UNVERIFIED) == UNVERIFIED)
 LATEST = SUPPORTED[-1]  # the recipe default when neither trtllm_version nor a readable image tag names a line
 
 

@@ -45,6 +45,7 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
         rules.check_extra_serve_args(title, spec, version, c)
         merged[title] = options.deep_merge(derived, spec.extra_options)
     ctx_opts, gen_opts = merged["context"], merged["generation"]
+    rules.check_unverified_options(version, merged, c)
     rules.check_role_options(r, ctx_opts, gen_opts, c)
     rules.check_agreement(r, ctx_opts, gen_opts, c)
 
