@@ -197,3 +197,45 @@ def test_repeating_an_omitted_key_in_extra_options_says_why_it_is_left_out():
     v = refused(f"{IMG}:1.0.0", "context.extra_options.kv_cache_config.tokens_per_block=32")
     assert v.field == "context.extra_options.kv_cache_config.tokens_per_block"
     assert "leaves kv_cache_config.tokens_per_block out for TensorRT-LLM 1.0" in v.message
+
+
+# --- W5: MTP adds KV layers ------------------------------------------------------------------------------------
+
+def _deepseek(*overrides):
+    path = next(p for p in RECIPES if p.stem == "deepseek-r1-gb200")
+    return build_plan(load_recipe(path, list(overrides)))
+
+
+@pytest.mark.parametrize("line", trtllm.SUPPORTED)
+def test_every_supported_line_allocates_one_kv_layer_per_mtp_layer(line):
+    v = trtllm.get(line)
+    assert [trtllm.mtp_kv_layers(v, n) for n in (0, 1, 3)] == [0, 1, 3]
+
+
+def test_deepseek_r1_with_mtp3_moves_64_layers_of_576_bytes_in_fp8():
+    plan = _deepseek()
+    assert (plan.kv.num_layers, plan.kv.bytes_per_token_per_layer, plan.kv.bytes_per_token) == (64, 576, 36_864)
+    assert plan.kv.largest_request_bytes == 36_864 * 8192
+    for role in plan.roles:  # MLA: the latent is not split by TP; pp=1 holds all 61 + 3 layers
+        assert (role.kv.layers_per_rank, role.kv.bytes_per_token_per_rank) == (64, 36_864)
+    assert plan.kv.ctx_bytes_per_token_per_rank == plan.kv.gen_bytes_per_token_per_rank == 36_864
+    assert plan.estimates.largest_request_transfer_ms == round(36_864 * 8192 / 50e9 * 1e3, 3)
+
+
+def test_without_mtp_deepseek_r1_moves_its_61_layers():
+    plan = _deepseek("speculative.mtp_layers=0")
+    assert (plan.kv.num_layers, plan.kv.bytes_per_token) == (61, 35_136)
+
+
+def test_mtp_layers_sit_on_the_last_pipeline_rank():
+    plan = _deepseek("context.pp=2", "context.instances=1", "context.ep=4")
+    # 61 layers over pp=2: ranks hold 31 and 30 (tensor_split); the last adds the 3 MTP layers -> 33
+    assert plan.context.kv.layers_per_rank == 33 and plan.generation.kv.layers_per_rank == 64
+
+
+def test_validation_payloads_carry_the_mtp_layers():
+    from toolkit.validate.params import Options, geometry
+
+    plan = _deepseek()
+    geom, _, _ = geometry(plan, Options(max_memory_mb=1 << 16))
+    assert geom["layers_per_rank"] == 64 and geom["bytes_per_token_full"] == 36_864

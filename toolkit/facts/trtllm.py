@@ -48,6 +48,9 @@ class TrtllmVersion:
     serve_flags: frozenset[str]  # `trtllm-serve MODEL` flags tk may pass
     disaggregated_flags: frozenset[str]  # `trtllm-serve disaggregated` flags tk may pass
     kv_dtypes: tuple[str, ...] = ("auto", "fp8")
+    # KV-cache layers TensorRT-LLM adds for MTP with speculative_config.num_nextn_predict_layers = N:
+    # "per_mtp_layer" = N (get_num_spec_layers returns num_nextn_predict_layers); see mtp_kv_layers().
+    mtp_kv_layers: str = "per_mtp_layer"
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -497,6 +500,31 @@ def image_version(image: str) -> ImageVersion:
     if parsed is None:
         return ImageVersion(image, None, f"its tag {tag!r} is not a TensorRT-LLM version such as 1.2.0 or 1.2.0rc3")
     return ImageVersion(image, parsed, "")
+
+
+# MTP KV layers. TensorRT-LLM sizes the KV cache for the model's layers plus get_num_spec_layers(spec_config)
+# (tensorrt_llm/_torch/speculative/utils.py), appended on the last pipeline rank (get_pp_layers in
+# _torch/pyexecutor/resource_manager.py; for MLA models the KV cache manager's num_layers += the same count in
+# older _torch/pyexecutor/_util.py), so the context servers send, and the generation servers receive, those
+# layers too. tk renders `decoding_type: MTP` without use_mtp_vanilla; with DeepSeek-V3/R1 checkpoints (one MTP
+# module in config.json) that is MTP-Eagle. Per line:
+#   1.0: mid-2025 main (before release/1.0 branched): SpeculativeDecodingMode.is_mtp() covers MTP and MTP_EAGLE
+#        (_torch/speculative/interface.py) and get_num_spec_layers returns num_nextn_predict_layers for is_mtp().
+#   1.1, 1.2: from PR #7001 (merged 2025-08, "Enable two-model spec dec for MTP Eagle") MTPDecodingConfig has
+#        mtp_eagle_one_model = True, so the mode is MTP_EAGLE_ONE_MODEL (LATE25_LLM_ARGS); get_num_spec_layers
+#        returns num_nextn_predict_layers for is_mtp_one_model() = MTP or MTP_EAGLE_ONE_MODEL
+#        (speculative/utils.py@3e906a0ed7c66ed4df90aa4856bf1a6c98ca7df6, interface.py of the same era).
+#   Not a supported line: 2026 main returns 1 for MTP-Eagle one-model
+#        (speculative/utils.py@011d0933dcb5e592f5fa2626beaf42a96324c578); a line with that code gets "one".
+def mtp_kv_layers(version: TrtllmVersion, mtp_layers: int) -> int:
+    """KV layers TensorRT-LLM allocates beyond the model's own for ``mtp_layers`` MTP draft tokens."""
+    if not mtp_layers:
+        return 0
+    if version.mtp_kv_layers == "per_mtp_layer":
+        return mtp_layers
+    if version.mtp_kv_layers == "one":
+        return 1
+    raise AssertionError(version.mtp_kv_layers)
 
 
 def serve_flag_table(version: TrtllmVersion) -> dict[str, bool]:
