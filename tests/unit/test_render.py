@@ -46,14 +46,31 @@ def test_launch_sbatch_is_valid_bash(path, tmp_path):
     subprocess.run(["bash", "-n", str(out / "launch.sbatch")], check=True)
 
 
+def _line_overrides(path, line):
+    """trtllm_version=LINE, and an image of that line where the recipe names one (W1: they must agree)."""
+    overrides = [f"trtllm_version={line}"]
+    if "container_image:" in path.read_text():
+        overrides.append(f"cluster.container_image=nvcr.io/nvidia/tensorrt-llm/release:"
+                         f"{versions.get(line).release.lstrip('v')}")
+    return overrides
+
+
 def _all_version_renders():
     for path in RECIPES:
         for line in versions.SUPPORTED:
             try:
-                plan = plan_for(path, f"trtllm_version={line}")
+                plan = plan_for(path, *_line_overrides(path, line))
             except RecipeError:
                 continue  # a recipe may need a newer line (e.g. EFA); that refusal is tested in test_rules
             yield pytest.param(plan, line, id=f"{path.stem}-{line}")
+
+
+def test_every_shipped_trtllm_recipe_renders_for_every_line():
+    rendered = {p.id for p in _all_version_renders()}
+    for path in RECIPES:
+        if path.stem == "standin-2p2d":
+            continue  # sets kv_transfer_timeout_ms explicitly, which 1.0/1.1 lack (refused by design)
+        assert {f"{path.stem}-{line}" for line in versions.SUPPORTED} <= rendered, path.stem
 
 
 @pytest.mark.parametrize("plan,line", list(_all_version_renders()))

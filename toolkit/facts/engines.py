@@ -30,6 +30,7 @@ class EngineProfile:
     validate_memory: str  # what `tk validate cluster --memory auto` registers: "auto" (GPU if present) or "dram"
     gpu_fabric_env: bool  # GPU-only transport settings apply (UCX_CUDA_IPC_ENABLE_MNNVL across NVLink domains)
     version_env: str | None  # env var naming the TensorRT-LLM line the engine imitates, or None
+    image_holds_trtllm: bool  # cluster.container_image holds the TensorRT-LLM that serves (its tag is read)
     script_note: str  # a comment line launch.sbatch carries ("" for none)
     options_note: str  # a comment line ctx.yaml / gen.yaml carry ("" for none)
 
@@ -48,6 +49,7 @@ TRTLLM = EngineProfile(
     validate_memory="auto",
     gpu_fabric_env=True,
     version_env=None,
+    image_holds_trtllm=True,
     script_note="",
     options_note="",
 )
@@ -66,6 +68,7 @@ STANDIN = EngineProfile(
     validate_memory="dram",  # its KV cache is in host memory: validate what will serve
     gpu_fabric_env=False,
     version_env="TK_STANDIN_TRTLLM_VERSION",
+    image_holds_trtllm=False,  # it imitates the line named by trtllm_version, whatever the image
     script_note="Engine: tk CPU stand-in (tk-standin-serve), a rehearsal engine, not TensorRT-LLM.",
     options_note="Engine: tk CPU stand-in (rehearsal only, not TensorRT-LLM).",
 )

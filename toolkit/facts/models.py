@@ -73,13 +73,18 @@ class ModelSpec:
             return (self.kv_lora_rank + self.qk_rope_head_dim) * elem
         return 2 * max(1, self.num_kv_heads // tp) * self.head_dim * elem
 
-    def layers_per_rank(self, pp: int) -> int:
-        """Layers one pipeline-parallel rank holds (the first ranks take the remainder)."""
-        return math.ceil(self.num_layers / pp)
+    def layers_per_rank(self, pp: int, extra_layers: int = 0) -> int:
+        """KV layers the fullest pipeline-parallel rank holds. TensorRT-LLM splits the model's layers like
+        torch.tensor_split (the first ``num_layers % pp`` ranks take one more: Mapping.pp_layers in
+        tensorrt_llm/mapping.py) and appends ``extra_layers`` (speculative-decoding KV layers, e.g. MTP) to
+        the last rank (get_pp_layers in tensorrt_llm/_torch/pyexecutor/resource_manager.py)."""
+        if not extra_layers:
+            return math.ceil(self.num_layers / pp)
+        return max(math.ceil(self.num_layers / pp), self.num_layers // pp + extra_layers)
 
-    def kv_bytes_per_token_per_rank(self, kv_dtype: str, tp: int, pp: int) -> int:
-        """KV bytes one token takes on one rank of a tp x pp server, all of that rank's layers."""
-        return int(self.kv_bytes_per_token_per_layer_per_rank(kv_dtype, tp) * self.layers_per_rank(pp))
+    def kv_bytes_per_token_per_rank(self, kv_dtype: str, tp: int, pp: int, extra_layers: int = 0) -> int:
+        """KV bytes one token takes on the fullest rank of a tp x pp server, all of that rank's layers."""
+        return int(self.kv_bytes_per_token_per_layer_per_rank(kv_dtype, tp) * self.layers_per_rank(pp, extra_layers))
 
     def to_dict(self) -> dict:
         return asdict(self)

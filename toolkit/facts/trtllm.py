@@ -19,6 +19,7 @@ docs/trtllm-versions.md has the per-line table, every source, what is unverified
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 
@@ -47,6 +48,9 @@ class TrtllmVersion:
     serve_flags: frozenset[str]  # `trtllm-serve MODEL` flags tk may pass
     disaggregated_flags: frozenset[str]  # `trtllm-serve disaggregated` flags tk may pass
     kv_dtypes: tuple[str, ...] = ("auto", "fp8")
+    # KV-cache layers TensorRT-LLM adds for MTP with speculative_config.num_nextn_predict_layers = N:
+    # "per_mtp_layer" = N (get_num_spec_layers returns num_nextn_predict_layers); see mtp_kv_layers().
+    mtp_kv_layers: str = "per_mtp_layer"
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -385,7 +389,142 @@ _register(TrtllmVersion(
 ))
 
 SUPPORTED = tuple(_VERSIONS)
-LATEST = SUPPORTED[-1]
+
+
+# ---------------------------------------------------------------------------------------------------
+# Option keys whose acceptance is unverified on some line, one row per key (dotted path in the options file).
+# Where a line's acceptance is "unverified", tk omits the key when its value is TensorRT-LLM's default (the
+# engine then uses that same value), and keeps it with a plan warning when it differs. "verified" = present
+# on main before that line's release branch was cut (see the provenance block above); "unverified" = could
+# not be established for the tag.
+# ---------------------------------------------------------------------------------------------------
+VERIFIED, UNVERIFIED = "verified", "unverified"
+
+
+@dataclass(frozen=True)
+class OptionFact:
+    path: tuple[str, ...]  # ("kv_cache_config", "tokens_per_block")
+    default: object  # TensorRT-LLM's default when the key is absent
+    acceptance: dict  # line -> VERIFIED | UNVERIFIED
+    source: str  # why, with citations
+
+    @property
+    def dotted(self) -> str:
+        return ".".join(self.path)
+
+
+OPTION_FACTS: tuple[OptionFact, ...] = (
+    OptionFact(
+        path=("kv_cache_config", "tokens_per_block"),
+        # KvCacheConfig.tokens_per_block: int = Field(default=32) in LATE25_LLM_ARGS (llm_args.py, late-2025
+        # main) and in the newest stored llm_args.py; 32 is also the router's default (router.py) and the
+        # value every line used before the key existed (the audit, trtllm-fidelity.md W4).
+        default=32,
+        acceptance={"1.0": UNVERIFIED, "1.1": VERIFIED, "1.2": VERIFIED},
+        source=("added to KvCacheConfig by PR #5911 (opened 2025-07-10), absent from the June/July 2025 "
+                "llm_args.py; whether it reached release/1.0 (branched ~2025-08-14) is unverified; on main by "
+                "2025-09-02 (PR #7372 thread), before release/1.1"),
+    ),
+)
+
+
+def unverified_options(version: TrtllmVersion) -> tuple[OptionFact, ...]:
+    """The rows whose acceptance by this line is unverified."""
+    return tuple(f for f in OPTION_FACTS if f.acceptance.get(version.line, UNVERIFIED) == UNVERIFIED)
+LATEST = SUPPORTED[-1]  # the recipe default when neither trtllm_version nor a readable image tag names a line
+
+
+# ---------------------------------------------------------------------------------------------------
+# Version text: a recipe's trtllm_version, or the tag of a TensorRT-LLM container image.
+# TensorRT-LLM versions are MAJOR.MINOR.PATCH with an optional pre-release (rcN) and post suffix, as
+# tensorrt_llm/version.py writes them ("1.0.0rc4", "1.2.0rc6.post1") and as NGC tags its release images
+# (nvcr.io/nvidia/tensorrt-llm/release:1.0.0, :1.2.0rc3). A patch release (1.2.1) belongs to its line (1.2):
+# the facts are per MINOR line. A recipe may also name the line alone ("1.2").
+# ---------------------------------------------------------------------------------------------------
+VERSION_TEXT = re.compile(
+    r"(?P<major>[0-9]{1,4})\.(?P<minor>[0-9]{1,4})(?:\.(?P<patch>[0-9]{1,4}))?"
+    r"(?P<pre>(?:a|b|rc|dev)[0-9]{0,4})?(?P<post>\.?post[0-9]{1,4})?", re.ASCII)
+
+
+@dataclass(frozen=True)
+class ParsedVersion:
+    text: str  # as written
+    line: str  # "1.2"
+    prerelease: bool  # an rc/dev/alpha/beta build of the line
+
+
+def parse_version(text: str) -> ParsedVersion | None:
+    """``1.2``, ``1.2.1``, ``1.0.0``, ``1.2.0rc3``, ``1.2.0rc6.post1`` -> its line; None if not a version."""
+    m = VERSION_TEXT.fullmatch(text) if isinstance(text, str) else None
+    if m is None:
+        return None
+    return ParsedVersion(text=text, line=f"{int(m['major'])}.{int(m['minor'])}", prerelease=bool(m["pre"]))
+
+
+# Container images whose tag is the TensorRT-LLM version: NVIDIA's NGC release and devel images, under any
+# registry or mirror that keeps the repository path (nvcr.io/nvidia/tensorrt-llm/release:1.2.0,
+# registry.example.com/nvidia/tensorrt-llm/release:1.2.0). Other images (Dynamo's tensorrtllm-runtime, whose
+# tag is the Dynamo version; a site's own build; a .sqsh file) do not say which TensorRT-LLM they hold.
+IMAGE_REPOSITORIES = ("nvidia/tensorrt-llm/release", "nvidia/tensorrt-llm/devel")
+_IMAGE_TAG = re.compile(r"v?(?P<version>[0-9][0-9A-Za-z.]*)", re.ASCII)
+
+
+@dataclass(frozen=True)
+class ImageVersion:
+    """What tk can read from a container image reference about the TensorRT-LLM it holds."""
+
+    image: str
+    version: ParsedVersion | None  # None: not readable
+    reason: str  # why not readable ("" when readable)
+
+
+def image_version(image: str) -> ImageVersion:
+    """Read the TensorRT-LLM version from an image reference as pyxis takes it (``REGISTRY/PATH:TAG``,
+    ``REGISTRY#PATH:TAG``, optionally ``@sha256:...``). Only a tag of an image in ``IMAGE_REPOSITORIES`` is
+    read; a digest alone names no version."""
+    ref = image.strip()
+    if ref.startswith(("/", "./", "../", "~")) or ref.endswith((".sqsh", ".squashfs")):
+        return ImageVersion(image, None, "it is an image file, whose name need not say which TensorRT-LLM it holds")
+    name, _, digest = ref.partition("@")
+    name = name.replace("#", "/")  # enroot/pyxis spell the registry separator '#'
+    last = name.rsplit("/", 1)[-1]
+    repo, tag = (name.rsplit(":", 1) if ":" in last else (name, ""))
+    if not any(repo == r or repo.endswith("/" + r) for r in IMAGE_REPOSITORIES):
+        return ImageVersion(image, None, "it is not one of NVIDIA's TensorRT-LLM images "
+                                         f"({', '.join(IMAGE_REPOSITORIES)}), whose tag is the version")
+    if not tag:
+        return ImageVersion(image, None, "it is pinned by digest only; a digest does not name a version"
+                            if digest else "it has no tag (pyxis pulls :latest, which moves)")
+    m = _IMAGE_TAG.fullmatch(tag)
+    parsed = parse_version(m["version"]) if m else None
+    if parsed is None:
+        return ImageVersion(image, None, f"its tag {tag!r} is not a TensorRT-LLM version such as 1.2.0 or 1.2.0rc3")
+    return ImageVersion(image, parsed, "")
+
+
+# MTP KV layers. TensorRT-LLM sizes the KV cache for the model's layers plus get_num_spec_layers(spec_config)
+# (tensorrt_llm/_torch/speculative/utils.py), appended on the last pipeline rank (get_pp_layers in
+# _torch/pyexecutor/resource_manager.py; for MLA models the KV cache manager's num_layers += the same count in
+# older _torch/pyexecutor/_util.py), so the context servers send, and the generation servers receive, those
+# layers too. tk renders `decoding_type: MTP` without use_mtp_vanilla; with DeepSeek-V3/R1 checkpoints (one MTP
+# module in config.json) that is MTP-Eagle. Per line:
+#   1.0: mid-2025 main (before release/1.0 branched): SpeculativeDecodingMode.is_mtp() covers MTP and MTP_EAGLE
+#        (_torch/speculative/interface.py) and get_num_spec_layers returns num_nextn_predict_layers for is_mtp().
+#   1.1, 1.2: from PR #7001 (merged 2025-08, "Enable two-model spec dec for MTP Eagle") MTPDecodingConfig has
+#        mtp_eagle_one_model = True, so the mode is MTP_EAGLE_ONE_MODEL (LATE25_LLM_ARGS); get_num_spec_layers
+#        returns num_nextn_predict_layers for is_mtp_one_model() = MTP or MTP_EAGLE_ONE_MODEL
+#        (speculative/utils.py@3e906a0ed7c66ed4df90aa4856bf1a6c98ca7df6, interface.py of the same era).
+#   Not a supported line: 2026 main returns 1 for MTP-Eagle one-model
+#        (speculative/utils.py@011d0933dcb5e592f5fa2626beaf42a96324c578); a line with that code gets "one".
+def mtp_kv_layers(version: TrtllmVersion, mtp_layers: int) -> int:
+    """KV layers TensorRT-LLM allocates beyond the model's own for ``mtp_layers`` MTP draft tokens."""
+    if not mtp_layers:
+        return 0
+    if version.mtp_kv_layers == "per_mtp_layer":
+        return mtp_layers
+    if version.mtp_kv_layers == "one":
+        return 1
+    raise AssertionError(version.mtp_kv_layers)
 
 
 def serve_flag_table(version: TrtllmVersion) -> dict[str, bool]:
@@ -398,8 +537,10 @@ def serve_flag_table(version: TrtllmVersion) -> dict[str, bool]:
 
 
 def get(line: str) -> TrtllmVersion:
-    """The table entry for a release line ("1.2") or a full version ("1.2.0rc3")."""
-    key = ".".join(str(line).split(".")[:2])
+    """The table entry for a release line ("1.2"), a release or patch release ("1.2.0", "1.2.1") or a
+    pre-release ("1.2.0rc3")."""
+    parsed = parse_version(str(line))
+    key = parsed.line if parsed else str(line)
     try:
         return _VERSIONS[key]
     except KeyError:

@@ -22,6 +22,7 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
     """Resolve everything; raise RecipeError listing every rule the recipe breaks."""
     r = loaded.recipe
     c = rules.Collector(loaded)
+    c.warnings.extend(loaded.warnings)  # e.g. an image tag tk cannot read (toolkit.recipe.loader.resolve_version)
     version = trtllm.get(r.trtllm_version)
     engine = ENGINES[r.engine]
 
@@ -44,6 +45,7 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
         rules.check_extra_serve_args(title, spec, version, c)
         merged[title] = options.deep_merge(derived, spec.extra_options)
     ctx_opts, gen_opts = merged["context"], merged["generation"]
+    rules.check_unverified_options(version, merged, c)
     rules.check_role_options(r, ctx_opts, gen_opts, c)
     rules.check_agreement(r, ctx_opts, gen_opts, c)
 
@@ -71,7 +73,8 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
     if c.violations:
         raise RecipeError(c.violations)
 
-    geometry = sizing.geometry(r, model)
+    extra_layers = sizing.spec_layers(r, version)  # MTP adds KV layers (facts.trtllm.mtp_kv_layers)
+    geometry = sizing.geometry(r, model, extra_layers)
     estimates = sizing.estimates(r, model, geometry, transport)
     dtype = r.kv_transfer.dtype
 
@@ -81,7 +84,7 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
                         nodes_per_instance=span, node_count=nodes, instances=instances,
                         model_path=spec.model_path or r.model_path or r.model, llm_api_options=opts,
                         serve_args=options.serve_args(spec, opts, model), env=env,
-                        kv=sizing.role_kv(model, dtype, spec))
+                        kv=sizing.role_kv(model, dtype, spec, extra_layers))
 
     ctx_plan = role_plan("ctx", "context", r.context, ctx_span, ctx_nodes, ctx_instances, ctx_opts, ctx_env)
     gen_plan = role_plan("gen", "generation", r.generation, gen_span, gen_nodes, gen_instances, gen_opts, gen_env)

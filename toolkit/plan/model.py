@@ -18,7 +18,7 @@ class KvGeometry:
     """How big the KV cache of one token is, and what that means for the largest request."""
 
     attention: str  # "gqa" or "mla"
-    num_layers: int
+    num_layers: int  # KV-cache layers TensorRT-LLM allocates: the model's, plus one per MTP layer
     bytes_per_element: float
     bytes_per_token: int  # whole model, all layers, one request
     bytes_per_token_per_layer: int
@@ -35,7 +35,7 @@ class KvGeometry:
 class RoleKv:
     """The KV cache of one token on one rank of a role's server (TP splits KV heads; MLA's latent is not split)."""
 
-    layers_per_rank: int
+    layers_per_rank: int  # on the fullest pipeline rank, MTP layers included (they sit on the last rank)
     bytes_per_token_per_layer_per_rank: float  # K and V together (GQA), or the latent (MLA)
     bytes_per_token_per_rank: int  # all the rank's layers
 

@@ -63,7 +63,22 @@ def derived_options(r: Recipe, title: str, role: RoleSpec, model: ModelSpec, ver
     opts["cache_transceiver_config"] = ct
     if mtp:
         opts["speculative_config"] = {"decoding_type": "MTP", "num_nextn_predict_layers": mtp}
+    omit_unverified_defaults(opts, version)
     return opts
+
+
+def omit_unverified_defaults(opts: dict, version: trtllm.TrtllmVersion) -> None:
+    """Drop keys whose acceptance by this line is unverified (facts.trtllm.OPTION_FACTS) where tk's value is
+    TensorRT-LLM's default anyway: the engine behaves the same and cannot refuse a key it is not given. A
+    value other than the default is kept (rules.check_version_features warns)."""
+    for fact in trtllm.unverified_options(version):
+        *parents, key = fact.path
+        node = opts
+        for p in parents:
+            node = node.get(p) if isinstance(node, dict) else None
+        if isinstance(node, dict) and key in node and node[key] == fact.default \
+                and type(node[key]) is type(fact.default):
+            del node[key]
 
 
 def deep_merge(base: dict, extra: dict) -> dict:

@@ -62,6 +62,24 @@ def check_version_features(r: Recipe, version: trtllm.TrtllmVersion, engine: Eng
         c.warnings.append("the MPI KV-cache backend is deprecated in TensorRT-LLM")
 
 
+def check_unverified_options(version: trtllm.TrtllmVersion, merged: dict[str, dict], c: Collector) -> None:
+    """Keys still written whose acceptance by this line is unverified (options.omit_unverified_defaults left
+    them because their value is not TensorRT-LLM's default): a warning naming the value and the source."""
+    for fact in trtllm.unverified_options(version):
+        seen = {}
+        for title, opts in merged.items():
+            value = _dig_or_absent(opts, fact.path)
+            if value is not _ABSENT:
+                seen.setdefault(_show(value), []).append(title)
+        for value, titles in seen.items():
+            owner = trtllm.TK_OWNED_OPTIONS.get(fact.dotted, "").replace("{role}", titles[0])
+            c.warnings.append(
+                f"{fact.dotted} = {value} is written for the {' and '.join(titles)} servers"
+                + (f" (from {owner})" if owner else "") + f", and whether TensorRT-LLM {version.line} accepts it "
+                f"is unverified ({fact.source}); if the servers refuse it at start-up (extra_forbidden), use "
+                f"{_show(fact.default)}, TensorRT-LLM's default, which tk then leaves out")
+
+
 def check_parallelism(r: Recipe, model: ModelSpec, c: Collector) -> None:
     for title, role in (("context", r.context), ("generation", r.generation)):
         if role.ep is not None:
@@ -294,7 +312,10 @@ def check_extra_options(r: Recipe, title: str, role, derived: dict, version: trt
         if owner:
             tk_value = implied[key] if key in implied and len(path) == 1 else _dig_or_absent(derived, path)
             if not _same(value, tk_value):
+                omitted = tk_value is _ABSENT and any(f.dotted == dotted for f in trtllm.unverified_options(version))
                 what_tk = (f"tk writes {dotted} = {_show(tk_value)} from {owner}" if tk_value is not _ABSENT
+                           else f"tk leaves {dotted} out for TensorRT-LLM {version.line}: {owner} is the engine's "
+                                "default, and whether that line accepts the key is unverified" if omitted
                            else f"tk writes no {dotted} for this recipe (it follows {owner})")
                 c.add(field, f"{what_tk}; extra_options would change it to {_show(value)}", instead)
                 return

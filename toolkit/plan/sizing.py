@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from toolkit.facts import trtllm
 from toolkit.facts.hardware import GPU_PEAK_TFLOPS, PREFILL_EFFICIENCY, TransportProfile
 from toolkit.facts.models import KV_DTYPE_BYTES, ModelSpec
 from toolkit.plan.model import BufferSizing, Estimates, KvGeometry, RoleKv
@@ -41,27 +42,41 @@ def size_buffer(r: Recipe, c) -> BufferSizing:
     return BufferSizing(given, "given in the recipe", user_given=True)
 
 
-def role_kv(model: ModelSpec, kv_dtype: str, role: RoleSpec) -> RoleKv:
+def spec_layers(r: Recipe, version: trtllm.TrtllmVersion) -> int:
+    """KV layers TensorRT-LLM adds for speculative decoding (MTP): facts.trtllm.mtp_kv_layers."""
+    return trtllm.mtp_kv_layers(version, r.speculative.mtp_layers)
+
+
+def role_kv(model: ModelSpec, kv_dtype: str, role: RoleSpec, extra_layers: int = 0) -> RoleKv:
+    """One rank's KV per token. ``extra_layers`` (MTP) sit on the last pipeline rank; the fullest rank counts,
+    so the validation payloads (toolkit/validate/params.py reads these) move what TensorRT-LLM moves."""
     per_layer = model.kv_bytes_per_token_per_layer_per_rank(kv_dtype, role.tp)
-    return RoleKv(layers_per_rank=model.layers_per_rank(role.pp), bytes_per_token_per_layer_per_rank=per_layer,
-                  bytes_per_token_per_rank=model.kv_bytes_per_token_per_rank(kv_dtype, role.tp, role.pp))
+    return RoleKv(layers_per_rank=model.layers_per_rank(role.pp, extra_layers),
+                  bytes_per_token_per_layer_per_rank=per_layer,
+                  bytes_per_token_per_rank=model.kv_bytes_per_token_per_rank(kv_dtype, role.tp, role.pp,
+                                                                             extra_layers))
 
 
-def geometry(r: Recipe, model: ModelSpec) -> KvGeometry:
+def geometry(r: Recipe, model: ModelSpec, extra_layers: int = 0) -> KvGeometry:
+    """``num_layers`` is what TensorRT-LLM allocates KV for: the model's layers plus ``extra_layers`` (MTP)."""
     dtype = r.kv_transfer.dtype
     per_layer = model.kv_bytes_per_token_per_layer(dtype)
+    layers = "(layers + MTP layers)" if extra_layers else "layers"
     if model.attention == "mla":
-        formula = "(kv_lora_rank + qk_rope_head_dim) x layers x bytes_per_element"
+        formula = f"(kv_lora_rank + qk_rope_head_dim) x {layers} x bytes_per_element"
     else:
-        formula = "2 x layers x kv_heads x head_dim x bytes_per_element"
-    per_token = int(per_layer * model.num_layers)
+        formula = f"2 x {layers} x kv_heads x head_dim x bytes_per_element"
+    kv_layers = model.num_layers + extra_layers
+    per_token = int(per_layer * kv_layers)
     longest = longest_input(r)
     return KvGeometry(
-        attention=model.attention, num_layers=model.num_layers, bytes_per_element=KV_DTYPE_BYTES[dtype],
+        attention=model.attention, num_layers=kv_layers, bytes_per_element=KV_DTYPE_BYTES[dtype],
         bytes_per_token=per_token, bytes_per_token_per_layer=int(per_layer),
         tokens_per_block=r.kv_transfer.tokens_per_block,
-        ctx_bytes_per_token_per_rank=model.kv_bytes_per_token_per_rank(dtype, r.context.tp, r.context.pp),
-        gen_bytes_per_token_per_rank=model.kv_bytes_per_token_per_rank(dtype, r.generation.tp, r.generation.pp),
+        ctx_bytes_per_token_per_rank=model.kv_bytes_per_token_per_rank(dtype, r.context.tp, r.context.pp,
+                                                                       extra_layers),
+        gen_bytes_per_token_per_rank=model.kv_bytes_per_token_per_rank(dtype, r.generation.tp, r.generation.pp,
+                                                                       extra_layers),
         largest_request_tokens=longest, largest_request_bytes=per_token * longest, formula=formula,
     )
 

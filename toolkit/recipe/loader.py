@@ -16,6 +16,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from toolkit.errors import RecipeError, Violation
+from toolkit.facts import trtllm
+from toolkit.facts.engines import ENGINES
 from toolkit.recipe.schema import Recipe
 
 Path_ = tuple  # a field path, e.g. ("kv_transfer", "tokens_per_block")
@@ -30,6 +32,10 @@ class LoadedRecipe:
     raw: dict  # the mapping as written (after overrides), for the manifest
     lines: dict = field(default_factory=dict)  # field path -> line number
     overrides: tuple = ()  # the --set expressions applied, in order
+    # Where recipe.trtllm_version came from: "recipe" (written or --set), "image" (derived from the tag of
+    # cluster.container_image) or "default" (trtllm.LATEST: no version written and no readable image tag).
+    version_source: str = "recipe"
+    warnings: tuple = ()  # found while loading (an unreadable image tag); the plan lists them with its own
 
     def line_of(self, path: Path_) -> int | None:
         """The line of a field, or of its nearest written parent."""
@@ -416,7 +422,71 @@ def load_recipe_text(text: str, file: str, overrides=()) -> LoadedRecipe:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         raise RecipeError(_violations(exc, proto)) from None
-    return LoadedRecipe(recipe=recipe, file=file, raw=data, lines=lines, overrides=overrides)
+    line, source, warnings = resolve_version(recipe, proto)
+    if recipe.trtllm_version is None:
+        recipe = recipe.model_copy(update={"trtllm_version": line})
+    return LoadedRecipe(recipe=recipe, file=file, raw=data, lines=lines, overrides=overrides,
+                        version_source=source, warnings=tuple(warnings))
+
+
+def resolve_version(recipe: Recipe, loaded: LoadedRecipe) -> tuple[str, str, list[str]]:
+    """The TensorRT-LLM line the recipe targets, where it came from, and warnings.
+
+    The tag of ``cluster.container_image`` is read where tk can (facts.trtllm.image_version): with no
+    ``trtllm_version`` written, its line is the recipe's; with one written, the two must name the same line
+    (a 1.0.0 container fed 1.2 options fails at start-up on keys it does not know). An image tk cannot read is
+    a warning: nothing checks that it holds the targeted line. Raises RecipeError on a contradiction."""
+    given = recipe.trtllm_version
+    image = recipe.cluster.container_image
+    if not image or not ENGINES[recipe.engine].image_holds_trtllm:
+        return (trtllm.get(given).line, "recipe", []) if given else (trtllm.LATEST, "default", [])
+    found = trtllm.image_version(image)
+    shown = short(image)
+    if found.version is None:
+        if given:
+            return trtllm.get(given).line, "recipe", [
+                f"cannot read the TensorRT-LLM version of cluster.container_image {shown}: {found.reason}; "
+                f"tk renders for trtllm_version {given} and cannot check that the image holds it"]
+        return trtllm.LATEST, "default", [
+            f"cannot read the TensorRT-LLM version of cluster.container_image {shown}: {found.reason}; "
+            f"tk renders for its newest line, {trtllm.LATEST}: set trtllm_version to the image's line "
+            f"({', '.join(trtllm.SUPPORTED)})"]
+    version = found.version
+    example = f"{image.rsplit(':', 1)[0]}:{trtllm.get(given).release.lstrip('v')}" if given else ""
+    if version.line not in trtllm.SUPPORTED:
+        blame = ("cluster", "container_image")
+        raise RecipeError([loaded.violation(
+            blame, f"the image holds TensorRT-LLM {version.text} (line {version.line}); tk has facts only for "
+            f"the lines {', '.join(trtllm.SUPPORTED)}, so it cannot render options that image accepts",
+            f"use an image of a supported line, e.g. {image.rsplit(':', 1)[0]}:"
+            f"{trtllm.get(trtllm.LATEST).release.lstrip('v')}")])
+    warnings = []
+    if version.prerelease:
+        warnings.append(f"cluster.container_image {shown} is a pre-release ({version.text}); tk's facts for line "
+                        f"{version.line} were read for its release ({trtllm.get(version.line).release})")
+    if not given:
+        return version.line, "image", warnings
+    line = trtllm.get(given).line
+    if line != version.line:
+        # Blame the value the user changed last: a --set of the image alone points at the image.
+        image_set = loaded.override_of(("cluster", "container_image")) is not None
+        version_set = loaded.override_of(("trtllm_version",)) is not None
+        if image_set and not version_set:
+            raise RecipeError([loaded.violation(
+                ("cluster", "container_image"),
+                f"the image holds TensorRT-LLM {version.text} (line {version.line}) but the recipe's "
+                f"trtllm_version is {given}; tk would render {line} options for a {version.line} container",
+                f"use a {line} image (e.g. {example}), or set trtllm_version: \"{version.line}\" too, "
+                "or remove trtllm_version to follow the image")])
+        raise RecipeError([loaded.violation(
+            ("trtllm_version",),
+            f"trtllm_version {given} contradicts cluster.container_image {shown}, which holds TensorRT-LLM "
+            f"{version.text} (line {version.line}); the servers would start {line} options in a "
+            f"{version.line} container",
+            f"set cluster.container_image to a {line} image too (e.g. --set cluster.container_image={example}), "
+            + ("or drop --set trtllm_version" if version_set else "or remove trtllm_version")
+            + " to follow the image")])
+    return line, "recipe", warnings
 
 
 def _model_at(path: tuple) -> type[BaseModel] | None:

@@ -26,7 +26,6 @@ ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}", re.ASCII)
 TIME_LIMIT = re.compile(r"([0-9]{1,3}-)?[0-9]{1,3}:[0-9]{2}(:[0-9]{2})?|[0-9]{1,7}", re.ASCII)
 SLURM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}", re.ASCII)
 NET_DEVICES = re.compile(r"[A-Za-z0-9_.:,-]{1,512}", re.ASCII)
-VERSION = re.compile(r"[0-9]{1,4}\.[0-9]{1,4}(\.[0-9]{1,4})?([a-z]{1,5}[0-9]{0,4})?(\.?post[0-9]{1,4})?", re.ASCII)
 
 # Bounds for free text: a path, an image name or an argument is never longer than this.
 MAX_TEXT = 4096
@@ -274,7 +273,9 @@ class Recipe(Section):
     model: PathText
     model_path: Optional[PathText] = None
     quantization: Optional[Text] = None
-    trtllm_version: str = trtllm.LATEST
+    # None (not written, or null): the loader derives the line from cluster.container_image's tag where tk can
+    # read it, else takes trtllm.LATEST; LoadedRecipe.version_source says which. After loading it is a str.
+    trtllm_version: Optional[str] = None
     cluster: ClusterSpec
     context: RoleSpec = Field(default_factory=RoleSpec)
     generation: RoleSpec = Field(default_factory=RoleSpec)
@@ -295,12 +296,14 @@ class Recipe(Section):
     def _version(cls, v):
         # The loader passes `trtllm_version: 1.10` on as the text "1.10"; a number that reaches here lost its
         # text (1.10 would be 1.1), so it is refused rather than guessed.
+        if v is None:
+            return None
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             raise ValueError(f"trtllm_version is the number {v!r}; write it as a quoted string, e.g. "
                              f"trtllm_version: \"{v}\" (1.10 unquoted would be read as 1.1)")
         if not isinstance(v, str):
             raise ValueError("trtllm_version must be a string such as \"1.2\"")
-        if not VERSION.fullmatch(v):
-            raise ValueError("trtllm_version must look like \"1.2\" or \"1.2.0rc3\"")
+        if trtllm.parse_version(v) is None:
+            raise ValueError("trtllm_version must look like \"1.2\", \"1.2.1\" or \"1.2.0rc3\"")
         trtllm.get(v)  # raises with the supported list
         return v
