@@ -119,3 +119,58 @@ def test_a_damaged_or_empty_run_directory_never_crashes_the_doctor(tmp_path):
     (run / "state").mkdir()
     (run / "state" / "phases.tsv").write_bytes(b"not\ta\tnumber\n\x00\n")
     assert diagnose(run)["findings"][0]["id"] == "transceiver-buffer-mismatch"
+
+
+# --- the run index: runs are found from any working directory ----------------------------------------------
+
+def test_runs_are_found_from_another_directory_through_the_index(tmp_path, monkeypatch):
+    import toolkit.api as api
+    from toolkit.runtime import rundir
+
+    monkeypatch.delenv("TK_RUNS_DIR", raising=False)
+    work = tmp_path / "project"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    plan = api.load_plan("standin-2p2d")
+    run = api.prepare(plan, local=True)  # runs/standin-2p2d-... relative to this directory
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert [r.name for r in api.runs()] == [run.name]
+    assert api.find_run(run.name).run_dir == run.run_dir
+    assert api.find_run().run_dir == run.run_dir
+    assert api.doctor(run.name)["run"] == run.name
+    # TK_RUNS_DIR is still honoured, and the union is taken once per directory
+    other = tmp_path / "other-runs"
+    monkeypatch.setenv("TK_RUNS_DIR", str(other))
+    second = api.prepare(plan, local=True, run_dir=other / "second")
+    assert [r.name for r in api.runs()] == [run.name, "second"]
+    # a damaged index and a run directory that is gone never break anything
+    with open(rundir.index_path(), "ab") as f:
+        f.write(b"\x00not json\n{\"path\": 3}\n[]\n{\"path\": \"relative/dir\"}\n")
+    import shutil
+    shutil.rmtree(run.run_dir)
+    assert [r.name for r in api.runs()] == ["second"]
+    assert second.run_dir in rundir.index_path().read_text()
+
+
+def test_an_unwritable_state_directory_never_fails_a_run(tmp_path, monkeypatch):
+    import toolkit.api as api
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("TK_STATE_DIR", str(blocker / "tk"))  # cannot be created
+    run = api.prepare(api.load_plan("standin-2p2d"), local=True, run_dir=tmp_path / "r")
+    assert api.find_run(tmp_path / "r").name == run.name
+
+
+def test_every_run_directory_tk_creates_is_indexed_with_one_line(tmp_path, monkeypatch):
+    import json
+
+    from toolkit.runtime import rundir
+
+    monkeypatch.setenv("TK_RUNS_DIR", str(tmp_path / "runs"))
+    paths = [rundir.new_run_dir("x", None, "validate") for _ in range(3)]
+    entries = [json.loads(line) for line in rundir.index_path().read_text().splitlines()]
+    assert [e["path"] for e in entries] == [str(p.resolve()) for p in paths]
+    assert {e["kind"] for e in entries} == {"validate"}
