@@ -174,3 +174,44 @@ def test_every_run_directory_tk_creates_is_indexed_with_one_line(tmp_path, monke
     entries = [json.loads(line) for line in rundir.index_path().read_text().splitlines()]
     assert [e["path"] for e in entries] == [str(p.resolve()) for p in paths]
     assert {e["kind"] for e in entries} == {"validate"}
+
+
+# --- tk diff ---------------------------------------------------------------------------------------------------
+
+def test_tk_diff_of_two_renders_shows_the_changed_files_bounded(tmp_path):
+    import toolkit.api as api
+    from toolkit.cli import main
+
+    a, _ = api.render(api.load_plan("standin-2p2d"), tmp_path / "a")
+    b, _ = api.render(api.load_plan("standin-2p2d", ["generation.instances=3"]), tmp_path / "b")
+    doc = api.diff(a, b)
+    assert doc["rendered"]["disagg.yaml"]["status"] == "changed"
+    assert any(line == "+  num_instances: 3" for line in doc["rendered"]["disagg.yaml"]["diff"])
+    assert doc["rendered"]["ctx.yaml"]["status"] == "same" and not doc["same"]
+    assert api.diff(a, a)["same"]
+    (b / "provenance").mkdir()
+    (b / "provenance" / "n1.json").write_text('{"node": "n1", "engine": "1.2.0", "ucx": null}')
+    (b / "provenance" / "n2.json").write_text('not json')
+    doc = api.diff(a, b)
+    assert doc["versions"]["differ"]["engine"] == {"A": None, "B": ["1.2.0"]}
+    assert main(["diff", str(a), str(b)]) == 0
+    assert main(["diff", str(a), str(tmp_path / "nothing")]) != 0
+
+
+def test_tk_doctor_command_prints_the_diagnosis_and_json(tmp_path, capsys):
+    from toolkit.cli import main
+
+    run = _failed_run(tmp_path)
+    import toolkit.api as api
+
+    record = api.prepare(api.load_plan("standin-2p2d"), local=True, run_dir=tmp_path / "run")
+    for sub in ("logs", "state"):
+        for f in (run / sub).iterdir():
+            (record.path / sub / f.name).write_bytes(f.read_bytes())
+    record.set_state("failed", "gen-0 exited with code 1 (log: logs/gen-0.log)")
+    capsys.readouterr()
+    assert main(["doctor", str(record.path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["findings"][0]["id"] == "transceiver-buffer-mismatch"
+    assert main(["doctor", str(record.path)]) == 0
+    assert "diagnosis [transceiver-buffer-mismatch]" in capsys.readouterr().out

@@ -30,6 +30,7 @@ class EngineProfile:
     validate_memory: str  # what `tk validate cluster --memory auto` registers: "auto" (GPU if present) or "dram"
     gpu_fabric_env: bool  # GPU-only transport settings apply (UCX_CUDA_IPC_ENABLE_MNNVL across NVLink domains)
     version_env: str | None  # env var naming the TensorRT-LLM line the engine imitates, or None
+    version_command: tuple[str, ...]  # prints the engine's version (last line), for provenance/NODE.json
     script_note: str  # a comment line launch.sbatch carries ("" for none)
     options_note: str  # a comment line ctx.yaml / gen.yaml carry ("" for none)
 
@@ -48,6 +49,7 @@ TRTLLM = EngineProfile(
     validate_memory="auto",
     gpu_fabric_env=True,
     version_env=None,
+    version_command=("python3", "-c", "import tensorrt_llm; print(tensorrt_llm.__version__)"),
     script_note="",
     options_note="",
 )
@@ -66,6 +68,7 @@ STANDIN = EngineProfile(
     validate_memory="dram",  # its KV cache is in host memory: validate what will serve
     gpu_fabric_env=False,
     version_env="TK_STANDIN_TRTLLM_VERSION",
+    version_command=("tk-standin-serve", "--version"),
     script_note="Engine: tk CPU stand-in (tk-standin-serve), a rehearsal engine, not TensorRT-LLM.",
     options_note="Engine: tk CPU stand-in (rehearsal only, not TensorRT-LLM).",
 )
