@@ -7,6 +7,7 @@
         disagg.resolved.yaml   disagg.yaml with real hostnames
         state/phases.tsv  what the job did, one line per step (time, phase, detail)
         logs/<server>.log one log per server, logs/proxy.log; logs/job.log the local job's own output
+        provenance/NODE.json  what each node runs (engine, NIXL, UCX, driver, image), written at start
         local/bin/        the local backend's srun/scontrol/scancel shim (tk launch --local)
 """
 

@@ -19,15 +19,33 @@ def _logging() -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
+def _tk_version() -> str:
+    """tk's version without importing the toolkit (the stand-in imports only toolkit.facts): the installed
+    distribution's, else the `__version__` line of the toolkit package it runs from."""
+    import importlib.metadata
+    import importlib.util
+    import re
+    try:
+        return importlib.metadata.version("tk-disagg")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    spec = importlib.util.find_spec("toolkit")
+    try:
+        text = open(spec.origin).read() if spec and spec.origin else ""
+    except OSError:
+        text = ""
+    found = re.search(r'^__version__ = "([^"]+)"', text, re.M)
+    return found.group(1) if found else "unknown"
+
+
 def version_string() -> str:
     """What provenance records for the stand-in: a real version, never TensorRT-LLM's."""
-    from toolkit import __version__
     from toolkit.standin.options import ConfigError, target_version
     try:
         line = target_version().line
     except ConfigError:
         line = "unknown"
-    return f"tk-standin-serve {__version__} (tk CPU stand-in, not TensorRT-LLM; imitates the TensorRT-LLM {line} protocol)"
+    return f"tk-standin-serve {_tk_version()} (tk CPU stand-in, not TensorRT-LLM; imitates the TensorRT-LLM {line} protocol)"
 
 
 def main(argv: list[str] | None = None) -> int:
