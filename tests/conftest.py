@@ -6,6 +6,20 @@ ROOT = Path(__file__).resolve().parent.parent
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 
 
+def pytest_configure(config):
+    """No test writes the user's run index: module- and session-scoped fixtures included."""
+    import os
+    import tempfile
+
+    os.environ["TK_STATE_DIR"] = tempfile.mkdtemp(prefix="tk-test-state-")
+
+
+@pytest.fixture(autouse=True)
+def _run_index(tmp_path_factory, monkeypatch):
+    """Every test gets its own run index (toolkit.runtime.rundir.index_path), never the user's."""
+    monkeypatch.setenv("TK_STATE_DIR", str(tmp_path_factory.mktemp("tk-state")))
+
+
 @pytest.fixture
 def recipe_file(tmp_path):
     """Write a recipe from text; returns its path."""

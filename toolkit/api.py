@@ -9,6 +9,8 @@
     launch(plan, ...)                   run it (Slurm or local), wait until it serves -> RunRecord
     runs() / find_run(ref)              every run / one run by directory, name or (None) the latest
     status(run) / logs(run) / stop(run) look after a run
+    doctor(run)                         why a run failed: known failure signatures, cause, fix, evidence
+    diff(run_a, run_b)                  what differs between two runs or render directories
     validate(plan, ...)                 NIXL transfers between every context and generation node -> report
 
 Errors are `toolkit.errors.TkError` (and its `RecipeError`, which lists every violation); nothing here
@@ -32,6 +34,8 @@ if TYPE_CHECKING:
     from toolkit.plan.model import Plan
 
 __all__ = [
+    "diff",
+    "doctor",
     "find_run",
     "launch",
     "list_models",
@@ -185,6 +189,35 @@ def stop(run: RunRecord | str | os.PathLike | None = None) -> list[str]:
     from toolkit.launch import stop as stop_run
 
     return stop_run(_record(run))
+
+
+def doctor(run: RunRecord | str | os.PathLike | None = None) -> dict[str, Any]:
+    """Why RUN failed: its job state, phases and logs (bounded reads) matched against the known failure
+    signatures (toolkit/doctor/signatures.py). {"findings": [{id, title, cause, fix, source, evidence:
+    [{file, line, where, text}]}], "first_error", "tail", "job", "phases", "servers", ...}. Reads only."""
+    from toolkit.launch import diagnose
+
+    return diagnose(_record(run))
+
+
+def diff(run_a: RunRecord | str | os.PathLike, run_b: RunRecord | str | os.PathLike) -> dict[str, Any]:
+    """What differs between two runs (or render directories): rendered files (bounded unified diffs),
+    provenance (versions per node), nodes, and validation / benchmark results where present."""
+    from toolkit.doctor.diff import diff_dirs
+
+    return diff_dirs(_dir_of(run_a), _dir_of(run_b))
+
+
+def _dir_of(ref: RunRecord | str | os.PathLike) -> Path:
+    """A run's directory: a RunRecord, a directory (a run or a `tk render` output), or a run name."""
+    from toolkit.launch.run import RunRecord
+
+    if isinstance(ref, RunRecord):
+        return ref.path
+    p = Path(os.fspath(ref))
+    if p.is_dir() and ((p / "manifest.json").is_file() or (p / "run.json").is_file()):
+        return p
+    return find_run(ref).path
 
 
 # --- validate ------------------------------------------------------------------------------------

@@ -56,7 +56,9 @@ def cli():
     tk plan RECIPE                  the resolved deployment, nothing written
     tk render RECIPE -o DIR         every file the deployment needs
     tk launch RECIPE [--local]      run it, wait until it serves
-    tk runs | status | logs | stop  look after runs
+    tk runs | status | logs | stop  look after runs (found from any directory)
+    tk doctor [RUN]                 why a run failed: cause, fix, evidence
+    tk diff RUN_A RUN_B             what differs between two runs or renders
     tk validate cluster RECIPE      NIXL transfers between every context and generation node
     """
 
@@ -230,6 +232,42 @@ def stop(run, as_json):
         _say(f"{record.name}: stopped" + ("" if not problems else f", but: {'; '.join(problems)}"))
     if problems:
         raise SystemExit(1)
+
+
+@cli.command()
+@click.argument("run", required=False)
+@json_option
+def doctor(run, as_json):
+    """Explain RUN (default: the last run): known failure signatures in its logs, with cause, fix and evidence."""
+    from toolkit.doctor import format_diagnosis
+
+    doc = api.doctor(run)
+    if as_json:
+        _emit_json(doc)
+        return
+    job = doc.get("job") or {}
+    _say(f"{doc['run']}: {doc['state']}{' - ' + doc['reason'] if doc.get('reason') else ''}")
+    _say(f"  run directory {doc['run_dir']}" + (f"; job {job.get('phase')} {job.get('detail') or ''}".rstrip()
+                                                if job else ""))
+    if doc["phases"]:
+        _say("  last phases: " + " | ".join(p.replace("\t", " ") for p in doc["phases"][-4:]))
+    click.echo(format_diagnosis(doc))
+
+
+@cli.command()
+@click.argument("run_a")
+@click.argument("run_b")
+@json_option
+def diff(run_a, run_b, as_json):
+    """What differs between RUN_A and RUN_B (runs, run directories or render directories): rendered files,
+    versions each node ran, nodes, validation and benchmark results."""
+    from toolkit.doctor.diff import format_diff
+
+    doc = api.diff(run_a, run_b)
+    if as_json:
+        _emit_json(doc)
+        return
+    click.echo(format_diff(doc))
 
 
 # --- validate ------------------------------------------------------------------------------------

@@ -31,6 +31,7 @@ class EngineProfile:
     gpu_fabric_env: bool  # GPU-only transport settings apply (UCX_CUDA_IPC_ENABLE_MNNVL across NVLink domains)
     version_env: str | None  # env var naming the TensorRT-LLM line the engine imitates, or None
     image_holds_trtllm: bool  # cluster.container_image holds the TensorRT-LLM that serves (its tag is read)
+    version_command: tuple[str, ...]  # prints the engine's version (last line), for provenance/NODE.json
     script_note: str  # a comment line launch.sbatch carries ("" for none)
     options_note: str  # a comment line ctx.yaml / gen.yaml carry ("" for none)
 
@@ -50,6 +51,7 @@ TRTLLM = EngineProfile(
     gpu_fabric_env=True,
     version_env=None,
     image_holds_trtllm=True,
+    version_command=("python3", "-c", "import tensorrt_llm; print(tensorrt_llm.__version__)"),
     script_note="",
     options_note="",
 )
@@ -69,6 +71,7 @@ STANDIN = EngineProfile(
     gpu_fabric_env=False,
     version_env="TK_STANDIN_TRTLLM_VERSION",
     image_holds_trtllm=False,  # it imitates the line named by trtllm_version, whatever the image
+    version_command=("tk-standin-serve", "--version"),
     script_note="Engine: tk CPU stand-in (tk-standin-serve), a rehearsal engine, not TensorRT-LLM.",
     options_note="Engine: tk CPU stand-in (rehearsal only, not TensorRT-LLM).",
 )

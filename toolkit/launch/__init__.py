@@ -4,6 +4,7 @@
                            /health, the proxy's /health and one smoke request with >= 1 token
     refresh(run)           the current state of every server
     stop(run)              end it and verify nothing is left
+    diagnose(run)          why it failed: its logs and job state matched against known failure signatures
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Callable
 
 import requests
 
+import toolkit.doctor as doctor
 from toolkit.errors import TkError
 from toolkit.launch.backends import LaunchError, backend_for
 from toolkit.launch.run import (RunRecord, find_run, load_run, log_tail, new_run_dir, read_nodes,
@@ -39,11 +41,17 @@ class Progress:
 
 
 class LaunchFailed(TkError):
-    def __init__(self, run: RunRecord, reason: str, component: str | None, tail: str):
+    def __init__(self, run: RunRecord, reason: str, component: str | None, tail: str,
+                 diagnosis: dict | None = None):
         self.run, self.reason, self.component, self.tail = run, reason, component, tail
+        self.diagnosis = diagnosis  # toolkit.doctor.diagnose's document, when it could be made
         text = f"{run.name}: {reason}"
+        if diagnosis and diagnosis["findings"]:
+            text += "\n" + doctor.format_diagnosis(diagnosis, brief=True)
         if component:
             text += f"\n--- last lines of {component}'s log ({run.log_path(component)}) ---\n{tail}"
+        if diagnosis is not None:
+            text += f"\n(tk doctor {run.run_dir} explains more)"
         super().__init__(text)
 
 
@@ -118,7 +126,33 @@ def _fail(run: RunRecord, backend, reason: str, component: str | None):
             run.set_state("failed", reason + (f"; cleanup: {'; '.join(problems)}" if problems else ""))
         except OSError as exc:
             reason += f"; run.json could not be written ({exc.strerror or exc})"
-    raise LaunchFailed(run, reason + (f"; cleanup: {'; '.join(problems)}" if problems else ""), component, tail)
+    reason += f"; cleanup: {'; '.join(problems)}" if problems else ""
+    raise LaunchFailed(run, reason, component, tail, _diagnosis(run, reason, component))
+
+
+def _diagnosis(run: RunRecord, reason: str, component: str | None) -> dict | None:
+    """The doctor's reading of a failed launch; None if even that fails (it must never hide the failure)."""
+    try:
+        return doctor.diagnose(run.path, name=run.name, state="failed", reason=reason, failing=component)
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def diagnose(run: RunRecord) -> dict:
+    """Why the run failed (or what its logs show): the job's state, the job's phases, every log matched
+    against toolkit.doctor.signatures; see toolkit.doctor.diagnose for the document."""
+    job = None
+    if run.state != "rendered":
+        try:
+            state = backend_for(run.backend).job_state(run)
+            job = {"phase": state.phase, "detail": state.detail}
+        except Exception as exc:  # noqa: BLE001  (a controller that does not answer is part of the story)
+            job = {"phase": "UNKNOWN", "detail": str(exc)[:300]}
+    failing = next((s.name for s in run.servers if s.state == "failed"), None)
+    doc = doctor.diagnose(run.path, name=run.name, state=run.state, reason=run.reason, failing=failing, job=job)
+    doc["servers"] = [{"name": s.name, "node": s.node, "host": s.host, "port": s.port, "state": s.state}
+                      for s in run.servers]
+    return doc
 
 
 def _failed_phase(run: RunRecord) -> tuple[str, str | None] | None:
@@ -282,4 +316,4 @@ def stop(run: RunRecord) -> list[str]:
     return problems
 
 
-__all__ = ["LaunchFailed", "Progress", "find_run", "launch", "load_run", "prepare", "refresh", "stop"]
+__all__ = ["LaunchFailed", "Progress", "diagnose", "find_run", "launch", "load_run", "prepare", "refresh", "stop"]

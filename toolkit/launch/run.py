@@ -7,6 +7,7 @@
         disagg.resolved.yaml   disagg.yaml with real hostnames
         state/phases.tsv  what the job did, one line per step (time, phase, detail)
         logs/<server>.log one log per server, logs/proxy.log; logs/job.log the local job's own output
+        provenance/NODE.json  what each node runs (engine, NIXL, UCX, driver, image), written at start
         local/bin/        the local backend's srun/scontrol/scancel shim (tk launch --local)
 """
 
@@ -142,16 +143,26 @@ def load_run(path: Path) -> RunRecord:
 
 
 def all_runs() -> list[RunRecord]:
+    """Every run under the runs directory ($TK_RUNS_DIR, default runs/ here) and in the run index (runs
+    started from any directory), each once, oldest first. Unreadable ones are skipped."""
     root = runs_root()
-    if not root.is_dir():
-        return []
-    out = []
-    for d in root.iterdir():
-        if (d / RUN_RECORD).is_file():
-            try:
-                out.append(load_run(d))
-            except TkError:
+    candidates: list[Path] = []
+    try:
+        if root.is_dir():
+            candidates = sorted(root.iterdir())
+    except OSError:
+        pass
+    candidates += rundir.indexed_dirs()
+    out, seen = [], set()
+    for d in candidates:
+        try:
+            key = str(d.resolve())
+            if key in seen or not (d / RUN_RECORD).is_file():
                 continue
+            seen.add(key)
+            out.append(load_run(d))
+        except (TkError, OSError):
+            continue
     return sorted(out, key=lambda r: r.created)
 
 
@@ -168,10 +179,12 @@ def find_run(ref: str | None) -> RunRecord:
             return matches[0]
         if len(matches) > 1:
             raise TkError(f"{ref!r} matches several runs: {', '.join(r.name for r in matches)}; give the full name")
-        raise TkError(f"no run {ref!r} (a run directory or a name from `tk runs` under {runs_root()}/)")
+        raise TkError(f"no run {ref!r} (a run directory or a name from `tk runs`: runs under {runs_root()}/ "
+                      f"and in the run index {rundir.index_path()})")
     runs = all_runs()
     if not runs:
-        raise TkError(f"no runs under {runs_root()}/; start one with `tk launch RECIPE`")
+        raise TkError(f"no runs under {runs_root()}/ or in the run index {rundir.index_path()}; "
+                      "start one with `tk launch RECIPE`")
     return runs[-1]
 
 

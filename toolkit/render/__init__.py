@@ -70,6 +70,7 @@ def render_files(plan: Plan) -> dict[str, str]:
         "launch.sbatch": env.get_template("launch.sbatch.j2").render(
             worker_commands={s.name: worker_command(plan, s.role, s.port) for s in plan.servers},
             proxy_command=proxy_command(plan), srun_flags=_srun_flags(plan),
+            provenance_flags=container_srun_flags(plan),
             ntasks_per_node=plan.slurm.gpus_per_node if plan.engine.uses_mpi else 1, **common),
     }
     files[MANIFEST] = manifest_text(plan, files)

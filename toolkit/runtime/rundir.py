@@ -3,10 +3,17 @@
 A run directory is created exclusively: two commands never share one. An automatic name gets a -N suffix
 until `mkdir` succeeds; a directory the user names must not exist yet, or be empty (then it is claimed by
 creating its claim file exclusively).
+
+Every run directory created is also appended to the run index (`runs.jsonl` in the user's state directory:
+`$TK_STATE_DIR`, else `$XDG_STATE_HOME/tk`, else `~/.local/state/tk`), so `tk runs`, `status`, `logs`, `stop` and
+`doctor` find a run from any working directory. One JSON line per run, written with a single O_APPEND write
+(concurrent tk commands never interleave lines); the index is a convenience: failing to write it never fails a
+command, and reading it skips damaged lines and directories that are gone.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -14,10 +21,72 @@ from pathlib import Path
 from toolkit.errors import TkError
 
 CLAIM_FILE = ".tk-run"
+STATE_DIR_ENV = "TK_STATE_DIR"
+INDEX_FILE = "runs.jsonl"
+INDEX_READ_BYTES = 4 << 20  # the index's last 4 MiB (tens of thousands of runs) are read
 
 
 def runs_root() -> Path:
     return Path(os.environ.get("TK_RUNS_DIR", "runs"))
+
+
+def state_dir() -> Path:
+    """Where tk keeps its per-user state (the run index)."""
+    if os.environ.get(STATE_DIR_ENV):
+        return Path(os.environ[STATE_DIR_ENV])
+    if os.environ.get("XDG_STATE_HOME"):
+        return Path(os.environ["XDG_STATE_HOME"]) / "tk"
+    return Path.home() / ".local" / "state" / "tk"
+
+
+def index_path() -> Path:
+    return state_dir() / INDEX_FILE
+
+
+def add_to_index(path: Path, name: str, kind: str = "") -> None:
+    """Append a run directory to the run index; never fails (the index only helps find runs)."""
+    line = json.dumps({"path": str(Path(path).resolve()), "name": name, "kind": kind or "launch",
+                       "created": round(time.time(), 3)}) + "\n"
+    try:
+        index = index_path()
+        index.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(index, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        try:
+            os.write(fd, line.encode())  # one write with O_APPEND: lines from concurrent commands never mix
+        finally:
+            os.close(fd)
+    except (OSError, RuntimeError):  # RuntimeError: Path.home() without a home directory
+        pass
+
+
+def indexed_dirs() -> list[Path]:
+    """The run directories the index names that still exist, oldest entry first, each once."""
+    try:
+        with open(index_path(), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - INDEX_READ_BYTES))
+            data = f.read()
+    except (OSError, RuntimeError):
+        return []
+    lines = data.decode(errors="replace").splitlines()
+    if size > INDEX_READ_BYTES and lines:
+        lines = lines[1:]  # cut mid-line
+    out, seen = [], set()
+    for line in lines:
+        try:
+            entry = json.loads(line)
+            path = Path(entry["path"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        try:
+            if str(path) in seen or not path.is_absolute() or not path.is_dir():
+                continue
+        except (OSError, ValueError):
+            continue
+        seen.add(str(path))
+        out.append(path)
+    return out
 
 
 def _claim(path: Path) -> None:
@@ -46,6 +115,7 @@ def new_run_dir(name: str, run_dir: str | os.PathLike | None, kind: str = "") ->
             raise TkError(f"{path}: another tk command claimed this run directory; give another --run-dir") from None
         except OSError as exc:
             raise TkError(f"{path}: cannot write in the run directory ({exc.strerror or exc})") from None
+        add_to_index(path, path.name, kind)
         return path
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = runs_root() / f"{name}{'-' + kind if kind else ''}-{stamp}"
@@ -63,6 +133,7 @@ def new_run_dir(name: str, run_dir: str | os.PathLike | None, kind: str = "") ->
         except OSError as exc:
             raise TkError(f"{candidate}: cannot create the run directory ({exc.strerror or exc})") from None
         _claim(candidate)
+        add_to_index(candidate, candidate.name, kind)
         return candidate
     raise TkError(f"{base}: 999 run directories with this name and time already exist; give --run-dir")
 

@@ -2,6 +2,7 @@
 
     tk-standin-serve MODEL --host H --port P --backend pytorch --tp_size N --pp_size N [...] --extra_llm_api_options F
     tk-standin-serve disaggregated -c FILE [-t SERVER_START_TIMEOUT_S] [-r REQUEST_TIMEOUT_S]
+    tk-standin-serve --version   one line: the stand-in's version and the TensorRT-LLM line it imitates
 
 Start-up problems print one line naming the file and key and exit 2, before any port is bound.
 """
@@ -18,11 +19,43 @@ def _logging() -> None:
     logging.getLogger("aiohttp.access").setLevel(logging.WARNING)
 
 
+def _tk_version() -> str:
+    """tk's version without importing the toolkit (the stand-in imports only toolkit.facts): the installed
+    distribution's, else the `__version__` line of the toolkit package it runs from."""
+    import importlib.metadata
+    import importlib.util
+    import re
+    try:
+        return importlib.metadata.version("tk-disagg")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    spec = importlib.util.find_spec("toolkit")
+    try:
+        text = open(spec.origin).read() if spec and spec.origin else ""
+    except OSError:
+        text = ""
+    found = re.search(r'^__version__ = "([^"]+)"', text, re.M)
+    return found.group(1) if found else "unknown"
+
+
+def version_string() -> str:
+    """What provenance records for the stand-in: a real version, never TensorRT-LLM's."""
+    from toolkit.standin.options import ConfigError, target_version
+    try:
+        line = target_version().line
+    except ConfigError:
+        line = "unknown"
+    return f"tk-standin-serve {_tk_version()} (tk CPU stand-in, not TensorRT-LLM; imitates the TensorRT-LLM {line} protocol)"
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     from toolkit.standin.options import ConfigError
     if argv and argv[0] in ("-h", "--help"):
         print(__doc__.strip())
+        return 0
+    if argv and argv[0] == "--version":
+        print(version_string())
         return 0
     _logging()
     try:

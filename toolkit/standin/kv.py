@@ -37,6 +37,9 @@ seeds the generated tokens, so a missing or corrupted transfer changes the answe
 
 Faults for tests (``TK_STANDIN_FAULT``, comma-separated): ``corrupt_kv`` flips one byte of every received KV;
 ``drop_notif`` sends no notification (the context server then frees the slot only at its timeout).
+``TK_STANDIN_MAX_TOKENS_IN_BUFFER=N`` replaces this server's cache_transceiver_config.max_tokens_in_buffer (as
+a hand-edited options file would): a context and a generation server with different buffers then fail every
+transfer with "Message truncated", as TensorRT-LLM does (``check_buffer``).
 """
 
 from __future__ import annotations
@@ -253,7 +256,7 @@ class KvPool:
             "endpoint": self.endpoint, "ctx_request_id": ctx_request_id, "epoch": self.epoch, "num_tokens": n,
             "tag": tag, "header": [header_addr, HEADER_BYTES],
             "blocks": [[a, self.geo.block_bytes] for a in self._block_addrs(slot, nblocks)],
-            "geometry": self.geo.to_dict(),
+            "geometry": self.geo.to_dict(), "max_tokens_in_buffer": self.slot_tokens,
         }
 
     async def _reap(self) -> None:
@@ -324,9 +327,23 @@ class KvPool:
         except Exception as exc:  # noqa: BLE001
             log.debug("NIXL remove_remote_agent(%s): %s", name, exc)
 
+    def check_buffer(self, state: dict) -> None:
+        """Both roles' transfer buffers must be equal. TensorRT-LLM's transceiver sizes its messages by the
+        sender's buffer and posts receives of the receiver's; differing max_tokens_in_buffer on ctx and gen
+        fail the transfer with UCX's "Message truncated" (ai-dynamo/dynamo PR #1572; the UCX path works only
+        with equal sizes, NVIDIA/TensorRT-LLM PR #9782). The stand-in fails the same way, on every transfer."""
+        theirs = state.get("max_tokens_in_buffer")
+        if theirs is not None and theirs != self.slot_tokens:
+            raise TransferError(500, (
+                f"KV transfer from context server {state.get('endpoint', '?')} failed: Message truncated "
+                f"(UCS_ERR_MESSAGE_TRUNCATED): the context server's cache_transceiver_config.max_tokens_in_buffer "
+                f"is {theirs}, this generation server's {self.slot_tokens}; both roles need the same transfer "
+                f"buffer"))
+
     async def fetch(self, state: dict, prompt_len: int) -> bytes:
         """READ a context server's KV; returns the digest of the received bytes."""
         self.check_geometry(state)
+        self.check_buffer(state)
         ctx = state.get("endpoint", "?")
         n = int(state.get("num_tokens", -1))
         if n != prompt_len:

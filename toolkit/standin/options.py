@@ -24,6 +24,7 @@ from toolkit.facts.models import KV_DTYPE_BYTES, ModelError, ModelSpec, resolve_
 
 VERSION_ENV = STANDIN.version_env  # which TensorRT-LLM line to imitate; the plan sets it in ctx.env / gen.env
 DEFAULT_TRANSFER_BUFFER_BYTES = 512 << 20  # TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE's default
+BUFFER_OVERRIDE_ENV = "TK_STANDIN_MAX_TOKENS_IN_BUFFER"  # fault knob: this server's buffer, as if its file said so
 DEFAULT_TIMEOUT_MS = 60000  # the stand-in's own bound when kv_transfer_timeout_ms is unset or unknown
 
 # The trtllm-serve flags the stand-in accepts: toolkit.facts.trtllm (the plan checks extra_serve_args the same way).
@@ -248,6 +249,11 @@ def _transceiver(where, ct, version, tpb, model, kv_dtype, max_seq_len) -> Trans
         raise ConfigError(f"{where}: cache_transceiver_config.backend: the stand-in moves KV with NIXL and cannot "
                           f"emulate {backend}; use NIXL, UCX or DEFAULT")
     mtib = _pos_int(where, "cache_transceiver_config.max_tokens_in_buffer", ct.get("max_tokens_in_buffer"))
+    if os.environ.get(BUFFER_OVERRIDE_ENV):
+        try:
+            mtib = _pos_int(BUFFER_OVERRIDE_ENV, "value", int(os.environ[BUFFER_OVERRIDE_ENV]))
+        except ValueError:
+            raise ConfigError(f"{BUFFER_OVERRIDE_ENV}: {os.environ[BUFFER_OVERRIDE_ENV]!r} is not an integer") from None
     if mtib is not None and mtib % tpb:
         raise ConfigError(f"{where}: cache_transceiver_config.max_tokens_in_buffer: {mtib} is not a multiple of "
                           f"kv_cache_config.tokens_per_block={tpb} (TensorRT-LLM: Assertion failed: "

@@ -1,0 +1,217 @@
+"""Spec: `tk doctor` names the cause and fix of known failures from a run's logs, and shows the first error line
+and the log tail of unknown ones. Every signature has a log excerpt under tests/fixtures/doctor/
+(`<signature id>.<source>.log`, source = server | proxy | job | phases) that it matches and no other row claims."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+from toolkit.doctor import diagnose, format_diagnosis, read_bounded, scan
+from toolkit.doctor.signatures import BY_ID, SIGNATURES
+
+FIXTURES = ROOT / "tests" / "fixtures" / "doctor"
+
+
+def _fixture(sig_id: str) -> tuple[Path, str]:
+    found = sorted(FIXTURES.glob(f"{sig_id}.*.log"))
+    assert found, f"no log excerpt for signature {sig_id} under {FIXTURES}"
+    return found[0], found[0].name.split(".")[-2]
+
+
+def test_there_are_at_least_ten_signatures_each_with_cause_fix_and_source():
+    assert len(SIGNATURES) >= 10
+    assert len(BY_ID) == len(SIGNATURES), "signature ids are unique"
+    for s in SIGNATURES:
+        assert s.patterns and s.cause and s.fix and s.source and s.where, s.id
+        for p in s.patterns:
+            re.compile(p)
+
+
+@pytest.mark.parametrize("sig", SIGNATURES, ids=lambda s: s.id)
+def test_each_signature_matches_its_fixture_and_no_other_signature_claims_it(sig):
+    path, source = _fixture(sig.id)
+    assert scan(path.read_text().splitlines(), source) == [sig.id]
+
+
+def test_the_issue_s_signatures_are_all_present():
+    for needed in ("transceiver-buffer-mismatch", "transceiver-disabled", "transceiver-buffer-misaligned",
+                   "port-in-use", "ucx-no-transport", "ib-inactive", "gpu-registration", "cuda-oom", "mpi-spawn",
+                   "health-timeout", "unknown-option-key", "nccl-error", "model-path"):
+        assert needed in BY_ID
+
+
+def test_a_signature_only_looks_where_it_applies():
+    # tk's own health deadline is a phase line, not something a server prints
+    assert scan(["gen-0 not healthy at http://h:1/health after 300s"], "server") == []
+    assert scan(["failed\tgen-0 not healthy at http://h:1/health after 300s"], "phases") == ["health-timeout"]
+
+
+def _failed_run(tmp_path: Path) -> Path:
+    run = tmp_path / "standin-2p2d-20261014-120000"
+    (run / "logs").mkdir(parents=True)
+    (run / "state").mkdir()
+    (run / "state" / "phases.tsv").write_text(
+        "1760000000\tresolving\tjob 77\n1760000001\tstarted\tctx-0 on n0\n1760000002\tstarted\tgen-0 on n1\n"
+        "1760000009\tfailed\tgen-0 exited with code 1 (log: logs/gen-0.log)\n1760000010\tstopping\texit code 1\n")
+    (run / "logs" / "ctx-0.log").write_text("[tk-standin] INFO serving\n" * 5)
+    (run / "logs" / "gen-0.log").write_text(
+        "[tk-standin] INFO serving\n" * 3 + (FIXTURES / "transceiver-buffer-mismatch.server.log").read_text())
+    (run / "logs" / "proxy.log").write_text((FIXTURES / "llm-shutting-down.proxy.log").read_text())
+    return run
+
+
+def test_doctor_on_a_failed_run_directory_names_cause_fix_and_file_line(tmp_path):
+    run = _failed_run(tmp_path)
+    doc = diagnose(run, state="failed", reason="gen-0 exited with code 1 (log: logs/gen-0.log)")
+    assert doc["failing"] == "gen-0"
+    first = doc["findings"][0]
+    assert first["id"] == "transceiver-buffer-mismatch"
+    lines = (run / "logs" / "gen-0.log").read_text().splitlines()
+    ev = first["evidence"][0]
+    assert ev["file"] == "logs/gen-0.log" and "Message truncated" in lines[ev["line"] - 1]
+    assert ev["where"] == f"logs/gen-0.log:{ev['line']}"
+    # the proxy's "LLM is shutting down" is a consequence: listed, but after the cause
+    assert [f["id"] for f in doc["findings"]][-1] == "llm-shutting-down"
+    text = format_diagnosis(doc)
+    assert "max_tokens_in_buffer" in text and f"logs/gen-0.log:{ev['line']}" in text
+    json.dumps(doc)  # --json prints it as it is
+
+
+def test_unknown_failure_shows_the_first_error_line_and_the_tail(tmp_path):
+    run = tmp_path / "r"
+    (run / "logs").mkdir(parents=True)
+    (run / "state").mkdir()
+    (run / "state" / "phases.tsv").write_text("1\tfailed\tctx-0 exited with code 3 (log: logs/ctx-0.log)\n")
+    (run / "logs" / "ctx-0.log").write_text("loading\nweights 10%\nValueError: something nobody has seen\nbye\n")
+    (run / "logs" / "gen-0.log").write_text("ERROR: a later error elsewhere\n")
+    doc = diagnose(run)
+    assert doc["findings"] == []
+    assert doc["first_error"]["where"] == "logs/ctx-0.log:3"
+    assert doc["tail"]["file"] == "logs/ctx-0.log" and doc["tail"]["lines"][-1] == "bye"
+    text = format_diagnosis(doc)
+    assert "no known failure signature" in text and "logs/ctx-0.log:3" in text
+
+
+def test_doctor_reads_big_logs_bounded_and_still_numbers_lines(tmp_path):
+    log = tmp_path / "gen-0.log"
+    with open(log, "w") as f:
+        for i in range(1, 200_001):
+            f.write(f"line {i} padding padding padding\n")
+        f.write("UCX  ERROR  tag receive failed: Message truncated\n")
+    lines, size, truncated = read_bounded(log)
+    assert truncated and size > 1 << 20
+    assert sum(len(t) + 1 for _, t in lines) < 400 * 1024
+    assert lines[-1] == (200_001, "UCX  ERROR  tag receive failed: Message truncated")
+
+
+def test_a_damaged_or_empty_run_directory_never_crashes_the_doctor(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    doc = diagnose(run)
+    assert doc["findings"] == [] and doc["first_error"] is None
+    (run / "logs").mkdir()
+    (run / "logs" / "gen-0.log").write_bytes(b"\xff\xfe\x00garbage\nMessage truncated\n")
+    (run / "state").mkdir()
+    (run / "state" / "phases.tsv").write_bytes(b"not\ta\tnumber\n\x00\n")
+    assert diagnose(run)["findings"][0]["id"] == "transceiver-buffer-mismatch"
+
+
+# --- the run index: runs are found from any working directory ----------------------------------------------
+
+def test_runs_are_found_from_another_directory_through_the_index(tmp_path, monkeypatch):
+    import toolkit.api as api
+    from toolkit.runtime import rundir
+
+    monkeypatch.delenv("TK_RUNS_DIR", raising=False)
+    work = tmp_path / "project"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    plan = api.load_plan("standin-2p2d")
+    run = api.prepare(plan, local=True)  # runs/standin-2p2d-... relative to this directory
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    assert [r.name for r in api.runs()] == [run.name]
+    assert api.find_run(run.name).run_dir == run.run_dir
+    assert api.find_run().run_dir == run.run_dir
+    assert api.doctor(run.name)["run"] == run.name
+    # TK_RUNS_DIR is still honoured, and the union is taken once per directory
+    other = tmp_path / "other-runs"
+    monkeypatch.setenv("TK_RUNS_DIR", str(other))
+    second = api.prepare(plan, local=True, run_dir=other / "second")
+    assert [r.name for r in api.runs()] == [run.name, "second"]
+    # a damaged index and a run directory that is gone never break anything
+    with open(rundir.index_path(), "ab") as f:
+        f.write(b"\x00not json\n{\"path\": 3}\n[]\n{\"path\": \"relative/dir\"}\n")
+    import shutil
+    shutil.rmtree(run.run_dir)
+    assert [r.name for r in api.runs()] == ["second"]
+    assert second.run_dir in rundir.index_path().read_text()
+
+
+def test_an_unwritable_state_directory_never_fails_a_run(tmp_path, monkeypatch):
+    import toolkit.api as api
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("TK_STATE_DIR", str(blocker / "tk"))  # cannot be created
+    run = api.prepare(api.load_plan("standin-2p2d"), local=True, run_dir=tmp_path / "r")
+    assert api.find_run(tmp_path / "r").name == run.name
+
+
+def test_every_run_directory_tk_creates_is_indexed_with_one_line(tmp_path, monkeypatch):
+    import json
+
+    from toolkit.runtime import rundir
+
+    monkeypatch.setenv("TK_RUNS_DIR", str(tmp_path / "runs"))
+    paths = [rundir.new_run_dir("x", None, "validate") for _ in range(3)]
+    entries = [json.loads(line) for line in rundir.index_path().read_text().splitlines()]
+    assert [e["path"] for e in entries] == [str(p.resolve()) for p in paths]
+    assert {e["kind"] for e in entries} == {"validate"}
+
+
+# --- tk diff ---------------------------------------------------------------------------------------------------
+
+def test_tk_diff_of_two_renders_shows_the_changed_files_bounded(tmp_path):
+    import toolkit.api as api
+    from toolkit.cli import main
+
+    a, _ = api.render(api.load_plan("standin-2p2d"), tmp_path / "a")
+    b, _ = api.render(api.load_plan("standin-2p2d", ["generation.instances=3"]), tmp_path / "b")
+    doc = api.diff(a, b)
+    assert doc["rendered"]["disagg.yaml"]["status"] == "changed"
+    assert any(line == "+  num_instances: 3" for line in doc["rendered"]["disagg.yaml"]["diff"])
+    assert doc["rendered"]["ctx.yaml"]["status"] == "same" and not doc["same"]
+    assert api.diff(a, a)["same"]
+    (b / "provenance").mkdir()
+    (b / "provenance" / "n1.json").write_text('{"node": "n1", "engine": "1.2.0", "ucx": null}')
+    (b / "provenance" / "n2.json").write_text('not json')
+    doc = api.diff(a, b)
+    assert doc["versions"]["differ"]["engine"] == {"A": None, "B": ["1.2.0"]}
+    assert main(["diff", str(a), str(b)]) == 0
+    assert main(["diff", str(a), str(tmp_path / "nothing")]) != 0
+
+
+def test_tk_doctor_command_prints_the_diagnosis_and_json(tmp_path, capsys):
+    from toolkit.cli import main
+
+    run = _failed_run(tmp_path)
+    import toolkit.api as api
+
+    record = api.prepare(api.load_plan("standin-2p2d"), local=True, run_dir=tmp_path / "run")
+    for sub in ("logs", "state"):
+        for f in (run / sub).iterdir():
+            (record.path / sub / f.name).write_bytes(f.read_bytes())
+    record.set_state("failed", "gen-0 exited with code 1 (log: logs/gen-0.log)")
+    capsys.readouterr()
+    assert main(["doctor", str(record.path), "--json"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["findings"][0]["id"] == "transceiver-buffer-mismatch"
+    assert main(["doctor", str(record.path)]) == 0
+    assert "diagnosis [transceiver-buffer-mismatch]" in capsys.readouterr().out

@@ -1,0 +1,238 @@
+"""Why a run failed: its logs and its job's own account matched against known failure signatures.
+
+    diagnose(run_dir, ...)   -> a JSON-ready document: findings (signature, cause, fix, evidence file:line),
+                                the first error-looking line and a log tail when nothing known matched
+    format_diagnosis(doc)    -> the text `tk doctor` prints and a failed `tk launch` appends
+    diff_runs(a, b)          -> what differs between two runs or render directories (toolkit.doctor.diff)
+
+Reads only files in the run directory (state/phases.tsv, logs/*.log, slurm-*.out), each bounded: its first
+HEAD_BYTES and last TAIL_BYTES. Sits between toolkit.launch (which asks it to explain a failure) and
+toolkit.runtime; the job state (Slurm or local) is given by the caller (toolkit.api.doctor asks the launch
+backend). Never raises on unreadable or odd files: a diagnosis must not fail.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolkit.doctor.signatures import JOB, PHASES, PROXY, SERVER, SIGNATURES, Signature
+from toolkit.runtime import rundir
+
+HEAD_BYTES = 64 * 1024
+TAIL_BYTES = 256 * 1024
+COUNT_LINES_UP_TO = 64 << 20  # a longer file's tail lines are placed by byte offset instead of line number
+MAX_EVIDENCE = 3  # lines quoted per finding
+MAX_LINE = 400  # characters quoted per line
+TAIL_LINES = 20
+MAX_LOGS = 512  # log files looked at per run
+
+ERROR_LINE = re.compile(r"\bERROR\b|\w*Error\b|\berror:|Traceback \(most recent call last\)|\w*Exception\b"
+                        r"|\bFATAL\b|Assertion failed|\bKilled\b|exited with code [1-9]|\bfailed\b")
+_NOT_ERROR = re.compile(r"\b(0|no) errors?\b|errors?=0\b|\"errors\": 0")
+
+
+@dataclass
+class Text:
+    """One bounded text of the run: where it came from and its lines (line number or None, text)."""
+
+    file: str  # relative to the run directory ("logs/gen-0.log", "state/phases.tsv", "run.json")
+    source: str  # server | proxy | job | phases
+    lines: list[tuple[int | None, str]]
+    size: int
+    truncated: bool
+
+
+def _source_of(name: str) -> str:
+    if name.startswith(("ctx-", "gen-")):
+        return SERVER
+    if name.startswith("proxy"):
+        return PROXY
+    return JOB
+
+
+def read_bounded(path: Path, head: int = HEAD_BYTES, tail: int = TAIL_BYTES) -> tuple[list[tuple[int | None, str]],
+                                                                                      int, bool]:
+    """A file's lines with their numbers: all of it, or its first `head` and last `tail` bytes."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(0)
+            if size <= head + tail:
+                data = f.read(head + tail)
+                return [(i, line) for i, line in enumerate(data.decode(errors="replace").splitlines(), 1)], size, False
+            first = f.read(head)
+            start = size - tail
+            f.seek(start)
+            last = f.read(tail)
+            base = None
+            if size <= COUNT_LINES_UP_TO:
+                f.seek(0)
+                newlines, pos = 0, 0
+                while pos < start:
+                    chunk = f.read(min(1 << 20, start - pos))
+                    if not chunk:
+                        break
+                    newlines += chunk.count(b"\n")
+                    pos += len(chunk)
+                base = newlines + 1
+    except OSError:
+        return [], 0, False
+    head_lines = first.decode(errors="replace").splitlines()
+    if not first.endswith(b"\n") and head_lines:
+        head_lines.pop()  # cut mid-line
+    out: list[tuple[int | None, str]] = [(i, line) for i, line in enumerate(head_lines, 1)]
+    tail_text = last.decode(errors="replace")
+    tail_lines = tail_text.splitlines()
+    skip = 0 if start == 0 or last[:1] == b"\n" else 1  # the first tail line is usually cut
+    for i, line in enumerate(tail_lines[skip:], skip):
+        out.append(((base + i) if base is not None else None, line))
+    return out, size, True
+
+
+def _texts(run_dir: Path, reason: str | None) -> list[Text]:
+    texts: list[Text] = []
+    phase_lines = [(None, f"{phase}\t{detail}") for _, phase, detail in rundir.read_phases(run_dir)]
+    if (run_dir / "state" / "phases.tsv").is_file():
+        phase_lines = [(i, line) for i, (_, line) in enumerate(phase_lines, 1)]
+    texts.append(Text("state/phases.tsv", PHASES, phase_lines, 0, False))
+    if reason:
+        texts.append(Text("run.json (reason)", PHASES, [(None, reason)], len(reason), False))
+    logs = []
+    log_dir = run_dir / "logs"
+    try:
+        logs = sorted(p for p in log_dir.iterdir() if p.is_file() and p.suffix in (".log", ".out", ".err"))
+    except OSError:
+        pass
+    try:
+        logs += sorted(p for p in run_dir.glob("slurm-*.out") if p.is_file())
+    except OSError:
+        pass
+    for p in logs[:MAX_LOGS]:
+        lines, size, truncated = read_bounded(p)
+        rel = str(p.relative_to(run_dir))
+        source = JOB if p.parent == run_dir else _source_of(p.name)
+        texts.append(Text(rel, source, lines, size, truncated))
+    return texts
+
+
+def _evidence(text: Text, number: int | None, line: str) -> dict:
+    where = f"{text.file}:{number}" if number is not None else text.file
+    return {"file": text.file, "line": number, "where": where, "text": line.strip()[:MAX_LINE]}
+
+
+def match(sig: Signature, texts: list[Text]) -> list[dict]:
+    """Every line of `texts` (in the sources the signature applies to) one of its patterns finds."""
+    out = []
+    patterns = sig.compiled()
+    for text in texts:
+        if text.source not in sig.where:
+            continue
+        for number, line in text.lines:
+            if any(p.search(line) for p in patterns):
+                out.append(_evidence(text, number, line))
+    return out
+
+
+def scan(lines: list[str], source: str = SERVER, file: str = "log") -> list[str]:
+    """The ids of the signatures that match these lines (as if read from a `source` log): for tests."""
+    text = Text(file, source, list(enumerate(lines, 1)), 0, False)
+    return [s.id for s in SIGNATURES if match(s, [text])]
+
+
+def _order(failing: str | None):
+    def key(text: Text) -> tuple:
+        own = failing is not None and Path(text.file).stem == failing
+        return (not own, {PHASES: 0, SERVER: 1, PROXY: 2, JOB: 3}[text.source], text.file)
+    return key
+
+
+def first_error(texts: list[Text], failing: str | None) -> dict | None:
+    for text in sorted(texts, key=_order(failing)):
+        if text.source == PHASES:
+            continue
+        for number, line in text.lines:
+            if ERROR_LINE.search(line) and not _NOT_ERROR.search(line):
+                return _evidence(text, number, line)
+    return None
+
+
+def diagnose(run_dir: str | os.PathLike, *, name: str | None = None, state: str | None = None,
+             reason: str | None = None, failing: str | None = None, job: dict | None = None,
+             tail_lines: int = TAIL_LINES) -> dict:
+    """Match every signature against the run's texts; a JSON-ready document (see the module docstring)."""
+    run_dir = Path(run_dir)
+    texts = _texts(run_dir, reason)
+    if failing is None:
+        failing = failing_component(run_dir)
+    findings = []
+    for index, sig in enumerate(SIGNATURES):
+        evidence = match(sig, texts)
+        if not evidence:
+            continue
+        own = failing is not None and any(Path(e["file"]).stem == failing for e in evidence)
+        findings.append((sig.secondary, not own, index, {
+            "id": sig.id, "title": sig.title, "cause": sig.cause, "fix": sig.fix, "source": sig.source,
+            "secondary": sig.secondary, "matches": len(evidence), "evidence": evidence[:MAX_EVIDENCE]}))
+    findings.sort(key=lambda f: f[:3])
+    doc = {
+        "run": name or run_dir.name, "run_dir": str(run_dir), "state": state, "reason": reason, "job": job,
+        "failing": failing,
+        "phases": [line for _, line in texts[0].lines[-8:]],
+        "findings": [f[3] for f in findings],
+        "logs": [{"file": t.file, "bytes": t.size, "truncated": t.truncated} for t in texts if t.source != PHASES],
+        "first_error": first_error(texts, failing),
+        "tail": None,
+    }
+    log_texts = [t for t in sorted(texts, key=_order(failing)) if t.source != PHASES and t.lines]
+    tail_of = None
+    if doc["first_error"]:
+        tail_of = next((t for t in log_texts if t.file == doc["first_error"]["file"]), None)
+    tail_of = tail_of or (log_texts[0] if log_texts else None)
+    if tail_of is not None and tail_lines > 0:
+        doc["tail"] = {"file": tail_of.file, "lines": [line[:MAX_LINE] for _, line in tail_of.lines[-tail_lines:]]}
+    return doc
+
+
+def failing_component(run_dir: Path) -> str | None:
+    """The component the job's first 'failed' phase names (ctx-0, gen-1, proxy), if any."""
+    for _, phase, detail in rundir.read_phases(run_dir):
+        if phase == "failed":
+            first = detail.split(" ", 1)[0]
+            if re.fullmatch(r"(ctx|gen)-\d+|proxy", first):
+                return first
+            return None
+    return None
+
+
+def format_diagnosis(doc: dict, *, brief: bool = False) -> str:
+    """Plain text: each finding's cause, fix and evidence; else the first error line and the log tail."""
+    out = []
+    primary = [f for f in doc["findings"] if not f["secondary"]] or doc["findings"]
+    shown = primary[:1] if brief else doc["findings"]
+    for f in shown:
+        out.append(f"diagnosis [{f['id']}]: {f['title']}")
+        out.append(f"  cause: {f['cause']}")
+        out.append(f"  fix:   {f['fix']}")
+        for e in f["evidence"]:
+            out.append(f"  seen:  {e['where']}: {e['text']}")
+        if f["matches"] > len(f["evidence"]):
+            out.append(f"         (+{f['matches'] - len(f['evidence'])} more matching lines)")
+        out.append(f"  source: {f['source']}")
+    if brief and len(doc["findings"]) > 1:
+        out.append(f"  ({len(doc['findings']) - 1} more finding(s): tk doctor {doc['run_dir']})")
+    if not doc["findings"]:
+        out.append("no known failure signature matched")
+        if doc["first_error"]:
+            e = doc["first_error"]
+            out.append(f"first error-looking line: {e['where']}: {e['text']}")
+        if doc["tail"] and not brief:
+            out.append(f"--- last lines of {doc['tail']['file']} ---")
+            out.extend(doc["tail"]["lines"])
+    return "\n".join(out)
+
+
+__all__ = ["diagnose", "failing_component", "format_diagnosis", "read_bounded", "scan"]

@@ -1,0 +1,209 @@
+"""`tk diff RUN_A RUN_B`: what differs between two runs (or two `tk render` directories).
+
+    rendered   per rendered file (ctx.yaml, gen.yaml, disagg.yaml, *.env, launch.sbatch): same, changed (a unified
+               diff, at most MAX_DIFF_LINES lines), or only in one of them
+    versions   per version key of the nodes' provenance (provenance/NODE.json, written at launch): the values
+               seen on the nodes of each run, where they differ
+    nodes      the nodes each run ran on (nodes.tsv), where they differ
+    run        the run records' backend, recipe, engine, state and reason, where they differ
+    results    validation and benchmark results (report.json, benchmark*.json / results/*.json): the scalar
+               values that differ (at most MAX_RESULT_KEYS)
+
+Reads only; every file is read bounded (MAX_FILE_BYTES).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+
+MAX_FILE_BYTES = 1 << 20
+MAX_DIFF_LINES = 200
+MAX_RESULT_KEYS = 60
+RENDERED = ("ctx.yaml", "gen.yaml", "disagg.yaml", "ctx.env", "gen.env", "proxy.env", "launch.sbatch",
+            "validate.sbatch", "params.json")
+RUN_FIELDS = ("recipe", "backend", "engine", "model", "nodes", "state", "reason")
+RESULT_FILES = ("report.json", "benchmark.json", "benchmark*.json", "results/*.json")
+
+
+def _read(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            data = f.read(MAX_FILE_BYTES + 1)
+    except OSError:
+        return None
+    text = data[:MAX_FILE_BYTES].decode(errors="replace")
+    return text + ("\n[... cut at 1 MiB ...]\n" if len(data) > MAX_FILE_BYTES else "")
+
+
+def _json(path: Path):
+    text = _read(path)
+    if text is None:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _rendered_names(d: Path) -> set[str]:
+    names = {n for n in RENDERED if (d / n).is_file()}
+    manifest = _json(d / "manifest.json")
+    if isinstance(manifest, dict) and isinstance(manifest.get("files"), dict):
+        names |= {n for n in manifest["files"] if isinstance(n, str) and "/" not in n and n != "manifest.json"
+                  and (d / n).is_file()}
+    return names
+
+
+def _rendered(a: Path, b: Path) -> dict:
+    out = {}
+    for name in sorted(_rendered_names(a) | _rendered_names(b)):
+        ta, tb = _read(a / name), _read(b / name)
+        if ta is None or tb is None:
+            out[name] = {"status": f"only in {'A' if tb is None else 'B'}"}
+            continue
+        if ta == tb:
+            out[name] = {"status": "same"}
+            continue
+        lines = list(difflib.unified_diff(ta.splitlines(), tb.splitlines(), f"A/{name}", f"B/{name}", lineterm="",
+                                          n=2))
+        cut = len(lines) > MAX_DIFF_LINES
+        out[name] = {"status": "changed", "diff": lines[:MAX_DIFF_LINES] + ([f"[... {len(lines) - MAX_DIFF_LINES} "
+                                                                             "more diff lines ...]"] if cut else [])}
+    return out
+
+
+def provenance(d: Path) -> dict[str, dict]:
+    """Node name -> that node's provenance record (provenance/*.json); damaged files are skipped."""
+    out = {}
+    pdir = d / "provenance"
+    try:
+        files = sorted(pdir.glob("*.json"))[:1024]
+    except OSError:
+        return out
+    for p in files:
+        doc = _json(p)
+        if isinstance(doc, dict):
+            out[p.stem] = doc
+    return out
+
+
+def _flat(doc, prefix: str = "", depth: int = 0) -> dict[str, object]:
+    out: dict[str, object] = {}
+    if isinstance(doc, dict) and depth < 4:
+        for k, v in doc.items():
+            out.update(_flat(v, f"{prefix}{k}.", depth + 1))
+    elif isinstance(doc, (str, int, float, bool)) or doc is None:
+        out[prefix[:-1]] = doc
+    return out
+
+
+def _versions(a: Path, b: Path) -> dict:
+    pa, pb = provenance(a), provenance(b)
+
+    def values(prov: dict) -> dict[str, list]:
+        seen: dict[str, set] = {}
+        for doc in prov.values():
+            for k, v in _flat(doc).items():
+                if k in ("node", "hostname", "time", "written_at"):
+                    continue
+                seen.setdefault(k, set()).add(json.dumps(v))
+        return {k: sorted(json.loads(x) if x != "null" else None for x in vs) if len(vs) > 1
+                else [json.loads(next(iter(vs)))] for k, vs in seen.items()}
+
+    va, vb = values(pa), values(pb)
+    differ = {k: {"A": va.get(k), "B": vb.get(k)} for k in sorted(set(va) | set(vb)) if va.get(k) != vb.get(k)}
+    return {"nodes_with_provenance": {"A": len(pa), "B": len(pb)}, "differ": differ}
+
+
+def _nodes(d: Path) -> list[str]:
+    text = _read(d / "nodes.tsv") or ""
+    return [line.split("\t")[1] for line in text.splitlines() if len(line.split("\t")) == 3]
+
+
+def _run(d: Path) -> dict:
+    doc = _json(d / "run.json")
+    return {k: doc.get(k) for k in RUN_FIELDS} if isinstance(doc, dict) else {}
+
+
+def _results(d: Path) -> dict[str, object]:
+    out: dict[str, object] = {}
+    for pattern in RESULT_FILES:
+        for p in sorted(d.glob(pattern))[:64]:
+            doc = _json(p)
+            if doc is not None:
+                rel = str(p.relative_to(d))
+                out.update({f"{rel}:{k}": v for k, v in _flat(doc).items()})
+    return out
+
+
+def diff_dirs(a: str | Path, b: str | Path) -> dict:
+    """The differences between run (or render) directories a and b; see the module docstring."""
+    a, b = Path(a), Path(b)
+    rendered = _rendered(a, b)
+    ra, rb = _run(a), _run(b)
+    run = {k: {"A": ra.get(k), "B": rb.get(k)} for k in RUN_FIELDS if ra.get(k) != rb.get(k)}
+    na, nb = _nodes(a), _nodes(b)
+    xa, xb = _results(a), _results(b)
+    differing = [k for k in sorted(set(xa) | set(xb)) if xa.get(k) != xb.get(k)]
+    results = {k: {"A": xa.get(k), "B": xb.get(k)} for k in differing[:MAX_RESULT_KEYS]}
+    versions = _versions(a, b)
+    doc = {
+        "A": str(a), "B": str(b),
+        "rendered": rendered,
+        "versions": versions,
+        "nodes": {"A": na, "B": nb} if na != nb else {},
+        "run": run,
+        "results": results,
+        "results_cut": max(0, len(differing) - MAX_RESULT_KEYS),
+    }
+    doc["same"] = (all(v["status"] == "same" for v in rendered.values()) and not versions["differ"]
+                   and not doc["nodes"] and not run and not results)
+    return doc
+
+
+def format_diff(doc: dict) -> str:
+    """Plain text for `tk diff`."""
+    out = [f"A: {doc['A']}", f"B: {doc['B']}"]
+    if doc["same"]:
+        out.append("no differences in rendered files, versions, nodes, run records or results")
+        return "\n".join(out)
+    changed = {n: v for n, v in doc["rendered"].items() if v["status"] != "same"}
+    same = [n for n, v in doc["rendered"].items() if v["status"] == "same"]
+    out.append(f"rendered files: {len(changed)} differ" + (f", same: {', '.join(same)}" if same else ""))
+    for name, v in changed.items():
+        if v["status"] != "changed":
+            out.append(f"  {name}: {v['status']}")
+            continue
+        out.append(f"  {name}:")
+        out.extend(f"    {line}" for line in v["diff"])
+    prov = doc["versions"]
+    counts = prov["nodes_with_provenance"]
+    if prov["differ"]:
+        out.append(f"versions (provenance of {counts['A']} / {counts['B']} nodes):")
+        for k, v in prov["differ"].items():
+            out.append(f"  {k}: A {_show(v['A'])}  B {_show(v['B'])}")
+    elif counts["A"] or counts["B"]:
+        out.append(f"versions: same on every node ({counts['A']} / {counts['B']} nodes recorded)")
+    else:
+        out.append("versions: no provenance recorded in either (it is written when a run starts)")
+    if doc["nodes"]:
+        out.append(f"nodes: A {', '.join(doc['nodes']['A']) or '-'}  B {', '.join(doc['nodes']['B']) or '-'}")
+    for k, v in doc["run"].items():
+        out.append(f"run.{k}: A {_show(v['A'])}  B {_show(v['B'])}")
+    if doc["results"]:
+        out.append("results:")
+        for k, v in doc["results"].items():
+            out.append(f"  {k}: A {_show(v['A'])}  B {_show(v['B'])}")
+        if doc["results_cut"]:
+            out.append(f"  [... {doc['results_cut']} more differing values: --json shows none of them either; "
+                       "compare the files ...]")
+    return "\n".join(out)
+
+
+def _show(v) -> str:
+    if v is None:
+        return "-"
+    text = json.dumps(v) if not isinstance(v, str) else v
+    return text if len(text) <= 80 else text[:77] + "..."

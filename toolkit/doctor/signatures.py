@@ -1,0 +1,395 @@
+"""Known failure signatures of TensorRT-LLM disaggregated serving (and of tk's own job), one row each.
+
+Data only, like ``toolkit/facts``: `tk doctor` and a failed `tk launch` match these rows against a run's logs
+and print the cause and the fix. A row names:
+
+    id        a stable name (`tk doctor --json` reports it; tests refer to it)
+    title     one line for people
+    patterns  regular expressions (Python ``re``, searched line by line, case-sensitive unless (?i))
+    where     which texts it is searched in: "server" (logs/ctx-*.log, logs/gen-*.log), "proxy" (logs/proxy.log),
+              "job" (logs/job.log, slurm-*.out: the batch script and the Slurm/pyxis output) and "phases"
+              (state/phases.tsv and the run record's reason: tk's own account of the job)
+    cause     why it happens
+    fix       what to change, in recipe terms where tk owns the setting
+    source    where the error string and the explanation come from (../shared/reference/peers.md, late-2026 §3,
+              quotes them from these issues and pull requests)
+    secondary a consequence of an earlier failure, not a cause: shown after the others ("look further up")
+
+A new signature is one row here plus one log excerpt under tests/fixtures/doctor/ (tests/unit/test_doctor.py
+checks that every row has one, that its excerpt matches it, and that no other row claims it).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+SERVER, PROXY, JOB, PHASES = "server", "proxy", "job", "phases"
+LOGS = (SERVER, PROXY, JOB)
+EVERYWHERE = (SERVER, PROXY, JOB, PHASES)
+
+
+@dataclass(frozen=True)
+class Signature:
+    id: str
+    title: str
+    patterns: tuple[str, ...]
+    where: tuple[str, ...]
+    cause: str
+    fix: str
+    source: str
+    secondary: bool = False
+
+    def compiled(self) -> tuple[re.Pattern, ...]:
+        return _compiled(self)
+
+
+_CACHE: dict[str, tuple[re.Pattern, ...]] = {}
+
+
+def _compiled(sig: Signature) -> tuple[re.Pattern, ...]:
+    if sig.id not in _CACHE:
+        _CACHE[sig.id] = tuple(re.compile(p) for p in sig.patterns)
+    return _CACHE[sig.id]
+
+
+SIGNATURES: tuple[Signature, ...] = (
+    # --- the cache transceiver's configuration ------------------------------------------------------------
+    Signature(
+        id="transceiver-buffer-mismatch",
+        title="context and generation transfer buffers differ (\"Message truncated\")",
+        patterns=(r"Message truncated", r"UCS_ERR_MESSAGE_TRUNCATED"),
+        where=(SERVER, PROXY, JOB),
+        cause="the context and generation servers' cache_transceiver_config.max_tokens_in_buffer (or "
+              "TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE) differ, so a KV message does not fit the receiving buffer",
+        fix="give both roles the same buffer: set kv_transfer.max_tokens_in_buffer once in the recipe (tk writes it "
+            "to ctx.yaml and gen.yaml alike), drop per-role overrides and TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE "
+            "from the role env, re-render and relaunch",
+        source="ai-dynamo/dynamo PR #1572; NVIDIA/TensorRT-LLM PR #9782 (peers.md late-2026 §3.2)",
+    ),
+    Signature(
+        id="transceiver-disabled",
+        title="cache transceiver disabled: no cache_transceiver_config on a role",
+        patterns=(r"(?i)(kv_)?cache_transceiver is disabled", r"cache transceiver is\s+disabled"),
+        where=(SERVER, PROXY),
+        cause="a server started without cache_transceiver_config (or with backend unset), so it serves whole "
+              "requests only and refuses the proxy's context_only / generation_only requests",
+        fix="set an explicit cache_transceiver_config.backend on both roles (tk writes kv_transfer.backend into "
+            "ctx.yaml and gen.yaml; check that an edited or hand-written options file kept it)",
+        source="ai-dynamo/dynamo PR #2278; TensorRT-LLM >= 1.0.0rc4 (peers.md late-2026 §3.1)",
+    ),
+    Signature(
+        id="transceiver-buffer-misaligned",
+        title="max_tokens_in_buffer is not a multiple of tokens_per_block",
+        patterns=(r"maxNumTokens\.value\(\) % tokensPerBlock == 0",),
+        where=(SERVER, JOB),
+        cause="cache_transceiver_config.max_tokens_in_buffer is not a multiple of kv_cache_config.tokens_per_block; "
+              "the transfer buffer asserts at start-up (cacheTransBuffer.cpp)",
+        fix="make kv_transfer.max_tokens_in_buffer a multiple of kv_transfer.tokens_per_block, or leave it unset "
+            "and let tk derive an aligned value",
+        source="ai-dynamo/aiconfigurator PR #375 / #459 (peers.md late-2026 §3.1)",
+    ),
+    Signature(
+        id="transceiver-buffer-too-small",
+        title="transfer buffer smaller than a request's KV (dynamic buffer, fails with NIXL)",
+        patterns=(r"bufferCoverTargetNum:\s*0\s*<\s*targetNum", r"may use dynamic buffer which will fail with NIXL",
+                  r"does not fit the pre-allocated transfer buffer"),
+        where=(SERVER,),
+        cause="cache_transceiver_config.max_tokens_in_buffer is smaller than the longest prompt, so TensorRT-LLM "
+              "falls back to dynamic buffers, which the NIXL backend does not support",
+        fix="raise kv_transfer.max_tokens_in_buffer to at least traffic.max_input_len (rounded up to "
+            "tokens_per_block), or leave it unset so tk derives it; mind its GPU memory next to "
+            "free_gpu_memory_fraction",
+        source="ai-dynamo/dynamo PR #5523; NVIDIA/TensorRT-LLM #13506 (peers.md late-2026 §3.2)",
+    ),
+    Signature(
+        id="kv-layout-mismatch",
+        title="context and generation KV layouts differ (page size, tokens_per_block, dtype)",
+        patterns=(r"Page size mismatch", r"refuses the KV of context server .*differs"),
+        where=(SERVER, PROXY),
+        cause="the two roles disagree on the KV layout (tokens_per_block / page size, KV dtype, model or layer "
+              "count), so the generation side cannot take the context side's blocks",
+        fix="give both roles the same kv_cache_config (tk writes kv_transfer.tokens_per_block and kv_transfer.dtype "
+            "to both; remove per-role kv_cache_config overrides from extra_options)",
+        source="NVIDIA/srt-slurm #429; TensorRT-LLM CacheFormatter::inquireSupport (peers.md late-2026 §3.1)",
+    ),
+    Signature(
+        id="unknown-option-key",
+        title="an option key this TensorRT-LLM version does not know",
+        patterns=(r"extra_forbidden", r"Extra inputs are not permitted", r"literal_error",
+                  r"tk-standin-serve: error: .*(has no|is not accepted by TensorRT-LLM)"),
+        where=(SERVER, PROXY, JOB),
+        cause="the LLM-API options file has a key (or a value spelling) the TensorRT-LLM inside the container does "
+              "not accept: its pydantic config classes forbid extra keys. Usually the container image is a "
+              "different release than the recipe's trtllm_version (e.g. 1.2 keys in a 1.0 image), or a key in "
+              "extra_options is misspelt; a literal_error on backend is the casing of that version",
+        fix="make container_image and trtllm_version agree (tk renders keys for trtllm_version), then check the "
+            "named key in ctx.yaml / gen.yaml: rename or remove it in the role's extra_options; `tk render --check` "
+            "parses the files with the installed TensorRT-LLM",
+        source="TensorRT-LLM CacheTransceiverConfig extra=\"forbid\"; PR #6887 (backend casing); "
+               "trtllm-fidelity.md W1 (peers.md late-2026 §3.1)",
+    ),
+    Signature(
+        id="prompt-exceeds-max-num-tokens",
+        title="a prompt longer than the context server's max_num_tokens",
+        patterns=(r"should not exceed max_num_tokens",),
+        where=(SERVER, PROXY),
+        cause="a request's prompt is longer than the context server's max_num_tokens and chunked prefill is off",
+        fix="raise context.max_num_tokens to at least traffic.max_input_len, or enable chunked prefill in "
+            "context.extra_options; keep clients within traffic.max_input_len",
+        source="NVIDIA/TensorRT-LLM #3937 (peers.md late-2026 §3.1)",
+    ),
+    # --- ports, processes, launchers ----------------------------------------------------------------------
+    Signature(
+        id="port-in-use",
+        title="a port the deployment needs is already in use",
+        patterns=(r"[Aa]ddress already in use", r"EADDRINUSE", r"Failed to bind socket to",
+                  r"port\(s\) [0-9,]+ already in use on"),
+        where=EVERYWHERE,
+        cause="another process (often a server left from an earlier run, or another deployment on the same node) "
+              "holds a port of this plan; tk's own port check (phase 'failed: port(s) ... already in use') or the "
+              "server's bind found it",
+        fix="`tk runs` and `tk stop RUN` for a run left behind; otherwise move cluster.worker_base_port and "
+            "proxy.port to a free range (every instance gets its own ports from the plan)",
+        source="NVIDIA/TensorRT-LLM PR #17460 (port races); tk launch.sbatch port check (peers.md late-2026 §3.7)",
+    ),
+    Signature(
+        id="mpi-spawn",
+        title="MPI / launcher start-up failure under Slurm",
+        patterns=(r"MpiPoolSession", r"MPI_Comm_spawn", r"PMIX ERROR", r"PMI2?_Init failed",
+                  r"mpi4py\.MPI\.Exception", r"OPAL ERROR"),
+        where=(SERVER, JOB),
+        cause="the MPI launcher could not start or connect the ranks under Slurm (PMIx mismatch, or MPI spawn "
+              "confused by the Slurm environment)",
+        fix="one srun per instance with exactly tp*pp tasks and --mpi=pmix (what tk renders); check that the "
+            "cluster's srun supports pmix (`srun --mpi=list`); Dynamo's workaround for spawn errors is to unset "
+            "SLURM_JOBID SLURM_JOB_ID SLURM_NODELIST in the worker",
+        source="ai-dynamo/dynamo PR #992; NVIDIA/TensorRT-LLM #8961, PR #17334 (peers.md late-2026 §3.7)",
+    ),
+    Signature(
+        id="health-timeout",
+        title="a server did not become healthy in time",
+        patterns=(r"not healthy at \S+ after \d+s", r"not healthy after \d+(\.\d+)?s"),
+        where=(PHASES,),
+        cause="a server was still loading (weights, JIT, autotuner warm-up: B200/B300 need ~370 s) or hung at "
+              "start-up (MPI, NCCL) when the startup deadline passed",
+        fix="read the named server's log tail below: if it was still loading, raise cluster.startup_timeout_s "
+            "(or --startup-timeout); if it stopped printing, look for an MPI/NCCL hang",
+        source="NVIDIA/TensorRT-LLM PR #18372, PR #17881; NVIDIA/srt-slurm #180 (peers.md late-2026 §3.7)",
+    ),
+    Signature(
+        id="slurm-pending",
+        title="the Slurm job never started",
+        patterns=(r"job still pending after",),
+        where=(PHASES,),
+        cause="the cluster did not give the job its nodes within the pending timeout (busy partition, a request "
+              "no node satisfies: GPUs, partition, account, time limit)",
+        fix="check `squeue -j JOB -o %R` for the reason; fix cluster.partition / account / gpus_per_node, or raise "
+            "cluster.pending_timeout_s",
+        source="tk launch (Slurm pending reasons)",
+    ),
+    Signature(
+        id="container-import",
+        title="the container image could not be imported or started",
+        patterns=(r"pyxis: (failed|couldn't|could not)", r"enroot[-\w]*: (error|\[ERROR\])",
+                  r"\[ERROR\] URL \S+ returned error code: 40[1-4]"),
+        where=(JOB, SERVER),
+        cause="pyxis/enroot could not pull or start cluster.container_image (wrong tag, no registry credentials, "
+              "no space for the squashfs)",
+        fix="check the image tag against trtllm_version, `enroot import docker://IMAGE` on a node, and the "
+            "registry credentials in ~/.config/enroot/.credentials",
+        source="NVIDIA/pyxis and enroot error output",
+    ),
+    Signature(
+        id="model-path",
+        title="the model path or name cannot be found",
+        patterns=(r"does not appear to have a file named config\.json", r"HFValidationError",
+                  r"Repo id must be in the form", r"(?i)model path .* (does not exist|not found)",
+                  r"MODEL: .*(not a directory|no such|unknown model|not found)"),
+        where=(SERVER,),
+        cause="the servers cannot read the model: model_path is not visible inside the container (missing "
+              "container_mounts), or a Hub name without network access",
+        fix="set model_path (or context/generation.model_path) to a directory every node sees, and mount it with "
+            "cluster.container_mounts",
+        source="transformers / huggingface_hub error messages (peers.md late-2026 §1)",
+    ),
+    # --- GPU, memory, NCCL --------------------------------------------------------------------------------
+    Signature(
+        id="cuda-oom",
+        title="CUDA out of memory",
+        patterns=(r"CUDA out of memory", r"OutOfMemoryError", r"cudaErrorMemoryAllocation",
+                  r"CUDA error: out of memory"),
+        where=(SERVER,),
+        cause="the GPU ran out of memory: the KV cache (free_gpu_memory_fraction), the transfer buffers "
+              "(max_tokens_in_buffer x send+recv per rank), CUDA graphs and the weights together exceed it",
+        fix="lower the role's free_gpu_memory_fraction (e.g. 0.8) or max_batch_size, or kv_transfer."
+            "max_tokens_in_buffer; check that no other process uses the GPU (`nvidia-smi`)",
+        source="NVIDIA/TensorRT-LLM #13506 (peers.md late-2026 §3.2)",
+    ),
+    Signature(
+        id="no-gpu-visible",
+        title="the servers see no GPU",
+        patterns=(r"No CUDA GPUs are available", r"Found no NVIDIA driver", r"cudaErrorNoDevice",
+                  r"CUDA driver version is insufficient"),
+        where=(SERVER,),
+        cause="the job got no GPU: the cluster confines devices per job and the batch script requested none, or "
+              "the container lacks the driver",
+        fix="request GPUs in the recipe (the cluster section's GPU request: --gres=gpu:N or --gpus-per-node) and "
+            "check `srun --gres=gpu:1 nvidia-smi` on the partition",
+        source="trtllm-fidelity.md W3; PyTorch CUDA error messages",
+    ),
+    Signature(
+        id="nccl-error",
+        title="NCCL error between the ranks of a server",
+        patterns=(r"NCCL error", r"ncclInternalError", r"ncclSystemError", r"ncclUnhandledCudaError",
+                  r"ncclRemoteError", r"NCCL WARN .*(failed|error|timeout)"),
+        where=(SERVER,),
+        cause="the ranks of one tensor/pipeline-parallel server could not communicate (network interface, "
+              "IB/NVLink setup, or a rank that died)",
+        fix="rerun with NCCL_DEBUG=INFO in the role env, check NCCL_SOCKET_IFNAME / NCCL_IB_HCA against the "
+            "nodes' interfaces, and `tk validate cluster` the nodes",
+        source="NCCL error messages (nccl.h ncclResult_t names)",
+    ),
+    # --- UCX / NIXL transport -----------------------------------------------------------------------------
+    Signature(
+        id="ucx-endpoint-timeout",
+        title="UCX endpoint timeout (wrong UCX path)",
+        patterns=(r"UCX_ERR_ENDPOINT_TIMEOUT", r"Endpoint timeout"),
+        where=(SERVER, PROXY),
+        cause="with the default UCX_TLS, NIXL's UCX control channel picked a path that does not work (an IB "
+              "loopback path on some DGX B200s); requests hang",
+        fix="set an explicit UCX_TLS for the roles (kv_transfer.transport picks one; kv_transfer.env.UCX_TLS "
+            "overrides it) and restrict kv_transfer.net_devices to ACTIVE ports",
+        source="NVIDIA/TensorRT-LLM PR #18301 (peers.md late-2026 §3.4)",
+    ),
+    Signature(
+        id="ucx-tcp-inherited",
+        title="UCX treats GPU memory as host memory (inherited UCX_TLS=tcp)",
+        patterns=(r"VRAM memory is detected as host by UCX", r"status == NIXL_SUCCESS"),
+        where=(SERVER,),
+        cause="UCX_TLS=tcp (from the host MPI / Slurm environment) reached the workers, so NIXL cannot register "
+              "GPU memory and the executor asserts at init",
+        fix="do not export UCX_TLS into the job (check `env | grep UCX_` on the login node and the cluster's "
+            "module files); tk writes the role's UCX_TLS into ctx.env / gen.env, which must win",
+        source="NVIDIA/TensorRT-LLM PR #18373 (peers.md late-2026 §3.4)",
+    ),
+    Signature(
+        id="ucx-no-transport",
+        title="UCX found no usable transport (or fell back to TCP)",
+        patterns=(r"no (active messages|remote memory access|auxiliary) transport to",
+                  r"Destination is unreachable", r"tcp\(sw-emul\)", r"UCX CUDA support was not found",
+                  r"transports? '?cuda_ipc'?.* (is|are) not available"),
+        where=(SERVER, JOB),
+        cause="UCX could not find a transport that reaches the peer with the allowed UCX_TLS / UCX_NET_DEVICES "
+              "(or one without CUDA support), or silently carried the KV over TCP",
+        fix="check UCX_TLS and UCX_NET_DEVICES in ctx.env / gen.env against `ucx_info -d` on the nodes; run "
+            "`tk validate cluster RECIPE` to see the transport actually selected",
+        source="UCX wire-up errors; ai-dynamo/nixl #791; LMCache #605 (peers.md late-2026 §3.4, §3.5)",
+    ),
+    Signature(
+        id="nvlink-domain",
+        title="servers in different NVLink domains (CUDA IPC import fails)",
+        patterns=(r"cuMemImportFromShareableHandle failed",),
+        where=(SERVER,),
+        cause="UCX tried CUDA IPC across NVLink (MNNVL) domains that do not share a fabric",
+        fix="set UCX_CUDA_IPC_ENABLE_MNNVL=n in kv_transfer.env (tk does when the transport profile says so) "
+            "and compare the nodes' Fabric.ClusterUUID (`nvidia-smi -q`)",
+        source="NVIDIA/TensorRT-LLM PR #6085 (peers.md late-2026 §3.4)",
+    ),
+    Signature(
+        id="ucx-version-skew",
+        title="a different UCX library than the image's is loaded",
+        patterns=(r"UCP API version is incompatible",),
+        where=(SERVER, JOB),
+        cause="LD_LIBRARY_PATH (or a host mount) puts another UCX before the container's",
+        fix="remove host UCX paths from the role env and container_mounts; use the container's UCX",
+        source="NVIDIA/TensorRT-LLM #9680 (peers.md late-2026 §3.5)",
+    ),
+    Signature(
+        id="nixl-unavailable",
+        title="NIXL or its backend plugin cannot be loaded",
+        patterns=(r"NIXL is not available", r"backend '\w+' not found", r"unsupported backend '\w+'",
+                  r"Failed to load plugin", r"No module named '?nixl"),
+        where=(SERVER, JOB),
+        cause="the image has no NIXL, or NIXL cannot find its plugin directory / libucp",
+        fix="use an image with NIXL (TensorRT-LLM release images have it), set NIXL_PLUGIN_DIR and "
+            "LD_LIBRARY_PATH in the role env if the plugins live elsewhere",
+        source="ai-dynamo/dynamo #3054, #1758; ai-dynamo/nixl #1561 (peers.md late-2026 §3.5)",
+    ),
+    Signature(
+        id="nixl-libfabric-double",
+        title="both LIBFABRIC selector variables are set",
+        patterns=(r"Failed to deserialize data rail endpoints",),
+        where=(SERVER,),
+        cause="TRTLLM_NIXL_KVCACHE_BACKEND=LIBFABRIC and NIXL_BACKEND=LIBFABRIC are both set; the endpoint "
+              "exchange breaks",
+        fix="remove NIXL_BACKEND from the role env; set only TRTLLM_NIXL_KVCACHE_BACKEND",
+        source="NVIDIA/TensorRT-LLM #10024 (peers.md late-2026 §3.5)",
+    ),
+    Signature(
+        id="ib-inactive",
+        title="InfiniBand ports not ACTIVE / accelerated IB missing",
+        patterns=(r"accelerated IB support was not found", r"\bPORT_(INIT|DOWN)\b"),
+        where=(SERVER, JOB),
+        cause="UCX opened HCAs whose ports are not ACTIVE (or without the accelerated verbs), so connection "
+              "set-up is retried or falls back",
+        fix="restrict kv_transfer.net_devices to ACTIVE ports (`ibstat` / `ibv_devinfo` on the nodes)",
+        source="ai-dynamo/nixl #2084; NVIDIA/srt-slurm #429 (peers.md late-2026 §3.6)",
+    ),
+    Signature(
+        id="gpu-registration",
+        title="GPU memory registration failed (nvidia_peermem / DMA-BUF missing)",
+        patterns=(r"registerMem: registration failed", r"ibv_reg_dmabuf_mr", r"ibv_reg_mr.*failed",
+                  r"loadRemoteMD.*NIXL_ERR_NOT_FOUND"),
+        where=(SERVER,),
+        cause="the NIC cannot register GPU memory: the nvidia_peermem module is not loaded and DMA-BUF is not "
+              "available, so GPUDirect RDMA cannot work",
+        fix="load nvidia_peermem on the nodes (`lsmod | grep peermem`, `modprobe nvidia_peermem`) or use a "
+            "driver/kernel with DMA-BUF; `tk validate cluster --memory vram` checks it before serving",
+        source="ai-dynamo/nixl #1694; NVIDIA/srt-slurm #429 (peers.md late-2026 §3.6)",
+    ),
+    # --- transfers at run time ----------------------------------------------------------------------------
+    Signature(
+        id="kv-transfer-timeout",
+        title="a KV transfer timed out",
+        patterns=(r"Timed out waiting for context KV cache transfer", r"was not fetched within kv_transfer_timeout_ms",
+                  r"KV transfer .*timed out"),
+        where=(SERVER, PROXY),
+        cause="a context-to-generation transfer never completed (transport hang, dropped notification, leaked "
+              "blocks); the timeout path gave up",
+        fix="run `tk validate cluster RECIPE` on the same nodes; check UCX_TLS / net_devices; upgrade past the "
+            "transceiver hang fixes",
+        source="NVIDIA/TensorRT-LLM #17665, PR #16402 / #12313 (peers.md late-2026 §3.3)",
+    ),
+    Signature(
+        id="kv-blocks-leaked",
+        title="no context requests scheduled while requests queue",
+        patterns=(r"scheduled 0 context requests",),
+        where=(SERVER,),
+        cause="leaked KV blocks or stale transfer state: /health answers 200 but nothing is served",
+        fix="restart the deployment; upgrade TensorRT-LLM (PR #14633, #16402); keep kv_transfer_timeout_ms set",
+        source="NVIDIA/TensorRT-LLM PR #14633, PR #16402 (peers.md late-2026 §3.3)",
+    ),
+    Signature(
+        id="nixl-remote-disconnect",
+        title="a NIXL peer disconnected",
+        patterns=(r"NIXL_ERR_REMOTE_DISCONNECT",),
+        where=(SERVER,),
+        cause="the other side of a KV transfer went away (its server exited or the UCX connection died)",
+        fix="find the server that exited first (its log below); after long uptimes, restart the deployment: "
+            "answers after this error may be corrupt",
+        source="wtdcode/vllm-backport #33 (peers.md late-2026 §3.8)",
+    ),
+    Signature(
+        id="llm-shutting-down",
+        title="the proxy saw a server shutting down (a consequence)",
+        patterns=(r"LLM is shutting down",),
+        where=(PROXY, SERVER),
+        cause="a server was already shutting down after an earlier failure",
+        fix="look for the first failure in the servers' logs (the other findings, or the first error line)",
+        source="TensorRT-LLM stress_ab README (peers.md late-2026 §3.3)",
+        secondary=True,
+    ),
+)
+
+BY_ID = {s.id: s for s in SIGNATURES}
