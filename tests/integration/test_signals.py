@@ -136,3 +136,21 @@ def test_a_launch_rides_out_a_slurm_controller_that_stops_answering_for_a_while(
         assert _record(run_dir)["state"] == "ready"
     finally:
         tk("stop", str(run_dir), env=dev_slurm.env, timeout=120)
+
+
+@pytest.mark.slurm
+def test_sigterm_to_a_slurm_validation_cancels_its_job_and_still_writes_the_report(dev_slurm, tmp_path):
+    run_dir = tmp_path / "v"
+    proc = _start("validate", "cluster", str(STANDIN_RECIPE), "--iterations", "100000", "--no-sweep",
+                  "--timeout", "300", "--run-dir", str(run_dir), env=dev_slurm.env)
+    wait_until(lambda: list((run_dir / "results").glob("*.json")) if (run_dir / "results").is_dir() else [], 120,
+               "the agents to report")
+    jobs = [j for j in dev_slurm.jobs()]
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=150)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["passed"] is False and report["cleanup"]["released"], report["cleanup"]
+    job_id = report["job_id"]
+    assert job_id in jobs
+    wait_until(lambda: job_id not in dev_slurm.jobs(), 60, f"job {job_id} to leave squeue")
