@@ -19,7 +19,11 @@ from toolkit.render.escape import RenderError, environment, to_yaml  # noqa: F40
 from toolkit.render.output import write_atomically
 
 # The files `tk render` writes, in the order the manifest lists them.
-RENDERED_FILES = ("ctx.yaml", "gen.yaml", "disagg.yaml", "ctx.env", "gen.env", "proxy.env", "launch.sbatch")
+RENDERED_FILES = ("ctx.yaml", "gen.yaml", "disagg.yaml", "ctx.env", "gen.env", "proxy.env", "launch.sbatch",
+                  "check_config.py")
+# The config check the job runs before any server starts (and `tk render --check` runs here): a standalone
+# script, copied as it is (it imports only the standard library, PyYAML and, where installed, tensorrt_llm).
+CHECK_SCRIPT = "check_config.py"
 MANIFEST = "manifest.json"
 
 
@@ -51,7 +55,27 @@ def _srun_flags(plan: Plan) -> list[str]:
     flags = container_srun_flags(plan)
     if plan.engine.uses_mpi:
         flags.append("--mpi=pmix")
-    return flags
+    return flags + list(plan.slurm.srun_args)
+
+
+def check_command(plan: Plan) -> list[str]:
+    """argv of the config check after `python3 check_config.py`, up to the files (`--options FILE MODEL` per
+    role and `--disagg FILE`, which launch.sbatch and `tk render --check` add with their own paths)."""
+    argv = ["--engine", plan.engine.name, "--line", plan.trtllm_version]
+    for spec in trtllm.CONFIG_CHECK_MERGE:
+        argv += ["--merge", spec]
+    for spec in trtllm.CONFIG_CHECK_LLM_ARGS:
+        argv += ["--llm-args", spec]
+    for spec in trtllm.CONFIG_CHECK_DISAGG:
+        argv += ["--disagg-parser", spec]
+    if plan.engine.version_env:
+        argv += ["--version-env", plan.engine.version_env]
+    return argv
+
+
+def check_script_text() -> str:
+    from toolkit.resources import templates_dir
+    return (templates_dir() / CHECK_SCRIPT).read_text()
 
 
 def render_files(plan: Plan) -> dict[str, str]:
@@ -69,9 +93,13 @@ def render_files(plan: Plan) -> dict[str, str]:
         "proxy.env": env.get_template("role.env.j2").render(env=plan.proxy.env, title="proxy", **common),
         "launch.sbatch": env.get_template("launch.sbatch.j2").render(
             worker_commands={s.name: worker_command(plan, s.role, s.port) for s in plan.servers},
-            proxy_command=proxy_command(plan), srun_flags=_srun_flags(plan),
+            proxy_command=proxy_command(plan), srun_flags=_srun_flags(plan), check_argv=check_command(plan),
+            check_timeout_s=trtllm.CONFIG_CHECK_TIMEOUT_S, stagger_s=trtllm.LAUNCHER_STAGGER_S,
+            ipc_addr_env=trtllm.LAUNCHER_IPC_ADDR_ENV, first_ipc_port=trtllm.LAUNCHER_FIRST_IPC_PORT,
+            instance_env={s.name: " ".join(f"{env}={port}" for env, port in s.internal_ports) for s in plan.servers},
             ntasks_per_node=plan.slurm.gpus_per_node if plan.engine.uses_mpi else 1, **common),
     }
+    files[CHECK_SCRIPT] = check_script_text()
     files[MANIFEST] = manifest_text(plan, files)
     return files
 
@@ -112,7 +140,8 @@ def derived_numbers(plan: Plan) -> dict:
             } for role in plan.roles
         },
         "servers": [{"name": s.name, "role": s.role, "index": s.index, "nodes": list(s.nodes),
-                     "gpus": list(s.gpus), "port": s.port} for s in plan.servers],
+                     "gpus": list(s.gpus), "port": s.port, "internal_ports": dict(s.internal_ports),
+                     "start_after": s.start_after} for s in plan.servers],
         "proxy": {"node": plan.proxy.node, "port": plan.proxy.port},
         "warnings": list(plan.warnings),
     }
