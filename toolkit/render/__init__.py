@@ -150,3 +150,36 @@ def derived_numbers(plan: Plan) -> dict:
 def render(plan: Plan, out_dir: str | os.PathLike) -> tuple[Path, dict[str, str]]:
     files = render_files(plan)
     return write_atomically(files, out_dir), files
+
+
+def check_rendered(plan: Plan, out_dir: str | os.PathLike, python: str | None = None,
+                   timeout_s: float = trtllm.CONFIG_CHECK_TIMEOUT_S) -> tuple[str, str]:
+    """Run the rendered check_config.py here (`tk render --check`): TensorRT-LLM's own classes where this Python
+    imports tensorrt_llm, the stand-in's tables for a stand-in plan. ("ok" | "failed" | "skipped", message).
+    The proxy config is checked in a copy whose <nodeN> placeholders read nodeN, as the job resolves them."""
+    import re
+    import subprocess
+    import sys
+    import tempfile
+
+    out = Path(out_dir)
+    with tempfile.TemporaryDirectory(prefix="tk-check-") as tmp:
+        disagg = Path(tmp) / "disagg.yaml"
+        disagg.write_text(re.sub(r"<node([0-9]+)>", r"node\1", (out / "disagg.yaml").read_text()))
+        argv = [python or sys.executable, str(out / CHECK_SCRIPT), *check_command(plan)]
+        for role in plan.roles:
+            argv += ["--options", str(out / f"{role.role}.yaml"), role.model_path]
+        argv += ["--disagg", str(disagg)]
+        try:
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, timeout=timeout_s, cwd=tmp)
+        except subprocess.TimeoutExpired:
+            return "skipped", f"the check did not finish in {timeout_s:.0f}s"
+        except OSError as exc:
+            return "skipped", f"the check could not run ({exc})"
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("OK: ", "FAIL: ", "SKIP: "))]
+    if not lines:
+        tail = (proc.stderr.strip().splitlines() or [""])[-1]
+        return "skipped", f"the check gave no verdict (exit {proc.returncode}) {tail}".strip()
+    kind, _, message = lines[-1].partition(": ")
+    return {"OK": "ok", "FAIL": "failed"}.get(kind, "skipped"), message
