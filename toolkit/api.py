@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from toolkit.plan.model import Plan
 
 __all__ = [
+    "check_config",
     "find_run",
     "launch",
     "list_models",
