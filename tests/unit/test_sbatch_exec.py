@@ -230,6 +230,20 @@ def test_without_the_knob_co_located_launchers_start_one_after_another(tmp_path)
     assert len(servers) == 4 and all(s["IPC_PORT"] is None for s in servers)
 
 
+def _free_ports() -> list[str]:
+    """Overrides that move the recipe's ports to ones free now (other specs may be using the shipped ones)."""
+    socks = [socket.socket() for _ in range(3)]
+    try:
+        for sock in socks:
+            sock.bind(("127.0.0.1", 0))
+        http, proxy, internal = (sock.getsockname()[1] for sock in socks)
+    finally:
+        for sock in socks:
+            sock.close()
+    return [f"cluster.worker_base_port={min(http, 64000)}", f"proxy.port={proxy}",
+            f"cluster.internal_base_port={min(internal, 64000)}"]
+
+
 STANDIN_FAKE = r"""#!/bin/bash
 if [ "${1:-}" = check-config ]; then exec python3 -m toolkit.standin "$@"; fi
 echo "$*" >> "$FAKE_LOG/server.args"
@@ -241,7 +255,8 @@ def test_a_bad_key_fails_the_job_at_the_config_check_before_any_server_starts(tm
     from toolkit.recipe import load_recipe
     from tests.conftest import ROOT
     plan = build_plan(load_recipe(str(ROOT / "recipes" / "standin-2p2d.yaml"),
-                                  ["context.instances=1", "generation.instances=1", "cluster.startup_timeout_s=3"]))
+                                  ["context.instances=1", "generation.instances=1", "cluster.startup_timeout_s=3",
+                                   *_free_ports()]))
     out, _ = render(plan, tmp_path / "run")
     assert "--gres" not in (out / "launch.sbatch").read_text()  # stand-in recipes ask for no GPU
     with (out / "ctx.yaml").open("a") as f:  # a key this line's tables do not have (a file edited by hand)
@@ -262,7 +277,8 @@ def test_the_config_check_passes_a_good_stand_in_deployment(tmp_path):
     from toolkit.recipe import load_recipe
     from tests.conftest import ROOT
     plan = build_plan(load_recipe(str(ROOT / "recipes" / "standin-2p2d.yaml"),
-                                  ["context.instances=1", "generation.instances=1", "cluster.startup_timeout_s=3"]))
+                                  ["context.instances=1", "generation.instances=1", "cluster.startup_timeout_s=3",
+                                   *_free_ports()]))
     out, _ = render(plan, tmp_path / "run")
     env = _fake_slurm_env(tmp_path, out)
     _exe(Path(env["PATH"].split(":")[0]) / "tk-standin-serve", STANDIN_FAKE)
