@@ -15,8 +15,8 @@ import, so a function of the same name here would be replaced. Call them as `too
 
 __version__ = "0.1.0"
 
-from toolkit.api import (diff, find_run, list_models, list_recipes, load_plan, logs, plan_summary, prepare,  # noqa: E402
-                         recipe_path, runs, status, stop)
+from toolkit.api import (check_config, diff, find_run, list_models, list_recipes, load_plan, logs,  # noqa: E402
+                         plan_summary, prepare, recipe_path, runs, status, stop)
 from toolkit.errors import RecipeError, TkError, Violation  # noqa: E402
 
 __all__ = [
@@ -24,6 +24,7 @@ __all__ = [
     "TkError",
     "Violation",
     "__version__",
+    "check_config",
     "diff",
     "find_run",
     "list_models",

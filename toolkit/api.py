@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from toolkit.plan.model import Plan
 
 __all__ = [
+    "check_config",
     "diff",
     "doctor",
     "find_run",
@@ -119,6 +120,15 @@ def render(plan: Plan, out_dir: str | os.PathLike | None = None) -> tuple[Path, 
     from toolkit.render import render as render_plan
 
     return render_plan(plan, out_dir if out_dir is not None else Path("render") / plan.name)
+
+
+def check_config(plan: Plan, out_dir: str | os.PathLike) -> tuple[str, str]:
+    """Check the files rendered into out_dir with the engine's own parsers, here (TensorRT-LLM's classes where
+    tensorrt_llm is importable by this Python; the stand-in's tables for a stand-in plan).
+    Returns ("ok" | "failed" | "skipped", message); starts nothing, uses no GPU."""
+    from toolkit.render import check_rendered
+
+    return check_rendered(plan, out_dir)
 
 
 # --- launch and runs -----------------------------------------------------------------------------

@@ -103,21 +103,32 @@ def plan(recipe: str, overrides: tuple[str, ...], as_json: bool):
 @click.argument("recipe")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Output directory (default: render/<recipe name>).")
+@click.option("--check", is_flag=True,
+              help="Then parse the rendered files with TensorRT-LLM's own classes where tensorrt_llm is installed "
+                   "here (the stand-in's tables for a stand-in recipe); says so when it skipped.")
 @set_option
 @json_option
-def render(recipe: str, out_dir: str | None, overrides: tuple[str, ...], as_json: bool):
+def render(recipe: str, out_dir: str | None, check: bool, overrides: tuple[str, ...], as_json: bool):
     """Render every file of the deployment of RECIPE into a directory."""
     p = api.load_plan(recipe, overrides)
     out, files = api.render(p, out_dir or None)
+    verdict = api.check_config(p, out) if check else None
     if as_json:
-        _emit_json({"name": p.name, "output": str(out), "files": sorted(files),
-                    "warnings": list(p.warnings)})
-        return
-    for w in p.warnings:
-        _say(f"warning: {w}")
-    _say(f"rendered {len(files)} files for {p.name} into {out}/")
-    for name in files:
-        _say(f"  {name}")
+        doc = {"name": p.name, "output": str(out), "files": sorted(files), "warnings": list(p.warnings)}
+        if verdict:
+            doc["check"] = {"status": verdict[0], "message": verdict[1]}
+        _emit_json(doc)
+    else:
+        for w in p.warnings:
+            _say(f"warning: {w}")
+        _say(f"rendered {len(files)} files for {p.name} into {out}/")
+        for name in files:
+            _say(f"  {name}")
+        if verdict:
+            _say({"ok": "config check: ", "failed": "config check FAILED: ",
+                  "skipped": "config check skipped: "}[verdict[0]] + verdict[1])
+    if verdict and verdict[0] == "failed":
+        raise SystemExit(1)
 
 
 # --- launch and runs -----------------------------------------------------------------------------

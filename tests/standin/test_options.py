@@ -176,3 +176,48 @@ def test_proxy_exits_naming_the_workers_that_never_became_healthy(tmp_path):
 def test_proxy_refuses_unknown_flags():
     proc = run_standin("disaggregated", "-c", "x.yaml", "--workers", "2")
     assert proc.returncode == 2 and "no such option: --workers" in proc.stderr
+
+
+# --- issue 15: the launcher's internal port (W2) and the config check before any server starts ----------------
+
+def test_an_instance_given_a_taken_ipc_port_fails_like_the_launcher_leader(tmp_path):
+    # TensorRT-LLM 1.2: TLLM_SPAWN_PROXY_PROCESS_IPC_PORT -> tcp://127.0.0.1:PORT, bound by the launcher's leader
+    # before the HTTP server; a second instance given the same port cannot bind it.
+    path = write(tmp_path, GOOD)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        taken = squatter.getsockname()[1]
+        http = free_port()
+        proc = run_standin(MODEL, "--host", "127.0.0.1", "--port", str(http), "--extra_llm_api_options", str(path),
+                           env=worker_env(TLLM_SPAWN_PROXY_PROCESS_IPC_PORT=taken), timeout=60)
+    assert proc.returncode == 1
+    assert "Address already in use" in proc.stderr and f"tcp://127.0.0.1:{taken}" in proc.stderr
+    assert "TLLM_SPAWN_PROXY_PROCESS_IPC_PORT" in proc.stderr
+    with socket.socket() as s:  # the HTTP port was never bound
+        s.bind(("127.0.0.1", http))
+
+
+def test_lines_without_the_knob_ignore_the_variable():
+    from toolkit.facts import trtllm
+    from toolkit.standin.worker import bind_launcher_ipc
+    import os
+    os.environ["TLLM_SPAWN_PROXY_PROCESS_IPC_PORT"] = "1"  # would fail to bind if it were read
+    try:
+        assert bind_launcher_ipc(trtllm.get("1.1")) is None
+    finally:
+        del os.environ["TLLM_SPAWN_PROXY_PROCESS_IPC_PORT"]
+
+
+def test_check_config_names_the_file_key_and_version(tmp_path):
+    good = write(tmp_path, GOOD)
+    bad = write(tmp_path, {**GOOD, "cache_transceiver_config": {**GOOD["cache_transceiver_config"]}}, "gen.yaml")
+    ok = run_standin("check-config", "--options", str(good), MODEL, "--options", str(bad), MODEL)
+    assert ok.returncode == 0 and ok.stdout.startswith("OK: ctx.yaml, gen.yaml accepted"), ok.stdout
+    # kv_transfer_timeout_ms is a 1.2 key: the 1.0 tables refuse it, as TensorRT-LLM 1.0's pydantic class does
+    proc = run_standin("check-config", "--options", str(good), MODEL,
+                       env=worker_env(TK_STANDIN_TRTLLM_VERSION="1.0"))
+    assert proc.returncode == 1
+    line = proc.stdout.strip().splitlines()[-1]
+    assert line.startswith("FAIL: ") and "ctx.yaml" in line and "kv_transfer_timeout_ms" in line
+    assert "TensorRT-LLM 1.0" in line

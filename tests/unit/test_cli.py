@@ -74,3 +74,28 @@ def test_render_with_set_and_json(tmp_path):
     doc = json.loads(proc.stdout)
     assert "launch.sbatch" in doc["files"]
     assert "num_instances: 4" in (tmp_path / "o" / "disagg.yaml").read_text()
+
+
+def test_render_check_uses_the_engines_own_parsers_or_says_it_skipped(tmp_path):
+    # The stand-in's tables check a stand-in recipe; a TensorRT-LLM recipe is checked only where tensorrt_llm is
+    # importable, and says so otherwise (exit 0 either way when nothing is refused).
+    proc = tk("render", "standin-2p2d", "-o", str(tmp_path / "s"), "--check", "--json")
+    assert proc.returncode == 0, proc.stderr
+    check = json.loads(proc.stdout)["check"]
+    assert check["status"] == "ok" and "disagg.yaml accepted by the tk CPU stand-in" in check["message"]
+    proc = tk("render", "qwen3-smoke", "-o", str(tmp_path / "q"), "--check")
+    assert proc.returncode == 0, proc.stderr
+    try:
+        import tensorrt_llm  # noqa: F401
+    except ImportError:
+        assert "config check skipped: tensorrt_llm is not importable" in proc.stderr
+
+
+def test_render_check_fails_naming_the_file_and_key(tmp_path):
+    from toolkit import api
+    plan = api.load_plan("standin-2p2d", ())
+    out, _ = api.render(plan, tmp_path / "s")
+    with (out / "gen.yaml").open("a") as f:
+        f.write("bogus_option: 1\n")
+    status, message = api.check_config(plan, out)
+    assert status == "failed" and "gen.yaml: " in message and "bogus_option" in message

@@ -108,7 +108,9 @@ def _safe_file_name(text: str) -> str:
 
 FIELDS = ["model_path", "description", "context.model_path", "cluster.container_image", "context.env.EVIL",
           "kv_transfer.env.X", "context.extra_serve_args", "cluster.container_mounts", "quantization", "name",
-          "cluster.partition", "cluster.account", "cluster.time_limit", "model"]
+          "cluster.partition", "cluster.account", "cluster.time_limit", "model", "cluster.sbatch_args",
+          "cluster.srun_args"]
+LIST_FIELDS = ("context.extra_serve_args", "cluster.container_mounts", "cluster.sbatch_args", "cluster.srun_args")
 
 
 def _render_and_execute(sandbox: Path, fake_bin: Path, recipe_name: str, out_name: str, overrides: list[str]):
@@ -152,7 +154,7 @@ def test_no_field_or_set_value_ever_runs(tmp_path_factory, fake_bin, data):
     sandbox = tmp_path_factory.mktemp("sandbox")
     marker = sandbox / "PWNED"
     field, value = data.draw(st.sampled_from(FIELDS)), data.draw(hostile(marker))
-    if field in ("context.extra_serve_args", "cluster.container_mounts"):
+    if field in LIST_FIELDS:
         overrides = [f"{field}={_yaml_list(value)}"]
     else:
         overrides = [f"{field}={_yaml_str(value)}"]

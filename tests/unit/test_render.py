@@ -15,7 +15,7 @@ from toolkit.facts import trtllm as versions
 from toolkit.errors import RecipeError, TkError
 from toolkit.plan import build_plan
 from toolkit.recipe import load_recipe
-from toolkit.render import MANIFEST, RENDERED_FILES, render, render_files
+from toolkit.render import CHECK_SCRIPT, MANIFEST, RENDERED_FILES, render, render_files
 from tests.conftest import RECIPES, ROOT
 from tests.unit.helpers import BASE, plan_of
 
@@ -119,6 +119,9 @@ def test_golden_files(path):
     """Pinned output of every shipped recipe. After an intended change, or for a new recipe:
     TK_UPDATE_GOLDEN=1 python3 -m pytest tests/unit/test_render.py -k golden   (then review the diff)"""
     files = render_files(plan_for(path))
+    # check_config.py is copied verbatim (templates/check_config.py, the same for every recipe): the manifest's
+    # hash of it is pinned here, the script itself once in the tree.
+    assert files.pop(CHECK_SCRIPT) == (Path(__file__).parents[2] / "templates" / CHECK_SCRIPT).read_text()
     gold = GOLDEN / path.stem
     if os.environ.get("TK_UPDATE_GOLDEN") == "1":
         shutil.rmtree(gold, ignore_errors=True)

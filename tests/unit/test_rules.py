@@ -1,5 +1,6 @@
 """Spec: the rules checked before anything is written."""
 
+import json
 import math
 
 import pytest
@@ -217,3 +218,60 @@ def test_generation_servers_can_prefill_what_conditional_disaggregation_keeps_lo
     assert p.generation.llm_api_options["max_num_tokens"] == 1024  # 1000 rounded up to tokens_per_block=32
     [v] = violations_of(BASE, *local, "generation.max_num_tokens=512")
     assert v.field == "generation.max_num_tokens" and "1000 tokens" in v.message and "1024" in v.fix
+
+
+# --- internal ports, GPU request and extra Slurm arguments (issue 15: W2, W3) --------------------------------
+
+def test_each_instance_gets_its_own_internal_port_on_lines_that_read_one():
+    p = plan_of(BASE, "context.instances=2", "generation.instances=2", "context.tp=2", "generation.tp=2",
+                "cluster.share_nodes=true")
+    ports = [dict(s.internal_ports)["TLLM_SPAWN_PROXY_PROCESS_IPC_PORT"] for s in p.servers]
+    assert ports == [9336, 9337, 9338, 9339]  # worker_base_port + 1000 onwards
+    assert all(s.start_after is None for s in p.servers)
+    assert set(ports) <= set(p.ports_by_node[0])  # the per-node port check covers them
+
+
+def test_lines_without_the_knob_stagger_co_located_instances_instead():
+    p = plan_of(BASE, "trtllm_version=1.1", "context.instances=2", "generation.instances=2", "context.tp=2",
+                "generation.tp=2", "cluster.share_nodes=true")
+    assert all(s.internal_ports == () for s in p.servers)
+    assert [s.start_after for s in p.servers] == [None, "ctx-0", "ctx-1", "gen-0"]
+
+
+def test_internal_ports_may_not_hit_an_http_port():
+    [v] = violations_of(BASE, "cluster.internal_base_port=8000")  # the proxy's port
+    assert v.field == "cluster.internal_base_port" and "8000" in v.message
+
+
+def test_gpu_request_defaults_to_gres_and_renders_each_form():
+    assert plan_of(BASE).slurm.gpu_directives == ("--gres=gpu:8",)
+    assert plan_of(BASE, "cluster.gpu_request=gpus-per-node", "cluster.exclusive=true").slurm.gpu_directives == \
+        ("--gpus-per-node=8", "--exclusive")
+    assert plan_of(BASE, "cluster.gpu_request=none").slurm.gpu_directives == ()
+
+
+@pytest.mark.parametrize("field,arg,owner", [
+    ("sbatch_args", "--nodes=3", "--nodes"), ("sbatch_args", "--node=3", "abbreviation"),
+    ("sbatch_args", "--output=x.log", "--output"), ("sbatch_args", "--gres=gpu:4", "cluster.gpu_request"),
+    ("sbatch_args", "--exclusive", "cluster.exclusive"), ("sbatch_args", "--job-name=x", "--job-name"),
+    ("srun_args", "--nodelist=n1", "--nodelist"), ("srun_args", "--mpi=none", "--mpi"),
+    ("srun_args", "--container-image=x", "cluster.container_image"),
+])
+def test_extra_slurm_arguments_may_not_contradict_what_tk_sets(field, arg, owner):
+    [v] = violations_of(BASE, f"cluster.{field}=[\"{arg}\"]")
+    assert v.field == f"cluster.{field}" and arg in v.message and owner in v.message + v.fix
+
+
+@pytest.mark.parametrize("arg", ["-N 2", "--constraint h100", "--comment=a b", "--x=$(id)", "--foo=`id`",
+                                 "--a=b;c", "constraint=h100", "--A=1"])
+def test_extra_slurm_arguments_are_one_long_option_in_a_safe_charset(arg):
+    for field in ("sbatch_args", "srun_args"):
+        assert f"cluster.{field}" in {f.split("[")[0] for f in fields(violations_of(
+            BASE, f"cluster.{field}={json.dumps([arg])}"))}
+
+
+def test_harmless_extra_slurm_arguments_are_rendered():
+    p = plan_of(BASE, 'cluster.sbatch_args=["--constraint=h100", "--exclude=node1,node2", "--qos=high"]',
+                'cluster.srun_args=["--container-writable", "--cpu-bind=none"]')
+    assert p.slurm.sbatch_args == ("--constraint=h100", "--exclude=node1,node2", "--qos=high")
+    assert p.slurm.srun_args == ("--container-writable", "--cpu-bind=none")

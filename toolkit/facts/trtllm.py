@@ -79,7 +79,8 @@ BACKEND_SELECTORS = {"NIXL": "TRTLLM_USE_NIXL_KVCACHE", "UCX": "TRTLLM_USE_UCX_K
                      "MPI": "TRTLLM_USE_MPI_KVCACHE", "MOONCAKE": "TRTLLM_USE_MOONCAKE_KVCACHE"}
 # Environment variables a recipe may not set because tk owns them: name -> the recipe field tk derives it from.
 TK_OWNED_ENV = {"UCX_TLS": "kv_transfer.transport", NIXL_BACKEND_ENV: "kv_transfer.transport",
-                "UCX_NET_DEVICES": "kv_transfer.net_devices"}
+                "UCX_NET_DEVICES": "kv_transfer.net_devices",
+                "TLLM_SPAWN_PROXY_PROCESS_IPC_PORT": "cluster.internal_base_port"}
 # LLM-API option keys tk writes from the recipe: dotted path in the options file -> the recipe field that sets it
 # ("{role}" is context or generation). A recipe's extra_options may repeat such a key only with exactly the
 # value tk writes (harmless, e.g. pasted from an upstream config); any other value is refused and names the field.
@@ -387,6 +388,56 @@ _register(TrtllmVersion(
         "TRTLLM_USE_*_KVCACHE selectors, else NIXL; PR #9352 (revert to UCX) was closed unmerged."),
     ),
 ))
+
+# ---------------------------------------------------------------------------------------------------
+# Internal ports of `trtllm-llmapi-launch` (several instances on one node, W2).
+# The launcher (tensorrt_llm/llmapi/trtllm-llmapi-launch @ 020c89e64e49f24102f1b62be96a1a68283cdf7a, main
+# before PR #8922) picks the address of its spawn-proxy IPC channel as "tcp://127.0.0.1:<first port from
+# 10012 that a bind-and-close probe finds free>", exports it as TLLM_SPAWN_PROXY_PROCESS_IPC_ADDR (and logs
+# "TLLM_SPAWN_PROXY_PROCESS_IPC_ADDR: tcp://127.0.0.1:PORT" on stderr), and only binds it later, in
+# `python3 -m tensorrt_llm.llmapi.mgmn_leader_node` on rank 0, after importing tensorrt_llm. Instances
+# started together on one node all see 10012 free and collide. NVIDIA called the scheme "not stable"
+# (PR #3795, 2025-04, closed unmerged). PR #8922 (merged 2025-11-07, main = the 1.2 line since 1.2.0rc0 of
+# 2025-09-30) added TLLM_SPAWN_PROXY_PROCESS_IPC_PORT: when set, the launcher uses
+# tcp://127.0.0.1:$TLLM_SPAWN_PROXY_PROCESS_IPC_PORT instead of searching (presence at v1.2.0 itself:
+# unverified at tag, it is on main months before the release). 1.0 and 1.1 branched before PR #8922: no knob.
+# Without the launcher, one `trtllm-serve` task would have to spawn its own MPI ranks (the LLM API's MPI pool
+# session, mpi4py MPI_Comm_spawn), a path none of NVIDIA's Slurm examples takes: the launcher is documented as
+# what "launches the LLM-API code on Slurm-like systems" (docs, PR #5220) and every official Slurm script uses
+# it (examples/disaggregated/slurm/simple_example/launch.slurm, benchmark/start_worker.sh). Whether spawning
+# works under srun --mpi=pmix was not established from source, so tk keeps the launcher and, on 1.0/1.1,
+# starts instances that share a node one after another: the next once the previous launcher's IPC port
+# answers, or after LAUNCHER_STAGGER_S seconds, whichever comes first.
+# ---------------------------------------------------------------------------------------------------
+LAUNCHER_IPC_PORT_ENV = "TLLM_SPAWN_PROXY_PROCESS_IPC_PORT"
+LAUNCHER_IPC_ADDR_ENV = "TLLM_SPAWN_PROXY_PROCESS_IPC_ADDR"  # what the launcher logs, with the port it chose
+LAUNCHER_IPC_HOST = "127.0.0.1"  # the launcher's IPC address is always on loopback
+LAUNCHER_FIRST_IPC_PORT = 10012  # where the launcher's own search starts (1.0/1.1)
+LAUNCHER_STAGGER_S = 120  # bound on waiting for one co-located launcher before starting the next
+# Release line -> the environment variables that give one instance its own internal port (each a port number
+# tk allocates per instance, like the HTTP ports). A line absent here or with () has none: stagger instead.
+INTERNAL_PORT_ENVS = {"1.0": (), "1.1": (), "1.2": (LAUNCHER_IPC_PORT_ENV,)}
+
+
+def internal_port_envs(version: "TrtllmVersion") -> tuple[str, ...]:
+    return INTERNAL_PORT_ENVS.get(version.line, ())
+
+
+# ---------------------------------------------------------------------------------------------------
+# TensorRT-LLM checks its own config before any server starts. What `trtllm-serve` itself does with the
+# options file (tensorrt_llm/commands/serve.py, 1.0-1.2 era: `llm_args = update_llm_args_with_extra_dict(
+# llm_args, yaml.safe_load(options_file))`, then `PyTorchLLM(**llm_args)` -> TorchLlmArgs) and with the proxy
+# config (`trtllm-serve disaggregated -c` -> disagg_utils.parse_disagg_config_file). Located in:
+#   update_llm_args_with_extra_dict: tensorrt_llm/llmapi/llm_args.py (mid-2025 onwards; the 1.0-1.2 lines),
+#     tensorrt_llm/llmapi/llm_utils.py in early-2025 main (kept as a fallback);
+#   TorchLlmArgs (pydantic, extra="forbid"): tensorrt_llm/llmapi/llm_args.py (MID25_LLM_ARGS and newer);
+#   parse_disagg_config_file(path): tensorrt_llm/llmapi/disagg_utils.py (DISAGG_MID and DISAGG_NEWEST).
+# "module:attribute", tried in order; the check script (templates/check_config.py) imports them on the node.
+CONFIG_CHECK_MERGE = ("tensorrt_llm.llmapi.llm_args:update_llm_args_with_extra_dict",
+                      "tensorrt_llm.llmapi.llm_utils:update_llm_args_with_extra_dict")
+CONFIG_CHECK_LLM_ARGS = ("tensorrt_llm.llmapi.llm_args:TorchLlmArgs",)
+CONFIG_CHECK_DISAGG = ("tensorrt_llm.llmapi.disagg_utils:parse_disagg_config_file",)
+CONFIG_CHECK_TIMEOUT_S = 300  # importing tensorrt_llm (torch, the C++ bindings) takes up to a minute or two
 
 SUPPORTED = tuple(_VERSIONS)
 

@@ -80,7 +80,8 @@ class LocalBackend:
     log_name = LOCAL_JOB_LOG
 
     def preflight(self, plan: Plan) -> None:
-        for name, port in [*((s.name, s.port) for s in plan.servers), ("proxy", plan.proxy.port)]:
+        internal = [(f"{s.name} {env}", port) for s in plan.servers for env, port in s.internal_ports]
+        for name, port in [*((s.name, s.port) for s in plan.servers), ("proxy", plan.proxy.port), *internal]:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 # Servers bind with SO_REUSEADDR, so a port whose last connections linger in TIME_WAIT is free
                 # for them; only a listening or bound socket makes it busy.
@@ -89,7 +90,8 @@ class LocalBackend:
                     sock.bind(("0.0.0.0", port))
                 except OSError:
                     raise LaunchError(f"port {port} ({name}) is already in use on this machine; stop what holds "
-                                      "it or move cluster.worker_base_port / proxy.port") from None
+                                      "it or move cluster.worker_base_port / proxy.port / "
+                                      "cluster.internal_base_port") from None
         if shutil.which("bash") is None:
             raise LaunchError("bash not found: the local backend runs launch.sbatch with bash")
 

@@ -60,10 +60,14 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
         cursor.next_node()
     gen_instances = placement.place("gen", r.generation, cursor, first_port=port + len(ctx_instances),
                                     uses_mpi=engine.uses_mpi)
-    servers = ctx_instances + gen_instances
+    servers = placement.internal_ports(ctx_instances + gen_instances, version, engine,
+                                       r.cluster.internal_base_port or r.cluster.worker_base_port + 1000)
+    ctx_instances, gen_instances = servers[:len(ctx_instances)], servers[len(ctx_instances):]
     ctx_nodes, gen_nodes = placement.nodes_used(ctx_instances), placement.nodes_used(gen_instances)
     node_count = 1 + max(n for s in servers for n in s.nodes)
     rules.check_placement(r, transport, servers, node_count, ctx_nodes, gen_nodes, c)
+    rules.check_internal_ports(r, servers, c)
+    rules.check_slurm_args(r, c)
 
     env_base = options.worker_env(r, version, engine, transport)
     ctx_env = {**env_base, **r.context.env}
@@ -92,7 +96,9 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
     slurm = SlurmPlan(job_name=f"tk-{r.name}", nodes=node_count, gpus_per_node=gpn,
                       partition=r.cluster.partition, account=r.cluster.account, time_limit=r.cluster.time_limit,
                       container_image=r.cluster.container_image, container_mounts=tuple(r.cluster.container_mounts),
-                      pending_timeout_s=r.cluster.pending_timeout_s, startup_timeout_s=r.cluster.startup_timeout_s)
+                      pending_timeout_s=r.cluster.pending_timeout_s, startup_timeout_s=r.cluster.startup_timeout_s,
+                      gpu_request=r.cluster.gpu_request, exclusive=r.cluster.exclusive,
+                      sbatch_args=tuple(r.cluster.sbatch_args), srun_args=tuple(r.cluster.srun_args))
     t = r.traffic
     return Plan(
         name=r.name, recipe_file=loaded.file, toolkit_version=__version__, trtllm_version=version.line,

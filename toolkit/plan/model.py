@@ -90,6 +90,12 @@ class ServerInstance:
     port: int
     ntasks: int
     ntasks_per_node: int
+    # Internal channels of this instance: (environment variable, port) pairs the batch script exports into this
+    # instance's environment (facts.trtllm.INTERNAL_PORT_ENVS; e.g. TLLM_SPAWN_PROXY_PROCESS_IPC_PORT on 1.2).
+    internal_ports: tuple[tuple[str, int], ...] = ()
+    # Where the line has no such knob: the instance started before this one on the same node, whose launcher
+    # must have bound its IPC port (or LAUNCHER_STAGGER_S passed) before this one starts; None: start at once.
+    start_after: str | None = None
 
     @property
     def name(self) -> str:
@@ -145,6 +151,17 @@ class SlurmPlan:
     container_mounts: tuple[str, ...]
     pending_timeout_s: int
     startup_timeout_s: int
+    gpu_request: str = "none"  # "gres" | "gpus-per-node" | "none"
+    exclusive: bool = False
+    sbatch_args: tuple[str, ...] = ()  # extra #SBATCH arguments, checked by the rules
+    srun_args: tuple[str, ...] = ()  # extra arguments of every server step (and the config check)
+
+    @property
+    def gpu_directives(self) -> tuple[str, ...]:
+        """The #SBATCH arguments that request GPUs and exclusivity."""
+        out = {"gres": (f"--gres=gpu:{self.gpus_per_node}",),
+               "gpus-per-node": (f"--gpus-per-node={self.gpus_per_node}",)}.get(self.gpu_request, ())
+        return out + (("--exclusive",) if self.exclusive else ())
 
 
 @dataclass(frozen=True)
@@ -179,10 +196,11 @@ class Plan:
 
     @property
     def ports_by_node(self) -> tuple[tuple[int, ...], ...]:
-        """Per node index, the HTTP ports that this deployment's servers and proxy listen on there."""
+        """Per node index, the ports this deployment's servers (HTTP and internal) and proxy listen on there."""
         ports: list[list[int]] = [[] for _ in range(self.node_count)]
         for s in self.servers:
             ports[s.first_node].append(s.port)
+            ports[s.first_node].extend(p for _, p in s.internal_ports)  # bound by rank 0, on the first node
         ports[self.proxy.node].append(self.proxy.port)
         return tuple(tuple(sorted(p)) for p in ports)
 

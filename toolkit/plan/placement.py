@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+from toolkit.facts import trtllm
+from toolkit.facts.engines import EngineProfile
 from toolkit.plan.model import ServerInstance
 from toolkit.recipe.schema import RoleSpec
 
@@ -67,3 +70,21 @@ def place(role_name: str, role: RoleSpec, cursor: GpuCursor, first_port: int,
 
 def nodes_used(instances) -> int:
     return len({n for s in instances for n in s.nodes})
+
+
+def internal_ports(servers: tuple[ServerInstance, ...], version: trtllm.TrtllmVersion, engine: EngineProfile,
+                   first_port: int) -> tuple[ServerInstance, ...]:
+    """Each instance's own internal ports, or, where the line has no knob for them and the engine starts its
+    servers through TensorRT-LLM's launcher, the order co-located instances must start in (facts.trtllm, W2)."""
+    envs = trtllm.internal_port_envs(version)
+    out, port, last_on_node = [], first_port, {}
+    for s in servers:
+        if envs:
+            pairs = tuple((env, port + k) for k, env in enumerate(envs))
+            port += len(envs)
+            s = dataclasses.replace(s, internal_ports=pairs)
+        elif engine.launcher:
+            s = dataclasses.replace(s, start_after=last_on_node.get(s.first_node))
+        last_on_node[s.first_node] = s.name
+        out.append(s)
+    return tuple(out)

@@ -145,6 +145,62 @@ def check_placement(r: Recipe, transport: TransportProfile, servers, node_count:
               f"use a port outside {min(ports)}-{max(ports)}, or move cluster.worker_base_port")
 
 
+def check_internal_ports(r: Recipe, servers, c: Collector) -> None:
+    """Each instance's internal ports (facts.trtllm.INTERNAL_PORT_ENVS) stay clear of every HTTP port."""
+    internal = [p for s in servers for _, p in s.internal_ports]
+    if not internal:
+        return
+    http = {s.port for s in servers} | {r.proxy.port}
+    field = "cluster.internal_base_port"
+    if max(internal) > 65535:
+        c.add(field, f"internal ports run up to {max(internal)}, past 65535", "lower cluster.internal_base_port")
+    clash = sorted(http & set(internal))
+    if clash:
+        c.add(field, f"internal ports {min(internal)}-{max(internal)} include the HTTP port(s) "
+              f"{', '.join(map(str, clash))} of the workers or the proxy",
+              f"set cluster.internal_base_port outside {min(http)}-{max(http)}")
+
+
+# Options tk sets itself on the #SBATCH lines / on every server's srun step -> the recipe field (or the reason).
+# Slurm's option parser (getopt_long) also takes unambiguous abbreviations, so a prefix of one of these
+# (--node, --out) is refused as well.
+SBATCH_OWNED = {
+    "nodes": "the plan (roles and instances)", "ntasks": "the plan (roles and instances)",
+    "ntasks-per-node": "the plan (gpus_per_node)", "nodelist": "the plan (tk places servers on the allocation)",
+    "output": "tk (slurm-%j.out in the run directory)", "error": "tk (slurm-%j.out in the run directory)",
+    "open-mode": "tk", "job-name": "name", "partition": "cluster.partition", "account": "cluster.account",
+    "time": "cluster.time_limit", "gres": "cluster.gpu_request", "gpus": "cluster.gpu_request",
+    "gpus-per-node": "cluster.gpu_request", "exclusive": "cluster.exclusive",
+    "chdir": "tk launch (the run directory)", "export": "tk launch (--export=ALL)", "wrap": "tk (launch.sbatch)",
+    "array": "tk (one job per run)",
+}
+SRUN_OWNED = {
+    "nodes": "the plan", "ntasks": "the plan", "ntasks-per-node": "the plan", "nodelist": "the plan",
+    "output": "tk (logs/NAME.log)", "error": "tk (logs/NAME.log)", "open-mode": "tk", "overlap": "tk",
+    "kill-on-bad-exit": "tk", "mpi": "engine (tk passes --mpi=pmix for TensorRT-LLM)",
+    "container-image": "cluster.container_image", "container-mounts": "cluster.container_mounts",
+    "no-container-mount-home": "tk", "gres": "cluster.gpu_request", "gpus": "cluster.gpu_request",
+    "gpus-per-node": "cluster.gpu_request", "exclusive": "cluster.exclusive", "chdir": "tk",
+    "export": "tk (each server's environment comes from its env file)",
+}
+
+
+def check_slurm_args(r: Recipe, c: Collector) -> None:
+    for field, owned, where in (("sbatch_args", SBATCH_OWNED, "#SBATCH"), ("srun_args", SRUN_OWNED, "srun")):
+        for arg in getattr(r.cluster, field):
+            name = arg[2:].split("=", 1)[0]
+            hits = sorted(o for o in owned if o.startswith(name))
+            if hits:
+                key = name if name in owned else hits[0]
+                what = f"--{name}" if name in owned else \
+                    f"{', '.join('--' + h for h in hits)} (Slurm reads --{name} as an abbreviation)"
+                source = owned[key]
+                fix = ("remove it; tk derives that option" if source.startswith(("tk", "the plan"))
+                       else f"remove it; set {source} instead")
+                c.add(f"cluster.{field}", f"{arg} contradicts the {where} option {what} that tk sets itself "
+                      f"(from {source})", fix)
+
+
 def check_role_options(r: Recipe, ctx_opts: dict, gen_opts: dict, c: Collector) -> None:
     tpb = r.kv_transfer.tokens_per_block
     longest = longest_input(r)

@@ -27,6 +27,11 @@ TIME_LIMIT = re.compile(r"([0-9]{1,3}-)?[0-9]{1,3}:[0-9]{2}(:[0-9]{2})?|[0-9]{1,
 SLURM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}", re.ASCII)
 NET_DEVICES = re.compile(r"[A-Za-z0-9_.:,-]{1,512}", re.ASCII)
 
+# One extra sbatch/srun argument: the long form `--option` or `--option=value`, value in the characters an
+# #SBATCH line carries safely (toolkit/render/escape.py `sbatch`). Short options and separate values are
+# refused so every argument names its option (tk refuses those it sets itself: toolkit/plan/rules.py).
+SLURM_ARG = re.compile(r"--[a-z][a-z0-9-]{0,63}(=[A-Za-z0-9._:/@%+=,\-]{1,1024})?", re.ASCII)
+
 # Bounds for free text: a path, an image name or an argument is never longer than this.
 MAX_TEXT = 4096
 MAX_ITEMS = 256  # list entries (mounts, serve args) and env variables per mapping
@@ -181,11 +186,31 @@ class ClusterSpec(Section):
     share_nodes: bool = False  # generation servers may use GPUs left free on context nodes
     pending_timeout_s: int = Field(1800, ge=1, le=WEEK_S)
     startup_timeout_s: int = Field(1800, ge=1, le=86400)
+    # How the job asks Slurm for GPUs: "gres" (#SBATCH --gres=gpu:N), "gpus-per-node" (--gpus-per-node=N),
+    # "none" (no request: clusters that do not confine devices, and the CPU stand-in). N = gpus_per_node.
+    gpu_request: Literal["gres", "gpus-per-node", "none"] = "gres"
+    exclusive: bool = False  # #SBATCH --exclusive
+    sbatch_args: Annotated[list[str], BeforeValidator(lambda v: _check_list(v, "arguments"))] = \
+        Field(default_factory=list)  # extra #SBATCH lines, e.g. --constraint=h100, --exclude=node1
+    srun_args: Annotated[list[str], BeforeValidator(lambda v: _check_list(v, "arguments"))] = \
+        Field(default_factory=list)  # extra arguments of every server step, e.g. --container-writable
+    # First internal port (per instance, where the TensorRT-LLM line has a knob for it); None: worker_base_port
+    # + 1000.
+    internal_base_port: Optional[int] = Field(None, ge=1024, le=65000)
 
     _time_limit = field_validator("time_limit")(classmethod(lambda cls, v: _text_pattern(
         TIME_LIMIT, "time_limit must be Slurm's [D-]HH:MM[:SS] or minutes, e.g. 02:00:00 (ASCII digits)")(v)))
     _slurm_name = field_validator("partition", "account")(classmethod(lambda cls, v: _text_pattern(
         SLURM_NAME, "must be 1-128 letters, digits, '_', '.' and '-'")(v)))
+
+    @field_validator("sbatch_args", "srun_args")
+    @classmethod
+    def _slurm_args(cls, v: list[str]) -> list[str]:
+        for arg in v:
+            if not isinstance(arg, str) or not SLURM_ARG.fullmatch(arg):
+                raise ValueError(f"argument {_cut(repr(arg))} must be one long option, --name or --name=value "
+                                 "(value: letters, digits and ._:/@%+=,- only; no spaces, no short options)")
+        return v
 
     @field_validator("container_mounts")
     @classmethod

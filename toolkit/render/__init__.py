@@ -19,7 +19,11 @@ from toolkit.render.escape import RenderError, environment, to_yaml  # noqa: F40
 from toolkit.render.output import write_atomically
 
 # The files `tk render` writes, in the order the manifest lists them.
-RENDERED_FILES = ("ctx.yaml", "gen.yaml", "disagg.yaml", "ctx.env", "gen.env", "proxy.env", "launch.sbatch")
+RENDERED_FILES = ("ctx.yaml", "gen.yaml", "disagg.yaml", "ctx.env", "gen.env", "proxy.env", "launch.sbatch",
+                  "check_config.py")
+# The config check the job runs before any server starts (and `tk render --check` runs here): a standalone
+# script, copied as it is (it imports only the standard library, PyYAML and, where installed, tensorrt_llm).
+CHECK_SCRIPT = "check_config.py"
 MANIFEST = "manifest.json"
 
 
@@ -51,7 +55,27 @@ def _srun_flags(plan: Plan) -> list[str]:
     flags = container_srun_flags(plan)
     if plan.engine.uses_mpi:
         flags.append("--mpi=pmix")
-    return flags
+    return flags + list(plan.slurm.srun_args)
+
+
+def check_command(plan: Plan) -> list[str]:
+    """argv of the config check after `python3 check_config.py`, up to the files (`--options FILE MODEL` per
+    role and `--disagg FILE`, which launch.sbatch and `tk render --check` add with their own paths)."""
+    argv = ["--engine", plan.engine.name, "--line", plan.trtllm_version]
+    for spec in trtllm.CONFIG_CHECK_MERGE:
+        argv += ["--merge", spec]
+    for spec in trtllm.CONFIG_CHECK_LLM_ARGS:
+        argv += ["--llm-args", spec]
+    for spec in trtllm.CONFIG_CHECK_DISAGG:
+        argv += ["--disagg-parser", spec]
+    if plan.engine.version_env:
+        argv += ["--version-env", plan.engine.version_env]
+    return argv
+
+
+def check_script_text() -> str:
+    from toolkit.resources import templates_dir
+    return (templates_dir() / CHECK_SCRIPT).read_text()
 
 
 def render_files(plan: Plan) -> dict[str, str]:
@@ -70,9 +94,13 @@ def render_files(plan: Plan) -> dict[str, str]:
         "launch.sbatch": env.get_template("launch.sbatch.j2").render(
             worker_commands={s.name: worker_command(plan, s.role, s.port) for s in plan.servers},
             proxy_command=proxy_command(plan), srun_flags=_srun_flags(plan),
-            provenance_flags=container_srun_flags(plan),
+            provenance_flags=container_srun_flags(plan), check_argv=check_command(plan),
+            check_timeout_s=trtllm.CONFIG_CHECK_TIMEOUT_S, stagger_s=trtllm.LAUNCHER_STAGGER_S,
+            ipc_addr_env=trtllm.LAUNCHER_IPC_ADDR_ENV, first_ipc_port=trtllm.LAUNCHER_FIRST_IPC_PORT,
+            instance_env={s.name: " ".join(f"{env}={port}" for env, port in s.internal_ports) for s in plan.servers},
             ntasks_per_node=plan.slurm.gpus_per_node if plan.engine.uses_mpi else 1, **common),
     }
+    files[CHECK_SCRIPT] = check_script_text()
     files[MANIFEST] = manifest_text(plan, files)
     return files
 
@@ -113,7 +141,8 @@ def derived_numbers(plan: Plan) -> dict:
             } for role in plan.roles
         },
         "servers": [{"name": s.name, "role": s.role, "index": s.index, "nodes": list(s.nodes),
-                     "gpus": list(s.gpus), "port": s.port} for s in plan.servers],
+                     "gpus": list(s.gpus), "port": s.port, "internal_ports": dict(s.internal_ports),
+                     "start_after": s.start_after} for s in plan.servers],
         "proxy": {"node": plan.proxy.node, "port": plan.proxy.port},
         "warnings": list(plan.warnings),
     }
@@ -122,3 +151,36 @@ def derived_numbers(plan: Plan) -> dict:
 def render(plan: Plan, out_dir: str | os.PathLike) -> tuple[Path, dict[str, str]]:
     files = render_files(plan)
     return write_atomically(files, out_dir), files
+
+
+def check_rendered(plan: Plan, out_dir: str | os.PathLike, python: str | None = None,
+                   timeout_s: float = trtllm.CONFIG_CHECK_TIMEOUT_S) -> tuple[str, str]:
+    """Run the rendered check_config.py here (`tk render --check`): TensorRT-LLM's own classes where this Python
+    imports tensorrt_llm, the stand-in's tables for a stand-in plan. ("ok" | "failed" | "skipped", message).
+    The proxy config is checked in a copy whose <nodeN> placeholders read nodeN, as the job resolves them."""
+    import re
+    import subprocess
+    import sys
+    import tempfile
+
+    out = Path(out_dir)
+    with tempfile.TemporaryDirectory(prefix="tk-check-") as tmp:
+        disagg = Path(tmp) / "disagg.yaml"
+        disagg.write_text(re.sub(r"<node([0-9]+)>", r"node\1", (out / "disagg.yaml").read_text()))
+        argv = [python or sys.executable, str(out / CHECK_SCRIPT), *check_command(plan)]
+        for role in plan.roles:
+            argv += ["--options", str(out / f"{role.role}.yaml"), role.model_path]
+        argv += ["--disagg", str(disagg)]
+        try:
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, timeout=timeout_s, cwd=tmp)
+        except subprocess.TimeoutExpired:
+            return "skipped", f"the check did not finish in {timeout_s:.0f}s"
+        except OSError as exc:
+            return "skipped", f"the check could not run ({exc})"
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("OK: ", "FAIL: ", "SKIP: "))]
+    if not lines:
+        tail = (proc.stderr.strip().splitlines() or [""])[-1]
+        return "skipped", f"the check gave no verdict (exit {proc.returncode}) {tail}".strip()
+    kind, _, message = lines[-1].partition(": ")
+    return {"OK": "ok", "FAIL": "failed"}.get(kind, "skipped"), message

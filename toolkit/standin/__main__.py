@@ -3,6 +3,11 @@
     tk-standin-serve MODEL --host H --port P --backend pytorch --tp_size N --pp_size N [...] --extra_llm_api_options F
     tk-standin-serve disaggregated -c FILE [-t SERVER_START_TIMEOUT_S] [-r REQUEST_TIMEOUT_S]
     tk-standin-serve --version   one line: the stand-in's version and the TensorRT-LLM line it imitates
+    tk-standin-serve check-config [--options FILE MODEL]... [--disagg FILE]
+
+check-config parses option files and a proxy config exactly as the servers would at start-up, and prints one
+verdict line, "OK: ...", "FAIL: FILE: key ..." (exit 1) or "SKIP: ..." (the step launch.sbatch runs before any
+server starts, as TensorRT-LLM's own classes do for the real engine).
 
 Start-up problems print one line naming the file and key and exit 2, before any port is bound.
 """
@@ -58,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
         print(version_string())
         return 0
     _logging()
+    if argv and argv[0] == "check-config":
+        return check_config(argv[1:])
     try:
         if argv and argv[0] == "disaggregated":
             from toolkit.standin.proxy import proxy_settings, run
@@ -75,6 +82,35 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+
+
+def check_config(argv: list[str]) -> int:
+    """Every option file and the proxy config through the stand-in's start-up checks; one verdict line."""
+    import argparse
+    import os
+
+    from toolkit.standin.options import ConfigError, target_version, worker_settings
+    p = argparse.ArgumentParser(prog="tk-standin-serve check-config")
+    p.add_argument("--options", nargs=2, action="append", metavar=("FILE", "MODEL"), default=[])
+    p.add_argument("--disagg")
+    args = p.parse_args(argv)
+    checked = []
+    try:
+        version = target_version()
+        label = f"the tk CPU stand-in's tables for TensorRT-LLM {version.line}"
+        for path, model in args.options:
+            worker_settings([model, "--extra_llm_api_options", path])
+            checked.append(os.path.basename(path))
+        if args.disagg:
+            from toolkit.standin.proxy import parse_config
+            parse_config(args.disagg, version)
+            checked.append(os.path.basename(args.disagg))
+    except ConfigError as exc:
+        text = str(exc).removeprefix("tk-standin-serve: ")
+        print(f"FAIL: {' '.join(text.split())} ({label if 'label' in locals() else 'tk CPU stand-in'})")
+        return 1
+    print(f"OK: {', '.join(checked) or 'nothing'} accepted by {label}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -306,9 +306,17 @@ def run(settings: WorkerSettings) -> int:
     agent_name = f"tk-standin-{socket.gethostname()}-{settings.port}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     worker.create_pool(agent_name)  # before binding: start-up errors never leave a port bound
     try:
+        # TensorRT-LLM's launcher leader binds its IPC address before the HTTP server listens.
+        ipc = bind_launcher_ipc(settings.version)
+    except RuntimeError as exc:
+        print(f"tk-standin-serve: {exc}", file=sys.stderr)
+        return 1
+    try:
         sock = bind(settings.host, settings.port)
     except RuntimeError as exc:
         print(f"tk-standin-serve: {exc}", file=sys.stderr)
+        if ipc:
+            ipc.close()
         return 1
     if worker.pool:
         mode = (f"disaggregated-capable, cache_transceiver_config.backend {settings.transceiver.backend} emulated "
@@ -327,6 +335,39 @@ def run(settings: WorkerSettings) -> int:
     async def stop():
         if worker.pool:
             await worker.pool.close()
-    asyncio.run(serve(worker.app(), sock, start, stop))
+    try:
+        asyncio.run(serve(worker.app(), sock, start, stop))
+    finally:
+        if ipc:
+            ipc.close()
     log.info("tk CPU stand-in worker on port %d stopped", settings.port)
     return 0
+
+
+def bind_launcher_ipc(version) -> socket.socket | None:
+    """Hold the internal port TensorRT-LLM's launcher would bind for this instance (tcp://127.0.0.1:PORT from
+    TLLM_SPAWN_PROXY_PROCESS_IPC_PORT, on lines that read it), so two instances given one port fail as the
+    engine does: the second cannot bind ("Address already in use"). None where the line has no such knob or the
+    variable is unset (the launcher then searches from 10012 itself)."""
+    from toolkit.facts import trtllm
+    env = trtllm.LAUNCHER_IPC_PORT_ENV
+    value = os.environ.get(env)
+    if env not in trtllm.internal_port_envs(version) or not value:
+        return None
+    addr = f"tcp://{trtllm.LAUNCHER_IPC_HOST}:{value}"
+    try:
+        port = int(value)
+        if not 0 < port < 65536:
+            raise ValueError
+    except ValueError:
+        raise RuntimeError(f"zmq.error.ZMQError: Invalid argument (addr={addr!r}, from {env})") from None
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.bind((trtllm.LAUNCHER_IPC_HOST, port))
+        sock.listen(1)
+    except OSError as exc:
+        sock.close()
+        raise RuntimeError(f"zmq.error.ZMQError: {exc.strerror or exc} (addr={addr!r}, from {env}; "
+                           "another instance on this node holds it)") from None
+    log.info("launcher IPC channel of this instance: %s (%s)", addr, env)
+    return sock

@@ -144,7 +144,9 @@ def render_sbatch(plan, params: dict, run_dir: Path, python: str, srun_flags: li
         name=plan.name, job_name=f"tk-validate-{plan.name}", nodes=plan.node_count,
         tasks_per_node=max(per_node.values()), partition=plan.slurm.partition, account=plan.slurm.account,
         time_limit=time_limit, run_dir=str(run_dir), agents=params["agents"], python=python,
-        wrapper=WRAPPER, srun_flags=srun_flags, timeout_s=int(params["timeouts"]["deadline_s"]) + 60)
+        wrapper=WRAPPER, srun_flags=srun_flags, timeout_s=int(params["timeouts"]["deadline_s"]) + 60,
+        # the recipe's GPU request, --exclusive and extra #SBATCH arguments, as launch.sbatch has them
+        extra_sbatch=(*plan.slurm.gpu_directives, *plan.slurm.sbatch_args))
 
 
 class SlurmLauncher:

@@ -34,6 +34,11 @@ POLL_S = 0.3
 GRACE_S = 30.0  # beyond the agents' own deadline
 
 
+def _srun_flags(plan) -> list[str]:
+    """Each agent step's flags: the recipe's container and its extra srun arguments (cluster.srun_args)."""
+    return [*container_srun_flags(plan), *plan.slurm.srun_args]
+
+
 def new_run_dir(plan: Plan, run_dir: str | None) -> Path:
     """A new validation run directory, created exclusively (runtime.rundir)."""
     try:
@@ -164,7 +169,7 @@ def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> 
         raise
     params = build_params(plan, opts, str(run_dir))
     if opts.mode == "in-allocation":
-        launcher = launchers.InAllocationLauncher(run_dir, params, python, container_srun_flags(plan), plan.node_count)
+        launcher = launchers.InAllocationLauncher(run_dir, params, python, _srun_flags(plan), plan.node_count)
         preflight.append({"name": "allocation", "status": "pass", "agent": None, "host": None,
                           "detail": f"job {launcher.job_id}: {', '.join(launcher.nodes)}"})
     elif opts.mode == "local":
@@ -177,7 +182,7 @@ def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> 
     if opts.mode == "slurm":
         minutes = int((opts.timeout_s + params["timeouts"]["rendezvous_s"] + 180) // 60) + 1
         (run_dir / "validate.sbatch").write_text(
-            launchers.render_sbatch(plan, params, run_dir, python, container_srun_flags(plan), f"{minutes}"))
+            launchers.render_sbatch(plan, params, run_dir, python, _srun_flags(plan), f"{minutes}"))
 
     report_path = run_dir / "report.json"
     progress = on_progress or (lambda *a, **k: None)
