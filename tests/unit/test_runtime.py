@@ -82,3 +82,19 @@ def test_a_process_that_ignores_sigterm_is_killed_within_the_bound(tmp_path):
     assert procs.terminate(proc.pid, "stubborn", grace_s=0.5) == []
     assert time.monotonic() - t0 < 5
     proc.wait(timeout=5)
+
+
+def test_a_child_that_moved_to_its_own_process_group_is_still_the_runs(tmp_path):
+    # GNU timeout puts its command in a process group of its own (launch.sbatch runs `timeout 300 srun ...`):
+    # it stays in the run's session, so stopping the run ends it too.
+    d = tmp_path / "t"
+    d.mkdir()
+    proc = procs.start_group(["bash", "-c", "timeout 60 sleep 61 & exec sleep 62"], cwd=d, env=dict(os.environ),
+                             log_path=d / "log", run_id="run-t")
+    try:
+        assert rundir.wait_until(lambda: len(procs.members(proc.pid, "run-t")) == 3, 5)
+        groups = {int(open(f"/proc/{p}/stat").read().rsplit(") ", 1)[1].split()[2]) for p in procs.members(proc.pid, "run-t")}
+        assert len(groups) == 2  # the leader's group and timeout's own
+        assert procs.terminate(proc.pid, "run-t", grace_s=5) == []
+    finally:
+        proc.wait(timeout=5)

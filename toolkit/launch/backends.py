@@ -3,13 +3,13 @@ the phases, health waits and teardown are written once (in the template); a back
 reads its state and ends it.
 
     preflight(plan)   refuse early, with a clear reason, what cannot run (missing Slurm, ports in use...)
-    submit(run)       start the job; record its id (Slurm job id / local process group) in the run record
+    submit(run)       start the job; record its id (Slurm job id / local session) in the run record
     job_state(run)    PENDING | RUNNING | ENDED, with a detail
     stop(run)         end it and wait, bounded, until every process it started is gone
     log_name          the component whose log holds the job's own output, for failure messages
 
 The local backend runs launch.sbatch with bash under a small shim (local_shim/: srun, scontrol, scancel,
-hostname) in a new session: the job's process group plus its TK_RUN_ID are exactly what it owns.
+hostname) in a new session: the job's session plus its TK_RUN_ID are exactly what it owns.
 """
 
 from __future__ import annotations
@@ -112,14 +112,14 @@ class LocalBackend:
         except OSError as exc:
             raise LaunchError(f"could not start the local job: {exc}") from None
         run.job_id, run.job_pid = env["SLURM_JOB_ID"], proc.pid
-        run.set_state("submitted", f"local job, process group {proc.pid}")
+        run.set_state("submitted", f"local job, session {proc.pid}")
 
     def job_state(self, run: RunRecord) -> JobState:
         left = procs.members(run.job_pid, run.run_id or "")
         if not left:
             return JobState("ENDED", "the local job has exited")
         if run.job_pid in left:
-            return JobState("RUNNING", f"process group {run.job_pid}")
+            return JobState("RUNNING", f"session {run.job_pid}")
         return JobState("RUNNING", f"its batch script is gone; {len(left)} of its processes still run")
 
     def stop(self, run: RunRecord, timeout_s: float = 30.0) -> list[str]:

@@ -2,5 +2,5 @@
 
     slurm    every Slurm client call: bounded commands, sbatch, job state, cancel-and-wait, node lists
     rundir   run directories (created exclusively), the runs root, atomic writes, the job's phase files
-    procs    process groups a run owns: start, liveness, signal, terminate (bounded), never a pattern match
+    procs    the processes a run owns (its session and run id): start, liveness, signal, terminate (bounded)
 """

@@ -1,9 +1,10 @@
-"""Processes a run owns, found exactly: its process group AND its run id in the environment.
+"""Processes a run owns, found exactly: its session AND its run id in the environment.
 
-A run starts its job (the batch script, the validation agents) in a new session, so everything the job
-starts shares one process group, and every process inherits TK_RUN_ID. Ownership is both together: a
-process of another run, or a new process that happens to reuse a recycled group id, is never touched.
-Nothing here matches command lines.
+A run starts its job (the batch script, the validation agents) as the leader of a new session; everything
+the job starts stays in that session (a child may move to another process group, as GNU `timeout` moves
+its command, but not out of the session unless it calls setsid), and every process inherits TK_RUN_ID.
+Ownership is both together: a process of another run, or a new process that happens to reuse a recycled
+session id, is never touched. Nothing here matches command lines.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 
 from toolkit.runtime.rundir import wait_until
@@ -19,18 +21,18 @@ RUN_ID_ENV = "TK_RUN_ID"
 
 
 def start_group(argv: list[str], *, cwd: Path, env: dict, log_path: Path, run_id: str) -> subprocess.Popen:
-    """Start argv as the leader of a new session and process group, with TK_RUN_ID set."""
+    """Start argv as the leader of a new session (its pid is the session id), with TK_RUN_ID set."""
     with open(log_path, "ab") as log:
         return subprocess.Popen(argv, cwd=cwd, env={**env, RUN_ID_ENV: run_id}, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
-    """(state letter, process group) of pid, or None if it is gone."""
+    """(state letter, session id) of pid, or None if it is gone."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(") ", 1)[1].split()
-        return fields[0], int(fields[2])
+        return fields[0], int(fields[3])
     except (OSError, IndexError, ValueError):
         return None
 
@@ -49,9 +51,9 @@ def _has_run_id(pid: int, run_id: str) -> bool:
     return f"{RUN_ID_ENV}={run_id}".encode() in environ
 
 
-def members(pgid: int | None, run_id: str) -> list[int]:
-    """Live processes of process group pgid that carry this run id."""
-    if not pgid:
+def members(session: int | None, run_id: str) -> list[int]:
+    """Live processes of the session led by pid `session` that carry this run id."""
+    if not session:
         return []
     out = []
     for entry in Path("/proc").iterdir():
@@ -59,13 +61,13 @@ def members(pgid: int | None, run_id: str) -> list[int]:
             continue
         pid = int(entry.name)
         st = _stat(pid)
-        if st and st[1] == pgid and st[0] != "Z" and _has_run_id(pid, run_id):
+        if st and st[1] == session and st[0] != "Z" and _has_run_id(pid, run_id):
             out.append(pid)
     return out
 
 
-def signal_members(pgid: int | None, run_id: str, sig: int) -> list[int]:
-    pids = members(pgid, run_id)
+def signal_members(session: int | None, run_id: str, sig: int) -> list[int]:
+    pids = members(session, run_id)
     for pid in pids:
         try:
             os.kill(pid, sig)
@@ -74,12 +76,16 @@ def signal_members(pgid: int | None, run_id: str, sig: int) -> list[int]:
     return pids
 
 
-def terminate(pgid: int | None, run_id: str, grace_s: float = 15.0, kill_wait_s: float = 5.0) -> list[int]:
-    """SIGTERM the run's processes, SIGKILL what is left after grace_s; the pids that survived both."""
-    if not signal_members(pgid, run_id, signal.SIGTERM):
+def terminate(session: int | None, run_id: str, grace_s: float = 15.0, kill_wait_s: float = 5.0) -> list[int]:
+    """SIGTERM the run's processes, SIGKILL what is left after grace_s; the pids that survived both.
+    Processes that start while it runs (a batch script's cleanup) are signalled on the next round."""
+    if not signal_members(session, run_id, signal.SIGTERM):
         return []
-    if wait_until(lambda: not members(pgid, run_id), grace_s):
-        return []
-    signal_members(pgid, run_id, signal.SIGKILL)
-    wait_until(lambda: not members(pgid, run_id), kill_wait_s)
-    return members(pgid, run_id)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if wait_until(lambda: not members(session, run_id), min(1.0, grace_s)):
+            return []
+        signal_members(session, run_id, signal.SIGTERM)  # late starters (a cleanup's own children)
+    signal_members(session, run_id, signal.SIGKILL)
+    wait_until(lambda: not members(session, run_id), kill_wait_s)
+    return members(session, run_id)
