@@ -215,3 +215,10 @@ def test_tk_doctor_command_prints_the_diagnosis_and_json(tmp_path, capsys):
     assert doc["findings"][0]["id"] == "transceiver-buffer-mismatch"
     assert main(["doctor", str(record.path)]) == 0
     assert "diagnosis [transceiver-buffer-mismatch]" in capsys.readouterr().out
+
+
+def test_every_fixture_is_claimed_by_exactly_its_signature():
+    # A signature may have several excerpts (one per place it shows): each must be matched by it alone.
+    for path in sorted(FIXTURES.glob("*.log")):
+        sig_id, source = path.name.split(".")[0], path.name.split(".")[-2]
+        assert scan(path.read_text().splitlines(), source) == [sig_id], path.name

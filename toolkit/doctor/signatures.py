@@ -117,8 +117,9 @@ SIGNATURES: tuple[Signature, ...] = (
         id="unknown-option-key",
         title="an option key this TensorRT-LLM version does not know",
         patterns=(r"extra_forbidden", r"Extra inputs are not permitted", r"literal_error",
-                  r"tk-standin-serve: error: .*(has no|is not accepted by TensorRT-LLM)"),
-        where=(SERVER, PROXY, JOB),
+                  r"tk-standin-serve: error: .*(has no|is not accepted by TensorRT-LLM)",
+                  r"config check: .*unknown key"),
+        where=(SERVER, PROXY, JOB, PHASES),
         cause="the LLM-API options file has a key (or a value spelling) the TensorRT-LLM inside the container does "
               "not accept: its pydantic config classes forbid extra keys. Usually the container image is a "
               "different release than the recipe's trtllm_version (e.g. 1.2 keys in a 1.0 image), or a key in "
