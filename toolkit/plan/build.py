@@ -108,5 +108,6 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
         traffic=TrafficPlan(max_input_len=t.max_input_len, prefix_len=t.prefix_len,
                             max_output_len=t.max_output_len, typical_input_len=t.typical_input_len),
         buffer=buffer, estimates=estimates, context=ctx_plan, generation=gen_plan, proxy=proxy, slurm=slurm,
-        node_count=node_count, recipe=r.model_dump(mode="json"), warnings=tuple(c.warnings),
+        node_count=node_count, recipe=r.manifest_doc(), warnings=tuple(c.warnings),
     )
+

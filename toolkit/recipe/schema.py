@@ -300,6 +300,10 @@ class Recipe(Section):
     proxy: ProxySpec = Field(default_factory=ProxySpec)
     standin: Optional[StandinSpec] = None
 
+    def manifest_doc(self) -> dict:
+        """The recipe as the plan and manifest record it; the engine-specific `standin` section only where set."""
+        return self.model_dump(mode="json", exclude={"standin"} if self.standin is None else None)
+
     @field_validator("name")
     @classmethod
     def _name(cls, v: str) -> str:
