@@ -15,7 +15,8 @@ from toolkit.facts.models import resolve_model
 from toolkit.facts.roofline import decode_step_time, prefill_time, roofline
 
 pytestmark = [pytest.mark.slow, pytest.mark.nixl]
-pytest.importorskip("nixl")
+if not any(__import__("importlib").util.find_spec(m) for m in ("nixl", "nixl_cu12", "nixl_cu13")):
+    pytest.skip("NIXL is not installed", allow_module_level=True)
 
 EMU = {"TK_STANDIN_EMULATE_MODEL": "meta-llama/Llama-3.1-8B-Instruct", "TK_STANDIN_EMULATE_GPU": "H100",
        "TK_STANDIN_EMULATE_KV_GBPS": "450"}
@@ -82,4 +83,4 @@ def test_long_prefills_stall_aggregated_decodes_but_not_disaggregated(deployment
           f"1P1D {pd_quiet * 1e3:.1f} -> {pd_p99 * 1e3:.1f}")
     assert quiet < 4 * STEP_S  # decode steps of ~6.8 ms (CPU jitter allowed)
     assert agg_p99 > 0.8 * STALL_S  # a 2048-token prefill (~83 ms) stalled the decodes of its iteration
-    assert pd_p99 < 4 * STEP_S and pd_p99 < agg_p99 / 2  # the generation server only decodes
+    assert pd_p99 < STALL_S / 2 and pd_p99 < agg_p99 / 2  # the generation server only decodes: no prefill stall
