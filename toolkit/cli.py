@@ -198,6 +198,8 @@ def status(run, as_json):
         _emit_json(record.public())
     else:
         _say(f"{record.name}: {record.state}{' - ' + record.reason if record.reason else ''}")
+        if record.engine_label:
+            _say(f"  engine {record.engine_label}")
         _say(f"  backend {record.backend}{', job ' + record.job_id if record.job_id else ''}, "
              f"endpoint {record.endpoint or '-'}")
         for s in record.servers:

@@ -34,6 +34,9 @@ class EngineProfile:
     version_command: tuple[str, ...]  # prints the engine's version (last line), for provenance/NODE.json
     script_note: str  # a comment line launch.sbatch carries ("" for none)
     options_note: str  # a comment line ctx.yaml / gen.yaml carry ("" for none)
+    # Emulated timing (recipe `standin.emulate`): the env var prefix the engine reads it from (PREFIX + MODEL, GPU,
+    # PRECISION, KV_GBPS), or None for an engine that runs for real and cannot emulate another GPU.
+    emulate_env_prefix: str | None = None
 
 
 TRTLLM = EngineProfile(
@@ -74,6 +77,12 @@ STANDIN = EngineProfile(
     version_command=("tk-standin-serve", "--version"),
     script_note="Engine: tk CPU stand-in (tk-standin-serve), a rehearsal engine, not TensorRT-LLM.",
     options_note="Engine: tk CPU stand-in (rehearsal only, not TensorRT-LLM).",
+    emulate_env_prefix="TK_STANDIN_EMULATE_",
 )
+
+
+def emulated_label(engine: EngineProfile, model: str, gpu: str, precision: str) -> str:
+    """How the plan, `tk plan` and `tk status` name an engine that emulates MODEL's timing on GPU."""
+    return f"{engine.label}, emulated timing of {model} on {gpu} ({precision})"
 
 ENGINES: dict[str, EngineProfile] = {e.name: e for e in (TRTLLM, STANDIN)}

@@ -8,12 +8,54 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Dense BF16 peak, TFLOP/s per GPU (vendor datasheets, SXM parts).
-GPU_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "B200": 2250.0, "GB200": 2500.0,
-                   "A100": 312.0, "L40S": 362.0, "CPU": 0.5}
-GPUS = tuple(GPU_PEAK_TFLOPS)
-# The fraction of peak a prefill reaches; used only for the estimate `tk plan` prints.
-PREFILL_EFFICIENCY = 0.4
+
+@dataclass(frozen=True)
+class GpuFigures:
+    """One GPU's roofline figures, per GPU, dense (no sparsity), as sold; ``source`` says where they come from."""
+
+    name: str
+    bf16_tflops: float  # dense BF16 tensor-core peak, TFLOP/s
+    fp8_tflops: float | None  # dense FP8 tensor-core peak, TFLOP/s (None: no FP8 tensor cores)
+    hbm_tbps: float  # memory bandwidth, TB/s
+    source: str
+
+
+# The one table of GPU figures: `tk plan`'s prefill estimate and the stand-in's emulated timing
+# (toolkit.facts.roofline) both read it. Datasheet peaks are "with sparsity" for tensor cores; the dense
+# figure is half of it.
+GPU_FIGURES = {g.name: g for g in (
+    GpuFigures("H100", 989.0, 1979.0, 3.35,
+               "NVIDIA H100 Tensor Core GPU datasheet, SXM5 80GB: BF16 1,979 / FP8 3,958 TFLOPS with sparsity, "
+               "HBM3 3.35 TB/s"),
+    GpuFigures("H200", 989.0, 1979.0, 4.8,
+               "NVIDIA H200 Tensor Core GPU datasheet, SXM 141GB: BF16 1,979 / FP8 3,958 TFLOPS with sparsity, "
+               "HBM3e 4.8 TB/s"),
+    GpuFigures("B200", 2250.0, 4500.0, 8.0,
+               "NVIDIA HGX B200 datasheet, per GPU: BF16 4.5 / FP8 9 PFLOPS with sparsity, HBM3e 8 TB/s"),
+    GpuFigures("GB200", 2500.0, 5000.0, 8.0,
+               "NVIDIA GB200 NVL72 datasheet, per Blackwell GPU (1/72 of the rack): BF16 5 / FP8 10 PFLOPS with "
+               "sparsity, HBM3e 8 TB/s"),
+    GpuFigures("A100", 312.0, None, 2.039,
+               "NVIDIA A100 Tensor Core GPU datasheet, SXM 80GB: BF16 312 TFLOPS dense, HBM2e 2,039 GB/s; "
+               "no FP8"),
+    GpuFigures("L40S", 181.0, 362.0, 0.864,
+               "NVIDIA L40S datasheet: BF16 362 / FP8 733 TFLOPS with sparsity, GDDR6 864 GB/s"),
+    GpuFigures("CPU", 0.5, None, 0.1,
+               "not a GPU: a nominal figure for CPU rehearsal clusters (the stand-in); never emulated"),
+)}
+GPU_PEAK_TFLOPS = {name: g.bf16_tflops for name, g in GPU_FIGURES.items()}  # dense BF16, TFLOP/s per GPU
+GPUS = tuple(GPU_FIGURES)
+# GPUs the stand-in can emulate (standin.emulate.gpu): every row with real datasheet figures.
+EMULATED_GPUS = tuple(name for name in GPU_FIGURES if name != "CPU")
+
+# Efficiencies: the fraction of the peak a real engine reaches. Assumptions, stated once, not measurements:
+# - prefill: dense-model prefill GEMMs at a few thousand tokens reach 40-60% of dense peak in published
+#   TensorRT-LLM / vLLM benchmarks; tk takes the low end (0.4), as `tk plan`'s estimate always has.
+# - decode: each step streams the weights and the KV once at 60-85% of peak HBM bandwidth; 0.7 is close to what
+#   the seed lab's real H100 figure implies (/work/shared/seeds/002: Llama-3.1-8B BF16 TP=1, ITL 7.2 ms at 2 req/s;
+#   16.06 GB / 3.35 TB/s = 4.8 ms at 100%, i.e. 0.67 with the engine's own overheads included).
+PREFILL_EFFICIENCY = 0.4  # compute-bound phase: achieved / dense peak FLOP/s
+DECODE_EFFICIENCY = 0.7  # memory-bound phase: achieved / peak HBM bandwidth
 # GPUs whose multi-node NVLink (MNNVL) spans nodes: CUDA IPC between nodes is left on for them.
 MNNVL_GPUS = ("GB200",)
 

@@ -56,6 +56,7 @@ class RunRecord:
     run_id: str | None = None  # local backend: TK_RUN_ID, carried by every process the job starts
     nodes: int = 1
     model: str = ""
+    engine_label: str = ""  # the plan's engine label (says "emulated timing of MODEL on GPU" where it is)
     history: list = field(default_factory=list)
 
     @classmethod
@@ -66,7 +67,7 @@ class RunRecord:
                                     port=plan.proxy.port))
         return cls(name=run_dir.name, run_dir=str(run_dir.resolve()), recipe=plan.recipe_file, backend=backend,
                    engine=plan.engine.name, created=time.time(), servers=servers,
-                   model=plan.context.model_path, nodes=plan.node_count)
+                   model=plan.context.model_path, nodes=plan.node_count, engine_label=plan.engine.label)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -127,7 +128,8 @@ class RunRecord:
 _FIELD_TYPES = {"name": (str,), "run_dir": (str,), "recipe": (str,), "backend": (str,), "engine": (str,),
                 "created": (int, float), "job_id": (str, type(None)), "state": (str,),
                 "endpoint": (str, type(None)), "reason": (str, type(None)), "job_pid": (int, type(None)),
-                "run_id": (str, type(None)), "nodes": (int,), "model": (str,), "history": (list,)}
+                "run_id": (str, type(None)), "nodes": (int,), "model": (str,), "engine_label": (str,),
+                "history": (list,)}
 
 
 def new_run_dir(plan: Plan, run_dir: str | None, kind: str = "") -> Path:

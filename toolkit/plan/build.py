@@ -7,10 +7,12 @@ config) and ``rules`` (the checks, which need those derived numbers). Facts come
 
 from __future__ import annotations
 
+import dataclasses
+
 from toolkit import __version__
 from toolkit.errors import RecipeError
 from toolkit.facts import trtllm
-from toolkit.facts.engines import ENGINES
+from toolkit.facts.engines import ENGINES, emulated_label
 from toolkit.facts.hardware import TRANSPORT_PROFILES
 from toolkit.facts.models import ModelError, resolve_model
 from toolkit.plan import options, placement, rules, sizing
@@ -36,6 +38,7 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
     transport = TRANSPORT_PROFILES[r.kv_transfer.transport]
     rules.check_version_features(r, version, engine, transport, c)
     rules.check_parallelism(r, model, c)
+    emulated_model = rules.check_emulation(r, engine, c)
     buffer = sizing.size_buffer(r, c)
 
     merged = {}
@@ -70,6 +73,10 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
     rules.check_slurm_args(r, c)
 
     env_base = options.worker_env(r, version, engine, transport)
+    if emulated_model is not None:
+        env_base.update(options.emulation_env(r, engine, transport, emulated_model))
+        emu = r.standin.emulate
+        engine = dataclasses.replace(engine, label=emulated_label(engine, emulated_model, emu.gpu, emu.precision))
     ctx_env = {**env_base, **r.context.env}
     gen_env = {**env_base, **r.generation.env}
     for role, env in (("context", ctx_env), ("generation", gen_env)):
@@ -107,5 +114,6 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
         traffic=TrafficPlan(max_input_len=t.max_input_len, prefix_len=t.prefix_len,
                             max_output_len=t.max_output_len, typical_input_len=t.typical_input_len),
         buffer=buffer, estimates=estimates, context=ctx_plan, generation=gen_plan, proxy=proxy, slurm=slurm,
-        node_count=node_count, recipe=r.model_dump(mode="json"), warnings=tuple(c.warnings),
+        node_count=node_count, recipe=r.manifest_doc(), warnings=tuple(c.warnings),
     )
+

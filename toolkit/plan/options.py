@@ -118,6 +118,16 @@ def worker_env(r: Recipe, version: trtllm.TrtllmVersion, engine: EngineProfile,
     return env
 
 
+def emulation_env(r: Recipe, engine: EngineProfile, transport: TransportProfile, model_arg: str) -> dict:
+    """The env that turns the engine's emulated timing on (`standin.emulate`, checked by rules.check_emulation):
+    the model and GPU whose roofline it sleeps, and the transport's nominal GB/s for the KV bytes it does not
+    move for real."""
+    emu = r.standin.emulate
+    prefix = engine.emulate_env_prefix
+    return {f"{prefix}MODEL": model_arg, f"{prefix}GPU": emu.gpu, f"{prefix}PRECISION": emu.precision,
+            f"{prefix}KV_GBPS": f"{transport.nominal_gbps:g}"}
+
+
 def proxy_plan(r: Recipe, ctx: tuple[ServerInstance, ...], gen: tuple[ServerInstance, ...],
                transport: TransportProfile, engine: EngineProfile) -> ProxyPlan:
     def section(instances, router: str, tpb: int) -> dict:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import difflib
 import math
 import re
+from pathlib import Path
 
 from toolkit.errors import Violation
 from toolkit.facts import trtllm
 from toolkit.facts.engines import EngineProfile
-from toolkit.facts.hardware import TransportProfile
-from toolkit.facts.models import ModelSpec
+from toolkit.facts.hardware import GPU_FIGURES, TransportProfile
+from toolkit.facts.models import BUILTIN_MODELS, ModelError, ModelSpec, resolve_model
 from toolkit.plan.sizing import ceil_to, longest_input
 from toolkit.recipe.loader import LoadedRecipe
 from toolkit.recipe.schema import Recipe
@@ -78,6 +79,36 @@ def check_unverified_options(version: trtllm.TrtllmVersion, merged: dict[str, di
                 + (f" (from {owner})" if owner else "") + f", and whether TensorRT-LLM {version.line} accepts it "
                 f"is unverified ({fact.source}); if the servers refuse it at start-up (extra_forbidden), use "
                 f"{_show(fact.default)}, TensorRT-LLM's default, which tk then leaves out")
+
+
+def check_emulation(r: Recipe, engine: EngineProfile, c: Collector) -> str | None:
+    """`standin.emulate`: only for an engine that can emulate timing (its profile names the env it reads), with a
+    model tk can resolve and a precision the GPU has. Returns what the engine is given as the model (a built-in
+    name, or the directory made absolute), or None when there is nothing to emulate or it is refused."""
+    emu = r.standin.emulate if r.standin else None
+    if emu is None:
+        return None
+    if engine.emulate_env_prefix is None:
+        c.add("standin.emulate", f"engine {r.engine} ({engine.label}) runs for real: emulated timing is the CPU "
+              "stand-in's rehearsal model and would misstate this engine's performance",
+              "set engine: standin to rehearse with emulated timing, or remove standin.emulate")
+        return None
+    try:
+        spec = resolve_model(emu.model, base_dir=c.loaded.base_dir)
+    except ModelError as exc:
+        c.add("standin.emulate.model", str(exc),
+              exc.fix or "use a name from `tk recipes --models` or a directory with config.json")
+        return None
+    figures = GPU_FIGURES[emu.gpu]
+    if emu.precision == "fp8" and figures.fp8_tflops is None:
+        c.add("standin.emulate.precision", f"{emu.gpu} has no FP8 tensor cores", "use precision: bf16")
+        return None
+    if spec.name in BUILTIN_MODELS:
+        return spec.name
+    path = Path(emu.model).expanduser()
+    if not path.is_absolute() and c.loaded.base_dir is not None:
+        path = Path(c.loaded.base_dir) / path
+    return str(path.resolve())
 
 
 def check_parallelism(r: Recipe, model: ModelSpec, c: Collector) -> None:

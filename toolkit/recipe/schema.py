@@ -14,7 +14,8 @@ from typing import Annotated, Any, Literal, Optional
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from toolkit.facts import trtllm
-from toolkit.facts.hardware import GPUS, TRANSPORTS
+from toolkit.facts.hardware import EMULATED_GPUS, GPUS, TRANSPORTS
+from toolkit.facts.roofline import PRECISIONS
 from toolkit.facts.trtllm import ROUTERS
 
 # Every pattern is used with fullmatch (``$`` would accept a trailing newline) and spells digits [0-9]
@@ -288,6 +289,20 @@ class ProxySpec(Section):
     max_retries: int = Field(1, ge=0, le=16)
 
 
+class EmulateSpec(Section):
+    """Emulated timing: the stand-in's iterations take the roofline time of ``model`` on ``gpu`` (facts.roofline)."""
+
+    model: PathText  # a built-in name or a directory with config.json (the model whose timing is emulated)
+    gpu: Literal[EMULATED_GPUS]  # type: ignore[valid-type]
+    precision: Literal[PRECISIONS] = "bf16"  # type: ignore[valid-type]
+
+
+class StandinSpec(Section):
+    """Settings only the CPU stand-in engine reads (``engine: standin``)."""
+
+    emulate: Optional[EmulateSpec] = None  # None: no timing model, answers as fast as the CPU goes
+
+
 class Recipe(Section):
     """A whole recipe file."""
 
@@ -308,6 +323,11 @@ class Recipe(Section):
     traffic: TrafficSpec = Field(default_factory=TrafficSpec)
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)
     proxy: ProxySpec = Field(default_factory=ProxySpec)
+    standin: Optional[StandinSpec] = None
+
+    def manifest_doc(self) -> dict:
+        """The recipe as the plan and manifest record it; the engine-specific `standin` section only where set."""
+        return self.model_dump(mode="json", exclude={"standin"} if self.standin is None else None)
 
     @field_validator("name")
     @classmethod

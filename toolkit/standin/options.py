@@ -191,6 +191,7 @@ class WorkerSettings:
     transceiver: Transceiver | None  # None: aggregated mode ("cache_transceiver is disabled")
     tp: int
     pp: int
+    emulate: object | None = None  # toolkit.standin.emulate.Emulation: emulated timing of MODEL on GPU
 
     @property
     def disaggregated(self) -> bool:
@@ -229,13 +230,19 @@ def worker_settings(argv: list[str]) -> WorkerSettings:
                           f"{version.line} (use one of {', '.join(version.kv_dtypes)})")
     transceiver = _transceiver(where, opts.get("cache_transceiver_config"), version, tpb,
                                model, kv_dtype, max_seq_len)
+    from toolkit.standin.emulate import EmulationError, from_env
+    try:
+        emulate = from_env()
+    except EmulationError as exc:
+        raise ConfigError(f"tk-standin-serve: {exc}") from None
     return WorkerSettings(
         model_arg=model_arg, model=model, host=str(flags.get("--host", "localhost")),
         port=int(flags.get("--port", 8000)), version=version, options_file=options_file, options=opts,
         max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, max_seq_len=max_seq_len,
         max_input_len=max_input_len, enable_chunked_prefill=chunked, tokens_per_block=tpb, kv_dtype=kv_dtype,
         print_iter_log=bool(opts.get("print_iter_log", False)), transceiver=transceiver,
-        tp=int(pick("tensor_parallel_size", "--tp_size", 1)), pp=int(pick("pipeline_parallel_size", "--pp_size", 1)))
+        tp=int(pick("tensor_parallel_size", "--tp_size", 1)), pp=int(pick("pipeline_parallel_size", "--pp_size", 1)),
+        emulate=emulate)
 
 
 def _transceiver(where, ct, version, tpb, model, kv_dtype, max_seq_len) -> Transceiver | None:

@@ -14,6 +14,10 @@ once (the rest queue).
 Without ``cache_transceiver_config`` (or with ``backend`` unset) the worker is **aggregated**: it answers whole
 requests and refuses context_only / generation_only ones. With it, it also serves both disaggregated legs, moving
 the KV through ``toolkit.standin.kv``.
+
+With emulated timing (``standin.emulate`` in the recipe, ``toolkit.standin.emulate``) requests run through an
+iteration scheduler whose iterations sleep the roofline time of the emulated model on the emulated GPU; tokens
+come out at that cadence, and every report says "emulated timing of MODEL on GPU".
 """
 
 from __future__ import annotations
@@ -57,6 +61,26 @@ class Worker:
                          "completion_tokens": 0}
         self.decode_delay = float(os.environ.get(DECODE_DELAY_ENV, "0") or 0) / 1000.0
         self.clock_offset = 0.0
+        self.engine = None  # the emulated engine (toolkit.standin.emulate), created on the event loop
+
+    def start_emulation(self) -> None:
+        s = self.s
+        if s.emulate is None:
+            return
+        from toolkit.standin.emulate import EmulatedEngine
+        self.engine = EmulatedEngine(s.emulate, tp=s.tp, kv_dtype=s.kv_dtype, max_batch_size=s.max_batch_size,
+                                     max_num_tokens=s.max_num_tokens, chunked_prefill=s.enable_chunked_prefill,
+                                     tokens_per_block=s.tokens_per_block,
+                                     real_kv_bytes_per_token=self.geo.bytes_per_token,
+                                     on_iteration=self._record_emulated_iteration)
+        self.engine.start()
+
+    @property
+    def what(self) -> str:
+        """What this server is, as every report says it."""
+        if self.engine:
+            return f"tk CPU stand-in, not TensorRT-LLM; {self.engine.describe()}"
+        return "tk CPU stand-in, not TensorRT-LLM"
 
     # --- set-up -----------------------------------------------------------------------------------------
 
@@ -87,7 +111,10 @@ class Worker:
         return web.Response(status=200)
 
     async def version(self, request):
-        return web.json_response({"version": f"{self.s.version.release} (tk CPU stand-in, not TensorRT-LLM)"})
+        doc = {"version": f"{self.s.version.release} ({self.what})"}
+        if self.engine:
+            doc["emulated_timing"] = self.engine.describe()
+        return web.json_response(doc)
 
     async def models(self, request):
         return web.json_response({"object": "list", "data": [
@@ -99,9 +126,10 @@ class Worker:
         return web.json_response(stats)
 
     async def server_info(self, request):
-        return web.json_response({"engine": "tk CPU stand-in, not TensorRT-LLM", "model": self.s.model_arg,
+        return web.json_response({"engine": self.what, "model": self.s.model_arg,
                                   "disaggregated": self.s.disaggregated, "kv_geometry": self.geo.to_dict(),
-                                  "kv": self.pool.describe() if self.pool else None})
+                                  "kv": self.pool.describe() if self.pool else None,
+                                  "emulation": self.engine.summary() if self.engine else None})
 
     async def clock_get(self, request):
         now = time.monotonic() + self.clock_offset
@@ -122,6 +150,8 @@ class Worker:
                "active": self.active, "queued": self.queued, "completed": self.completed, **self.counters}
         if self.pool:
             doc["kv"] = {**self.pool.describe(), **self.pool.stats, "pending": len(self.pool.pending)}
+        if self.engine:
+            doc["emulation"] = self.engine.summary()
         return web.json_response(doc)
 
     # --- the work ---------------------------------------------------------------------------------------
@@ -161,6 +191,8 @@ class Worker:
                 exc = P.RequestError(exc.status, exc.message)
             return self._error(exc, request.headers)
 
+        if self.engine:
+            return await self._generate_emulated(request, req, n, count, state)
         self.queued += 1
         await self.batch.acquire()
         self.queued -= 1
@@ -181,6 +213,57 @@ class Worker:
             self.active -= 1
             self.completed += 1
             self.batch.release()
+
+    async def _generate_emulated(self, request, req: P.Request, n: int, count: int, state) -> web.StreamResponse:
+        """The request through the emulated engine: the scheduler decides when its prefill and tokens happen."""
+        from toolkit.standin.kv import TransferError
+        from toolkit.standin.scheduler import CONTEXT_ONLY, FULL, GENERATION_ONLY
+        self.counters["requests"][req.request_type] += 1
+        self.active += 1
+        try:
+            try:
+                if req.request_type == "context_only":
+                    # The emulated prefill, then the real KV is computed and published (milliseconds for the
+                    # stand-in's model; publishing later keeps the KV slot's expiry clock out of the queueing).
+                    ticket = self.engine.submit(CONTEXT_ONLY, n, 1)
+                    await ticket.wait_for(1)
+                    tokens, disagg_out = await self._run(req, n, count, state)
+                elif req.request_type == "generation_only":
+                    tokens, disagg_out = await self._run(req, n, count, state)  # the real NIXL read
+                    extra = self.engine.kv_extra_time(n)  # the emulated model's other KV bytes, at nominal GB/s
+                    if extra > 0:
+                        await asyncio.sleep(extra)
+                    ticket = self.engine.submit(GENERATION_ONLY, n, len(tokens))
+                else:  # the real work overlaps the emulated prefill
+                    ticket = self.engine.submit(FULL, n, count)
+                    tokens, disagg_out = await self._run(req, n, count, state)
+            except TransferError as exc:
+                log.error("%s", exc.message)
+                return self._error(P.RequestError(exc.status, exc.message), request.headers)
+            self.counters["prompt_tokens"] += n
+            self.counters["completion_tokens"] += len(tokens)
+            return await self._respond(request, req, n, tokens, disagg_out, ticket)
+        finally:
+            self.active -= 1
+            self.completed += 1
+
+    def _record_emulated_iteration(self, it) -> None:
+        stats = {
+            "iter": it.no, "iterLatencyMS": round(it.seconds * 1e3, 3), "timestamp": time.strftime("%m-%d-%Y %H:%M:%S"),
+            "numActiveRequests": len(it.decodes) + it.num_ctx_requests, "numQueuedRequests": it.queued,
+            "numCompletedRequests": len(it.finished), "maxNumActiveRequests": self.s.max_batch_size,
+            "inflightBatchingStats": {"numContextRequests": it.num_ctx_requests, "numCtxTokens": it.num_ctx_tokens,
+                                      "numGenRequests": len(it.decodes), "numScheduledRequests":
+                                      len(it.decodes) + it.num_ctx_requests, "numPausedRequests": 0,
+                                      "microBatchId": 0, "avgNumDecodedTokensPerIter": 1.0},
+            "kvCacheStats": {"tokensPerBlock": self.s.tokens_per_block},
+            "standin": {"emulated_timing": self.engine.describe(), "kv_tokens_read": it.kv_tokens_read},
+        }
+        self.iter_stats.append(stats)
+        if self.s.print_iter_log:
+            log.info("iter = %d, iterLatencyMS = %.3f (emulated), states = {'num_ctx_requests': %d, "
+                     "'num_ctx_tokens': %d, 'num_generation_tokens': %d}", it.no, it.seconds * 1e3,
+                     it.num_ctx_requests, it.num_ctx_tokens, len(it.decodes))
 
     def _check_limits(self, req: P.Request, n: int) -> None:
         s = self.s
@@ -215,14 +298,16 @@ class Worker:
                 params[later] = req.disagg[later]
         return tokens, params
 
-    async def _respond(self, request, req: P.Request, n: int, tokens: list[int], disagg_out):
+    async def _respond(self, request, req: P.Request, n: int, tokens: list[int], disagg_out, ticket=None):
         rid = P.new_id(req.kind)
         model = req.model or self.s.model_arg
         pieces = [" " + M.decode_token(t) for t in tokens]
         use = P.usage(n, len(tokens))
         finish = "length"
         if not req.stream or req.request_type == "context_only":
-            if self.decode_delay:
+            if ticket is not None:
+                await ticket.wait_for(len(tokens))
+            elif self.decode_delay:
                 await asyncio.sleep(self.decode_delay * len(tokens))
             doc = P.response(req.kind, rid, model, "".join(pieces), finish, use, disagg_params=disagg_out,
                              prompt_token_ids=req.prompt_ids if req.request_type == "context_only" else None)
@@ -230,8 +315,11 @@ class Worker:
             return web.Response(body=body, content_type=ctype)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
-        for chunk in P.stream_chunks(req.kind, rid, model, pieces, finish):
-            if self.decode_delay:
+        offset = 1 if req.kind == "chat" else 0  # chat opens with a role chunk, sent with the first token
+        for j, chunk in enumerate(P.stream_chunks(req.kind, rid, model, pieces, finish)):
+            if ticket is not None:
+                await ticket.wait_for(max(1, j - offset + 1))
+            elif self.decode_delay:
                 await asyncio.sleep(self.decode_delay)
             await resp.write(P.sse(chunk))
         if req.include_usage:
@@ -323,16 +411,26 @@ def run(settings: WorkerSettings) -> int:
                 f"with NIXL ({', '.join(f'{k}={v}' for k, v in worker.pool.describe().items())})")
     else:
         mode = "aggregated (cache transceiver disabled: no cache_transceiver_config.backend)"
+    if settings.emulate is not None:
+        from toolkit.facts.roofline import roofline
+        e = settings.emulate
+        desc = roofline(e.model, e.gpu, tp=settings.tp, precision=e.precision, kv_dtype=settings.kv_dtype).describe()
+        log.info("tk CPU stand-in, not TensorRT-LLM: %s (roofline from datasheet figures and assumed efficiencies, "
+                 "toolkit/facts/hardware.py; not a measurement); extra KV bytes at %s GB/s nominal", desc,
+                 f"{e.kv_gbps:g}" if e.kv_gbps else "no")
     log.info("tk CPU stand-in, not TensorRT-LLM: serving %s for the TensorRT-LLM %s protocol on http://%s:%d; "
              "KV %d bytes/token (%s, tokens_per_block %d); %s", settings.model_arg, settings.version.line,
              settings.host, settings.port, worker.geo.bytes_per_token, settings.kv_dtype,
              settings.tokens_per_block, mode)
 
     async def start():
+        worker.start_emulation()
         if worker.pool:
             await worker.pool.start()
 
     async def stop():
+        if worker.engine:
+            await worker.engine.stop()
         if worker.pool:
             await worker.pool.close()
     try:

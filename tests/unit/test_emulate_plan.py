@@ -1,0 +1,50 @@
+"""Recipe `standin.emulate`: validated, refused outside the stand-in, rendered into the role env, named everywhere."""
+
+from __future__ import annotations
+
+from tests.unit.helpers import BASE, fields, plan_of, violations_of
+
+STANDIN = """\
+schema_version: 1
+name: t
+engine: standin
+model: tk/standin-tiny
+cluster:
+  gpus_per_node: 2
+  gpu: CPU
+kv_transfer:
+  transport: tcp
+"""
+EMULATE = ("standin.emulate.model=meta-llama/Llama-3.1-8B-Instruct", "standin.emulate.gpu=H100")
+
+
+def test_emulation_reaches_both_roles_env_and_the_engine_label():
+    plan = plan_of(STANDIN, *EMULATE)
+    for role in (plan.context, plan.generation):
+        assert role.env["TK_STANDIN_EMULATE_MODEL"] == "meta-llama/Llama-3.1-8B-Instruct"
+        assert role.env["TK_STANDIN_EMULATE_GPU"] == "H100"
+        assert role.env["TK_STANDIN_EMULATE_PRECISION"] == "bf16"
+        assert role.env["TK_STANDIN_EMULATE_KV_GBPS"] == "3.125"  # the tcp profile's nominal GB/s
+    assert "emulated timing of meta-llama/Llama-3.1-8B-Instruct on H100" in plan.engine.label
+    assert plan.recipe["standin"]["emulate"]["gpu"] == "H100"
+
+
+def test_no_emulation_no_env_and_no_section_in_the_manifest():
+    plan = plan_of(STANDIN)
+    assert not any(k.startswith("TK_STANDIN_EMULATE") for k in plan.generation.env)
+    assert "emulated" not in plan.engine.label and "standin" not in plan.recipe
+
+
+def test_emulation_is_refused_for_a_real_engine():
+    v = violations_of(BASE, *EMULATE)
+    assert "standin.emulate" in fields(v)
+    assert any("runs for real" in x.message for x in v)
+
+
+def test_unknown_model_gpu_and_fp8_without_fp8_cores_are_refused():
+    assert "standin.emulate.model" in fields(violations_of(STANDIN, "standin.emulate.model=no/such-model",
+                                                           "standin.emulate.gpu=H100"))
+    assert "standin.emulate.gpu" in fields(violations_of(STANDIN, EMULATE[0], "standin.emulate.gpu=CPU"))
+    assert "standin.emulate.precision" in fields(violations_of(STANDIN, *EMULATE[:1], "standin.emulate.gpu=A100",
+                                                               "standin.emulate.precision=fp8"))
+    assert "standin.emulate.speed" in fields(violations_of(STANDIN, *EMULATE, "standin.emulate.speed=2"))

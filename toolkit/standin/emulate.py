@@ -1,0 +1,211 @@
+"""Emulated timing: the stand-in's iterations take the roofline time of a named model on a named GPU.
+
+tk CPU stand-in, not TensorRT-LLM: every figure this produces is "emulated timing of MODEL on GPU", computed
+from datasheet peaks and assumed efficiencies (``toolkit.facts.roofline``), never a measurement.
+
+Turned on by the environment the plan renders from a recipe's ``standin.emulate`` (prefix
+``toolkit.facts.engines.STANDIN.emulate_env_prefix``): ``..._MODEL`` (a built-in name or a directory with
+config.json), ``..._GPU``, ``..._PRECISION`` (bf16 | fp8) and ``..._KV_GBPS`` (the transport profile's nominal
+GB/s, for the emulated model's KV bytes the real NIXL transfer does not move).
+
+``EmulatedEngine`` runs ``toolkit.standin.scheduler.Scheduler`` on the event loop: it composes an iteration,
+sleeps its roofline time against an absolute deadline (asyncio, no busy-waiting), then hands out the tokens the
+iteration produced. A CPU too slow to keep up shows as ``lag_ms`` in ``/standin/stats``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import os
+import time
+from dataclasses import dataclass
+
+from toolkit.facts.engines import STANDIN
+from toolkit.facts.hardware import EMULATED_GPUS
+from toolkit.facts.models import ModelError, ModelSpec, resolve_model
+from toolkit.facts.roofline import PRECISIONS, Roofline, iteration_time, roofline, transfer_time
+from toolkit.standin.scheduler import Iteration, Scheduler
+
+log = logging.getLogger("toolkit.standin")
+PREFIX = STANDIN.emulate_env_prefix
+RESYNC_S = 0.05  # behind the emulated clock by more than this: start again from now (counted as lag)
+
+
+class EmulationError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Emulation:
+    model_arg: str
+    model: ModelSpec
+    gpu: str
+    precision: str
+    kv_gbps: float | None
+
+    def roofline(self, tp: int, kv_dtype: str) -> Roofline:
+        return roofline(self.model, self.gpu, tp=tp, precision=self.precision, kv_dtype=kv_dtype)
+
+
+def from_env(env=os.environ) -> Emulation | None:
+    """The emulation the environment asks for, or None. EmulationError names the variable at fault."""
+    model_arg = env.get(PREFIX + "MODEL")
+    if not model_arg:
+        return None
+    gpu = env.get(PREFIX + "GPU", "")
+    if gpu not in EMULATED_GPUS:
+        raise EmulationError(f"{PREFIX}GPU={gpu!r}: emulated GPUs are {', '.join(EMULATED_GPUS)}")
+    precision = env.get(PREFIX + "PRECISION") or "bf16"
+    if precision not in PRECISIONS:
+        raise EmulationError(f"{PREFIX}PRECISION={precision!r}: one of {', '.join(PRECISIONS)}")
+    try:
+        model = resolve_model(model_arg)
+    except ModelError as exc:
+        raise EmulationError(f"{PREFIX}MODEL: {exc}") from None
+    gbps = env.get(PREFIX + "KV_GBPS")
+    try:
+        kv_gbps = float(gbps) if gbps else None
+    except ValueError:
+        raise EmulationError(f"{PREFIX}KV_GBPS={gbps!r} is not a number of GB/s") from None
+    if kv_gbps is not None and not kv_gbps > 0:
+        raise EmulationError(f"{PREFIX}KV_GBPS={gbps!r} must be positive")
+    try:
+        roofline(model, gpu, precision=precision)
+    except ValueError as exc:
+        raise EmulationError(f"{PREFIX}*: {exc}") from None
+    return Emulation(model_arg=model_arg, model=model, gpu=gpu, precision=precision, kv_gbps=kv_gbps)
+
+
+class Ticket:
+    """One request's view of the engine: how many of its tokens have come out, and whether it is done."""
+
+    __slots__ = ("available", "done", "_event", "first_at")
+
+    def __init__(self):
+        self.available = 0
+        self.done = False
+        self.first_at: float | None = None
+        self._event = asyncio.Event()
+
+    def advance(self, n: int, done: bool) -> None:
+        if n and self.first_at is None:
+            self.first_at = time.monotonic()
+        self.available += n
+        self.done = self.done or done
+        self._event.set()
+
+    async def wait_for(self, count: int) -> None:
+        """Until ``count`` tokens are out (or the request is done)."""
+        while self.available < count and not self.done:
+            self._event.clear()
+            await self._event.wait()
+
+
+class EmulatedEngine:
+    def __init__(self, emu: Emulation, *, tp: int, kv_dtype: str, max_batch_size: int, max_num_tokens: int,
+                 chunked_prefill: bool, tokens_per_block: int, real_kv_bytes_per_token: int, on_iteration=None):
+        self.emu = emu
+        self.roof = emu.roofline(tp, kv_dtype)
+        self.sched = Scheduler(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens,
+                               chunked_prefill=chunked_prefill, tokens_per_block=tokens_per_block,
+                               cost=lambda c, k: iteration_time(self.roof, c, k))
+        self.tp = tp
+        self.real_kv_bytes_per_token = real_kv_bytes_per_token
+        self.on_iteration = on_iteration
+        self.tickets: dict[int, Ticket] = {}
+        self.ids = itertools.count(1)
+        self._wake: asyncio.Event | None = None
+        self._task: asyncio.Task | None = None
+        self.stats = {"iterations": 0, "emulated_busy_s": 0.0, "tokens": 0, "lag_ms_total": 0.0, "lag_ms_max": 0.0,
+                      "resyncs": 0, "kv_extra_bytes": 0, "kv_extra_s": 0.0}
+
+    def describe(self) -> str:
+        return self.roof.describe()
+
+    def summary(self) -> dict:
+        r = self.roof
+        return {"emulated_timing": self.describe(), "model": self.emu.model_arg, "gpu": self.emu.gpu,
+                "precision": self.emu.precision, "tp": self.tp, "gpu_source": r.gpu.source,
+                "prefill_efficiency": r.prefill_efficiency, "decode_efficiency": r.decode_efficiency,
+                "kv_bytes_per_token_per_rank": r.kv_bytes_per_token, "kv_nominal_gbps": self.emu.kv_gbps,
+                "not_a_measurement": True, **{k: (round(v, 3) if isinstance(v, float) else v)
+                                              for k, v in self.stats.items()}}
+
+    def start(self) -> None:
+        self._wake = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+    def kv_extra_time(self, prompt_tokens: int) -> float:
+        """Seconds for the emulated model's KV bytes beyond the ones NIXL really moved, at the nominal GB/s of
+        the transport profile per rank (stated as such: an assumption, not the measured link)."""
+        if not self.emu.kv_gbps:
+            return 0.0
+        extra = prompt_tokens * (self.roof.kv_bytes_per_token - self.real_kv_bytes_per_token / self.tp)
+        seconds = transfer_time(extra, self.emu.kv_gbps)
+        self.stats["kv_extra_bytes"] += max(0, int(extra))
+        self.stats["kv_extra_s"] += seconds
+        return seconds
+
+    def submit(self, kind: str, prompt_len: int, new_tokens: int) -> Ticket:
+        rid = next(self.ids)
+        ticket = Ticket()
+        self.tickets[rid] = ticket
+        emitted = self.sched.add(rid, kind, prompt_len, new_tokens)
+        for _, n in emitted:
+            ticket.advance(n, done=new_tokens <= n)
+        if ticket.done:
+            del self.tickets[rid]
+        else:
+            self._wake.set()
+        return ticket
+
+    async def _loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time()
+        while True:
+            if not self.sched.pending():
+                self._wake.clear()
+                await self._wake.wait()
+                deadline = loop.time()
+            it = self.sched.step()
+            if it is None:
+                await asyncio.sleep(0)
+                continue
+            deadline += it.seconds
+            delay = deadline - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            lag = loop.time() - deadline
+            if lag > 0:
+                self.stats["lag_ms_total"] += lag * 1e3
+                self.stats["lag_ms_max"] = max(self.stats["lag_ms_max"], lag * 1e3)
+                if lag > RESYNC_S:
+                    self.stats["resyncs"] += 1
+                    deadline = loop.time()
+            self._deliver(it)
+
+    def _deliver(self, it: Iteration) -> None:
+        finished = set(it.finished)
+        for rid, n in it.emitted:
+            ticket = self.tickets.get(rid)
+            if ticket is not None:
+                ticket.advance(n, rid in finished)
+        for rid in finished:
+            ticket = self.tickets.pop(rid, None)
+            if ticket is not None and not ticket.done:
+                ticket.advance(0, True)
+        self.stats["iterations"] += 1
+        self.stats["emulated_busy_s"] += it.seconds
+        self.stats["tokens"] += len(it.emitted)
+        if self.on_iteration:
+            self.on_iteration(it)
