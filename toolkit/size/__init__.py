@@ -174,8 +174,9 @@ def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float,
 def predict(plan) -> dict:
     """aiconfigurator's estimate for an existing plan's exact configuration, plus tk's transfer term.
 
-    Mapped: model, GPU (system), context and generation instances × TP × PP, each role's max_batch_size
-    (the batch the estimate assumes every server runs full), ISL (traffic.typical_input_len, else
+    Mapped: model, GPU (system), context and generation instances × TP × PP; the generation batch is its
+    max_batch_size (the estimate assumes every server runs full), the context batch the whole prompts its
+    max_num_tokens holds (at most max_batch_size), ISL (traffic.typical_input_len, else
     max_input_len), OSL (max_output_len), quantization fp8/nvfp4 and KV dtype fp8. Not modelled (listed in
     ``not_modelled`` when the recipe uses them): expert parallelism, attention DP, MTP speculative layers,
     prefix reuse, max_num_tokens chunking, and the KV memory fraction."""
@@ -189,7 +190,11 @@ def predict(plan) -> dict:
     ctx, gen = plan.context, plan.generation
     isl = plan.traffic.typical_input_len or plan.traffic.max_input_len
     osl = plan.traffic.max_output_len
-    ctx_bs = int(ctx.llm_api_options.get("max_batch_size") or 1)
+    # A context server batches as many whole prompts as its max_num_tokens holds (TensorRT-LLM's token budget
+    # per step), at most max_batch_size: the prefill batch aiconfigurator should model.
+    ctx_max_bs = int(ctx.llm_api_options.get("max_batch_size") or 1)
+    ctx_tokens = ctx.llm_api_options.get("max_num_tokens")
+    ctx_bs = max(1, min(ctx_max_bs, int(ctx_tokens) // isl)) if ctx_tokens else ctx_max_bs
     gen_bs = int(gen.llm_api_options.get("max_batch_size") or 1)
     quant = plan.recipe.get("quantization")
     raw = aic.estimate_disagg(aic_model, system, isl=isl, osl=osl, ctx_tp=ctx.tp, ctx_pp=ctx.pp, ctx_batch=ctx_bs,
@@ -216,6 +221,8 @@ def predict(plan) -> dict:
         "recipe": plan.name, "aiconfigurator": aic.PINNED, "aiconfigurator_model": aic_model, "system": system,
         "isl": isl, "osl": osl,
         "context": {"instances": len(ctx.instances), "tp": ctx.tp, "pp": ctx.pp, "batch": ctx_bs},
+        "context_batch_basis": f"min(max_batch_size {ctx_max_bs}, max_num_tokens {ctx_tokens} // ISL {isl}), at least 1"
+                               if ctx_tokens else f"max_batch_size {ctx_max_bs}",
         "generation": {"instances": len(gen.instances), "tp": gen.tp, "pp": gen.pp, "batch": gen_bs},
         "ttft_ms": round(ttft, 3), "transfer_ms": round(xfer, 3), "ttft_total_ms": round(ttft + xfer, 3),
         "tpot_ms": raw.get("tpot"), "tokens_s_gpu": raw.get("tokens/s/gpu"), "tokens_s_user": raw.get("tokens/s/user"),
