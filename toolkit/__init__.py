@@ -8,15 +8,15 @@ The public Python API is `toolkit.api`; the names below are re-exported from it:
     import toolkit
     plan = toolkit.load_plan("llama-3.3-70b-h100", ["generation.instances=4"])
 
-`render`, `launch`, `validate` and `doctor` are not re-exported here: `toolkit.render`, `toolkit.launch`,
-`toolkit.validate` and `toolkit.doctor` are packages, and Python sets a package's attribute to its subpackage on
+`render`, `launch`, `validate`, `doctor` and `size` are not re-exported here: `toolkit.render`, `toolkit.launch`,
+`toolkit.validate`, `toolkit.doctor` and `toolkit.size` are packages, and Python sets a package's attribute to its subpackage on
 import, so a function of the same name here would be replaced. Call them as `toolkit.api.render(...)`.
 """
 
 __version__ = "0.1.0"
 
 from toolkit.api import (check_config, diff, find_run, list_models, list_recipes, load_plan, logs,  # noqa: E402
-                         plan_summary, prepare, recipe_path, runs, status, stop)
+                         plan_summary, predict, prepare, recipe_path, runs, status, stop)
 from toolkit.errors import RecipeError, TkError, Violation  # noqa: E402
 
 __all__ = [
@@ -32,6 +32,7 @@ __all__ = [
     "load_plan",
     "logs",
     "plan_summary",
+    "predict",
     "prepare",
     "recipe_path",
     "runs",

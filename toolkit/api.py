@@ -12,6 +12,8 @@
     doctor(run)                         why a run failed: known failure signatures, cause, fix, evidence
     diff(run_a, run_b)                  what differs between two runs or render directories
     validate(plan, ...)                 NIXL transfers between every context and generation node -> report
+    size(model, system, gpus, ...)      aiconfigurator's search + the KV-transfer term -> a sized recipe
+    predict(plan)                       aiconfigurator's TTFT/TPOT/tokens/s/GPU for a plan's exact configuration
 
 Errors are `toolkit.errors.TkError` (and its `RecipeError`, which lists every violation); nothing here
 prints or exits. `toolkit.cli` is a thin click layer over these functions.
@@ -44,10 +46,12 @@ __all__ = [
     "load_plan",
     "logs",
     "plan_summary",
+    "predict",
     "prepare",
     "recipe_path",
     "render",
     "runs",
+    "size",
     "status",
     "stop",
     "validate",
@@ -257,3 +261,28 @@ def validate(plan: Plan, *, mode: str = "slurm", on_progress: Callable[..., None
     except TypeError as exc:
         raise ValidateError(f"validate(): {exc}") from None
     return run_validation(plan, opts, on_progress=on_progress)
+
+
+# --- sizing (the `size` extra: aiconfigurator) ----------------------------------------------------
+
+def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float, tpot_ms: float, *,
+         transport: str | None = None, measured: str | os.PathLike | None = None, measured_pick: str = "slowest",
+         gpus_per_node: int | None = None, name: str | None = None):
+    """Rank aggregated and disaggregated configurations of `model` on `gpus` x `system` for ISL/OSL under the
+    TTFT/TPOT limits (aiconfigurator), add the KV transfer to each disaggregated TTFT (the transport's nominal
+    GB/s, or a `tk validate cluster` run's measured pairs), and write the best SLA-meeting disaggregated one as
+    a recipe re-checked by tk's plan -> toolkit.size.SizeResult. Raises TkError (exit 2) for an unsupported
+    model or system, or an SLA nothing meets (the message has the closest candidate's numbers)."""
+    from toolkit.size import size as run_size
+
+    return run_size(model, system, gpus, isl, osl, ttft_ms, tpot_ms, transport=transport,
+                    measured=os.fspath(measured) if measured else None, measured_pick=measured_pick,
+                    gpus_per_node=gpus_per_node, name=name)
+
+
+def predict(plan: Plan) -> dict[str, Any]:
+    """aiconfigurator's predicted TTFT, TPOT and tokens/s/GPU for `plan`'s exact configuration (instances x
+    TP x PP and max_batch_size per role), with tk's KV-transfer term; `not_modelled` lists what it leaves out."""
+    from toolkit.size import predict as run_predict
+
+    return run_predict(plan)

@@ -53,7 +53,8 @@ def cli():
 
     \b
     tk recipes                      built-in recipes
-    tk plan RECIPE                  the resolved deployment, nothing written
+    tk size --model M --system S    from GPUs and an SLA to a recipe (aiconfigurator + KV transfer)
+    tk plan RECIPE [--predict]      the resolved deployment, nothing written
     tk render RECIPE -o DIR         every file the deployment needs
     tk launch RECIPE [--local]      run it, wait until it serves
     tk runs | status | logs | stop  look after runs (found from any directory)
@@ -86,17 +87,78 @@ def recipes(as_json: bool, models: bool):
 
 @cli.command()
 @click.argument("recipe")
+@click.option("--predict", is_flag=True, help="Add aiconfigurator's predicted TTFT, TPOT and tokens/s/GPU for this "
+              "exact configuration, with the KV-transfer term (needs the size extra).")
 @set_option
 @json_option
-def plan(recipe: str, overrides: tuple[str, ...], as_json: bool):
+def plan(recipe: str, predict: bool, overrides: tuple[str, ...], as_json: bool):
     """Show the resolved deployment of RECIPE; writes nothing."""
     p = api.load_plan(recipe, overrides)
+    prediction = api.predict(p) if predict else None
     if as_json:
-        _emit_json(api.plan_summary(p))
+        _emit_json({**api.plan_summary(p), **({"prediction": prediction} if predict else {})})
         return
     from toolkit.report import print_plan
 
     print_plan(p)
+    if prediction:
+        from toolkit.size.report import print_prediction
+
+        print_prediction(prediction)
+
+
+# --- size ----------------------------------------------------------------------------------------
+
+@cli.command()
+@click.option("--model", required=True, help="A built-in model (tk recipes --models) or a local directory with a "
+              "Hugging Face config.json.")
+@click.option("--system", required=True, metavar="SYSTEM", help="aiconfigurator system: h100_sxm, h200_sxm, b200_sxm, "
+              "gb200, a100_sxm, l40s.")
+@click.option("--gpus", required=True, type=click.IntRange(1, 4096), help="GPU budget.")
+@click.option("--isl", required=True, type=click.IntRange(1, 1 << 20), help="Input tokens per request.")
+@click.option("--osl", required=True, type=click.IntRange(1, 1 << 20), help="Output tokens per request.")
+@click.option("--ttft", required=True, type=_Finite(min=0.1, max=3_600_000.0), help="TTFT limit, ms.")
+@click.option("--tpot", required=True, type=_Finite(min=0.01, max=60_000.0), help="TPOT limit, ms.")
+@click.option("--transport", type=click.Choice(["infiniband", "roce", "efa", "nvlink-single-node", "tcp"]),
+              help="KV transport (its nominal GB/s is the transfer term's bandwidth; default nvlink-single-node "
+                   "when the budget fits one node, else infiniband).")
+@click.option("--measured", type=click.Path(exists=True), metavar="RUN_DIR",
+              help="Take the bandwidth from a `tk validate cluster` run (its report.json) instead.")
+@click.option("--measured-pick", type=click.Choice(["slowest", "median"]), default="slowest", show_default=True,
+              help="Which measured context->generation pair's GB/s to use.")
+@click.option("--gpus-per-node", type=click.IntRange(1, 72), help="Default: the system's (8; gb200 4).")
+@click.option("--name", help="Recipe name (default: model-NpMd-system).")
+@click.option("--top", type=click.IntRange(1, 1000), default=15, show_default=True, help="Rows of the table.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the chosen recipe here.")
+@json_option
+def size(model, system, gpus, isl, osl, ttft, tpot, transport, measured, measured_pick, gpus_per_node, name, top,
+         output, as_json):
+    """Size a deployment: aiconfigurator ranks aggregated and disaggregated configurations for the SLA, tk adds
+    the KV transfer to each disaggregated TTFT, marks the ones that meet it and writes the best as a recipe.
+
+    Exit 0 when a recipe was written and tk's plan agrees with it; 1 when tk's plan disagrees (reported);
+    2 for an unsupported model or system, or an SLA nothing meets (with the closest candidate's numbers)."""
+    if transport and measured:
+        raise click.UsageError("--transport and --measured exclude each other")
+    result = api.size(model, system, gpus, isl, osl, ttft, tpot, transport=transport, measured=measured,
+                      measured_pick=measured_pick, gpus_per_node=gpus_per_node, name=name)
+    from toolkit.size.report import print_size
+
+    if output and result.recheck.get("errors") == []:
+        from toolkit.size.recipe import write_file
+
+        write_file(output, result.recipe_text)
+    doc = {**result.to_dict(), "output": output}
+    if as_json:
+        _emit_json(doc)
+    else:
+        print_size(result, top=top)
+        if output:
+            _say(f"wrote {output}" if result.recheck.get("errors") == [] else f"did NOT write {output}")
+        else:
+            click.echo(result.recipe_text, nl=False)
+    if not result.recheck.get("ok"):
+        raise SystemExit(1)
 
 
 @cli.command()

@@ -198,6 +198,33 @@ def largest_request(plan_info: dict, pairs: list) -> dict:
     }
 
 
+def bandwidth_matrix(pairs: list) -> dict:
+    """Context (rows) x generation (columns) GB/s of the longest validated request, per op: the machine-readable
+    form `tk size --measured` reads. None where a pair was not measured (failed or not scheduled)."""
+    out: dict = {"unit": "GB/s (1e9 bytes/s), longest validated request, bytes / median latency", "ops": {}}
+    for op in ("WRITE", "READ"):
+        rows = [p for p in pairs if p["op"] == op]
+        if not rows:
+            continue
+        srcs = sorted({p["src"] for p in rows})
+        dsts = sorted({p["dst"] for p in rows})
+        cell = {(p["src"], p["dst"]): p["gbps"] for p in rows}
+        measured = [v for v in cell.values() if v]
+        out["ops"][op] = {
+            "context": srcs, "generation": dsts,
+            "gbps": [[cell.get((s_, d)) for d in dsts] for s_ in srcs],
+            "min": min(measured) if measured else None,
+            "median": statistics.median(measured) if measured else None,
+            "max": max(measured) if measured else None,
+        }
+    primary = out["ops"].get("WRITE") or out["ops"].get("READ") or {}
+    out["op"] = "WRITE" if "WRITE" in out["ops"] else ("READ" if out["ops"] else None)
+    out["context"] = primary.get("context", [])
+    out["generation"] = primary.get("generation", [])
+    out["gbps"] = primary.get("gbps", [])
+    return out
+
+
 def build_report(*, params: dict, results: dict, exits: dict, coordinator_preflight: list, plan_info: dict,
                  min_fraction: float, run: dict) -> dict:
     nominal = params["expect"]["nominal_gbps"]
@@ -245,6 +272,7 @@ def build_report(*, params: dict, results: dict, exits: dict, coordinator_prefli
         "sweep": sweep,
         "recommendation": rec,
         "largest_request": largest_request(plan_info, pairs),
+        "bandwidth_matrix": bandwidth_matrix(pairs),
         "params": {k: params[k] for k in ("backend", "memory", "progress_thread", "lengths", "iterations", "warmup",
                                           "timeouts", "proto_info")}
                   | {"sweep": params.get("sweep"), "fault": params.get("fault"), "agents": len(params["agents"])},

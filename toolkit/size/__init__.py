@@ -1,0 +1,239 @@
+"""tk size: from a model, a GPU budget and an SLA to a recipe, with the KV-transfer term added.
+
+    size(model, system, gpus, isl, osl, ttft_ms, tpot_ms, transport=None, measured=None) -> SizeResult
+    predict(plan) -> dict   aiconfigurator's estimate of an existing recipe's exact configuration
+
+aiconfigurator (toolkit/size/aiconfigurator.py, the only module that imports it) ranks aggregated and
+disaggregated configurations; toolkit/size/transfer.py adds the KV transfer of the input to each
+disaggregated TTFT; toolkit/size/recipe.py writes the chosen one as a recipe and re-checks it with tk's own
+recipe and plan stages. Sits beside launch and validate in the import layers: reads plan, recipe and facts,
+never launch.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+from toolkit.facts.hardware import TRANSPORT_PROFILES
+from toolkit.facts.models import ModelError, ModelSpec, resolve_model
+from toolkit.size import aiconfigurator as aic
+from toolkit.size import transfer
+from toolkit.size.aiconfigurator import Candidate, SizingError
+
+__all__ = ["Candidate", "SizeResult", "SizingError", "predict", "size"]
+
+
+@dataclass
+class SizeResult:
+    """What tk size found: every candidate (ranked with the transfer term), the chosen one, the recipe."""
+
+    model: ModelSpec
+    model_arg: str
+    aic_model: str
+    system: str
+    gpus: int
+    isl: int
+    osl: int
+    ttft_ms: float
+    tpot_ms: float
+    bandwidth: transfer.Bandwidth
+    transport: str
+    candidates: list[Candidate]  # ranked: SLA-meeting first, then tokens/s/GPU
+    chosen: Candidate | None = None
+    best_overall: Candidate | None = None  # may be aggregated, which tk does not deploy
+    rank_changes: list[dict] = field(default_factory=list)
+    recipe_text: str = ""
+    recheck: dict = field(default_factory=dict)
+    timings_s: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    def meets(self, c: Candidate) -> bool:
+        return meets_sla(c, self.ttft_ms, self.tpot_ms)
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model.name, "aiconfigurator_model": self.aic_model, "system": self.system,
+            "gpus": self.gpus, "isl": self.isl, "osl": self.osl,
+            "sla": {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms},
+            "aiconfigurator": aic.PINNED, "transport": self.transport,
+            "bandwidth": self.bandwidth.to_dict(),
+            "transfer_term": "ttft_total_ms = ttft_ms + bytes_per_token_per_ctx_rank * isl / (gbps * 1e9) * 1e3",
+            "candidates": [{**c.to_dict(), "rank": i + 1, "meets_sla": self.meets(c)}
+                           for i, c in enumerate(self.candidates)],
+            "chosen": self.chosen.to_dict() if self.chosen else None,
+            "best_overall": self.best_overall.to_dict() if self.best_overall else None,
+            "rank_changes": self.rank_changes, "recheck": self.recheck, "notes": self.notes,
+            "recipe": self.recipe_text, "timings_s": self.timings_s,
+        }
+
+
+def meets_sla(c: Candidate, ttft_ms: float, tpot_ms: float) -> bool:
+    return c.ttft_total_ms <= ttft_ms and c.tpot_ms <= tpot_ms
+
+
+def _order(cands: list[Candidate], ttft_ms: float, tpot_ms: float, with_transfer: bool) -> list[Candidate]:
+    def key(c: Candidate):
+        ttft = c.ttft_total_ms if with_transfer else c.ttft_ms
+        ok = ttft <= ttft_ms and c.tpot_ms <= tpot_ms
+        return (not ok, -c.tokens_s_gpu, ttft)
+    return sorted(cands, key=key)
+
+
+def add_transfer(cands: list[Candidate], model: ModelSpec, isl: int, gbps: float) -> list[Candidate]:
+    """Each disaggregated candidate with its transfer term; aggregated ones move no KV (transfer 0)."""
+    out = []
+    for c in cands:
+        if c.mode != "disagg":
+            out.append(replace(c, transfer_ms=0.0))
+            continue
+        kv_dtype = transfer.kv_dtype_of(c.kvcache)
+        nbytes = transfer.bytes_per_token(model, kv_dtype, c.ctx_tp, c.ctx_pp)
+        out.append(replace(c, transfer_ms=round(transfer.transfer_ms(nbytes, isl, gbps), 6),
+                           extra={**c.extra, "bytes_per_token_per_ctx_rank": nbytes, "kv_dtype": kv_dtype}))
+    return out
+
+
+def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float, tpot_ms: float, *,
+         transport: str | None = None, measured: str | None = None, measured_pick: str = "slowest",
+         gpus_per_node: int | None = None, name: str | None = None) -> SizeResult:
+    """Search, add the transfer term, rank, choose the best SLA-meeting disaggregated candidate, write and
+    re-check its recipe. Raises SizingError (exit 2) for an unsupported model/system or an impossible SLA."""
+    ti = time.perf_counter()
+    aic._import()  # aiconfigurator's own import (about a second), which a bare aiconfigurator run pays too
+    t0 = time.perf_counter()
+    try:
+        spec = resolve_model(model)
+    except ModelError as exc:
+        raise SizingError(str(exc)) from None
+    aic.check_system(system)
+    aic_model = aic.model_path_for(spec)
+    aic.check_support(aic_model, system)
+    gpu, default_per_node = aic.SYSTEM_TO_GPU[system]
+    per_node = gpus_per_node or default_per_node
+    if transport is None:
+        transport = "nvlink-single-node" if gpus <= per_node else "infiniband"
+    if transport not in TRANSPORT_PROFILES:
+        raise SizingError(f"unknown transport {transport!r}; tk knows: {', '.join(TRANSPORT_PROFILES)}")
+    if measured:
+        try:
+            bw = transfer.measured(measured, measured_pick)
+        except transfer.MeasuredError as exc:
+            raise SizingError(str(exc)) from None
+    else:
+        bw = transfer.nominal(transport)
+    t1 = time.perf_counter()
+    raw = aic.search(aic_model, system, gpus, isl, osl, ttft_ms, tpot_ms)
+    t2 = time.perf_counter()
+    if not raw:
+        raise SizingError(f"aiconfigurator returned no configuration of {spec.name} on {gpus} x {system}")
+    before = _order(raw, ttft_ms, tpot_ms, with_transfer=False)
+    aic_rank = {id(c): i + 1 for i, c in enumerate(before)}
+    raw = [replace(c, aic_rank=aic_rank[id(c)]) for c in raw]
+    ranked = _order(add_transfer(raw, spec, isl, bw.gbps), ttft_ms, tpot_ms, with_transfer=True)
+    result = SizeResult(model=spec, model_arg=model, aic_model=aic_model, system=system, gpus=gpus, isl=isl,
+                        osl=osl, ttft_ms=ttft_ms, tpot_ms=tpot_ms, bandwidth=bw, transport=transport,
+                        candidates=ranked)
+    for i, c in enumerate(ranked):
+        if c.aic_rank != i + 1:
+            result.rank_changes.append({"shape": c.shape(), "mode": c.mode, "aiconfigurator_rank": c.aic_rank,
+                                        "tk_rank": i + 1, "transfer_ms": c.transfer_ms,
+                                        "meets_sla_without_transfer": c.ttft_ms <= ttft_ms and c.tpot_ms <= tpot_ms,
+                                        "meets_sla": result.meets(c)})
+    result.best_overall = ranked[0]
+    ok = [c for c in ranked if result.meets(c)]
+    ok_disagg = [c for c in ok if c.mode == "disagg"]
+    if not ok_disagg:
+        best = ranked[0]
+        why = ("no candidate meets the SLA" if not ok else
+               f"only aggregated candidates meet the SLA (best: {ok[0].shape()}, {ok[0].tokens_s_gpu:.1f} tokens/s/GPU),"
+               " and tk deploys disaggregated serving")
+        disagg = [c for c in ranked if c.mode == "disagg"]
+        closest = min(disagg or ranked, key=lambda c: max(c.ttft_total_ms / ttft_ms, c.tpot_ms / tpot_ms))
+        raise SizingError(
+            f"impossible SLA (TTFT <= {ttft_ms:g} ms, TPOT <= {tpot_ms:g} ms) for {spec.name} on {gpus} x {system}, "
+            f"ISL {isl} / OSL {osl}: {why}. Closest: {closest.shape()}: TTFT {closest.ttft_total_ms:.1f} ms "
+            f"(transfer {closest.transfer_ms:.1f} ms), TPOT {closest.tpot_ms:.1f} ms, "
+            f"{closest.tokens_s_gpu:.1f} tokens/s/GPU; "
+            f"{'best SLA-meeting' if result.meets(best) else 'first ranked'} {best.shape()}: TTFT "
+            f"{best.ttft_total_ms:.1f} ms, TPOT {best.tpot_ms:.1f} ms, {best.tokens_s_gpu:.1f} tokens/s/GPU")
+    result.chosen = ok_disagg[0]
+    if ok[0].mode == "agg":
+        gain = ok[0].tokens_s_gpu / result.chosen.tokens_s_gpu - 1 if result.chosen.tokens_s_gpu else math.inf
+        result.notes.append(f"aggregated serving ({ok[0].shape()}) is predicted {gain:.0%} more tokens/s/GPU than "
+                            f"the best disaggregated candidate; tk deploys disaggregated serving, so the recipe is "
+                            f"the best disaggregated one")
+    from toolkit.size.recipe import recheck, write_recipe
+
+    result.recipe_text = write_recipe(result, result.chosen, gpu=gpu, gpus_per_node=per_node, name=name)
+    result.recheck = recheck(result.recipe_text, result.chosen, result)
+    t3 = time.perf_counter()
+    result.timings_s = {"total": round(t3 - ti, 3), "aiconfigurator_import": round(t0 - ti, 3),
+                        "aiconfigurator_search": round(t2 - t1, 3),
+                        "tk_overhead": round((t3 - t0) - (t2 - t1), 3)}
+    return result
+
+
+def predict(plan) -> dict:
+    """aiconfigurator's estimate for an existing plan's exact configuration, plus tk's transfer term.
+
+    Mapped: model, GPU (system), context and generation instances × TP × PP; the generation batch is its
+    max_batch_size (the estimate assumes every server runs full), the context batch the whole prompts its
+    max_num_tokens holds (at most max_batch_size), ISL (traffic.typical_input_len, else
+    max_input_len), OSL (max_output_len), quantization fp8/nvfp4 and KV dtype fp8. Not modelled (listed in
+    ``not_modelled`` when the recipe uses them): expert parallelism, attention DP, MTP speculative layers,
+    prefix reuse, max_num_tokens chunking, and the KV memory fraction."""
+    gpu = plan.recipe["cluster"]["gpu"]
+    system = aic.GPU_TO_SYSTEM.get(gpu)
+    if system is None:
+        raise SizingError(f"aiconfigurator has no system for GPU {gpu}; tk maps: "
+                          f"{', '.join(f'{g} -> {s}' for g, s in aic.GPU_TO_SYSTEM.items())}")
+    aic.check_system(system)
+    aic_model = aic.model_path_for(plan.model)
+    ctx, gen = plan.context, plan.generation
+    isl = plan.traffic.typical_input_len or plan.traffic.max_input_len
+    osl = plan.traffic.max_output_len
+    # A context server batches as many whole prompts as its max_num_tokens holds (TensorRT-LLM's token budget
+    # per step), at most max_batch_size: the prefill batch aiconfigurator should model.
+    ctx_max_bs = int(ctx.llm_api_options.get("max_batch_size") or 1)
+    ctx_tokens = ctx.llm_api_options.get("max_num_tokens")
+    ctx_bs = max(1, min(ctx_max_bs, int(ctx_tokens) // isl)) if ctx_tokens else ctx_max_bs
+    gen_bs = int(gen.llm_api_options.get("max_batch_size") or 1)
+    quant = plan.recipe.get("quantization")
+    raw = aic.estimate_disagg(aic_model, system, isl=isl, osl=osl, ctx_tp=ctx.tp, ctx_pp=ctx.pp, ctx_batch=ctx_bs,
+                              ctx_instances=len(ctx.instances), gen_tp=gen.tp, gen_pp=gen.pp, gen_batch=gen_bs,
+                              gen_instances=len(gen.instances), quantization=quant, kv_dtype=plan.kv_transfer.dtype)
+    nbytes = plan.kv.ctx_bytes_per_token_per_rank
+    gbps = plan.kv_transfer.transport.nominal_gbps
+    xfer = transfer.transfer_ms(nbytes, isl, gbps)
+    not_modelled = []
+    for role in (ctx, gen):
+        if role.ep:
+            not_modelled.append(f"{role.title} expert parallelism (ep={role.ep})")
+        if role.attention_dp:
+            not_modelled.append(f"{role.title} attention DP")
+    if plan.recipe.get("speculative", {}).get("mtp_layers"):
+        not_modelled.append("MTP speculative decoding")
+    if plan.traffic.prefix_len:
+        not_modelled.append(f"prefix reuse ({plan.traffic.prefix_len} tokens)")
+    if quant and quant not in ("fp8", "nvfp4"):
+        not_modelled.append(f"quantization {quant!r} (estimated as bfloat16)")
+    not_modelled += ["max_num_tokens chunking", "free_gpu_memory_fraction"]
+    ttft = float(raw.get("ttft") or 0.0)
+    return {
+        "recipe": plan.name, "aiconfigurator": aic.PINNED, "aiconfigurator_model": aic_model, "system": system,
+        "isl": isl, "osl": osl,
+        "context": {"instances": len(ctx.instances), "tp": ctx.tp, "pp": ctx.pp, "batch": ctx_bs},
+        "context_batch_basis": f"min(max_batch_size {ctx_max_bs}, max_num_tokens {ctx_tokens} // ISL {isl}), at least 1"
+                               if ctx_tokens else f"max_batch_size {ctx_max_bs}",
+        "generation": {"instances": len(gen.instances), "tp": gen.tp, "pp": gen.pp, "batch": gen_bs},
+        "ttft_ms": round(ttft, 3), "transfer_ms": round(xfer, 3), "ttft_total_ms": round(ttft + xfer, 3),
+        "tpot_ms": raw.get("tpot"), "tokens_s_gpu": raw.get("tokens/s/gpu"), "tokens_s_user": raw.get("tokens/s/user"),
+        "concurrency": raw.get("concurrency"), "request_latency_ms": raw.get("request_latency"),
+        "gpus": raw.get("num_total_gpus"), "gemm": raw.get("(p)gemm"), "kvcache": raw.get("(p)kvcache"),
+        "aiconfigurator_trtllm_version": raw.get("(p)version"), "kv_cache_warning": raw.get("kv_cache_warning"),
+        "transfer": {"bytes_per_token_per_ctx_rank": nbytes, "isl": isl, "gbps": gbps,
+                     "transport": plan.kv_transfer.transport.name, "source": "nominal"},
+        "not_modelled": not_modelled,
+    }

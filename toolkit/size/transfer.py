@@ -1,0 +1,114 @@
+"""The KV-transfer term that sizing tools leave out (pure: no aiconfigurator, no I/O).
+
+aiconfigurator rate-matches context and generation workers and reports the context phase's TTFT; it has no
+KV-transfer term ("TODO, should consider kvcache model in future", aiconfigurator 0.12.0,
+``sdk/inference_session.py``). tk adds one to every disaggregated candidate:
+
+    transfer_ms = bytes_per_token × ISL / bandwidth
+
+- ``bytes_per_token``: the KV bytes one token takes on **one context rank** (all its layers), the figure the
+  plan and ``tk validate cluster`` use (``KvGeometry.ctx_bytes_per_token_per_rank``,
+  ``largest_request.bytes_per_rank``): every context rank sends its own shard over its own link at the
+  same time, so the request is through when the fullest rank's shard is. At TP1 it is the whole model's KV
+  bytes per token (``ModelSpec.kv_bytes_per_token_per_layer × layers``).
+- ``bandwidth``: GB/s (1e9 bytes/s) per link, one direction: the transport profile's nominal figure
+  (``facts.hardware.TRANSPORT_PROFILES``) or a figure measured by ``tk validate cluster``
+  (``report.json`` → ``bandwidth_matrix``: its slowest or median context→generation pair).
+
+Nothing else is modelled: no per-transfer latency, no overlap of the transfer with the first decode step,
+no contention between concurrent requests on one link.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+
+from toolkit.facts.hardware import TRANSPORT_PROFILES
+from toolkit.facts.models import ModelSpec
+
+
+@dataclass(frozen=True)
+class Bandwidth:
+    """The link figure the transfer term divides by, and where it came from."""
+
+    gbps: float
+    source: str  # "nominal" | "measured"
+    detail: str  # e.g. "infiniband profile, nominal" or "slowest of 4 pairs in runs/x/report.json"
+    transport: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"gbps": self.gbps, "source": self.source, "detail": self.detail, "transport": self.transport}
+
+
+def kv_dtype_of(aic_kvcache: str | None) -> str:
+    """tk's kv dtype name for aiconfigurator's KV-cache quantization column ('bfloat16', 'fp8', 'int8')."""
+    value = (aic_kvcache or "bfloat16").lower()
+    if value in ("fp8", "int8"):  # both one byte per element
+        return "fp8"
+    return "auto"
+
+
+def bytes_per_token(model: ModelSpec, kv_dtype: str, ctx_tp: int = 1, ctx_pp: int = 1) -> int:
+    """KV bytes one token takes on the fullest context rank (the whole model's at TP1, PP1)."""
+    return model.kv_bytes_per_token_per_rank(kv_dtype, ctx_tp, ctx_pp)
+
+
+def transfer_ms(nbytes_per_token: float, isl: int, gbps: float) -> float:
+    """Milliseconds to move ``isl`` tokens of ``nbytes_per_token`` at ``gbps`` GB/s (1e9 bytes/s)."""
+    if not (gbps > 0 and math.isfinite(gbps)):
+        raise ValueError(f"bandwidth must be a positive finite number of GB/s, got {gbps!r}")
+    return nbytes_per_token * isl / (gbps * 1e9) * 1e3
+
+
+def nominal(transport: str) -> Bandwidth:
+    profile = TRANSPORT_PROFILES[transport]
+    return Bandwidth(profile.nominal_gbps, "nominal",
+                     f"{transport} profile, nominal {profile.nominal_gbps:g} GB/s per GPU", transport)
+
+
+class MeasuredError(ValueError):
+    """A validate run directory tk cannot take a bandwidth from; the message says why."""
+
+
+def measured(run_dir: str | Path, pick: str = "slowest") -> Bandwidth:
+    """The context→generation bandwidth a ``tk validate cluster`` run measured: ``pick`` is "slowest"
+    (default: the deployment is as fast as its slowest pair) or "median" of the pairs' figures.
+
+    Reads ``report.json``'s ``bandwidth_matrix`` (written since tk size), else the per-pair ``pairs`` list."""
+    path = Path(run_dir)
+    report_file = path / "report.json" if path.is_dir() else path
+    try:
+        report = json.loads(report_file.read_text())
+    except FileNotFoundError:
+        raise MeasuredError(f"{report_file}: no report.json; give the run directory of a `tk validate cluster` "
+                            "run") from None
+    except (OSError, ValueError) as exc:
+        raise MeasuredError(f"{report_file}: cannot read the validation report ({exc})") from None
+    if not isinstance(report, dict) or report.get("kind") != "tk-validate-cluster":
+        raise MeasuredError(f"{report_file}: not a `tk validate cluster` report")
+    matrix = report.get("bandwidth_matrix") or {}
+    values = [v for row in matrix.get("gbps", []) for v in row if isinstance(v, (int, float)) and v > 0]
+    where = "bandwidth_matrix"
+    if not values:
+        values = [p["gbps"] for p in report.get("pairs", [])
+                  if isinstance(p.get("gbps"), (int, float)) and p["gbps"] > 0 and p.get("op", "WRITE") == "WRITE"]
+        where = "pairs (WRITE)"
+    values = [float(v) for v in values if math.isfinite(v)]
+    if not values:
+        raise MeasuredError(f"{report_file}: no measured context→generation bandwidth (every pair failed or "
+                            "none ran); fix the cluster and validate again")
+    if pick == "slowest":
+        gbps = min(values)
+    elif pick == "median":
+        gbps = statistics.median(values)
+    else:
+        raise ValueError(f"pick must be 'slowest' or 'median', got {pick!r}")
+    transport = (report.get("thresholds") or {}).get("transport")
+    note = "" if report.get("passed") else " (that validation did NOT pass)"
+    return Bandwidth(round(gbps, 6), "measured",
+                     f"{pick} of {len(values)} context→generation pair(s) in {report_file} ({where}){note}",
+                     transport)
