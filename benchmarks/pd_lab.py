@@ -20,7 +20,8 @@ aiperf 0.13 pulls about 80 packages, transformers 5 and pandas among them, too m
    end-to-end time of the same request non-streamed (what the seed's "standalone prefill TTFT" script measured);
 2. mixed: short background traffic (input 256, output 128, Poisson 2 req/s) plus one long prefill (2048) every
    second, probes at each input length: TTFT per input length, and the background's ITL p50/p99;
-3. ShareGPT-like at 2 req/s (input 256, output 200, 20 requests): TTFT and ITL, TP=1 against TP=2.
+3. ShareGPT-like at 2 req/s (input 256, output 200, 20 requests): TTFT and ITL, TP=1 against TP=2;
+4. P:D ratios 1P1D, 1P2D and 2P1D at one fixed high rate (8 req/s, 40 requests): TTFT and ITL p50/p99 per ratio.
 
 It prints the tables, the seed's real H100 figures next to the emulated ones with the ratio, the stand-in's CPU
 cost per emulated token, and writes pd_lab.json and pd_lab.png (matplotlib, if installed) into --out.
@@ -146,24 +147,29 @@ def start_aggregated(plan, workdir: Path, tp: int) -> Deployment:
     return Deployment(f"aggregated TP={tp}", [s], s.url)
 
 
-def start_disagg(plan, workdir: Path) -> Deployment:
-    servers = []
-    for role in (plan.context, plan.generation):
+def start_disagg(plan, workdir: Path, n_ctx: int = 1, n_gen: int = 1) -> Deployment:
+    """n_ctx context and n_gen generation servers with the recipe's options and env, and the stand-in proxy."""
+    servers = {"ctx": [], "gen": []}
+    for role, count in ((plan.context, n_ctx), (plan.generation, n_gen)):
         opts = {**role.llm_api_options, "print_iter_log": False}
         env = {**os.environ, **role.env, "UCX_TLS": "tcp,sm,self"}
-        port = free_port()
-        servers.append(Server(f"{role.role}-0", worker_args(port, write(workdir / f"{role.role}.yaml", opts), role.tp),
-                              env, workdir, port))
-    for s in servers:
+        options = write(workdir / f"{role.role}.yaml", opts)
+        for i in range(count):
+            port = free_port()
+            servers[role.role].append(Server(f"{role.role}-{i}", worker_args(port, options, role.tp), env, workdir,
+                                             port))
+    workers = servers["ctx"] + servers["gen"]
+    for s in workers:
         s.wait()
     port = free_port()
     cfg = {**plan.proxy.config, "hostname": "127.0.0.1", "port": port}
-    cfg["context_servers"] = {**cfg["context_servers"], "urls": [f"127.0.0.1:{servers[0].port}"]}
-    cfg["generation_servers"] = {**cfg["generation_servers"], "urls": [f"127.0.0.1:{servers[1].port}"]}
+    for key, role in (("context_servers", "ctx"), ("generation_servers", "gen")):
+        cfg[key] = {**cfg[key], "num_instances": len(servers[role]),
+                    "urls": [f"127.0.0.1:{s.port}" for s in servers[role]]}
     proxy = Server("proxy", ["disaggregated", "-c", str(write(workdir / "proxy.yaml", cfg)), "-t", "60", "-r", "120"],
                    {**os.environ, "UCX_TLS": "tcp,sm,self"}, workdir, port)
     proxy.wait()
-    return Deployment("1P1D (disaggregated)", servers + [proxy], proxy.url)
+    return Deployment(f"{n_ctx}P{n_gen}D (disaggregated)", workers + [proxy], proxy.url)
 
 
 # --- the client ------------------------------------------------------------------------------------------------
@@ -258,8 +264,9 @@ async def sharegpt_like(url: str, count: int, rate: float, seed: int = 2) -> dic
             t += rng.expovariate(rate)
         res = await asyncio.gather(*tasks)
     itl = [x for r in res for x in r["itl"]]
-    return {"ttft_p50_ms": statistics.median(r["ttft"] for r in res) * 1e3, "itl_p50_ms": pct(itl, 50) * 1e3,
-            "itl_p99_ms": pct(itl, 99) * 1e3}
+    ttft = [r["ttft"] for r in res]
+    return {"ttft_p50_ms": statistics.median(ttft) * 1e3, "ttft_p99_ms": pct(ttft, 99) * 1e3,
+            "itl_p50_ms": pct(itl, 50) * 1e3, "itl_p99_ms": pct(itl, 99) * 1e3, "requests": len(res), "rate": rate}
 
 
 def run_lab(out_dir: Path, quick: bool) -> dict:
@@ -287,7 +294,22 @@ def run_lab(out_dir: Path, quick: bool) -> dict:
             report["deployments"][name] = doc
         finally:
             dep.stop()
+    # (5) P:D ratios at one fixed high request rate: which side is the bottleneck shows in TTFT (context) or
+    # ITL (generation).
+    report["ratios"] = {"rate": RATIO_RATE, "by_ratio": {}}
+    for n_ctx, n_gen in RATIOS:
+        dep = start_disagg(plan, workdir, n_ctx, n_gen)
+        try:
+            print(f"--- {dep.name} at {RATIO_RATE:g} req/s: {LABEL}", flush=True)
+            report["ratios"]["by_ratio"][f"{n_ctx}P{n_gen}D"] = asyncio.run(
+                sharegpt_like(dep.url, count * 2, RATIO_RATE, seed=3))
+        finally:
+            dep.stop()
     return report
+
+
+RATIOS = ((1, 1), (1, 2), (2, 1))
+RATIO_RATE = 8.0  # req/s, 256 in / 200 out: the most a 2-core box serves (1P1D costs ~0.6 ms CPU per emulated token) without the stand-in itself becoming the bottleneck
 
 
 def ratio(a: float, b: float) -> str:
@@ -324,6 +346,13 @@ def print_report(rep: dict) -> None:
     t1, t2 = d["agg_tp1"]["sharegpt_2rps"], d["agg_tp2"]["sharegpt_2rps"]
     print(f"  TP=2/TP=1: TTFT {t2['ttft_p50_ms'] / t1['ttft_p50_ms']:.2f} (seed 0.71), "
           f"ITL {t2['itl_p50_ms'] / t1['itl_p50_ms']:.2f} (seed 0.71)")
+    r = rep.get("ratios")
+    if r:
+        print(f"\nP:D ratios at {r['rate']:g} req/s (ShareGPT-like 256 in / 200 out), the same emulated GPUs per server")
+        print(f"{'ratio':>6} | {'TTFT p50':>9} | {'TTFT p99':>9} | {'ITL p50':>8} | {'ITL p99':>8}")
+        for k, e in r["by_ratio"].items():
+            print(f"{k:>6} | {e['ttft_p50_ms']:>9.1f} | {e['ttft_p99_ms']:>9.1f} | {e['itl_p50_ms']:>8.2f} | "
+                  f"{e['itl_p99_ms']:>8.2f}")
     print("\nThe stand-in's own CPU cost (all its processes, this machine)")
     for k in ("agg_tp1", "agg_tp2", "pd_1p1d"):
         c = d[k]["cpu"]
