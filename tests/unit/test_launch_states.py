@@ -241,8 +241,9 @@ def test_sigterm_while_waiting_releases_the_job_like_ctrl_c(plan, fake, tmp_path
 
     backend = fake(FakeBackend([JobState("PENDING", "Priority")]), FakeHttp())
     monkeypatch.setattr(launch_mod.time, "sleep", lambda s: signal.raise_signal(signal.SIGTERM))
-    with pytest.raises(LaunchFailed, match="interrupted by SIGTERM"):
+    with pytest.raises(LaunchFailed, match="interrupted by SIGTERM") as info:
         launch(plan, "fake", str(tmp_path / "run"))
+    assert info.value.exit_code == 128 + signal.SIGTERM
     assert backend.stopped == 1
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # handlers are put back
 
@@ -271,3 +272,21 @@ def test_waits_are_finite_and_positive(plan, fake, tmp_path, option, value):
     with pytest.raises(BoundError, match="timeout"):
         launch(plan, "fake", str(tmp_path / "run"), **{option: value})
     assert backend.run is None and not (tmp_path / "run").exists()  # refused before anything was made
+
+
+def test_a_launch_rides_out_a_controller_that_misses_a_few_answers(plan, fake, tmp_path):
+    from toolkit.runtime.slurm import SlurmError
+
+    class Flaky(FakeBackend):
+        misses = 2
+
+        def job_state(self, run):
+            if self.misses:
+                self.misses -= 1
+                raise SlurmError("`squeue` did not answer within 30s: is slurmctld reachable?")
+            return super().job_state(run)
+
+    backend = fake(Flaky([JobState("RUNNING")], on_submit=lambda run: write_job_files(run, all_names(plan))),
+                   FakeHttp(all_ports(plan)))
+    run = launch(plan, "fake", str(tmp_path / "run"))
+    assert run.state == "ready" and backend.misses == 0 and backend.stopped == 0

@@ -120,3 +120,33 @@ def test_concurrent_renders_of_one_target_queue_and_each_leaves_a_whole_render(t
             assert p.returncode == 0, err
         assert consistent(out)
     assert leftovers(tmp_path, "out") == []
+
+
+def test_a_failure_of_the_second_fallback_rename_puts_the_old_render_back(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    write_atomically(render_files(load_plan(RECIPE, ["context.instances=1"])), out)
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    monkeypatch.setattr(render_output, "_exchange", lambda a, b: False)
+    real_rename = os.rename
+
+    def second_fails(src, dst):
+        if Path(dst) == out and ".tk-render-" in Path(src).name:
+            raise OSError(5, "Input/output error")
+        real_rename(src, dst)
+
+    monkeypatch.setattr(render_output.os, "rename", second_fails)
+    with pytest.raises(TkError, match="as it was"):
+        write_atomically(render_files(load_plan(RECIPE)), out)
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert leftovers(tmp_path, "out") == []
+
+
+def test_an_output_name_with_glob_characters_repairs_only_its_own_leftovers(tmp_path):
+    other = tmp_path / ".abc.tk-old-1-2"  # a leftover of the target "abc", not of "a*"
+    other.mkdir()
+    (other / "theirs.txt").write_text("not yours")
+    out = tmp_path / "a*"
+    write_atomically(render_files(load_plan(RECIPE)), out)
+    write_atomically(render_files(load_plan(RECIPE, ["context.instances=1"])), out)
+    assert not (out / "theirs.txt").exists() and (other / "theirs.txt").read_text() == "not yours"
+    assert consistent(out)

@@ -98,3 +98,72 @@ def test_a_child_that_moved_to_its_own_process_group_is_still_the_runs(tmp_path)
         assert procs.terminate(proc.pid, "run-t", grace_s=5) == []
     finally:
         proc.wait(timeout=5)
+
+
+def test_a_signal_the_caller_ignores_stays_ignored_and_one_received_during_cleanup_is_raised_after_it():
+    import signal
+
+    from toolkit.runtime import signals
+
+    previous = signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as under nohup
+    try:
+        with signals.interrupt_on_termination():
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN
+            signal.raise_signal(signal.SIGHUP)  # ignored: nothing raised
+    finally:
+        signal.signal(signal.SIGHUP, previous)
+    done = []
+    with pytest.raises(signals.Terminated) as info:
+        with signals.deferred():
+            signal.raise_signal(signal.SIGTERM)
+            done.append("cleanup finished")  # the signal did not cut it short
+    assert done == ["cleanup finished"] and info.value.signum == signal.SIGTERM
+
+
+@pytest.mark.parametrize("state, phase", [("PENDING", "PENDING"), ("REQUEUED", "PENDING"),
+                                          ("REQUEUE_HOLD", "PENDING"), ("RUNNING", "RUNNING"),
+                                          ("SUSPENDED", "RUNNING"), ("STAGE_OUT", "RUNNING"),
+                                          ("COMPLETING", "RUNNING"), ("CANCELLED", "ENDED"), ("TIMEOUT", "ENDED")])
+def test_a_job_squeue_still_lists_in_a_live_state_has_not_ended(monkeypatch, state, phase):
+    from toolkit.runtime import slurm
+
+    def fake(cmd, **kw):
+        return subprocess.CompletedProcess(cmd, 0, stdout=f"{state}|(Priority)\n", stderr="")
+
+    monkeypatch.setattr(slurm, "run_slurm_command", fake)
+    assert slurm.job_state("7").phase == phase
+
+
+def test_a_refused_start_leaves_a_directory_the_user_made_beforehand(tmp_path):
+    mine = tmp_path / "made-by-user"
+    mine.mkdir()
+    rundir.release_if_unused(rundir.new_run_dir("r", mine))
+    assert mine.is_dir() and list(mine.iterdir()) == []
+
+
+def test_a_moved_run_directory_is_read_where_it_is_now(tmp_path):
+    import json
+    import shutil
+
+    from toolkit.api import load_plan, prepare
+    from toolkit.launch.run import load_run
+
+    run = prepare(load_plan("standin-2p2d"), local=True, run_dir=tmp_path / "a")
+    shutil.move(str(run.path), str(tmp_path / "b"))
+    assert json.loads((tmp_path / "b" / "run.json").read_text())["run_dir"] == str(tmp_path / "a")
+    assert load_run(tmp_path / "b").path == (tmp_path / "b").resolve()
+
+
+def test_a_process_of_the_session_with_another_run_id_is_not_the_runs(tmp_path):
+    d = tmp_path / "s"
+    d.mkdir()
+    proc = procs.start_group(["bash", "-c", "TK_RUN_ID=someone-else sleep 61 & exec sleep 62"], cwd=d,
+                             env=dict(os.environ), log_path=d / "log", run_id="run-s")
+    try:
+        assert rundir.wait_until(lambda: len(procs.members(proc.pid, "someone-else")) == 1, 5)
+        other = procs.members(proc.pid, "someone-else")
+        assert procs.terminate(proc.pid, "run-s", grace_s=5) == []
+        assert procs.members(proc.pid, "someone-else") == other  # same session, other run id: spared
+    finally:
+        procs.terminate(proc.pid, "someone-else", grace_s=5)
+        proc.wait(timeout=5)

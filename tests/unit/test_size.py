@@ -77,6 +77,35 @@ def test_measured_bandwidth_comes_from_the_validate_report_matrix(tmp_path):
         transfer.measured(tmp_path)
 
 
+@pytest.mark.parametrize("damaged", [{"bandwidth_matrix": "fast"}, {"bandwidth_matrix": {"gbps": "x"}},
+                                     {"bandwidth_matrix": {"gbps": [1, [True, "2"]]}, "pairs": ["x", 3]},
+                                     {"pairs": {"gbps": 3}}])
+def test_a_damaged_validation_report_is_a_clear_error(tmp_path, damaged):
+    (tmp_path / "report.json").write_text(json.dumps({"kind": "tk-validate-cluster", **damaged}))
+    with pytest.raises(transfer.MeasuredError, match="no measured"):
+        transfer.measured(tmp_path)
+
+
+@pytest.mark.parametrize("field,value", [("ttft_ms", 0), ("ttft_ms", float("nan")), ("tpot_ms", float("inf")),
+                                         ("gpus", 0), ("isl", -1)])
+def test_the_size_api_checks_the_ranges_the_command_line_does(field, value):
+    from toolkit import api
+    from toolkit.size.aiconfigurator import SizingError
+
+    args = dict(model="meta-llama/Llama-3.1-8B-Instruct", system="h100_sxm", gpus=8, isl=4000, osl=500, ttft_ms=1000,
+                tpot_ms=30)
+    with pytest.raises(SizingError, match="out of range|not a number"):
+        api.size(**{**args, field: value})
+
+
+def test_writing_the_recipe_where_it_cannot_be_written_is_a_message(tmp_path):
+    from toolkit.errors import TkError
+    from toolkit.size.recipe import write_file
+
+    with pytest.raises(TkError, match="cannot write the recipe there"):
+        write_file(str(tmp_path / "missing" / "r.yaml"), "schema_version: 1\n")
+
+
 # --- sizing with aiconfigurator ---------------------------------------------------------------------------
 
 def _run(args, capsys):

@@ -24,6 +24,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from toolkit.facts.engines import ENGINES
+
+# "<serve command>: error: ..." as any engine's server prints a refused option (names from the engine profiles)
+_SERVE_ERROR = "(?:" + "|".join(sorted({re.escape(e.serve_command[0]) for e in ENGINES.values()})) + "): error: "
+
 SERVER, PROXY, JOB, PHASES = "server", "proxy", "job", "phases"
 LOGS = (SERVER, PROXY, JOB)
 EVERYWHERE = (SERVER, PROXY, JOB, PHASES)
@@ -117,7 +122,7 @@ SIGNATURES: tuple[Signature, ...] = (
         id="unknown-option-key",
         title="an option key this TensorRT-LLM version does not know",
         patterns=(r"extra_forbidden", r"Extra inputs are not permitted", r"literal_error",
-                  r"tk-standin-serve: error: .*(has no|is not accepted by TensorRT-LLM)",
+                  _SERVE_ERROR + r".*(has no|is not accepted by TensorRT-LLM)",
                   r"config check: .*unknown key"),
         where=(SERVER, PROXY, JOB, PHASES),
         cause="the LLM-API options file has a key (or a value spelling) the TensorRT-LLM inside the container does "

@@ -94,9 +94,9 @@ def launch(plan: Plan, backend_name: str, run_dir: str | None = None, *, pending
         except LaunchFailed:
             raise
         except signals.Terminated as exc:
-            _fail(run, backend, f"interrupted by {exc}", None)
-        except KeyboardInterrupt:
-            _fail(run, backend, "interrupted", None)
+            _fail(run, backend, f"interrupted by {exc}", None, exit_code=signals.exit_code(exc))
+        except KeyboardInterrupt as exc:
+            _fail(run, backend, "interrupted", None, exit_code=signals.exit_code(exc))
         except OSError as exc:  # e.g. the disk filled after sbatch: the job id is in memory, release it
             _fail(run, backend, f"cannot write the run directory ({exc.strerror or exc})", None)
         except TkError as exc:
@@ -104,7 +104,7 @@ def launch(plan: Plan, backend_name: str, run_dir: str | None = None, *, pending
     return run
 
 
-def _fail(run: RunRecord, backend, reason: str, component: str | None):
+def _fail(run: RunRecord, backend, reason: str, component: str | None, exit_code: int = 1):
     """Record the failure, release everything, raise with the failing component's log tail."""
     tail = log_tail(run.log_path(component)) if component else ""
     if component:
@@ -127,7 +127,9 @@ def _fail(run: RunRecord, backend, reason: str, component: str | None):
         except OSError as exc:
             reason += f"; run.json could not be written ({exc.strerror or exc})"
     reason += f"; cleanup: {'; '.join(problems)}" if problems else ""
-    raise LaunchFailed(run, reason, component, tail, _diagnosis(run, reason, component))
+    failed = LaunchFailed(run, reason, component, tail, _diagnosis(run, reason, component))
+    failed.exit_code = exit_code  # 128 + the signal when a signal ended the launch, as the shell expects
+    raise failed
 
 
 def _diagnosis(run: RunRecord, reason: str, component: str | None) -> dict | None:

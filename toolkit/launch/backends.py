@@ -24,7 +24,7 @@ from typing import Protocol
 from toolkit.errors import TkError
 from toolkit.launch.run import RunRecord
 from toolkit.plan.model import Plan
-from toolkit.runtime import procs, slurm
+from toolkit.runtime import procs, signals, slurm
 from toolkit.runtime.slurm import JobState
 
 SHIM = Path(__file__).resolve().parent / "local_shim"
@@ -60,12 +60,15 @@ class SlurmBackend:
             raise LaunchError(str(exc)) from None
 
     def submit(self, run: RunRecord) -> None:
-        try:
-            job_id = slurm.submit_batch(run.path / "launch.sbatch", run.path)
-        except slurm.SlurmError as exc:
-            raise LaunchError(str(exc)) from None
-        run.job_id = job_id
-        run.set_state("submitted", f"job {job_id}")
+        # A signal between sbatch's answer and the job id in the record would leave the job unwatched: it waits
+        # (deferred) until the id is recorded, then ends the launch, which cancels that job.
+        with signals.deferred():
+            try:
+                job_id = slurm.submit_batch(run.path / "launch.sbatch", run.path)
+            except slurm.SlurmError as exc:
+                raise LaunchError(str(exc)) from None
+            run.job_id = job_id
+            run.set_state("submitted", f"job {job_id}")
 
     def job_state(self, run: RunRecord) -> JobState:
         return slurm.job_state(run.job_id)

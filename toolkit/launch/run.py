@@ -138,10 +138,14 @@ def new_run_dir(plan: Plan, run_dir: str | None, kind: str = "") -> Path:
 
 
 def load_run(path: Path) -> RunRecord:
+    """The run whose record is in path. The record's own run_dir is not trusted: a run directory that was
+    copied or moved (or a hand-edited record) is read and written where it is now."""
     try:
-        return RunRecord.from_dict(json.loads((path / RUN_RECORD).read_text()))
+        record = RunRecord.from_dict(json.loads((path / RUN_RECORD).read_text()))
     except (OSError, ValueError, TypeError) as exc:
         raise TkError(f"{path}: not a readable tk run ({exc})") from None
+    record.run_dir = str(Path(path).resolve())
+    return record
 
 
 def all_runs() -> list[RunRecord]:

@@ -436,7 +436,7 @@ def check_extra_serve_args(title: str, role, version: trtllm.TrtllmVersion, c: C
         i += 1
         if not arg.startswith("-"):
             c.add(field, f"{_show(arg)} is not a flag, and no flag before it takes a value (trtllm-serve would "
-                  "read it as a second MODEL)", f"remove it, or put the flag it belongs to before it")
+                  "read it as a second MODEL)", "remove it, or put the flag it belongs to before it")
             continue
         name, eq, inline = arg.partition("=")
         if name not in known:

@@ -78,10 +78,13 @@ class _Lock:
 def _repair(out: Path, parent: Path) -> None:
     """Under the lock: undo what a killed render left (its temporary directory; an old directory renamed
     aside with no new one in its place)."""
-    asides = sorted(parent.glob(f".{out.name}{_OLD_TAG}*"))
+    def named(tag: str) -> list[Path]:  # by prefix, not glob: the name may hold *, ? or [
+        return sorted(p for p in parent.iterdir() if p.name.startswith(f".{out.name}{tag}"))
+
+    asides = named(_OLD_TAG)
     if asides and not out.exists():
         os.rename(asides.pop(), out)
-    for leftover in [*asides, *parent.glob(f".{out.name}{_TMP_TAG}*")]:
+    for leftover in [*asides, *named(_TMP_TAG)]:
         shutil.rmtree(leftover, ignore_errors=True)
 
 
@@ -138,7 +141,11 @@ def write_atomically(files: dict[str, str], out_dir: str | os.PathLike) -> Path:
                 return out
             aside = parent / f".{out.name}{_OLD_TAG}{os.getpid()}-{time.time_ns()}"
             os.rename(out, aside)
-            os.rename(tmp, out)
+            try:
+                os.rename(tmp, out)
+            except OSError:
+                os.rename(aside, out)  # put the old render back before reporting "as it was"
+                raise
             shutil.rmtree(aside, ignore_errors=True)
         except OSError as exc:
             shutil.rmtree(tmp, ignore_errors=True)

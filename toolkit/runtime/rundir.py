@@ -89,20 +89,23 @@ def indexed_dirs() -> list[Path]:
     return out
 
 
-def _claim(path: Path) -> None:
-    """Create path's claim file exclusively; fails if another command got there first."""
+def _claim(path: Path, created: bool) -> None:
+    """Create path's claim file exclusively; fails if another command got there first. It records whether this
+    command created the directory, so that a refused start removes only what it made."""
     fd = os.open(path / CLAIM_FILE, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
     with os.fdopen(fd, "w") as f:
-        f.write(f"{os.getpid()}\n")
+        f.write(f"pid={os.getpid()} created={int(created)}\n")
 
 
 def new_run_dir(name: str, run_dir: str | os.PathLike | None, kind: str = "") -> Path:
     """Create and return a new run directory: the given one, or runs/NAME[-KIND]-TIMESTAMP[-N]."""
     if run_dir:
         path = Path(run_dir)
+        created = True
         try:
             path.mkdir(parents=True)
         except FileExistsError:
+            created = False
             if not path.is_dir():
                 raise TkError(f"{path}: exists and is not a directory; give another --run-dir") from None
             if any(p.name != CLAIM_FILE for p in path.iterdir()) or (path / CLAIM_FILE).exists():
@@ -110,7 +113,7 @@ def new_run_dir(name: str, run_dir: str | os.PathLike | None, kind: str = "") ->
         except OSError as exc:
             raise TkError(f"{path}: cannot create the run directory ({exc.strerror or exc})") from None
         try:
-            _claim(path)
+            _claim(path, created)
         except FileExistsError:
             raise TkError(f"{path}: another tk command claimed this run directory; give another --run-dir") from None
         except OSError as exc:
@@ -132,7 +135,7 @@ def new_run_dir(name: str, run_dir: str | os.PathLike | None, kind: str = "") ->
             continue
         except OSError as exc:
             raise TkError(f"{candidate}: cannot create the run directory ({exc.strerror or exc})") from None
-        _claim(candidate)
+        _claim(candidate, True)
         add_to_index(candidate, candidate.name, kind)
         return candidate
     raise TkError(f"{base}: 999 run directories with this name and time already exist; give --run-dir")
@@ -143,8 +146,10 @@ def release_if_unused(path: Path) -> None:
     command refused before it started leaves nothing behind."""
     try:
         if {p.name for p in path.iterdir()} == {CLAIM_FILE}:
+            created = "created=1" in (path / CLAIM_FILE).read_text()
             (path / CLAIM_FILE).unlink()
-            path.rmdir()
+            if created:
+                path.rmdir()  # a directory the user made beforehand stays, empty as it was
     except OSError:
         pass
 
@@ -161,7 +166,10 @@ def read_phases(run_dir: Path) -> list[tuple[float, str, str]]:
     path = Path(run_dir) / "state" / "phases.tsv"
     out = []
     if path.is_file():
-        for line in path.read_text(errors="replace").splitlines():
+        with open(path, "rb") as f:  # bounded: the last MiB (a job writes a few lines per step)
+            f.seek(max(0, f.seek(0, os.SEEK_END) - (1 << 20)))
+            text = f.read().decode(errors="replace")
+        for line in text.splitlines():
             parts = line.split("\t", 2)
             if len(parts) == 3:
                 try:

@@ -31,7 +31,8 @@ def interrupt_on_termination():
     if threading.current_thread() is not threading.main_thread():
         yield  # handlers can only be set from the main thread; a library caller keeps its own
         return
-    previous = {sig: signal.signal(sig, _raise) for sig in TERMINATING}
+    # A signal the caller ignores stays ignored: `nohup tk launch ...` must survive the terminal closing.
+    previous = {sig: signal.signal(sig, _raise) for sig in TERMINATING if signal.getsignal(sig) != signal.SIG_IGN}
     try:
         yield
     finally:
@@ -47,15 +48,20 @@ def exit_code(exc: BaseException) -> int:
 @contextlib.contextmanager
 def deferred():
     """Cleanup that must finish (release a job, write a report): Ctrl-C, SIGTERM and SIGHUP received
-    meanwhile are remembered, not raised; the cleanup itself is bounded."""
+    meanwhile are remembered, not raised, until the (bounded) cleanup is done; then the first of them is
+    raised (KeyboardInterrupt, or Terminated), so the command still ends as the signal asked."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
     received: list[int] = []
     previous = {sig: signal.signal(sig, lambda signum, _f: received.append(signum))
-                for sig in (*TERMINATING, signal.SIGINT)}
+                for sig in (*TERMINATING, signal.SIGINT) if signal.getsignal(sig) != signal.SIG_IGN}
+    completed = False
     try:
         yield
+        completed = True
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    if completed and received:
+        raise KeyboardInterrupt() if received[0] == signal.SIGINT else Terminated(received[0])

@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,9 +45,16 @@ def run_slurm_command(cmd: list[str], timeout: float = COMMAND_TIMEOUT_S, check:
 
 def submit_batch(script: Path, run_dir: Path, what: str = "the job") -> str:
     """sbatch SCRIPT in run_dir; the job id. TK_RUN_DIR travels in the environment (--export=ALL), not in
-    --export's comma-separated list, so that any directory name arrives intact."""
-    proc = run_slurm_command(["sbatch", "--parsable", f"--chdir={run_dir}", "--export=ALL", str(script)],
-                             check=False, env={"TK_RUN_DIR": str(run_dir)})
+    --export's comma-separated list, so that any directory name arrives intact.
+
+    The job carries a unique --comment, so that when sbatch does not answer in time (it may have queued the
+    job all the same) the job is found and cancelled rather than left running with nobody watching it."""
+    tag = f"tk-submit-{uuid.uuid4().hex}"
+    try:
+        proc = run_slurm_command(["sbatch", "--parsable", f"--chdir={run_dir}", "--export=ALL", f"--comment={tag}",
+                                  str(script)], check=False, env={"TK_RUN_DIR": str(run_dir)})
+    except SlurmError as exc:
+        raise SlurmError(f"{exc}{_cancel_tagged(tag)}") from None
     if proc.returncode != 0:
         msg = (proc.stderr or proc.stdout).strip()
         hint = ""
@@ -56,6 +64,24 @@ def submit_batch(script: Path, run_dir: Path, what: str = "the job") -> str:
             hint = " (check cluster.partition)"
         raise SlurmError(f"sbatch refused {what}: {msg}{hint}")
     return proc.stdout.strip().split(";")[0]
+
+
+def _cancel_tagged(tag: str) -> str:
+    """Cancel any job whose comment is tag (an sbatch that timed out may have queued it); what was done."""
+    try:
+        rows = run_slurm_command(["squeue", "-h", "-o", "%i|%k"], check=False).stdout.splitlines()
+        ids = [row.split("|", 1)[0] for row in rows if row.partition("|")[2].strip() == tag]
+        for job_id in ids:
+            run_slurm_command(["scancel", job_id], check=False)
+    except SlurmError:
+        return f"; could not check whether it queued a job (look for comment {tag} in squeue and scancel it)"
+    return f"; cancelled job(s) {', '.join(ids)} it had queued" if ids else "; it queued no job"
+
+
+# squeue's job states (squeue(1), JOB STATE CODES): waiting ones, and the final ones it still lists briefly.
+WAITING_STATES = ("PENDING", "CONFIGURING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD")
+FINAL_STATES = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE",
+                "OUT_OF_MEMORY", "SPECIAL_EXIT", "REVOKED")
 
 
 def _unknown_job(proc: subprocess.CompletedProcess) -> bool:
@@ -71,13 +97,16 @@ def job_state(job_id: str | None) -> JobState:
     line = proc.stdout.strip()
     if proc.returncode == 0 and line:
         state, _, reason = line.partition("|")
-        if state in ("PENDING", "CONFIGURING"):
+        if state in WAITING_STATES:
             # squeue's %R: "(Resources)", "(Priority)", or "(None)" before the scheduler looked at it
             reason = reason.strip().strip("()")
-            return JobState("PENDING", "waiting for the scheduler" if reason in ("", "None") else reason)
-        if state in ("RUNNING", "COMPLETING"):
-            return JobState("RUNNING", state)
-        return JobState("ENDED", state)
+            detail = "waiting for the scheduler" if reason in ("", "None") else reason
+            return JobState("PENDING", detail if state in ("PENDING", "CONFIGURING") else f"{state}: {detail}")
+        if state in FINAL_STATES:
+            return JobState("ENDED", state)
+        # RUNNING, COMPLETING, and the states of a job that still holds its nodes (SUSPENDED, STOPPED,
+        # SIGNALING, STAGE_OUT, RESIZING ...): as long as squeue lists it, it has not ended.
+        return JobState("RUNNING", state)
     if proc.returncode != 0 and not _unknown_job(proc):
         raise SlurmError(f"squeue could not tell the state of job {job_id} "
                          f"({(proc.stderr or proc.stdout).strip() or 'exit code ' + str(proc.returncode)}); "

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field, replace
 
 from toolkit.facts.hardware import TRANSPORT_PROFILES
+from toolkit.runtime import bounds
 from toolkit.facts.models import ModelError, ModelSpec, resolve_model
 from toolkit.size import aiconfigurator as aic
 from toolkit.size import transfer
@@ -100,6 +101,12 @@ def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float,
          gpus_per_node: int | None = None, name: str | None = None) -> SizeResult:
     """Search, add the transfer term, rank, choose the best SLA-meeting disaggregated candidate, write and
     re-check its recipe. Raises SizingError (exit 2) for an unsupported model/system or an impossible SLA."""
+    for what, value, low, high in (("gpus", gpus, 1, 4096), ("isl", isl, 1, 1 << 21), ("osl", osl, 1, 1 << 21),
+                                   ("ttft", ttft_ms, 0.001, 3.6e6), ("tpot", tpot_ms, 0.001, 3.6e6)):
+        try:
+            bounds.finite(f"--{what}", value, low, high)
+        except bounds.BoundError as exc:
+            raise SizingError(str(exc)) from None
     ti = time.perf_counter()
     aic._import()  # aiconfigurator's own import (about a second), which a bare aiconfigurator run pays too
     t0 = time.perf_counter()
@@ -213,14 +220,17 @@ def predict(plan) -> dict:
             not_modelled.append(f"{role.title} expert parallelism (ep={role.ep})")
         if role.attention_dp:
             not_modelled.append(f"{role.title} attention DP")
-    if plan.recipe.get("speculative", {}).get("mtp_layers"):
+    if "speculative_config" in plan.context.llm_api_options:
         not_modelled.append("MTP speculative decoding")
     if plan.traffic.prefix_len:
         not_modelled.append(f"prefix reuse ({plan.traffic.prefix_len} tokens)")
     if quant and quant not in ("fp8", "nvfp4"):
         not_modelled.append(f"quantization {quant!r} (estimated as bfloat16)")
     not_modelled += ["max_num_tokens chunking", "free_gpu_memory_fraction"]
-    ttft = float(raw.get("ttft") or 0.0)
+    if not isinstance(raw.get("ttft"), (int, float)) or not isinstance(raw.get("tpot"), (int, float)):
+        raise SizingError(f"aiconfigurator gave no TTFT/TPOT estimate for this configuration ({sorted(raw)[:12]}); "
+                          "nothing is predicted")
+    ttft = float(raw["ttft"])
     return {
         "recipe": plan.name, "aiconfigurator": aic.PINNED, "aiconfigurator_model": aic_model, "system": system,
         "isl": isl, "osl": osl,

@@ -96,13 +96,23 @@ def write_file(path: str, text: str) -> None:
     import os
     import tempfile
 
+    from toolkit.errors import TkError
+
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".tk-size-", suffix=".yaml", dir=directory)
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".tk-size-", suffix=".yaml", dir=directory)
+    except OSError as exc:
+        raise TkError(f"{path}: cannot write the recipe there ({exc.strerror or exc}); give -o a writable path") \
+            from None
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
+    except OSError as exc:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise TkError(f"{path}: cannot write the recipe there ({exc.strerror or exc})") from None
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)

@@ -90,12 +90,17 @@ def measured(run_dir: str | Path, pick: str = "slowest") -> Bandwidth:
         raise MeasuredError(f"{report_file}: cannot read the validation report ({exc})") from None
     if not isinstance(report, dict) or report.get("kind") != "tk-validate-cluster":
         raise MeasuredError(f"{report_file}: not a `tk validate cluster` report")
-    matrix = report.get("bandwidth_matrix") or {}
-    values = [v for row in matrix.get("gbps", []) for v in row if isinstance(v, (int, float)) and v > 0]
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+    matrix = report.get("bandwidth_matrix")
+    rows = matrix.get("gbps") if isinstance(matrix, dict) else None
+    values = [v for row in rows if isinstance(row, list) for v in row if number(v)] if isinstance(rows, list) else []
     where = "bandwidth_matrix"
     if not values:
-        values = [p["gbps"] for p in report.get("pairs", [])
-                  if isinstance(p.get("gbps"), (int, float)) and p["gbps"] > 0 and p.get("op", "WRITE") == "WRITE"]
+        pairs = report.get("pairs")
+        values = [p["gbps"] for p in (pairs if isinstance(pairs, list) else [])
+                  if isinstance(p, dict) and number(p.get("gbps")) and p.get("op", "WRITE") == "WRITE"]
         where = "pairs (WRITE)"
     values = [float(v) for v in values if math.isfinite(v)]
     if not values:

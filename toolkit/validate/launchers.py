@@ -18,7 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from toolkit.runtime import slurm
+from toolkit.runtime import signals, slurm
 from toolkit.validate.params import ValidateError
 from toolkit.render.escape import environment
 
@@ -149,6 +149,9 @@ def render_sbatch(plan, params: dict, run_dir: Path, python: str, srun_flags: li
         extra_sbatch=(*plan.slurm.gpu_directives, *plan.slurm.sbatch_args))
 
 
+CONTROLLER_GRACE_S = 120  # as launch: how long an unresponsive slurmctld is waited for
+
+
 class SlurmLauncher:
     """A Slurm job of its own: validate.sbatch runs one srun step per agent on the recipe's nodes."""
 
@@ -161,6 +164,7 @@ class SlurmLauncher:
         self.running = False
         self.submitted = None
         self._polled = 0.0
+        self._unreachable_since = None
         self.plan = plan
 
     def preflight(self) -> str:
@@ -172,10 +176,11 @@ class SlurmLauncher:
                 f"{self.plan.node_count} node(s)")
 
     def start(self) -> None:
-        try:
-            self.job_id = slurm.submit_batch(self.run_dir / "validate.sbatch", self.run_dir, "the validation job")
-        except slurm.SlurmError as exc:
-            raise ValidateError(str(exc)) from exc
+        with signals.deferred():  # the job id is kept before a signal can end the command (then it is cancelled)
+            try:
+                self.job_id = slurm.submit_batch(self.run_dir / "validate.sbatch", self.run_dir, "the validation job")
+            except slurm.SlurmError as exc:
+                raise ValidateError(str(exc)) from exc
         self.submitted = time.monotonic()
 
     def _state(self) -> slurm.JobState:
@@ -189,7 +194,15 @@ class SlurmLauncher:
         if now - self._polled < 2.0:  # squeue at most every 2 s
             return None
         self._polled = now
-        state = self._state()
+        try:
+            state = self._state()
+            self._unreachable_since = None
+        except ValidateError as exc:
+            # A controller that stops answering is not a job that ended: wait (bounded) for it to come back.
+            self._unreachable_since = self._unreachable_since or now
+            if now - self._unreachable_since > CONTROLLER_GRACE_S:
+                return f"the Slurm controller has not answered for {CONTROLLER_GRACE_S:g}s: {exc}"
+            return None
         if state.phase == "PENDING":
             if time.monotonic() - self.submitted > self.pending_timeout_s:
                 return (f"job {self.job_id} still pending after {self.pending_timeout_s:g}s ({state.detail}); "

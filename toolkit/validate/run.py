@@ -167,22 +167,30 @@ def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> 
     except BaseException:
         rundir.release_if_unused(run_dir)  # refused before anything started: leave nothing behind
         raise
-    params = build_params(plan, opts, str(run_dir))
-    if opts.mode == "in-allocation":
-        launcher = launchers.InAllocationLauncher(run_dir, params, python, _srun_flags(plan), plan.node_count)
-        preflight.append({"name": "allocation", "status": "pass", "agent": None, "host": None,
-                          "detail": f"job {launcher.job_id}: {', '.join(launcher.nodes)}"})
-    elif opts.mode == "local":
-        launcher = launchers.LocalLauncher(run_dir, params, python)
+    try:
+        params = build_params(plan, opts, str(run_dir))
+        if opts.mode == "in-allocation":
+            launcher = launchers.InAllocationLauncher(run_dir, params, python, _srun_flags(plan), plan.node_count)
+            preflight.append({"name": "allocation", "status": "pass", "agent": None, "host": None,
+                              "detail": f"job {launcher.job_id}: {', '.join(launcher.nodes)}"})
+        elif opts.mode == "local":
+            launcher = launchers.LocalLauncher(run_dir, params, python)
 
-    for sub in ("logs", "results", "state", "rendezvous/exited", "rendezvous/done", "rendezvous/unresponsive"):
-        (run_dir / sub).mkdir(parents=True, exist_ok=True)
-    build_agent_archive(run_dir)
-    (run_dir / "params.json").write_text(json.dumps(params, indent=1) + "\n")
-    if opts.mode == "slurm":
-        minutes = int((opts.timeout_s + params["timeouts"]["rendezvous_s"] + 180) // 60) + 1
-        (run_dir / "validate.sbatch").write_text(
-            launchers.render_sbatch(plan, params, run_dir, python, _srun_flags(plan), f"{minutes}"))
+        for sub in ("logs", "results", "state", "rendezvous/exited", "rendezvous/done", "rendezvous/unresponsive"):
+            (run_dir / sub).mkdir(parents=True, exist_ok=True)
+        build_agent_archive(run_dir)
+        (run_dir / "params.json").write_text(json.dumps(params, indent=1) + "\n")
+        if opts.mode == "slurm":
+            minutes = int((opts.timeout_s + params["timeouts"]["rendezvous_s"] + 180) // 60) + 1
+            (run_dir / "validate.sbatch").write_text(
+                launchers.render_sbatch(plan, params, run_dir, python, _srun_flags(plan), f"{minutes}"))
+
+    except OSError as exc:  # a full disk or a read-only run directory before anything started
+        rundir.release_if_unused(run_dir)
+        raise ValidateError(f"{run_dir}: cannot prepare the validation run ({exc.strerror or exc})") from None
+    except BaseException:
+        rundir.release_if_unused(run_dir)
+        raise
 
     report_path = run_dir / "report.json"
     progress = on_progress or (lambda *a, **k: None)
@@ -220,6 +228,8 @@ def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> 
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: release everything, still write the report
         ended = f"interrupted by {exc}" if isinstance(exc, signals.Terminated) else "interrupted"
         interrupted = exc
+    except (TkError, OSError) as exc:  # sbatch refused, an agent that could not start ...: still write the report
+        ended = str(exc)
     finally:
         with signals.deferred():
             cleanup = launcher.stop()
