@@ -127,8 +127,8 @@ def test_python3_runs_the_archive_file_as_the_launchers_do(archive, tmp_path):
 
 
 def test_the_coordinator_takes_only_numpy_free_modules_of_the_agent():
-    """The login node may lack numpy and NIXL: the coordinator imports the wire, schedule, layout and
-    stats modules of the agent package, and neither numpy nor NIXL."""
+    """The login node may lack numpy and NIXL: the coordinator imports the wire, schedule, layout, stats and
+    rundir (the run directory's layout) modules of the agent package, and neither numpy nor NIXL."""
     code = ("import sys, toolkit.validate.run\n"
             "print(' '.join(sorted(m for m in sys.modules if m.partition('.')[0] in "
             "('numpy', 'nixl', 'nixl_cu12', 'nixl_cu13', 'validation'))))")
@@ -136,4 +136,4 @@ def test_the_coordinator_takes_only_numpy_free_modules_of_the_agent():
                           check=False, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert proc.returncode == 0, proc.stderr
     assert set(proc.stdout.split()) <= {"validation", "validation.wire", "validation.schedule", "validation.layout",
-                                        "validation.stats"}
+                                        "validation.stats", "validation.rundir"}

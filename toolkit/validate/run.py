@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from toolkit.errors import TkError
+from validation.rundir import RunDir
+from validation.schedule import partners
 from toolkit.plan.model import Plan
 from toolkit.runtime import bounds, rundir, signals
 from toolkit.render import container_srun_flags
@@ -56,16 +58,14 @@ def _read_json(path: Path):
 
 def gather(run_dir: Path, params: dict) -> tuple[dict, dict]:
     """(agent -> result or None, agent -> exit code or None) from the run directory."""
+    layout = RunDir(str(run_dir))  # the agents' own layout of the run directory: one codec, in validation/
     results, exits = {}, {}
     for a in params["agents"]:
-        results[a["id"]] = _read_json(run_dir / "results" / f"{a['id']}.json")
-        stuck = _read_json(run_dir / "rendezvous" / "unresponsive" / a["id"])
+        results[a["id"]] = _read_json(Path(layout.result(a["id"])))
+        stuck = _read_json(Path(layout.unresponsive(a["id"])))
         if stuck and results[a["id"]] is not None:
             results[a["id"]]["unresponsive"] = stuck
-        try:
-            exits[a["id"]] = (run_dir / "rendezvous" / "exited" / a["id"]).read_text().strip() or "?"
-        except OSError:
-            exits[a["id"]] = None
+        exits[a["id"]] = layout.exit_code(a["id"])
     return results, exits
 
 
@@ -86,7 +86,7 @@ def _settled(params: dict, results: dict, exits: dict) -> bool:
 
 
 def _partners(params: dict, agent: str) -> set:
-    return {d if s == agent else s for pairs in params["rounds"] for s, d in pairs if agent in (s, d)}
+    return set(partners(params["rounds"], agent))
 
 
 def _coordinator_preflight(plan: Plan) -> list:
