@@ -202,10 +202,18 @@ def render(recipe: str, out_dir: str | None, check: bool, overrides: tuple[str, 
 @click.option("--run-dir", type=click.Path(file_okay=False), help="Run directory (default runs/<name>-<time>).")
 @click.option("--pending-timeout", type=_seconds(1), help="Seconds a Slurm job may pend.")
 @click.option("--startup-timeout", type=_seconds(1), help="Seconds servers may take to be healthy.")
+@click.option("--fail-fast", is_flag=True,
+              help="End the whole run when any server exits or hangs (for benchmarks and tests), instead of "
+                   "restarting it (the recipe's supervision policy; same as --set supervision.policy=fail-fast).")
 @set_option
 @json_option
-def launch(recipe, local, dry_run, run_dir, pending_timeout, startup_timeout, overrides, as_json):
-    """Launch RECIPE on Slurm (or --local), wait until it serves, print the endpoint."""
+def launch(recipe, local, dry_run, run_dir, pending_timeout, startup_timeout, fail_fast, overrides, as_json):
+    """Launch RECIPE on Slurm (or --local), wait until it serves, print the endpoint.
+
+    Once it serves, a server that exits or stops answering /health is restarted on its node (bounded retries,
+    backoff) while the others keep serving; see the recipe's `supervision:` section, or --fail-fast."""
+    if fail_fast:
+        overrides = (*overrides, "supervision.policy=fail-fast")
     p = api.load_plan(recipe, overrides)
     backend = "local" if local else "slurm"
     if dry_run:
@@ -265,7 +273,16 @@ def status(run, as_json):
         _say(f"  backend {record.backend}{', job ' + record.job_id if record.job_id else ''}, "
              f"endpoint {record.endpoint or '-'}")
         for s in record.servers:
-            _say(f"  {s.name:<8} node{s.node:<3} {s.host or '-':<16} port {s.port:<6} {s.state}")
+            where = f"step {s.step}" if s.step else f"pid {s.pid}" if s.pid else ""
+            extra = [where] if where else []
+            if s.restarts:
+                extra.append(f"{s.restarts} restart{'s' if s.restarts != 1 else ''}")
+            if s.last_exit is not None:
+                extra.append(f"last exit {s.last_exit}")
+            if s.reason and s.state != "healthy":
+                extra.append(s.reason)
+            _say(f"  {s.name:<8} node{s.node:<3} {s.host or '-':<16} port {s.port:<6} {s.state:<9} "
+                 f"{', '.join(extra)}".rstrip())
     failed = [s for s in record.servers if s.state == "failed"]
     if record.state == "failed" and not as_json:
         for s in failed:

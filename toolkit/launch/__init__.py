@@ -19,13 +19,15 @@ import toolkit.doctor as doctor
 from toolkit.errors import TkError
 from toolkit.launch.backends import LaunchError, backend_for
 from toolkit.launch.run import (RunRecord, find_run, load_run, log_tail, new_run_dir, read_nodes,
-                           read_phases)
+                           read_phases, read_supervision)
 from toolkit.plan.model import Plan
 from toolkit.runtime import bounds, rundir, signals
 from toolkit.runtime.slurm import SlurmError
 from toolkit.render import render_files, write_atomically
 
 HEALTH_TIMEOUT_S = 3
+# What the job's supervision can say of a component that does not answer /health now (launch.sbatch)
+SUPERVISED_STATES = ("starting", "unhealthy", "backoff", "lost", "exited")
 CONTROLLER_GRACE_S = 120  # how long launch waits for an unresponsive slurmctld before giving up
 SMOKE_PROMPT = "tk smoke test: the KV cache moves from context to generation"
 
@@ -223,24 +225,35 @@ def _healthy_counts(run: RunRecord) -> dict:
 
 
 def _probe(run: RunRecord) -> None:
-    """Ask every server the job has started (after its port checks) for /health; update the record.
-    Before that, whatever answers on a server's host and port is not this run's server."""
+    """Ask every server the job has started (after its port checks) for /health, and read what the job's
+    supervision last recorded for it (state, restarts, last exit, PID or step); update the record.
+    Before a server is started, whatever answers on its host and port is not this run's server."""
     nodes = read_nodes(run)
     started = {detail.split(" ", 1)[0] for _, phase, detail in read_phases(run) if phase == "started"}
+    supervision = read_supervision(run)
     for s in run.servers:
         if s.node not in nodes or s.name not in started:
             continue
         s.host = nodes[s.node]
+        seen = supervision.get(s.name)
+        if seen:
+            s.restarts, s.last_exit, s.step = seen["restarts"], seen["last_exit"], seen["step"]
+            s.pid = seen["pid"] if run.backend == "local" else None  # on Slurm that PID is srun's, not the server's
         try:
             ok = requests.get(f"http://{s.host}:{s.port}/health", timeout=HEALTH_TIMEOUT_S).status_code == 200
         except requests.RequestException:
             ok = False
+        before = s.state
         if ok:
-            s.state = "healthy"
+            s.state, s.reason = "healthy", None
+        elif seen and seen["state"] in SUPERVISED_STATES:
+            s.state, s.reason = seen["state"], seen["reason"]
         elif s.state == "healthy":
-            s.state = "unhealthy"
+            s.state, s.reason = "unhealthy", "/health does not answer 200"
         elif s.state == "planned":
             s.state = "starting"
+        if s.state != before or s.since is None:
+            s.since = seen["since"] if seen and seen["state"] == s.state else round(time.time(), 3)
     proxy = run.server("proxy")
     if proxy.host:
         run.endpoint = f"http://{proxy.host}:{proxy.port}"
@@ -280,10 +293,14 @@ def refresh(run: RunRecord) -> RunRecord:
         run.state = "failed"
     if job and job.phase == "RUNNING":
         _probe(run)
-        if run.state != "failed":
-            down = [s.name for s in run.servers if s.state in ("unhealthy", "failed")]
-            if down and run.state == "ready":
-                run.state, run.reason = "degraded", f"not healthy: {', '.join(down)}"
+        if run.state in ("ready", "degraded"):
+            # Worked out afresh on every refresh, so a run that recovered is "ready" again with no stale reason.
+            down = [s for s in run.servers if s.state != "healthy"]
+            state = "degraded" if down else "ready"
+            reason = "; ".join(f"{s.name} {s.state}" + (f" ({s.reason})" if s.reason else "") for s in down) or None
+            if state != run.state:
+                run.history.append([round(time.time(), 3), state, reason])
+            run.state, run.reason = state, reason
     elif job and job.phase == "ENDED" and run.state not in ("failed", "stopped"):
         run.state, run.reason = "failed", f"the job ended ({job.detail})"
     if job and job.phase == "ENDED":

@@ -28,7 +28,7 @@ from toolkit.runtime import procs, signals, slurm
 from toolkit.runtime.slurm import JobState
 
 SHIM = Path(__file__).resolve().parent / "local_shim"
-SHIM_COMMANDS = ("srun", "scontrol", "scancel", "hostname")
+SHIM_COMMANDS = ("srun", "scontrol", "scancel", "squeue", "hostname")
 LOCAL_JOB_LOG = "job"  # logs/job.log: the local job's own output (Slurm's is slurm-JOBID.out)
 
 

@@ -6,6 +6,7 @@
         nodes.tsv         index, Slurm node name, address (written by the job)
         disagg.resolved.yaml   disagg.yaml with real hostnames
         state/phases.tsv  what the job did, one line per step (time, phase, detail)
+        state/servers/NAME.json  each component's supervision state (restarts, last exit, PID or step)
         logs/<server>.log one log per server, logs/proxy.log; logs/job.log the local job's own output
         provenance/NODE.json  what each node runs (engine, NIXL, UCX, driver, image), written at start
         local/bin/        the local backend's srun/scontrol/scancel shim (tk launch --local)
@@ -35,8 +36,16 @@ class ServerRecord:
     instance: int
     node: int  # plan node index of its first node
     port: int
-    state: str = "planned"  # planned | starting | healthy | failed | stopped
+    # planned | starting | healthy | unhealthy | backoff (exited, restart pending) | lost (given up) | failed |
+    # stopped; once the job runs, what its supervision (state/servers/NAME.json) and a /health probe say now
+    state: str = "planned"
     host: str | None = None  # address once known
+    restarts: int = 0  # restarts by the job's supervision in this run
+    last_exit: int | None = None  # exit code of its last exit (128 + N: killed by signal N)
+    pid: int | None = None  # local backend: the server's process
+    step: str | None = None  # Slurm: the job step (JOB.STEP) that runs it
+    since: float | None = None  # when it entered its state
+    reason: str | None = None  # why it is not healthy, current as of the last refresh
 
 
 @dataclass
@@ -197,6 +206,11 @@ def find_run(ref: str | None) -> RunRecord:
 def read_phases(run: RunRecord) -> list[tuple[float, str, str]]:
     """The job's own account of itself (state/phases.tsv), oldest first."""
     return rundir.read_phases(run.path)
+
+
+def read_supervision(run: RunRecord) -> dict[str, dict]:
+    """What the job's supervision last wrote for each component (state/servers/NAME.json); {} where none."""
+    return rundir.read_server_states(run.path, [s.name for s in run.servers])
 
 
 def read_nodes(run: RunRecord) -> dict[int, str]:

@@ -16,7 +16,9 @@ from toolkit.facts.engines import ENGINES, emulated_label
 from toolkit.facts.hardware import TRANSPORT_PROFILES
 from toolkit.facts.models import ModelError, resolve_model
 from toolkit.plan import options, placement, rules, sizing
-from toolkit.plan.model import KvTransferPlan, Plan, RolePlan, SlurmPlan, TrafficPlan
+from toolkit.plan.model import KvTransferPlan, Plan, RolePlan, SlurmPlan, SupervisionPlan, TrafficPlan
+
+HEALTH_INTERVAL_S = 2  # how often launch.sbatch probes every component once the deployment serves
 from toolkit.recipe.loader import LoadedRecipe
 
 
@@ -71,6 +73,7 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
     rules.check_placement(r, transport, servers, node_count, ctx_nodes, gen_nodes, c)
     rules.check_internal_ports(r, servers, c)
     rules.check_slurm_args(r, c)
+    rules.check_supervision(r, c)
 
     env_base = options.worker_env(r, version, engine, transport)
     if emulated_model is not None:
@@ -106,6 +109,12 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
                       pending_timeout_s=r.cluster.pending_timeout_s, startup_timeout_s=r.cluster.startup_timeout_s,
                       gpu_request=r.cluster.gpu_request, exclusive=r.cluster.exclusive,
                       sbatch_args=tuple(r.cluster.sbatch_args), srun_args=tuple(r.cluster.srun_args))
+    sv = r.supervision
+    supervision = SupervisionPlan(policy=sv.policy, max_restarts=sv.max_restarts,
+                                  backoff_initial_s=sv.backoff_initial_s, backoff_max_s=sv.backoff_max_s,
+                                  unhealthy_after_s=sv.unhealthy_after_s, stable_after_s=sv.stable_after_s,
+                                  health_interval_s=HEALTH_INTERVAL_S, min_context=sv.min_context,
+                                  min_generation=sv.min_generation)
     t = r.traffic
     return Plan(
         name=r.name, recipe_file=loaded.file, toolkit_version=__version__, trtllm_version=version.line,
@@ -114,6 +123,7 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
         traffic=TrafficPlan(max_input_len=t.max_input_len, prefix_len=t.prefix_len,
                             max_output_len=t.max_output_len, typical_input_len=t.typical_input_len),
         buffer=buffer, estimates=estimates, context=ctx_plan, generation=gen_plan, proxy=proxy, slurm=slurm,
+        supervision=supervision,
         node_count=node_count, recipe=r.manifest_doc(), warnings=tuple(c.warnings),
     )
 

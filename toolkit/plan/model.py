@@ -140,6 +140,25 @@ class ProxyPlan:
 
 
 @dataclass(frozen=True)
+class SupervisionPlan:
+    """What launch.sbatch does when a component exits or stops answering /health once the deployment serves."""
+
+    policy: str  # "restart" | "fail-fast"
+    max_restarts: int  # consecutive failed restarts of one component before it is given up ("lost")
+    backoff_initial_s: int
+    backoff_max_s: int
+    unhealthy_after_s: int  # /health failing this long: the component is killed and restarted
+    stable_after_s: int  # healthy this long: its consecutive-failure count resets
+    health_interval_s: int  # how often the job probes every component
+    min_context: int  # fewer live (healthy or being restarted) servers of a role than this ends the run
+    min_generation: int
+
+    @property
+    def restarts(self) -> bool:
+        return self.policy == "restart"
+
+
+@dataclass(frozen=True)
 class SlurmPlan:
     job_name: str
     nodes: int
@@ -182,6 +201,7 @@ class Plan:
     generation: RolePlan
     proxy: ProxyPlan
     slurm: SlurmPlan
+    supervision: SupervisionPlan
     node_count: int
     recipe: dict  # the resolved recipe (all defaults filled), for the manifest only: later stages read fields
     warnings: tuple[str, ...] = field(default_factory=tuple)

@@ -468,3 +468,18 @@ def check_extra_serve_args(title: str, role, version: trtllm.TrtllmVersion, c: C
             c.add(field, f"{name} is a switch and takes no value", f"write {name} without ={inline}")
         elif takes_value and canon in trtllm.SERVE_INT_FLAGS and not re.fullmatch(r"[0-9]+", value):
             c.add(field, f"{name}: {_show(value)} is not an integer", f"give {name} a whole number")
+
+
+def check_supervision(r: Recipe, c: Collector) -> None:
+    """The restart policy's numbers must describe something that can happen."""
+    sv = r.supervision
+    if sv.backoff_initial_s > sv.backoff_max_s:
+        c.add("supervision.backoff_initial_s",
+              f"backoff_initial_s ({sv.backoff_initial_s}) is above backoff_max_s ({sv.backoff_max_s})",
+              f"lower it to at most {sv.backoff_max_s}, or raise supervision.backoff_max_s")
+    for field, spec, title in (("min_context", r.context, "context"), ("min_generation", r.generation, "generation")):
+        minimum = getattr(sv, field)
+        if minimum > spec.instances:
+            c.add(f"supervision.{field}",
+                  f"{field} is {minimum} but the recipe has {spec.instances} {title} instance(s): the run could "
+                  "never meet it", f"set it to at most {spec.instances}, or add {title} instances")

@@ -289,6 +289,25 @@ class ProxySpec(Section):
     max_retries: int = Field(1, ge=0, le=16)
 
 
+class SupervisionSpec(Section):
+    """What the job does once the deployment serves, when a server or the proxy exits or stops answering /health.
+
+    ``restart``: the component is restarted on its node, with bounded retries and exponential backoff, while the
+    others keep serving; the run fails only when a role is left with fewer than its minimum. ``fail-fast``: the
+    first exit ends the whole job (benchmarks and validation: a number measured on a half-dead deployment is
+    worse than no number). Before the deployment first serves, any exit ends the job under either policy (a
+    start-up crash is a configuration error, and restarting it only hides it)."""
+
+    policy: Literal["restart", "fail-fast"] = "restart"
+    max_restarts: int = Field(5, ge=0, le=100)  # consecutive failed restarts of one component before it is given up
+    backoff_initial_s: int = Field(2, ge=0, le=600)  # wait before the first restart; doubled each time
+    backoff_max_s: int = Field(60, ge=1, le=3600)
+    unhealthy_after_s: int = Field(20, ge=4, le=3600)  # /health failing this long: killed and restarted
+    stable_after_s: int = Field(300, ge=10, le=WEEK_S)  # healthy this long: its consecutive failures reset to 0
+    min_context: int = Field(1, ge=1, le=512)  # fewer live context servers than this ends the run
+    min_generation: int = Field(1, ge=1, le=512)
+
+
 class EmulateSpec(Section):
     """Emulated timing: the stand-in's iterations take the roofline time of ``model`` on ``gpu`` (facts.roofline)."""
 
@@ -323,6 +342,7 @@ class Recipe(Section):
     traffic: TrafficSpec = Field(default_factory=TrafficSpec)
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)
     proxy: ProxySpec = Field(default_factory=ProxySpec)
+    supervision: SupervisionSpec = Field(default_factory=SupervisionSpec)
     standin: Optional[StandinSpec] = None
 
     def manifest_doc(self) -> dict:

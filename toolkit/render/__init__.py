@@ -98,7 +98,8 @@ def render_files(plan: Plan) -> dict[str, str]:
             check_timeout_s=trtllm.CONFIG_CHECK_TIMEOUT_S, stagger_s=trtllm.LAUNCHER_STAGGER_S,
             ipc_addr_env=trtllm.LAUNCHER_IPC_ADDR_ENV, first_ipc_port=trtllm.LAUNCHER_FIRST_IPC_PORT,
             instance_env={s.name: " ".join(f"{env}={port}" for env, port in s.internal_ports) for s in plan.servers},
-            ntasks_per_node=plan.slurm.gpus_per_node if plan.engine.uses_mpi else 1, **common),
+            ntasks_per_node=plan.slurm.gpus_per_node if plan.engine.uses_mpi else 1, sv=plan.supervision,
+            **common),
     }
     files[CHECK_SCRIPT] = check_script_text()
     files[MANIFEST] = manifest_text(plan, files)

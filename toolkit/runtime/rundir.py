@@ -179,6 +179,29 @@ def read_phases(run_dir: Path) -> list[tuple[float, str, str]]:
     return out
 
 
+SERVER_STATE_FIELDS = {"state": str, "since": (int, float), "restarts": int, "failures": int,
+                       "last_exit": (int, type(None)), "pid": (int, type(None)), "step": (str, type(None)),
+                       "reason": (str, type(None)), "policy": str}
+
+
+def read_server_states(run_dir: Path, names: list[str]) -> dict[str, dict]:
+    """state/servers/NAME.json for each name, as launch.sbatch writes it (atomically, by rename); a missing,
+    oversized or damaged file, or a field of the wrong type, is left out rather than trusted."""
+    out = {}
+    for name in names:
+        path = run_dir / "state" / "servers" / f"{name}.json"
+        try:
+            if path.stat().st_size > 16384:
+                continue
+            doc = json.loads(path.read_text(errors="replace"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and all(isinstance(doc.get(k), t) and not isinstance(doc.get(k), bool)
+                                         for k, t in SERVER_STATE_FIELDS.items()):
+            out[name] = doc
+    return out
+
+
 def read_nodes(run_dir: Path) -> dict[int, str]:
     """Plan node index -> address, once the job has resolved them (nodes.tsv: index, node name, address)."""
     path = Path(run_dir) / "nodes.tsv"
