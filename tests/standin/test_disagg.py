@@ -234,8 +234,9 @@ def test_request_timeout_bounds_each_leg(launcher, dep):
                       timeout=30)
     assert r.status_code == 504 and slow.endpoint in r.json()["detail"] and "-r 1s" in r.json()["detail"]
     assert time.monotonic() - t0 < 3
-    # a worker that dies makes the proxy unhealthy, naming it
+    # the proxy's health is its own, as TensorRT-LLM's static-url proxy (is_ready() is True once started): a
+    # dead worker does not make a load balancer drop the whole endpoint
     slow.signal(signal.SIGKILL)
     slow.popen.wait(timeout=10)
-    wait_for(lambda: requests.get(proxy.url + "/health", timeout=10).status_code == 503, "proxy /health 503", 5)
-    assert slow.endpoint in requests.get(proxy.url + "/health", timeout=10).json()["detail"]
+    time.sleep(1.5)
+    assert requests.get(proxy.url + "/health", timeout=10).status_code == 200

@@ -18,7 +18,7 @@ already holds a prefix and at most ``max_local_prefill_length`` tokens are left 
 
 Connection failures are retried ``max_retries`` times, 1 s apart (``TRTLLM_DISAGG_NO_RETRY=1`` turns that off);
 an HTTP error from a worker is returned to the client with the worker's status and body; each leg is bounded by
-``-r``. ``GET /health`` is 200 only when every worker answers its own ``/health`` with 200. Request bodies to the
+``-r``. ``GET /health`` is 200 once the start-up wait for the workers is over (as TensorRT-LLM's). Request bodies to the
 workers are msgpack (``X-TRTLLM-Msgpack: 1``) when ``TRTLLM_SERVE_ENABLE_MSGSPEC=1``, JSON otherwise.
 """
 
@@ -236,7 +236,6 @@ class Proxy:
                          "errors": 0, "retries": 0,
                          "context_servers": {u: 0 for u in s.ctx_urls},
                          "generation_servers": {u: 0 for u in s.gen_urls}}
-        self._health_cache = (0.0, None)
 
     async def open(self):
         import aiohttp
@@ -271,11 +270,6 @@ class Proxy:
         except Exception:  # noqa: BLE001
             return False
 
-    async def unhealthy(self) -> list[str]:
-        urls = self.s.ctx_urls + self.s.gen_urls
-        ok = await asyncio.gather(*(self._healthy(u) for u in urls))
-        return [u for u, good in zip(urls, ok) if not good]
-
     async def wait_ready(self) -> list[str]:
         """[] once every worker is healthy; else, after -t seconds, the ones that never were."""
         deadline = time.monotonic() + self.s.server_start_timeout_s
@@ -293,13 +287,12 @@ class Proxy:
             await asyncio.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
 
     async def health(self, request):
+        """TensorRT-LLM's disagg server answers /health from its coordinator's ``is_ready()``: with static urls that
+        is True once the start-up wait for every worker is over, whatever the workers' health later
+        (tensorrt_llm/serve/disagg_coordinator.py ``DisaggCoordinatorService.is_ready``, and
+        openai_disagg_server.py ``health``, NVIDIA/TensorRT-LLM@0186c597). The proxy's health is its own: a load
+        balancer in front of it must not drop the whole endpoint for one worker."""
         from aiohttp import web
-        now = time.monotonic()
-        if now - self._health_cache[0] > 1.0 or self._health_cache[1] is None:
-            self._health_cache = (now, await self.unhealthy())
-        bad = self._health_cache[1]
-        if bad:
-            return web.json_response({"detail": f"workers not healthy: {', '.join(bad)}"}, status=503)
         return web.Response(status=200)
 
     async def version(self, request):
