@@ -1,0 +1,134 @@
+"""Spec: a deployment keeps serving when a worker dies or hangs (supervision policy `restart`, the default).
+
+On the real dev Slurm cluster and on the local backend, with the official `openai` client driving streaming load
+through the proxy (tests/integration/faultload.py): kill -9 of a generation server, then of a context server,
+then SIGSTOP of a generation server (a hung one, for 20 s). For each fault:
+
+- the requests that fail are bounded: they end within the outage window (fault .. the server healthy again +
+  the proxy's retry), and there are at most as many as clients could send in that window;
+- the deployment keeps serving meanwhile (good requests complete during the outage);
+- the server is restarted on its node and is healthy and taking traffic again within RECOVERY_BOUND_S;
+- `tk status` shows the run degraded, then ready again with no stale reason, and the restart with the exit code;
+- `tk stop` leaves nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+import requests
+
+from tests.integration.faultload import ClosedLoopLoad, good_per_s
+from tests.integration.helpers import STANDIN_RECIPE, processes_mentioning, tk, tk_json, wait_until
+from tests.integration.test_launch import assert_nothing_left, server_pids
+
+openai = pytest.importorskip("openai")
+
+pytestmark = [pytest.mark.slow, pytest.mark.nixl]
+
+# A stand-in server starts in about 2 s; the first restart waits backoff_initial_s (2 s); the job looks every
+# health_interval_s (2 s) plus a probe (at most 3 s). A hung server is killed after unhealthy_after_s (set to 8 s
+# below), and SIGSTOP lasts 20 s. 30 s bounds all of it with room for a loaded 2-core machine.
+RECOVERY_BOUND_S = 30
+UNHEALTHY_AFTER_S = 8
+CONCURRENCY = 6
+
+
+@pytest.fixture(params=["slurm", "local"])
+def backend(request):
+    if request.param == "slurm":
+        request.getfixturevalue("dev_slurm")
+    return request.param
+
+
+def _status(env) -> dict:
+    return json.loads(tk("status", "--json", env=env).stdout)
+
+
+def _server(doc: dict, name: str) -> dict:
+    return next(s for s in doc["servers"] if s["name"] == name)
+
+
+def _gen_legs(endpoint: str, port: int) -> int:
+    """Generation legs the proxy sent to the server on `port` (the stand-in proxy's own counters)."""
+    stats = requests.get(f"{endpoint}/standin/stats", timeout=10).json()
+    return sum(n for url, n in stats["generation_servers"].items() if url.endswith(f":{port}"))
+
+
+def _ctx_legs(endpoint: str, port: int) -> int:
+    stats = requests.get(f"{endpoint}/standin/stats", timeout=10).json()
+    return sum(n for url, n in stats["context_servers"].items() if url.endswith(f":{port}"))
+
+
+def test_the_deployment_keeps_serving_through_killed_and_hung_workers(backend, tmp_path):
+    env = {"TK_RUNS_DIR": str(tmp_path / "runs")}
+    args = ["launch", str(STANDIN_RECIPE), "--set", f"supervision.unhealthy_after_s={UNHEALTHY_AFTER_S}"]
+    record = tk_json(*args, *(["--local"] if backend == "local" else []), env=env, timeout=400)
+    run_dir, endpoint = record["run_dir"], record["endpoint"]
+    servers = {s["name"]: s for s in record["servers"]}
+    load = ClosedLoopLoad(endpoint, record["model"], concurrency=CONCURRENCY).start()
+    windows = []
+    try:
+        time.sleep(4)
+        for victim, how, legs in (("gen-1", signal.SIGKILL, _gen_legs), ("ctx-1", signal.SIGKILL, _ctx_legs),
+                                  ("gen-0", signal.SIGSTOP, _gen_legs)):
+            port = servers[victim]["port"]
+            pids = server_pids(run_dir, port)
+            assert pids, f"no process for {victim} in {processes_mentioning(run_dir)}"
+            t_fault = time.monotonic()
+            for pid in pids:
+                os.kill(pid, how)
+
+            def degraded():
+                doc = _status(env)
+                return doc if doc["state"] == "degraded" and _server(doc, victim)["state"] != "healthy" else None
+
+            seen = wait_until(degraded, 40 if how == signal.SIGSTOP else 15, f"tk status to show {victim} down")
+            assert victim in seen["reason"]
+            if how == signal.SIGSTOP:
+                time.sleep(max(0.0, 20 - (time.monotonic() - t_fault)))
+                for pid in pids:  # the 20 s are over; by now supervision has killed and replaced it
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except ProcessLookupError:
+                        pass
+
+            def recovered():
+                doc = _status(env)
+                s = _server(doc, victim)
+                return doc if doc["state"] == "ready" and s["state"] == "healthy" and s["restarts"] >= 1 else None
+
+            doc = wait_until(recovered, RECOVERY_BOUND_S + 20, f"{victim} restarted and the run ready again")
+            t_back = time.monotonic()
+            assert t_back - t_fault < RECOVERY_BOUND_S + (20 if how == signal.SIGSTOP else 0), \
+                f"{victim} took {t_back - t_fault:.1f}s to recover"
+            assert doc["reason"] is None, "a ready run carries no stale reason"
+            back = _server(doc, victim)
+            assert back["last_exit"] == 137, back  # SIGKILL: by us, or by supervision for the hung one
+            assert (back["step"] if backend == "slurm" else back["pid"]), back
+            before = legs(endpoint, port)
+            wait_until(lambda: legs(endpoint, port) > before, 20, f"{victim} to take traffic again")
+            windows.append((victim, t_fault, t_back))
+            time.sleep(3)
+    finally:
+        records = load.stop()
+        stopped = tk("stop", run_dir, env=env, timeout=120)
+    assert stopped.returncode == 0, stopped.stderr
+    assert_nothing_left(run_dir, backend, record.get("job_id"))
+
+    assert len(records) > 50, f"only {len(records)} requests were sent"
+    for victim, t_fault, t_back in windows:
+        outage = t_back - t_fault
+        good = good_per_s(records, t_fault, t_back)
+        assert good > 0, f"nothing was served while {victim} was down ({outage:.1f}s)"
+    failed = [r for r in records if not r.ok]
+    # Failures end within an outage (plus the proxy's 1 s retry and a request's length); none outside.
+    in_windows = [r for r in failed if any(t0 <= r.t_end <= t1 + 5 for _, t0, t1 in windows)]
+    assert failed == in_windows, f"failures outside the outage windows: {[r for r in failed if r not in in_windows][:3]}"
+    # Each client can lose at most one request per proxy retry interval (1 s) while a server is out of reach.
+    bound = sum(CONCURRENCY * (t1 - t0 + 5) for _, t0, t1 in windows)
+    assert len(failed) <= bound, f"{len(failed)} failed requests, bound {bound:.0f}"
