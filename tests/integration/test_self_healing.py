@@ -109,7 +109,8 @@ def test_the_deployment_keeps_serving_through_killed_and_hung_workers(backend, t
             assert doc["reason"] is None, "a ready run carries no stale reason"
             back = _server(doc, victim)
             assert back["last_exit"] == 137, back  # SIGKILL: by us, or by supervision for the hung one
-            assert (back["step"] if backend == "slurm" else back["pid"]), back
+            where = "step" if backend == "slurm" else "pid"
+            wait_until(lambda: _server(_status(env), victim)[where], 10, f"tk status to show {victim}'s {where}")
             before = legs(endpoint, port)
             wait_until(lambda: legs(endpoint, port) > before, 20, f"{victim} to take traffic again")
             windows.append((victim, t_fault, t_back))
