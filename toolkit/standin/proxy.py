@@ -9,7 +9,7 @@ ignored, as TensorRT-LLM does; the stand-in logs a warning naming them.
 
 Forwarding is TensorRT-LLM's ``context_first`` flow: the context leg is the client's request with
 ``disaggregated_params {request_type: context_only, disagg_request_id, schedule_style: 0}``, ``stream: false``,
-``stream_options: null`` and ``max_tokens: 1``; its single choice must carry ``disaggregated_params`` with
+``stream_options: null`` (``max_tokens`` stays the client's); its single choice must carry ``disaggregated_params`` with
 ``ctx_request_id``; then the generation leg is the client's original request with the context response's
 ``disaggregated_params`` (``request_type: generation_only``) and the prompt replaced by its ``prompt_token_ids``.
 Only the generation leg streams, passed through byte for byte. With ``conditional_disagg_config`` the KV-cache-aware
@@ -17,7 +17,9 @@ generation router picks the generation server first and the request skips the co
 already holds a prefix and at most ``max_local_prefill_length`` tokens are left to prefill.
 
 Connection failures are retried ``max_retries`` times, 1 s apart (``TRTLLM_DISAGG_NO_RETRY=1`` turns that off);
-an HTTP error from a worker is returned to the client with the worker's status and body; each leg is bounded by
+an HTTP error from a worker is returned to the client with the worker's status as ``{"detail": its message}``
+(TensorRT-LLM's shape); requests are validated (``protocol.parse_request``) before any leg, and a generation leg
+that fails releases the context KV at once (see ``Proxy._release``); each leg is bounded by
 ``-r``. ``GET /health`` is 200 only when every worker answers its own ``/health`` with 200. Request bodies to the
 workers are msgpack (``X-TRTLLM-Msgpack: 1``) when ``TRTLLM_SERVE_ENABLE_MSGSPEC=1``, JSON otherwise.
 """
