@@ -480,7 +480,7 @@ class Proxy:
         """Tell the context server to free the KV of a context leg whose generation leg failed.
 
         A stand-in endpoint, not TensorRT-LLM's: its disaggregated service sends nothing to the context server when
-        the generation leg fails (openai_disagg_service.py _send_disagg_request_ctx_first, newest stored version; a
+        the generation leg fails (openai_disagg_service.py _send_disagg_request_ctx_first, commit 00bb903d965ffe9710a457d5848065d7d1b8f60a; a
         client that hangs up only closes the in-flight POST), so there the context KV stays until
         kv_transfer_timeout_ms. The stand-in frees it at once so one failing generation server does not pin every
         context send slot (client-findings §3.3)."""
@@ -516,7 +516,7 @@ class Proxy:
                 ctx_req["stream"] = False
                 ctx_req["stream_options"] = None
                 # max_tokens stays the client's: TensorRT-LLM's _get_ctx_request updates only
-                # disaggregated_params, stream and stream_options (openai_disagg_service.py); a context_only
+                # disaggregated_params, stream and stream_options (openai_disagg_service.py, commit 00bb903d); a context_only
                 # request yields one token whatever max_tokens says.
                 ctx_server, _ = self.ctx_router.get_next_server(token_ids, exclude=gen_server)
                 self.counters["context_servers"][ctx_server] += 1
