@@ -29,3 +29,12 @@ def templates_dir() -> Path:
 
 def recipes_dir() -> Path:
     return _data_dir("recipes")
+
+
+def package_path(relative: str) -> Path:
+    """A directory shipped inside the `toolkit` package (a wheel carries it as package data), e.g. an engine
+    profile's ``tokenizer_dir``."""
+    path = _PACKAGE / relative
+    if not path.exists():
+        raise FileNotFoundError(f"tk's {relative} is missing (looked in {path}); reinstall tk")
+    return path

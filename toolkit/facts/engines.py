@@ -37,6 +37,10 @@ class EngineProfile:
     # Emulated timing (recipe `standin.emulate`): the env var prefix the engine reads it from (PREFIX + MODEL, GPU,
     # PRECISION, KV_GBPS), or None for an engine that runs for real and cannot emulate another GPU.
     emulate_env_prefix: str | None = None
+    # A Hugging Face tokenizer directory whose token counts equal the engine's, relative to the installed `toolkit`
+    # package (resolve it with toolkit.resources.package_path), for clients that count tokens themselves (aiperf,
+    # genai-perf: --tokenizer DIR); None where the model's own tokenizer applies.
+    tokenizer_dir: str | None = None
 
 
 TRTLLM = EngineProfile(
@@ -78,6 +82,9 @@ STANDIN = EngineProfile(
     script_note="Engine: tk CPU stand-in (tk-standin-serve), a rehearsal engine, not TensorRT-LLM.",
     options_note="Engine: tk CPU stand-in (rehearsal only, not TensorRT-LLM).",
     emulate_env_prefix="TK_STANDIN_EMULATE_",
+    # one token per whitespace-separated word, as the stand-in counts (scripts/build_standin_tokenizer.py); for chat,
+    # aiperf's ISL is the server's usage.prompt_tokens minus 2 (the template's <|user|> and <|assistant|>)
+    tokenizer_dir="standin/tokenizer",
 )
 
 

@@ -161,7 +161,7 @@ class KvPool:
         self.faults = faults()
         self.stats = {"kv_sent_slots": 0, "kv_slots_freed_by_notification": 0, "kv_slots_expired": 0,
                       "kv_transfers": 0, "kv_bytes_received": 0, "kv_transfer_failures": 0,
-                      "kv_remote_agents_added": 0}
+                      "kv_remote_agents_added": 0, "kv_slots_released": 0}
         self._reaper: asyncio.Task | None = None
         self._published: asyncio.Event | None = None
 
@@ -258,6 +258,20 @@ class KvPool:
             "blocks": [[a, self.geo.block_bytes] for a in self._block_addrs(slot, nblocks)],
             "geometry": self.geo.to_dict(), "max_tokens_in_buffer": self.slot_tokens,
         }
+
+    def release(self, ctx_request_id: int) -> bool:
+        """Free the send slot of ``ctx_request_id`` now (its generation leg failed; nobody will READ it). The header
+        is cleared first, so a generation server still reading it fails clearly instead of reading another request's
+        KV. False when no slot holds it (already fetched, expired or released)."""
+        for tag, (slot, _, rid) in list(self.pending.items()):
+            if rid == ctx_request_id:
+                del self.pending[tag]
+                self._header(slot)[:4] = 0
+                self.free_send.put_nowait(slot)
+                self.stats["kv_slots_released"] += 1
+                log.info("KV of ctx_request_id %d released: its generation leg failed", rid)
+                return True
+        return False
 
     async def _reap(self) -> None:
         """Free send slots on their notification, or when kv_transfer_timeout_ms passed with nobody coming."""

@@ -80,16 +80,21 @@ def encode(text: str) -> list[int]:
     return [_h64(w.encode("utf-8")) % VOCAB_SIZE for w in text.split()]
 
 
+def message_text(m: dict) -> str:
+    """A message's text: its content, or the text parts of a content list."""
+    content = m.get("content")
+    if isinstance(content, list):  # content parts: keep the text ones
+        content = " ".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
+    return content or ""
+
+
 def chat_prompt(messages: list) -> str:
     """The fixed chat template: ``<|role|> content`` per message, then ``<|assistant|>``."""
     parts = []
     for m in messages:
         if not isinstance(m, dict):
             raise TypeError("each message must be an object with role and content")
-        content = m.get("content")
-        if isinstance(content, list):  # content parts: keep the text ones
-            content = " ".join(p.get("text", "") for p in content if isinstance(p, dict) and p.get("type") == "text")
-        parts.append(f"<|{m.get('role', 'user')}|> {content or ''}")
+        parts.append(f"<|{m.get('role', 'user')}|> {message_text(m)}")
     parts.append("<|assistant|>")
     return "\n".join(parts)
 
@@ -150,6 +155,35 @@ def next_token(digest: bytes, position: int, prev: int) -> int:
     x = ((x ^ (x >> 27)) * _K3) & _MASK
     x ^= x >> 31
     return x % VOCAB_SIZE
+
+
+def choice_digest(digest: bytes, index: int) -> bytes:
+    """The seed of choice ``index`` of an ``n > 1`` request (choice 0 is the request's own digest)."""
+    if index == 0:
+        return digest
+    return hashlib.blake2b(digest + index.to_bytes(4, "little"), digest_size=16).digest()
+
+
+def top_logprobs(position: int, prev: int, token: int, k: int) -> list[tuple[int, float]]:
+    """The ``max(k, 1)`` most likely tokens at ``position`` (after ``prev``) with their log-probabilities.
+
+    Deterministic from (position, prev, token) only, so an aggregated server and a generation server that continues
+    a context server's first token give the same values. The generated token is the most likely one (greedy), every
+    value is finite and <= 0, the list is sorted by decreasing log-probability, and the probabilities sum to < 1.
+    """
+    x = next_token(b"\x5a" * 16, position, prev * VOCAB_SIZE + token)
+    best = -0.5 - (x % 1000) / 1000.0  # log p of the chosen token, in (-1.5, -0.5]
+    out = [(token, best)]
+    seen = {token}
+    j = 1
+    while len(out) < max(k, 1):
+        alt = next_token(b"\xa5" * 16, position * 64 + j, prev ^ token)
+        j += 1
+        if alt in seen:
+            continue
+        seen.add(alt)
+        out.append((alt, best - 0.5 - 1.0 * len(out) - (alt % 97) / 1000.0))
+    return out
 
 
 def generate(digest: bytes, last_prompt_token: int, count: int, first: int | None = None) -> list[int]:

@@ -9,7 +9,7 @@ ignored, as TensorRT-LLM does; the stand-in logs a warning naming them.
 
 Forwarding is TensorRT-LLM's ``context_first`` flow: the context leg is the client's request with
 ``disaggregated_params {request_type: context_only, disagg_request_id, schedule_style: 0}``, ``stream: false``,
-``stream_options: null`` and ``max_tokens: 1``; its single choice must carry ``disaggregated_params`` with
+``stream_options: null`` (``max_tokens`` stays the client's); its single choice must carry ``disaggregated_params`` with
 ``ctx_request_id``; then the generation leg is the client's original request with the context response's
 ``disaggregated_params`` (``request_type: generation_only``) and the prompt replaced by its ``prompt_token_ids``.
 Only the generation leg streams, passed through byte for byte. With ``conditional_disagg_config`` the KV-cache-aware
@@ -17,7 +17,9 @@ generation router picks the generation server first and the request skips the co
 already holds a prefix and at most ``max_local_prefill_length`` tokens are left to prefill.
 
 Connection failures are retried ``max_retries`` times, 1 s apart (``TRTLLM_DISAGG_NO_RETRY=1`` turns that off);
-an HTTP error from a worker is returned to the client with the worker's status and body; each leg is bounded by
+an HTTP error from a worker is returned to the client with the worker's status as ``{"detail": its message}``
+(TensorRT-LLM's shape); requests are validated (``protocol.parse_request``) before any leg, and a generation leg
+that fails releases the context KV at once (see ``Proxy._release``); each leg is bounded by
 ``-r``. ``GET /health`` is 200 once the start-up wait for the workers is over (as TensorRT-LLM's). Request bodies to the
 workers are msgpack (``X-TRTLLM-Msgpack: 1``) when ``TRTLLM_SERVE_ENABLE_MSGSPEC=1``, JSON otherwise.
 """
@@ -224,6 +226,23 @@ class ProxyError(Exception):
         self.status, self.detail = status, detail
 
 
+def _upstream_error_message(status: int, body: bytes) -> str:
+    """A worker's error message as TensorRT-LLM's disaggregated server lifts it out of the body
+    (``_upstream_error_message`` in openai_disagg_server.py, newest stored version): ``error.message``, else
+    ``message``, else only the status (the raw body may carry the worker's URL)."""
+    try:
+        doc = json.loads(body)
+    except (ValueError, TypeError):
+        doc = None
+    if isinstance(doc, dict):
+        inner = doc.get("error")
+        if isinstance(inner, dict) and inner.get("message"):
+            return str(inner["message"])
+        if doc.get("message"):
+            return str(doc["message"])
+    return f"context worker rejected the request with status {status}"
+
+
 class Proxy:
     def __init__(self, s: ProxySettings):
         from toolkit.standin.routers import create_router
@@ -233,9 +252,12 @@ class Proxy:
         self.session = None
         self.msgpack = os.environ.get("TRTLLM_SERVE_ENABLE_MSGSPEC") == "1"
         self.counters = {"requests": 0, "disaggregated": 0, "local_prefill": 0, "ctx_finished_early": 0,
-                         "errors": 0, "retries": 0,
+                         "errors": 0, "retries": 0, "kv_released": 0,
                          "context_servers": {u: 0 for u in s.ctx_urls},
                          "generation_servers": {u: 0 for u in s.gen_urls}}
+        self._server_limits: dict = {}
+        from toolkit.standin.protocol import RefusalLog
+        self.refusals = RefusalLog(log)
 
     async def open(self):
         import aiohttp
@@ -249,7 +271,9 @@ class Proxy:
 
     def app(self):
         from aiohttp import web
-        app = web.Application(client_max_size=64 << 20)
+
+        from toolkit.standin.protocol import error_middleware
+        app = web.Application(client_max_size=64 << 20, middlewares=[error_middleware(self.refusals)])
         app.router.add_get("/health", self.health)
         app.router.add_get("/version", self.version)
         app.router.add_get("/v1/models", self.models)
@@ -372,6 +396,28 @@ class Proxy:
         except (TypeError, ValueError):
             return []
 
+    async def _limits(self) -> list:
+        """(Limits, request_type) of every server, from its /server_info (fetched once per server; a server that
+        does not answer is skipped: it still applies its own limits)."""
+        from toolkit.standin import protocol as P
+        pairs = []
+        for urls, as_type in ((self.ctx_router.servers, "context_and_generation"),
+                              (self.gen_router.servers, "generation_only")):
+            for url in list(urls):
+                if url not in self._server_limits:
+                    try:
+                        import aiohttp
+                        async with self.session.get(url + "/server_info",
+                                                    timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                            doc = await resp.json() if resp.status == 200 else {}
+                        self._server_limits[url] = P.Limits.from_dict(doc["limits"]) if doc.get("limits") else None
+                    except Exception as exc:  # noqa: BLE001
+                        log.debug("%s/server_info: %s", url, exc)
+                        continue
+                if self._server_limits[url] is not None:
+                    pairs.append((self._server_limits[url], as_type))
+        return pairs
+
     async def handle(self, request, kind: str):
         from aiohttp import web
 
@@ -379,10 +425,18 @@ class Proxy:
         self.counters["requests"] += 1
         try:
             body = P.decode_body(await request.read(), request.headers)
+            # The checks TensorRT-LLM's disaggregated server makes, in its order, all before any leg
+            # (openai_disagg_server.py / openai_disagg_service.py, newest stored versions):
+            # 1. FastAPI parses the body as CompletionRequest / ChatCompletionRequest (extra="forbid" and the
+            #    model validators): a failure is answered 400 {"error": str(exc)} by validation_exception_handler.
+            P.check_fields(kind, body)
         except P.RequestError as exc:
             self.counters["errors"] += 1
             return web.json_response({"error": exc.message}, status=400)
         try:
+            # 2. OpenAIDisaggregatedService.openai_completion: only a string or token ids; any other prompt is a
+            #    ValueError, which _handle_exception answers 500 "Internal server error ..." (TensorRT-LLM's own
+            #    status for it, kept although it is the client's mistake).
             if kind == "completion":
                 prompt = body.get("prompt")
                 if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
@@ -391,14 +445,48 @@ class Proxy:
                         isinstance(prompt, list) and all(isinstance(x, int) for x in prompt)):
                     raise ProxyError(500, "Internal server error Disaggregated server currently only supports "
                                           "single string prompt or list of integers in request")
+            # 3. What the context server would refuse (400): its engine-level checks and limits, applied here so
+            #    that nothing is refused after a context leg has published KV. TensorRT-LLM relays a worker's
+            #    4xx as HTTPException(status, detail=the worker's message) -> {"detail": ...}.
+            try:
+                req = P.parse_request(kind, body, await self._limits())
+            except P.RequestError as exc:
+                raise ProxyError(exc.status, exc.message) from None
+            # 4. n > 1: the context server answers n choices and _verify_ctx_response raises "Context server
+            #    returned N choices, expecting 1." (a ValueError: 500). Refused here before the context leg.
+            if req.n > 1:
+                raise ProxyError(500, f"Internal server error Context server returned {req.n} choices, expecting 1.")
             return await self._disagg(request, kind, body)
         except WorkerError as exc:
             self.counters["errors"] += 1
-            return web.Response(status=exc.status, body=exc.body, content_type=exc.content_type.split(";")[0])
+            # A worker's HTTP error: HTTPException(status, detail=_upstream_error_message(...)), i.e. the worker's
+            # own message (its ErrorResponse "message"), never its URL (openai_disagg_server.py _handle_exception).
+            detail = _upstream_error_message(exc.status, exc.body)
+            return web.json_response({"detail": detail}, status=exc.status)
         except ProxyError as exc:
             self.counters["errors"] += 1
-            log.error("%s", exc.detail)
+            if exc.status >= 500:
+                log.error("%s", exc.detail)
             return web.json_response({"detail": exc.detail}, status=exc.status)
+
+    async def _release(self, ctx_server: str, ctx_request_id) -> None:
+        """Tell the context server to free the KV of a context leg whose generation leg failed.
+
+        A stand-in endpoint, not TensorRT-LLM's: its disaggregated service sends nothing to the context server when
+        the generation leg fails (openai_disagg_service.py _send_disagg_request_ctx_first, commit 00bb903d965ffe9710a457d5848065d7d1b8f60a; a
+        client that hangs up only closes the in-flight POST), so there the context KV stays until
+        kv_transfer_timeout_ms. The stand-in frees it at once so one failing generation server does not pin every
+        context send slot (client-findings §3.3)."""
+        import aiohttp
+
+        from toolkit.standin import protocol as P
+        try:
+            async with self.session.post(ctx_server + P.KV_RELEASE_PATH, json={"ctx_request_id": ctx_request_id},
+                                         timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                await resp.read()
+                self.counters["kv_released"] += resp.status == 200
+        except Exception as exc:  # noqa: BLE001 - best effort: the slot still expires at kv_transfer_timeout_ms
+            log.warning("could not release ctx_request_id %s on %s: %s", ctx_request_id, ctx_server, exc)
 
     async def _disagg(self, request, kind: str, body: dict):
         from aiohttp import web
@@ -420,7 +508,9 @@ class Proxy:
                                                    "schedule_style": 0}
                 ctx_req["stream"] = False
                 ctx_req["stream_options"] = None
-                ctx_req["max_tokens"] = 1
+                # max_tokens stays the client's: TensorRT-LLM's _get_ctx_request updates only
+                # disaggregated_params, stream and stream_options (openai_disagg_service.py, commit 00bb903d); a context_only
+                # request yields one token whatever max_tokens says.
                 ctx_server, _ = self.ctx_router.get_next_server(token_ids, exclude=gen_server)
                 self.counters["context_servers"][ctx_server] += 1
                 try:
@@ -454,13 +544,20 @@ class Proxy:
             if gen_server is None:
                 gen_server, _ = self.gen_router.get_next_server(token_ids)
             self.counters["generation_servers"][gen_server] += 1
-            if not body.get("stream"):
-                doc = await self._post_json("generation", gen_server, path, body)
+            try:
+                if not body.get("stream"):
+                    doc = await self._post_json("generation", gen_server, path, body)
+                    ok = True
+                    return web.json_response(doc)
+                resp = await self._stream(request, gen_server, path, body)
                 ok = True
-                return web.json_response(doc)
-            resp = await self._stream(request, gen_server, path, body)
-            ok = True
-            return resp
+                return resp
+            except BaseException as exc:
+                if need_ctx and not ok:  # the context KV nobody will fetch: free it now
+                    release = asyncio.ensure_future(self._release(ctx_server, params["ctx_request_id"]))
+                    if not isinstance(exc, asyncio.CancelledError):
+                        await release
+                raise
         finally:
             if gen_server is not None:
                 self.gen_router.finish_request(gen_server, token_ids, ok)

@@ -62,6 +62,7 @@ class Worker:
         self.decode_delay = float(os.environ.get(DECODE_DELAY_ENV, "0") or 0) / 1000.0
         self.clock_offset = 0.0
         self.engine = None  # the emulated engine (toolkit.standin.emulate), created on the event loop
+        self.refusals = P.RefusalLog(log)
 
     def start_emulation(self) -> None:
         s = self.s
@@ -90,7 +91,7 @@ class Worker:
             self.pool = KvPool(self.s, self.geo, self.endpoint, agent_name)
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=64 << 20)
+        app = web.Application(client_max_size=64 << 20, middlewares=[P.error_middleware(self.refusals)])
         app.router.add_get("/health", self.health)
         app.router.add_get("/health_generate", self.health)
         app.router.add_get("/version", self.version)
@@ -101,6 +102,7 @@ class Worker:
         app.router.add_post("/steady_clock_offset", self.clock_post)
         app.router.add_post("/kv_cache_events", self.kv_events)
         app.router.add_get("/standin/stats", self.stats)
+        app.router.add_post(P.KV_RELEASE_PATH, self.kv_release)
         app.router.add_post("/v1/completions", lambda r: self.generate(r, "completion"))
         app.router.add_post("/v1/chat/completions", lambda r: self.generate(r, "chat"))
         return app
@@ -128,6 +130,7 @@ class Worker:
     async def server_info(self, request):
         return web.json_response({"engine": self.what, "model": self.s.model_arg,
                                   "disaggregated": self.s.disaggregated, "kv_geometry": self.geo.to_dict(),
+                                  "limits": self.limits.to_dict(),
                                   "kv": self.pool.describe() if self.pool else None,
                                   "emulation": self.engine.summary() if self.engine else None})
 
@@ -144,6 +147,18 @@ class Worker:
 
     async def kv_events(self, request):
         return web.json_response([])
+
+    async def kv_release(self, request):
+        """Free the send slot of a context leg whose generation leg failed (a stand-in endpoint; see proxy.py)."""
+        try:
+            rid = (await request.json())["ctx_request_id"]
+            if not isinstance(rid, int) or isinstance(rid, bool):
+                raise ValueError
+        except Exception:  # noqa: BLE001
+            return self._error(P.RequestError(400, 'expected {"ctx_request_id": int}'), request.headers)
+        if not self.pool:
+            return self._error(P.RequestError(400, "this server has no KV pool (aggregated)"), request.headers)
+        return web.json_response({"ctx_request_id": rid, "released": self.pool.release(rid)})
 
     async def stats(self, request):
         doc = {"engine": P.OWNED_BY, "mode": "disaggregated" if self.s.disaggregated else "aggregated",
@@ -167,6 +182,9 @@ class Worker:
             body = P.decode_body(await request.read(), request.headers)
             req = P.parse_request(kind, body)
             n = len(req.prompt_ids)
+            if req.n > 1 and req.request_type != "context_and_generation":
+                raise P.RequestError(400, f"n={req.n}: a {req.request_type} leg carries one sequence (TensorRT-LLM's "
+                                          f"disaggregated proxy expects one choice from the context server)")
             if req.request_type != "context_and_generation" and not self.s.disaggregated:
                 raise P.RequestError(400, (
                     f"disaggregated_params.request_type {req.request_type}: this server's cache transceiver is "
@@ -201,14 +219,14 @@ class Worker:
         self.counters["requests"][req.request_type] += 1
         try:
             try:
-                tokens, disagg_out = await self._run(req, n, count, state)
+                tokens, disagg_out, extra = await self._run(req, n, count, state)
             except TransferError as exc:
                 log.error("%s", exc.message)
                 return self._error(P.RequestError(exc.status, exc.message), request.headers)
             self._record_iteration(req, n, len(tokens), time.monotonic() - started)
             self.counters["prompt_tokens"] += n
             self.counters["completion_tokens"] += len(tokens)
-            return await self._respond(request, req, n, tokens, disagg_out)
+            return await self._respond(request, req, n, tokens, disagg_out, extra=extra)
         finally:
             self.active -= 1
             self.completed += 1
@@ -227,22 +245,22 @@ class Worker:
                     # stand-in's model; publishing later keeps the KV slot's expiry clock out of the queueing).
                     ticket = self.engine.submit(CONTEXT_ONLY, n, 1)
                     await ticket.wait_for(1)
-                    tokens, disagg_out = await self._run(req, n, count, state)
+                    tokens, disagg_out, extra = await self._run(req, n, count, state)
                 elif req.request_type == "generation_only":
-                    tokens, disagg_out = await self._run(req, n, count, state)  # the real NIXL read
-                    extra = self.engine.kv_extra_time(n)  # the emulated model's other KV bytes, at nominal GB/s
-                    if extra > 0:
-                        await asyncio.sleep(extra)
+                    tokens, disagg_out, extra = await self._run(req, n, count, state)  # the real NIXL read
+                    kv_s = self.engine.kv_extra_time(n)  # the emulated model's other KV bytes, at nominal GB/s
+                    if kv_s > 0:
+                        await asyncio.sleep(kv_s)
                     ticket = self.engine.submit(GENERATION_ONLY, n, len(tokens))
                 else:  # the real work overlaps the emulated prefill
                     ticket = self.engine.submit(FULL, n, count)
-                    tokens, disagg_out = await self._run(req, n, count, state)
+                    tokens, disagg_out, extra = await self._run(req, n, count, state)
             except TransferError as exc:
                 log.error("%s", exc.message)
                 return self._error(P.RequestError(exc.status, exc.message), request.headers)
             self.counters["prompt_tokens"] += n
             self.counters["completion_tokens"] += len(tokens)
-            return await self._respond(request, req, n, tokens, disagg_out, ticket)
+            return await self._respond(request, req, n, tokens, disagg_out, ticket, extra=extra)
         finally:
             self.active -= 1
             self.completed += 1
@@ -265,29 +283,27 @@ class Worker:
                      "'num_ctx_tokens': %d, 'num_generation_tokens': %d}", it.no, it.seconds * 1e3,
                      it.num_ctx_requests, it.num_ctx_tokens, len(it.decodes))
 
-    def _check_limits(self, req: P.Request, n: int) -> None:
+    @property
+    def limits(self) -> P.Limits:
         s = self.s
-        if req.request_type != "generation_only" and not s.enable_chunked_prefill and n > s.max_num_tokens:
-            raise P.RequestError(400, f"The sum of prompt length ({float(n)}), query length (0) should not exceed "
-                                      f"max_num_tokens ({s.max_num_tokens})")
-        if s.max_input_len is not None and n > s.max_input_len:
-            raise P.RequestError(400, f"The prompt length ({n}) exceeds max_input_len ({s.max_input_len})")
-        if n >= s.max_seq_len:
-            raise P.RequestError(400, f"`default_max_tokens` ({s.max_seq_len - n}) must be greater than 0, "
-                                      f"`default_max_tokens` ({s.max_seq_len - n}) = max_seq_len ({s.max_seq_len}) "
-                                      f"- `splited_prompt_len` ({n}) - `query_token_len` (0)")
+        return P.Limits(max_num_tokens=s.max_num_tokens, max_seq_len=s.max_seq_len,
+                        chunked_prefill=bool(s.enable_chunked_prefill), max_input_len=s.max_input_len)
+
+    def _check_limits(self, req: P.Request, n: int) -> None:
+        self.limits.check(n, req.request_type)
 
     async def _run(self, req: P.Request, n: int, count: int, state: dict | None):
         ids = req.prompt_ids
         if req.request_type == "generation_only":
             digest = await self.pool.fetch(state, n)
             first = int(req.disagg["first_gen_tokens"][0])
-            return M.generate(digest, ids[-1], count, first=first), None
+            return M.generate(digest, ids[-1], count, first=first), None, []
         kv = await asyncio.to_thread(M.kv_content, self.geo, ids)
         digest = await asyncio.to_thread(M.kv_digest, kv)
         tokens = M.generate(digest, ids[-1], count)
         if req.request_type != "context_only":
-            return tokens, None
+            extra = [M.generate(M.choice_digest(digest, i), ids[-1], count) for i in range(1, req.n)]
+            return tokens, None, extra
         ctx_request_id = next(self.ctx_ids)
         opaque = await self.pool.publish(kv, ctx_request_id)
         from toolkit.standin.kv import encode_state
@@ -296,32 +312,35 @@ class Worker:
         for later in ("disagg_request_id", "schedule_style"):  # newer fields: echoed only when given
             if req.disagg.get(later) is not None:
                 params[later] = req.disagg[later]
-        return tokens, params
+        return tokens, params, []
 
-    async def _respond(self, request, req: P.Request, n: int, tokens: list[int], disagg_out, ticket=None):
+    async def _respond(self, request, req: P.Request, n: int, tokens: list[int], disagg_out, ticket=None,
+                       extra: list[list[int]] | None = None):
         rid = P.new_id(req.kind)
         model = req.model or self.s.model_arg
-        pieces = [" " + M.decode_token(t) for t in tokens]
-        use = P.usage(n, len(tokens))
-        finish = "length"
+        choices = [P.make_choice(req, i, t) for i, t in enumerate([tokens, *(extra or [])])]
+        use = P.usage(n, sum(len(c.tokens) for c in choices))
+        top_k = req.logprobs or 0
         if not req.stream or req.request_type == "context_only":
             if ticket is not None:
                 await ticket.wait_for(len(tokens))
             elif self.decode_delay:
-                await asyncio.sleep(self.decode_delay * len(tokens))
-            doc = P.response(req.kind, rid, model, "".join(pieces), finish, use, disagg_params=disagg_out,
-                             prompt_token_ids=req.prompt_ids if req.request_type == "context_only" else None)
+                await asyncio.sleep(self.decode_delay * len(choices[0].tokens))
+            doc = P.response(req.kind, rid, model, choices, use, disagg_params=disagg_out,
+                             prompt_token_ids=req.prompt_ids if req.request_type == "context_only" else None,
+                             top_k=top_k)
             body, ctype = P.encode_body(doc, request.headers)
             return web.Response(body=body, content_type=ctype)
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         offset = 1 if req.kind == "chat" else 0  # chat opens with a role chunk, sent with the first token
-        for j, chunk in enumerate(P.stream_chunks(req.kind, rid, model, pieces, finish)):
-            if ticket is not None:
-                await ticket.wait_for(max(1, j - offset + 1))
-            elif self.decode_delay:
-                await asyncio.sleep(self.decode_delay)
-            await resp.write(P.sse(chunk))
+        for choice in choices:
+            for j, chunk in enumerate(P.stream_chunks(req.kind, rid, model, choice, top_k)):
+                if choice.index == 0 and ticket is not None:
+                    await ticket.wait_for(max(1, j - offset + 1))
+                elif self.decode_delay:
+                    await asyncio.sleep(self.decode_delay)
+                await resp.write(P.sse(chunk))
         if req.include_usage:
             await resp.write(P.sse(P.usage_chunk(req.kind, rid, model, use)))
         await resp.write(P.SSE_DONE)
