@@ -31,8 +31,28 @@ def worker_command(plan: Plan, role_name: str, port: int) -> list[str]:
     """argv of one server, up to (not including) the options-file flag and path."""
     role = plan.context if role_name == "ctx" else plan.generation
     flag = trtllm.SERVE_FLAG
-    return [*plan.engine.launcher, *plan.engine.serve_command, role.model_path, flag["host"], "0.0.0.0",
-            flag["port"], str(port), *role.serve_args]
+    return [*plan.engine.launcher, *plan.engine.serve_command, role.model_path, flag["host"],
+            worker_host(plan, role_name, port), flag["port"], str(port), *role.serve_args,
+            *membership_args(plan, role_name)]
+
+
+def worker_host(plan: Plan, role_name: str, port: int) -> str:
+    """The worker's --host. With membership a worker registers exactly this host (TensorRT-LLM's
+    DisaggClusterWorker(role, host, port)) and the proxy connects to it, so it is the worker's node as the
+    proxy reaches it, `<nodeN>`, which launch.sbatch resolves as it does in disagg.yaml (127.0.0.1 under
+    `tk launch --local`). Without membership: 0.0.0.0, the proxy reaches the worker through disagg.yaml's urls."""
+    if plan.membership is None:
+        return "0.0.0.0"
+    server = next(s for s in plan.servers if s.role == role_name and s.port == port)
+    return f"<node{server.first_node}>"
+
+
+def membership_args(plan: Plan, role_name: str) -> list[str]:
+    """`--disagg_cluster_uri URI --server_role ROLE` where the plan has membership (names: facts.trtllm)."""
+    if plan.membership is None:
+        return []
+    f = trtllm.MEMBERSHIP_FLAG
+    return [f["uri"], plan.membership.cluster_uri, f["role"], trtllm.MEMBERSHIP_ROLES[role_name]]
 
 
 def proxy_command(plan: Plan) -> list[str]:
@@ -144,6 +164,7 @@ def derived_numbers(plan: Plan) -> dict:
                      "gpus": list(s.gpus), "port": s.port, "internal_ports": dict(s.internal_ports),
                      "start_after": s.start_after} for s in plan.servers],
         "proxy": {"node": plan.proxy.node, "port": plan.proxy.port},
+        "membership": asdict(plan.membership) if plan.membership else None,
         "warnings": list(plan.warnings),
     }
 
