@@ -286,7 +286,8 @@ def test_plan_membership_per_line_and_render():
     ctx = p.context.instances[1]
     argv = worker_command(p, "ctx", ctx.port)
     assert argv[argv.index("--host") + 1] == f"<node{ctx.first_node}>"
-    assert argv[-4:] == ["--disagg_cluster_uri", m.cluster_uri, "--server_role", "context"]
+    i = argv.index("--disagg_cluster_uri")
+    assert argv[i:i + 4] == ["--disagg_cluster_uri", m.cluster_uri, "--server_role", "context"]
     for line in ("1.0", "1.1"):
         old = _plan(f"trtllm_version={line}", "kv_transfer.kv_transfer_timeout_ms=null")
         assert old.membership is None

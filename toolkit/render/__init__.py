@@ -32,8 +32,8 @@ def worker_command(plan: Plan, role_name: str, port: int) -> list[str]:
     role = plan.context if role_name == "ctx" else plan.generation
     flag = trtllm.SERVE_FLAG
     return [*plan.engine.launcher, *plan.engine.serve_command, role.model_path, flag["host"],
-            worker_host(plan, role_name, port), flag["port"], str(port), *role.serve_args,
-            *membership_args(plan, role_name)]
+            worker_host(plan, role_name, port), flag["port"], str(port), *membership_args(plan, role_name),
+            *role.serve_args]
 
 
 def worker_host(plan: Plan, role_name: str, port: int) -> str:
