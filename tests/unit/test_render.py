@@ -92,7 +92,13 @@ def test_every_rendered_key_is_accepted_by_the_target_version(plan, line):
     for section in ("context_servers", "generation_servers"):
         assert set(disagg[section]) <= v.disagg_server_keys
         assert disagg[section]["router"]["type"] in v.routers
-        assert len(disagg[section]["urls"]) == disagg[section]["num_instances"]
+        if "disagg_cluster" in disagg:  # membership: workers register; TensorRT-LLM reads no urls then
+            assert "urls" not in disagg[section] and v.cluster_storages
+        else:
+            assert len(disagg[section]["urls"]) == disagg[section]["num_instances"]
+    if "disagg_cluster" in disagg:
+        assert set(disagg["disagg_cluster"]) == {"cluster_uri", "cluster_name", "minimal_instances",
+                                                 "heartbeat_interval_sec", "inactive_timeout_sec"}
     for name in ("ctx.env", "gen.env"):
         names = [line.split("=", 1)[0] for line in files[name].splitlines() if line and not line.startswith("#")]
         assert "UCX_TLS" in names
@@ -178,7 +184,7 @@ def test_rerender_replaces_our_files_and_keeps_the_users(tmp_path):
 
 
 def test_disagg_urls_name_nodes_and_ports_from_the_plan():
-    plan = plan_of(BASE, "context.instances=2", "context.tp=4", "generation.tp=8")
+    plan = plan_of(BASE, "context.instances=2", "context.tp=4", "generation.tp=8", "membership.enabled=false")
     disagg = yaml.safe_load(render_files(plan)["disagg.yaml"])
     assert disagg["context_servers"]["urls"] == ["<node0>:8336", "<node0>:8337"]
     assert disagg["generation_servers"]["urls"] == ["<node1>:8338"]

@@ -51,6 +51,9 @@ class TrtllmVersion:
     # KV-cache layers TensorRT-LLM adds for MTP with speculative_config.num_nextn_predict_layers = N:
     # "per_mtp_layer" = N (get_num_spec_layers returns num_nextn_predict_layers); see mtp_kv_layers().
     mtp_kv_layers: str = "per_mtp_layer"
+    # Membership TensorRT-LLM keeps itself (disagg_cluster: workers register and heartbeat into cluster storage,
+    # the proxy adds and drops them): the storages the line accepts, () = none (see MEMBERSHIP_* below).
+    cluster_storages: tuple[str, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -284,11 +287,36 @@ TK_OWNED_SERVE_FLAGS = {
     "--max_batch_size": "{role}.max_batch_size", "--max_num_tokens": "{role}.max_num_tokens",
     "--max_seq_len": "traffic.max_input_len / max_output_len",
     "--free_gpu_memory_fraction": "{role}.free_gpu_memory_fraction",
+    "--disagg_cluster_uri": "membership (tk passes the proxy's cluster storage)",
 }
 # `trtllm-serve disaggregated`: -c/--config_file, -t/--server_start_timeout, -r/--request_timeout in an
 # early-2025 serve.py and in a mid/late-2025 one, which also has -m/--metadata_server_config_file and
 # -l/--log_level. tk passes only -c, -t and -r. Whether 1.0 has -m is unverified (left as before).
 _DISAGG_FLAGS_BASE = {*PROXY_FLAG.values(), "-l"}
+
+# ---------------------------------------------------------------------------------------------------
+# Membership that TensorRT-LLM keeps itself (`disagg_cluster`, "service discovery" / auto-scaling).
+# Sources (NVIDIA/TensorRT-LLM; docs/trtllm-versions.md "Membership" has the whole protocol):
+#   DISAGG_MID (disagg_utils.py@3e53e4ad): DisaggClusterConfig(cluster_uri, cluster_name="", minimal_instances=
+#     MinimalInstances(context_servers=1, generation_servers=1), heartbeat_interval_sec=5, inactive_timeout_sec=10);
+#     an unknown key raises KeyError("Key X not found in DisaggClusterConfig"); with disagg_cluster set,
+#     extract_disagg_cfg builds no static server list: `urls` are neither read nor checked.
+#   tensorrt_llm/serve/cluster_storage.py (PR #7869): http(s):// -> HttpClusterStorageServer hosted on the proxy's
+#     own app (routes /set /get /delete /expire /get_prefix), etcd:// -> Etcd3ClusterStorage (gRPC client).
+#   tensorrt_llm/serve/disagg_auto_scaling.py: key f"/trtllm-disagg/{cluster_name}/workers/{worker_id}".
+#   tensorrt_llm/commands/serve.py: `trtllm-serve MODEL --disagg_cluster_uri URI --server_role ROLE`
+#     (ServerRole[role.upper()]: context | generation).
+# First line: 1.2 (PR #7869 under review 2025-09-26; main = 1.2.0rc0 by 2025-09-30). Not at the v1.2.0 tag itself.
+# ---------------------------------------------------------------------------------------------------
+MEMBERSHIP_KEY = "disagg_cluster"  # top-level key of the proxy config
+MEMBERSHIP_FLAG = {"uri": "--disagg_cluster_uri", "role": "--server_role"}  # `trtllm-serve MODEL` flags
+MEMBERSHIP_ROLES = {"ctx": "context", "gen": "generation"}  # --server_role values (ServerRole[value.upper()])
+MEMBERSHIP_STORAGES = ("http", "etcd")  # http: hosted by the proxy itself; etcd: an etcd v3 server
+MEMBERSHIP_URI_SCHEMES = {"http": "http", "etcd": "etcd"}  # cluster_uri scheme per storage
+# DisaggClusterConfig defaults (DISAGG_MID): the recipe's defaults.
+MEMBERSHIP_DEFAULTS = {"heartbeat_interval_sec": 5, "inactive_timeout_sec": 10, "minimal_instances": 1}
+MEMBERSHIP_KEY_PREFIX = "/trtllm-disagg/{cluster_name}/workers"  # get_worker_key_prefix()
+ETCD_CLIENT_PORT = 2379  # etcd's own default client port (the port of NVIDIA's examples' etcd:// URIs)
 
 _VERSIONS: dict[str, TrtllmVersion] = {}
 
@@ -344,9 +372,10 @@ _register(TrtllmVersion(
     cuda_graph_config_keys=frozenset(_CUDA_GRAPH),
     mtp_config_keys=frozenset(_MTP),
     moe_config_keys=frozenset(_MOE),
-    # disagg_cluster: DisaggClusterConfig in DISAGG_MID; otlp_config: not in DISAGG_MID, in DISAGG_NEWEST.
-    # Which line first has each is unverified at tag (kept as before; tk writes neither).
-    disagg_keys=frozenset(_DISAGG_TOP | {"disagg_cluster", "otlp_config"}),
+    # otlp_config: not in DISAGG_MID, in DISAGG_NEWEST; which line first has it is unverified at tag (kept as
+    # before; tk does not write it). disagg_cluster: not on 1.1, it came with PR #7869 (under review 2025-09-26,
+    # after main had moved past release/1.1; see MEMBERSHIP_* below).
+    disagg_keys=frozenset(_DISAGG_TOP | {"otlp_config"}),
     disagg_server_keys=frozenset(_DISAGG_SERVER),
     routers=ROUTERS,
     env_vars=frozenset(_ENV_COMMON),  # TRTLLM_NIXL_KVCACHE_BACKEND landed after release/1.1 branched
@@ -374,14 +403,17 @@ _register(TrtllmVersion(
     mtp_config_keys=frozenset(_MTP),
     moe_config_keys=frozenset(_MOE),
     # node_id: in DISAGG_NEWEST, line of introduction unverified (kept as before; tk does not write it).
-    disagg_keys=frozenset(_DISAGG_TOP | {"disagg_cluster", "otlp_config", "node_id"}),
+    # disagg_cluster: PR #7869 (HTTP cluster storage, 2025-09/10) and PR #8602 (etcd tests, docs, 2025-10-23), on
+    # main = the 1.2 line (1.2.0rc0 by 2025-09-30); DisaggClusterConfig in DISAGG_MID.
+    disagg_keys=frozenset(_DISAGG_TOP | {MEMBERSHIP_KEY, "otlp_config", "node_id"}),
     disagg_server_keys=frozenset(_DISAGG_SERVER),
     routers=ROUTERS,
     env_vars=frozenset(_ENV_COMMON | _ENV_NIXL_BACKEND | _ENV_MOONCAKE),
     # UCX (default) and LIBFABRIC: PR #9075 review (LIBFABRIC once NIXL >= 0.6.1), issue #10024 (1.2.0rc5
     # with TRTLLM_NIXL_KVCACHE_BACKEND=LIBFABRIC); value set at v1.2.0 itself unverified.
     nixl_transports=("UCX", "LIBFABRIC"),
-    serve_flags=frozenset(_SERVE_FLAGS),
+    serve_flags=frozenset(_SERVE_FLAGS | {MEMBERSHIP_FLAG["uri"], MEMBERSHIP_FLAG["role"]}),
+    cluster_storages=MEMBERSHIP_STORAGES,
     disaggregated_flags=frozenset(_DISAGG_FLAGS_BASE | {"-m"}),
     notes=(
         ("backend DEFAULT: kv_cache_transceiver.py on main (PR #9352 context, 2025-11-21) maps DEFAULT to the "
@@ -584,6 +616,8 @@ def serve_flag_table(version: TrtllmVersion) -> dict[str, bool]:
     flags.update(SERVE_FLAGS_MORE)
     if version.line == "1.0":
         flags.pop("--config")  # older releases only know --extra_llm_api_options
+    if MEMBERSHIP_FLAG["uri"] in version.serve_flags:
+        flags[MEMBERSHIP_FLAG["uri"]] = True
     return flags
 
 

@@ -74,6 +74,7 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
     rules.check_internal_ports(r, servers, c)
     rules.check_slurm_args(r, c)
     rules.check_supervision(r, c)
+    membership = rules.check_membership(r, version, servers, c)
 
     env_base = options.worker_env(r, version, engine, transport)
     if emulated_model is not None:
@@ -102,7 +103,7 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
 
     ctx_plan = role_plan("ctx", "context", r.context, ctx_span, ctx_nodes, ctx_instances, ctx_opts, ctx_env)
     gen_plan = role_plan("gen", "generation", r.generation, gen_span, gen_nodes, gen_instances, gen_opts, gen_env)
-    proxy = options.proxy_plan(r, ctx_instances, gen_instances, transport, engine)
+    proxy = options.proxy_plan(r, ctx_instances, gen_instances, transport, engine, membership)
     slurm = SlurmPlan(job_name=f"tk-{r.name}", nodes=node_count, gpus_per_node=gpn,
                       partition=r.cluster.partition, account=r.cluster.account, time_limit=r.cluster.time_limit,
                       container_image=r.cluster.container_image, container_mounts=tuple(r.cluster.container_mounts),
@@ -123,7 +124,7 @@ def build_plan(loaded: LoadedRecipe) -> Plan:
         traffic=TrafficPlan(max_input_len=t.max_input_len, prefix_len=t.prefix_len,
                             max_output_len=t.max_output_len, typical_input_len=t.typical_input_len),
         buffer=buffer, estimates=estimates, context=ctx_plan, generation=gen_plan, proxy=proxy, slurm=slurm,
-        supervision=supervision,
+        supervision=supervision, membership=membership,
         node_count=node_count, recipe=r.manifest_doc(), warnings=tuple(c.warnings),
     )
 

@@ -159,6 +159,32 @@ class SupervisionPlan:
 
 
 @dataclass(frozen=True)
+class EtcdPlan:
+    """The etcd a membership with storage etcd uses: one tk's job starts, or one that exists already."""
+
+    endpoint: str  # host:port the workers and the proxy reach (<nodeN> placeholders as in disagg.yaml)
+    started_by_job: bool  # True: launch.sbatch starts it on `node`, client port `port`
+    node: int | None  # node index of the etcd the job starts
+    port: int | None  # its client port
+    peer_port: int | None  # its peer port (bound on loopback only: a single-member cluster)
+
+
+@dataclass(frozen=True)
+class MembershipPlan:
+    """Membership TensorRT-LLM keeps itself (proxy config `disagg_cluster`, worker `--disagg_cluster_uri`)."""
+
+    storage: str  # "http" (hosted by the proxy itself) | "etcd"
+    cluster_uri: str  # http://<node0>:PROXY_PORT or etcd://HOST:PORT (<nodeN> placeholders, resolved at run time)
+    cluster_name: str
+    heartbeat_interval_s: int
+    inactive_timeout_s: int
+    minimal_context: int
+    minimal_generation: int
+    worker_key_prefix: str  # where workers register: /trtllm-disagg/{cluster_name}/workers
+    etcd: EtcdPlan | None = None  # storage etcd only
+
+
+@dataclass(frozen=True)
 class SlurmPlan:
     job_name: str
     nodes: int
@@ -205,6 +231,8 @@ class Plan:
     node_count: int
     recipe: dict  # the resolved recipe (all defaults filled), for the manifest only: later stages read fields
     warnings: tuple[str, ...] = field(default_factory=tuple)
+    # None: the line has no disagg_cluster, or the recipe turned membership off (static urls then).
+    membership: MembershipPlan | None = None
 
     @property
     def roles(self) -> tuple[RolePlan, RolePlan]:
@@ -222,6 +250,9 @@ class Plan:
             ports[s.first_node].append(s.port)
             ports[s.first_node].extend(p for _, p in s.internal_ports)  # bound by rank 0, on the first node
         ports[self.proxy.node].append(self.proxy.port)
+        etcd = self.membership.etcd if self.membership else None
+        if etcd and etcd.started_by_job:
+            ports[etcd.node].extend((etcd.port, etcd.peer_port))
         return tuple(tuple(sorted(p)) for p in ports)
 
     def to_dict(self) -> dict:

@@ -129,14 +129,16 @@ def emulation_env(r: Recipe, engine: EngineProfile, transport: TransportProfile,
 
 
 def proxy_plan(r: Recipe, ctx: tuple[ServerInstance, ...], gen: tuple[ServerInstance, ...],
-               transport: TransportProfile, engine: EngineProfile) -> ProxyPlan:
+               transport: TransportProfile, engine: EngineProfile, membership=None) -> ProxyPlan:
     def section(instances, router: str, tpb: int) -> dict:
         router_cfg: dict = {"type": router}
         if router == "kv_cache_aware":
             router_cfg["tokens_per_block"] = tpb
-        return {"num_instances": len(instances),
-                "urls": [f"<node{s.first_node}>:{s.port}" for s in instances],
-                "router": router_cfg}
+        out: dict = {"num_instances": len(instances)}
+        if membership is None:  # with disagg_cluster TensorRT-LLM neither reads nor checks urls (DISAGG_MID)
+            out["urls"] = [f"<node{s.first_node}>:{s.port}" for s in instances]
+        out["router"] = router_cfg
+        return out
 
     tpb = r.kv_transfer.tokens_per_block
     cfg: dict = {
@@ -147,6 +149,15 @@ def proxy_plan(r: Recipe, ctx: tuple[ServerInstance, ...], gen: tuple[ServerInst
         "context_servers": section(ctx, r.proxy.context_router, tpb),
         "generation_servers": section(gen, r.proxy.generation_router, tpb),
     }
+    if membership is not None:
+        cfg[trtllm.MEMBERSHIP_KEY] = {
+            "cluster_uri": membership.cluster_uri,
+            "cluster_name": membership.cluster_name,
+            "minimal_instances": {"context_servers": membership.minimal_context,
+                                  "generation_servers": membership.minimal_generation},
+            "heartbeat_interval_sec": membership.heartbeat_interval_s,
+            "inactive_timeout_sec": membership.inactive_timeout_s,
+        }
     if r.proxy.conditional_max_local_prefill_length is not None:
         cfg["conditional_disagg_config"] = {"max_local_prefill_length": r.proxy.conditional_max_local_prefill_length}
     flag = trtllm.PROXY_FLAG

@@ -483,3 +483,55 @@ def check_supervision(r: Recipe, c: Collector) -> None:
             c.add(f"supervision.{field}",
                   f"{field} is {minimum} but the recipe has {spec.instances} {title} instance(s): the run could "
                   "never meet it", f"set it to at most {spec.instances}, or add {title} instances")
+
+
+def check_membership(r: Recipe, version: trtllm.TrtllmVersion, servers, c: Collector):
+    """The membership TensorRT-LLM keeps (disagg_cluster), or None where the line lacks it or the recipe turns it off.
+    Rules: the line has it (and the storage); inactive_timeout_s > heartbeat_interval_s (TensorRT-LLM's
+    DisaggClusterWorker silently disables the heartbeat otherwise, and every worker then expires); an etcd
+    endpoint only with etcd storage, and the etcd the job starts on ports no server or the proxy uses. minimal_instances are
+    supervision.min_context / min_generation."""
+    from toolkit.plan.model import EtcdPlan, MembershipPlan
+    m = r.membership
+    if m.enabled is False or (m.enabled == "auto" and not version.cluster_storages):
+        return None
+    if not version.cluster_storages:
+        c.add("membership.enabled", f"TensorRT-LLM {version.line} has no disagg_cluster membership (it came with the "
+              "1.2 line, PR #7869)", "set membership.enabled: auto (or false), or target trtllm_version 1.2")
+        return None
+    if m.storage not in version.cluster_storages:
+        c.add("membership.storage", f"TensorRT-LLM {version.line} has no {m.storage} cluster storage",
+              f"use one of {', '.join(version.cluster_storages)}")
+    if m.inactive_timeout_s <= m.heartbeat_interval_s:
+        c.add("membership.inactive_timeout_s",
+              f"inactive_timeout_s ({m.inactive_timeout_s}) must be greater than heartbeat_interval_s "
+              f"({m.heartbeat_interval_s}): TensorRT-LLM's workers then send no heartbeat at all and expire "
+              f"after inactive_timeout_s", f"set it to at least {2 * m.heartbeat_interval_s}")
+    # minimal_instances is the supervision minimum (checked by check_supervision): a proxy that required every
+    # instance would refuse all requests while one worker restarts.
+    minimal = {"ctx": r.supervision.min_context, "gen": r.supervision.min_generation}
+    etcd = None
+    if m.etcd_endpoint is not None and m.storage != "etcd":
+        c.add("membership.etcd_endpoint", "etcd_endpoint is only read with storage: etcd",
+              "remove it, or set membership.storage: etcd")
+    if m.storage == "etcd":
+        if m.etcd_endpoint:
+            etcd = EtcdPlan(endpoint=m.etcd_endpoint, started_by_job=False, node=None, port=None, peer_port=None)
+        else:
+            taken = {r.proxy.port} | {s.port for s in servers if 0 in s.nodes} | \
+                    {p for s in servers if s.first_node == 0 for _, p in s.internal_ports}
+            peer = m.etcd_port + 1
+            for port, what in ((m.etcd_port, "client"), (peer, "peer")):
+                if port in taken:
+                    c.add("membership.etcd_port", f"the etcd the job starts would take port {port} ({what}) on node 0, "
+                          f"which a server or the proxy already uses", "choose another membership.etcd_port")
+            etcd = EtcdPlan(endpoint=f"<node0>:{m.etcd_port}", started_by_job=True, node=0, port=m.etcd_port,
+                            peer_port=peer)
+        uri = f"{trtllm.MEMBERSHIP_URI_SCHEMES['etcd']}://{etcd.endpoint}"
+    else:
+        uri = f"{trtllm.MEMBERSHIP_URI_SCHEMES['http']}://<node0>:{r.proxy.port}"
+    return MembershipPlan(storage=m.storage, cluster_uri=uri, cluster_name=m.cluster_name,
+                          heartbeat_interval_s=m.heartbeat_interval_s, inactive_timeout_s=m.inactive_timeout_s,
+                          minimal_context=minimal["ctx"], minimal_generation=minimal["gen"],
+                          worker_key_prefix=trtllm.MEMBERSHIP_KEY_PREFIX.format(cluster_name=m.cluster_name),
+                          etcd=etcd)

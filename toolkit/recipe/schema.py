@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from typing import Annotated, Any, Literal, Optional
+from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
@@ -26,6 +26,7 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
 ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}", re.ASCII)
 TIME_LIMIT = re.compile(r"([0-9]{1,3}-)?[0-9]{1,3}:[0-9]{2}(:[0-9]{2})?|[0-9]{1,7}", re.ASCII)
 SLURM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}", re.ASCII)
+HOST_PORT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}:[0-9]{1,5}", re.ASCII)
 NET_DEVICES = re.compile(r"[A-Za-z0-9_.:,-]{1,512}", re.ASCII)
 
 # One extra sbatch/srun argument: the long form `--option` or `--option=value`, value in the characters an
@@ -304,8 +305,30 @@ class SupervisionSpec(Section):
     backoff_max_s: int = Field(60, ge=1, le=3600)
     unhealthy_after_s: int = Field(20, ge=4, le=3600)  # /health failing this long: killed and restarted
     stable_after_s: int = Field(300, ge=10, le=WEEK_S)  # healthy this long: its consecutive failures reset to 0
-    min_context: int = Field(1, ge=1, le=512)  # fewer live context servers than this ends the run
+    # Fewer live servers of a role than this ends the run. With membership it is also the proxy's
+    # disagg_cluster.minimal_instances: below it TensorRT-LLM's proxy refuses every request ("Cluster is not ready").
+    min_context: int = Field(1, ge=1, le=512)
     min_generation: int = Field(1, ge=1, le=512)
+
+
+class MembershipSpec(Section):
+    """Membership TensorRT-LLM keeps itself (`disagg_cluster`): workers register and heartbeat into cluster storage,
+    the proxy adds registered workers and drops inactive ones. Defaults are TensorRT-LLM's (DisaggClusterConfig)."""
+
+    # "auto": on where the TensorRT-LLM line has it (1.2), off before; true: required (an error on older lines).
+    enabled: Union[bool, Literal["auto"]] = "auto"
+    storage: Literal[trtllm.MEMBERSHIP_STORAGES] = "http"  # type: ignore[valid-type]
+    heartbeat_interval_s: int = Field(trtllm.MEMBERSHIP_DEFAULTS["heartbeat_interval_sec"], ge=1, le=3600)
+    inactive_timeout_s: int = Field(trtllm.MEMBERSHIP_DEFAULTS["inactive_timeout_sec"], ge=2, le=86400)
+    cluster_name: str = ""  # the namespace of the worker keys (etcd shared by several deployments)
+    # storage etcd: an etcd tk does not start, host:port; None: the job starts one on the proxy's node.
+    etcd_endpoint: Optional[str] = None
+    etcd_port: int = Field(trtllm.ETCD_CLIENT_PORT, ge=1024, le=65000)  # the etcd the job starts (client port)
+
+    _cluster_name = field_validator("cluster_name")(classmethod(lambda cls, v: v if v == "" else _text_pattern(
+        SAFE_NAME, "cluster_name must be 1-64 letters, digits, '.', '_' or '-'")(v)))
+    _endpoint = field_validator("etcd_endpoint")(classmethod(lambda cls, v: _text_pattern(
+        HOST_PORT, "etcd_endpoint must be host:port, e.g. etcd1:2379 (no scheme)")(v)))
 
 
 class EmulateSpec(Section):
@@ -343,6 +366,7 @@ class Recipe(Section):
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)
     proxy: ProxySpec = Field(default_factory=ProxySpec)
     supervision: SupervisionSpec = Field(default_factory=SupervisionSpec)
+    membership: MembershipSpec = Field(default_factory=MembershipSpec)
     standin: Optional[StandinSpec] = None
 
     def manifest_doc(self) -> dict:

@@ -24,6 +24,7 @@ RENDERED_FILES = ("ctx.yaml", "gen.yaml", "disagg.yaml", "ctx.env", "gen.env", "
 # The config check the job runs before any server starts (and `tk render --check` runs here): a standalone
 # script, copied as it is (it imports only the standard library, PyYAML and, where installed, tensorrt_llm).
 CHECK_SCRIPT = "check_config.py"
+MEMBERSHIP_SCRIPT = "membership.py"  # launch.sbatch's view of the cluster storage (registered, deregister)
 MANIFEST = "manifest.json"
 
 
@@ -31,8 +32,28 @@ def worker_command(plan: Plan, role_name: str, port: int) -> list[str]:
     """argv of one server, up to (not including) the options-file flag and path."""
     role = plan.context if role_name == "ctx" else plan.generation
     flag = trtllm.SERVE_FLAG
-    return [*plan.engine.launcher, *plan.engine.serve_command, role.model_path, flag["host"], "0.0.0.0",
-            flag["port"], str(port), *role.serve_args]
+    return [*plan.engine.launcher, *plan.engine.serve_command, role.model_path, flag["host"],
+            worker_host(plan, role_name, port), flag["port"], str(port), *membership_args(plan, role_name),
+            *role.serve_args]
+
+
+def worker_host(plan: Plan, role_name: str, port: int) -> str:
+    """The worker's --host. With membership a worker registers exactly this host (TensorRT-LLM's
+    DisaggClusterWorker(role, host, port)) and the proxy connects to it, so it is the worker's node as the
+    proxy reaches it, `<nodeN>`, which launch.sbatch resolves as it does in disagg.yaml (127.0.0.1 under
+    `tk launch --local`). Without membership: 0.0.0.0, the proxy reaches the worker through disagg.yaml's urls."""
+    if plan.membership is None:
+        return "0.0.0.0"
+    server = next(s for s in plan.servers if s.role == role_name and s.port == port)
+    return f"<node{server.first_node}>"
+
+
+def membership_args(plan: Plan, role_name: str) -> list[str]:
+    """`--disagg_cluster_uri URI --server_role ROLE` where the plan has membership (names: facts.trtllm)."""
+    if plan.membership is None:
+        return []
+    f = trtllm.MEMBERSHIP_FLAG
+    return [f["uri"], plan.membership.cluster_uri, f["role"], trtllm.MEMBERSHIP_ROLES[role_name]]
 
 
 def proxy_command(plan: Plan) -> list[str]:
@@ -99,9 +120,15 @@ def render_files(plan: Plan) -> dict[str, str]:
             ipc_addr_env=trtllm.LAUNCHER_IPC_ADDR_ENV, first_ipc_port=trtllm.LAUNCHER_FIRST_IPC_PORT,
             instance_env={s.name: " ".join(f"{env}={port}" for env, port in s.internal_ports) for s in plan.servers},
             ntasks_per_node=plan.slurm.gpus_per_node if plan.engine.uses_mpi else 1, sv=plan.supervision,
+            membership=plan.membership,
+            etcd=plan.membership.etcd if plan.membership and plan.membership.etcd and plan.membership.etcd.started_by_job
+            else None,
             **common),
     }
     files[CHECK_SCRIPT] = check_script_text()
+    if plan.membership is not None:
+        from toolkit.resources import templates_dir
+        files[MEMBERSHIP_SCRIPT] = (templates_dir() / MEMBERSHIP_SCRIPT).read_text()
     files[MANIFEST] = manifest_text(plan, files)
     return files
 
@@ -145,6 +172,7 @@ def derived_numbers(plan: Plan) -> dict:
                      "gpus": list(s.gpus), "port": s.port, "internal_ports": dict(s.internal_ports),
                      "start_after": s.start_after} for s in plan.servers],
         "proxy": {"node": plan.proxy.node, "port": plan.proxy.port},
+        "membership": asdict(plan.membership) if plan.membership else None,
         "warnings": list(plan.warnings),
     }
 

@@ -192,6 +192,8 @@ class WorkerSettings:
     tp: int
     pp: int
     emulate: object | None = None  # toolkit.standin.emulate.Emulation: emulated timing of MODEL on GPU
+    cluster: object | None = None  # toolkit.standin.cluster.ClusterConfig: register into the proxy's membership
+    server_role: str | None = None  # "context" | "generation" (--server_role)
 
     @property
     def disaggregated(self) -> bool:
@@ -235,14 +237,39 @@ def worker_settings(argv: list[str]) -> WorkerSettings:
         emulate = from_env()
     except EmulationError as exc:
         raise ConfigError(f"tk-standin-serve: {exc}") from None
+    cluster, role = _membership(flags, opts)
     return WorkerSettings(
-        model_arg=model_arg, model=model, host=str(flags.get("--host", "localhost")),
+        cluster=cluster, server_role=role, model_arg=model_arg, model=model, host=str(flags.get("--host", "localhost")),
         port=int(flags.get("--port", 8000)), version=version, options_file=options_file, options=opts,
         max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, max_seq_len=max_seq_len,
         max_input_len=max_input_len, enable_chunked_prefill=chunked, tokens_per_block=tpb, kv_dtype=kv_dtype,
         print_iter_log=bool(opts.get("print_iter_log", False)), transceiver=transceiver,
         tp=int(pick("tensor_parallel_size", "--tp_size", 1)), pp=int(pick("pipeline_parallel_size", "--pp_size", 1)),
         emulate=emulate)
+
+
+def _membership(flags: dict, opts: dict):
+    """serve.py: `disagg_cluster` from the options file (popped from the LLM args), --disagg_cluster_uri overriding its
+    cluster_uri; --server_role required with either, ServerRole[role.upper()]."""
+    from toolkit.standin.cluster import ClusterConfig, ClusterConfigError, parse_cluster_config
+    uri = flags.get(trtllm.MEMBERSHIP_FLAG["uri"])
+    in_file = opts.pop(trtllm.MEMBERSHIP_KEY, None)
+    try:
+        cluster = parse_cluster_config(in_file, uri) if in_file else (ClusterConfig(cluster_uri=uri) if uri else None)
+        if cluster is not None and uri:
+            parse_cluster_config({"cluster_uri": uri})  # the URI scheme check
+    except ClusterConfigError as exc:
+        raise ConfigError(f"tk-standin-serve: {exc}") from None
+    role = flags.get(trtllm.MEMBERSHIP_FLAG["role"])
+    if cluster is None:
+        return None, role
+    if role is None:
+        raise ConfigError("tk-standin-serve: server_role is required when metadata_server_cfg or "
+                          "disagg_cluster_config is provided (--server_role context|generation)")
+    if role.upper() not in ("CONTEXT", "GENERATION"):
+        raise ConfigError(f"tk-standin-serve: --server_role {role}: Invalid server role; the stand-in serves "
+                          f"CONTEXT or GENERATION")
+    return cluster, role.lower()
 
 
 def _transceiver(where, ct, version, tpb, model, kv_dtype, max_seq_len) -> Transceiver | None:

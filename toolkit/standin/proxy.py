@@ -35,6 +35,7 @@ import random
 import re
 import sys
 import time
+from collections import defaultdict
 from dataclasses import dataclass, field
 
 import yaml
@@ -65,6 +66,7 @@ class ProxySettings:
     request_timeout_s: float
     version: trtllm.TrtllmVersion
     inherited: dict = field(default_factory=dict)
+    cluster: object = None  # toolkit.standin.cluster.ClusterConfig: membership TensorRT-LLM keeps (disagg_cluster)
 
 
 def proxy_settings(argv: list[str]) -> ProxySettings:
@@ -149,8 +151,18 @@ def parse_config(path: str, version: trtllm.TrtllmVersion | None = None) -> Prox
         raise ConfigError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where}: expected a mapping (hostname, port, context_servers, generation_servers, ...)")
-    if cfg.get("disagg_cluster") is not None:
-        raise ConfigError(f"{where}: disagg_cluster: service discovery is not emulated by the stand-in; list urls")
+    cluster = None
+    if cfg.get(trtllm.MEMBERSHIP_KEY) is not None:  # membership: urls are neither read nor checked (DISAGG_MID)
+        from toolkit.standin.cluster import ClusterConfigError, parse_cluster_config
+        if trtllm.MEMBERSHIP_KEY not in version.disagg_keys:
+            raise ConfigError(f"{where}: {trtllm.MEMBERSHIP_KEY}: TensorRT-LLM {version.line} has no cluster membership")
+        try:
+            cluster = parse_cluster_config(cfg[trtllm.MEMBERSHIP_KEY])
+        except ClusterConfigError as exc:
+            raise ConfigError(f"{where}: {exc}") from None
+        if re.search(r"<node\d+>", cluster.cluster_uri):
+            raise ConfigError(f"{where}: disagg_cluster.cluster_uri: {cluster.cluster_uri!r} is a placeholder; use "
+                              f"disagg.resolved.yaml")
     inherited = {k: v for k, v in cfg.items() if k not in version.disagg_keys}
     if "generation_servers" not in cfg or not cfg["generation_servers"]:
         raise ConfigError(f"{where}: generation_servers is missing: At least one generation server must be provided")
@@ -179,7 +191,7 @@ def parse_config(path: str, version: trtllm.TrtllmVersion | None = None) -> Prox
         kvc = scfg.get("kv_cache_config")
         if router["type"] == "kv_cache_aware" and isinstance(kvc, dict) and "tokens_per_block" in kvc:
             router.setdefault("tokens_per_block", kvc["tokens_per_block"])
-        sections[sec] = (_urls(where, sec, scfg), router)
+        sections[sec] = ([] if cluster else _urls(where, sec, scfg), router)
     retries = cfg.get("max_retries", 1)
     if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
         raise ConfigError(f"{where}: max_retries: Max retries {retries} must be greater than or equal to 0")
@@ -207,7 +219,8 @@ def parse_config(path: str, version: trtllm.TrtllmVersion | None = None) -> Prox
                          ctx_router=sections["context_servers"][1], gen_router=sections["generation_servers"][1],
                          max_retries=0 if os.environ.get("TRTLLM_DISAGG_NO_RETRY") == "1" else retries,
                          max_local_prefill_length=mlpl, server_start_timeout_s=180, request_timeout_s=180,
-                         version=version, inherited={k: v for k, v in inherited.items() if k != "backend"})
+                         version=version, inherited={k: v for k, v in inherited.items() if k != "backend"},
+                         cluster=cluster)
 
 
 # --- the running proxy -------------------------------------------------------------------------------------------
@@ -247,15 +260,21 @@ class Proxy:
     def __init__(self, s: ProxySettings):
         from toolkit.standin.routers import create_router
         self.s = s
-        self.ctx_router = create_router(s.ctx_router, s.ctx_urls)
-        self.gen_router = create_router(s.gen_router, s.gen_urls)
+        self.ctx_router = create_router(s.ctx_router, s.ctx_urls, dynamic=s.cluster is not None)
+        self.gen_router = create_router(s.gen_router, s.gen_urls, dynamic=s.cluster is not None)
+        self.cluster = None
+        if s.cluster is not None:  # membership: the routers follow the registered workers (toolkit/standin/cluster.py)
+            from toolkit.standin.cluster import ClusterManager, HttpStorage
+            storage = HttpStorage() if s.cluster.cluster_uri.startswith("http") else None
+            self.cluster = ClusterManager(s.cluster, self.ctx_router, self.gen_router, storage)
         self.session = None
         self.msgpack = os.environ.get("TRTLLM_SERVE_ENABLE_MSGSPEC") == "1"
         self.counters = {"requests": 0, "disaggregated": 0, "local_prefill": 0, "ctx_finished_early": 0,
                          "errors": 0, "retries": 0, "kv_released": 0,
-                         "context_servers": {u: 0 for u in s.ctx_urls},
-                         "generation_servers": {u: 0 for u in s.gen_urls}}
+                         "context_servers": defaultdict(int, {u: 0 for u in s.ctx_urls}),
+                         "generation_servers": defaultdict(int, {u: 0 for u in s.gen_urls})}
         self._server_limits: dict = {}
+        self._limits_missed: dict = {}  # url -> when its /server_info last failed
         from toolkit.standin.protocol import RefusalLog
         self.refusals = RefusalLog(log)
 
@@ -277,7 +296,9 @@ class Proxy:
         app.router.add_get("/health", self.health)
         app.router.add_get("/version", self.version)
         app.router.add_get("/v1/models", self.models)
-        app.router.add_get("/cluster_info", lambda r: web.json_response({}))
+        app.router.add_get("/cluster_info", self.cluster_info)
+        if self.cluster and self.cluster.storage is not None:
+            self.cluster.storage.add_routes(app)  # the HTTP cluster storage lives on the proxy's own port
         app.router.add_get("/perf_metrics", lambda r: web.json_response([]))
         app.router.add_get("/standin/stats", self.stats)
         app.router.add_post("/v1/completions", lambda r: self.handle(r, "completion"))
@@ -310,6 +331,10 @@ class Proxy:
             it += 1
             await asyncio.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
 
+    async def cluster_info(self, request):
+        from aiohttp import web
+        return web.json_response(self.cluster.info() if self.cluster else {})
+
     async def health(self, request):
         """TensorRT-LLM's disagg server answers /health from its coordinator's ``is_ready()``: with static urls that
         is True once the start-up wait for every worker is over, whatever the workers' health later
@@ -317,6 +342,8 @@ class Proxy:
         openai_disagg_server.py ``health``, NVIDIA/TensorRT-LLM@0186c597). The proxy's health is its own: a load
         balancer in front of it must not drop the whole endpoint for one worker."""
         from aiohttp import web
+        if self.cluster is not None:  # TensorRT-LLM 1.2: 500 while below minimal_instances (docstring of cluster.py)
+            return web.Response(status=200 if self.cluster.is_ready() else 500)
         return web.Response(status=200)
 
     async def version(self, request):
@@ -405,6 +432,8 @@ class Proxy:
                               (self.gen_router.servers, "generation_only")):
             for url in list(urls):
                 if url not in self._server_limits:
+                    if time.monotonic() - self._limits_missed.get(url, -60.0) < 5.0:
+                        continue  # it did not answer a moment ago (dead or hung): ask again in a few seconds
                     try:
                         import aiohttp
                         async with self.session.get(url + "/server_info",
@@ -413,6 +442,7 @@ class Proxy:
                         self._server_limits[url] = P.Limits.from_dict(doc["limits"]) if doc.get("limits") else None
                     except Exception as exc:  # noqa: BLE001
                         log.debug("%s/server_info: %s", url, exc)
+                        self._limits_missed[url] = time.monotonic()
                         continue
                 if self._server_limits[url] is not None:
                     pairs.append((self._server_limits[url], as_type))
@@ -445,6 +475,8 @@ class Proxy:
                         isinstance(prompt, list) and all(isinstance(x, int) for x in prompt)):
                     raise ProxyError(500, "Internal server error Disaggregated server currently only supports "
                                           "single string prompt or list of integers in request")
+            if self.cluster is not None and not self.cluster.is_ready():
+                raise ProxyError(500, "Internal server error Cluster is not ready")
             # 3. What the context server would refuse (400): its engine-level checks and limits, applied here so
             #    that nothing is refused after a context leg has published KV. TensorRT-LLM relays a worker's
             #    4xx as HTTPException(status, detail=the worker's message) -> {"detail": ...}.
@@ -613,6 +645,13 @@ def run(s: ProxySettings) -> int:
     async def main() -> int:
         await proxy.open()
         try:
+            if proxy.cluster is not None:  # membership: workers come and go; /health says when enough are here
+                await proxy.cluster.start()
+                try:
+                    await serve(proxy.app(), sock)
+                finally:
+                    await proxy.cluster.stop()
+                return 0
             missing = await proxy.wait_ready()
             if missing:
                 log.error("Timeout waiting for context and generation servers to be ready: after %gs these never "

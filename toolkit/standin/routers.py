@@ -19,8 +19,8 @@ from collections import OrderedDict
 
 
 class Router:
-    def __init__(self, servers: list[str], args: dict | None = None):
-        if not servers:
+    def __init__(self, servers: list[str], args: dict | None = None, dynamic: bool = False):
+        if not servers and not dynamic:
             raise ValueError("a router needs at least one server")
         self.servers = list(servers)
         self.args = dict(args or {})
@@ -46,13 +46,28 @@ class Router:
     def choose(self, token_ids: list[int] | None, exclude: str | None) -> tuple[str, dict]:
         raise NotImplementedError
 
+    def add_server(self, server: str) -> None:
+        """A worker that registered (membership): TensorRT-LLM's Router.add_server."""
+        if server not in self.servers:
+            self.servers.append(server)
+            self.active.setdefault(server, 0)
+            self.active_tokens.setdefault(server, 0)
+
+    def remove_server(self, server: str) -> None:
+        """A worker that went inactive or deregistered: no new requests go to it (in-flight ones finish)."""
+        if server in self.servers:
+            self.servers.remove(server)
+            self._next = self._next % len(self.servers) if self.servers else 0
+
     def get_next_server(self, token_ids: list[int] | None = None, exclude: str | None = None) -> tuple[str, dict]:
+        if not self.servers:
+            raise LookupError("no server is registered")
         server, info = self.choose(token_ids, exclude)
         return self._take(server, len(token_ids or ())), info
 
     def finish_request(self, server: str, token_ids: list[int] | None = None, ok: bool = True) -> None:
-        self.active[server] = max(0, self.active[server] - 1)
-        self.active_tokens[server] = max(0, self.active_tokens[server] - len(token_ids or ()))
+        self.active[server] = max(0, self.active.get(server, 0) - 1)
+        self.active_tokens[server] = max(0, self.active_tokens.get(server, 0) - len(token_ids or ()))
 
     def _candidates(self, exclude):
         c = [s for s in self.servers if s != exclude]
@@ -84,15 +99,19 @@ def block_hashes(token_ids: list[int], tokens_per_block: int) -> list[bytes]:
 class KvCacheAwareRouter(Router):
     MAX_BLOCKS_PER_SERVER = 200_000
 
-    def __init__(self, servers, args=None):
-        super().__init__(servers, args)
+    def __init__(self, servers, args=None, dynamic=False):
+        super().__init__(servers, args, dynamic)
         env = os.environ.get("TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK")
         self.tokens_per_block = int(env or self.args.get("tokens_per_block") or 32)
         self.max_batch_size = int(self.args.get("max_batch_size") or 64)
         self.blocks: dict[str, OrderedDict] = {s: OrderedDict() for s in self.servers}
 
+    def add_server(self, server: str) -> None:
+        super().add_server(server)
+        self.blocks.setdefault(server, OrderedDict())
+
     def matched_tokens(self, server: str, hashes: list[bytes]) -> int:
-        known = self.blocks[server]
+        known = self.blocks.get(server, {})
         n = 0
         for h in hashes:
             if h not in known:
@@ -120,7 +139,7 @@ class KvCacheAwareRouter(Router):
 
     def finish_request(self, server, token_ids=None, ok=True):
         super().finish_request(server, token_ids, ok)
-        if ok and token_ids:
+        if ok and token_ids and server in self.blocks:
             known = self.blocks[server]
             for h in block_hashes(list(token_ids), self.tokens_per_block):
                 known[h] = True
@@ -129,11 +148,11 @@ class KvCacheAwareRouter(Router):
                 known.popitem(last=False)
 
 
-def create_router(config: dict, servers: list[str]) -> Router:
+def create_router(config: dict, servers: list[str], dynamic: bool = False) -> Router:
     cfg = dict(config or {})
     kind = cfg.pop("type", "round_robin")
     classes = {"round_robin": RoundRobinRouter, "load_balancing": LoadBalancingRouter,
                "kv_cache_aware": KvCacheAwareRouter}
     if kind not in classes:
         raise ValueError(f"Unsupported router type: {kind}. Supported types are: {list(classes)}")
-    return classes[kind](servers, cfg)
+    return classes[kind](servers, cfg, dynamic)

@@ -388,7 +388,7 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(app: web.Application, sock: socket.socket, on_start=None, on_stop=None) -> None:
+async def serve(app: web.Application, sock: socket.socket, on_start=None, on_stop=None, on_listening=None) -> None:
     """Run until SIGTERM/SIGINT, then clean up."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -400,9 +400,13 @@ async def serve(app: web.Application, sock: socket.socket, on_start=None, on_sto
     await runner.setup()
     site = web.SockSite(runner, sock, shutdown_timeout=2.0)
     await site.start()
+    if on_listening:  # e.g. register into the cluster storage only once requests can be answered (PR #14289)
+        await on_listening()
     try:
         await stop.wait()
     finally:
+        if on_listening and hasattr(on_listening, "stop"):
+            await on_listening.stop()
         await runner.cleanup()
         if on_stop:
             await on_stop()
@@ -452,8 +456,12 @@ def run(settings: WorkerSettings) -> int:
             await worker.engine.stop()
         if worker.pool:
             await worker.pool.close()
+    member = None
+    if settings.cluster is not None:  # membership TensorRT-LLM keeps: toolkit/standin/cluster.py
+        from toolkit.standin.cluster import Membership
+        member = Membership(settings.cluster, settings.server_role, settings.host, settings.port)
     try:
-        asyncio.run(serve(worker.app(), sock, start, stop))
+        asyncio.run(serve(worker.app(), sock, start, stop, member))
     finally:
         if ipc:
             ipc.close()
