@@ -20,7 +20,7 @@ from toolkit.render.output import write_atomically
 
 # The files `tk render` writes, in the order the manifest lists them.
 RENDERED_FILES = ("ctx.yaml", "gen.yaml", "disagg.yaml", "ctx.env", "gen.env", "proxy.env", "launch.sbatch",
-                  "check_config.py")
+                  "check_config.py", "membership.py")
 # The config check the job runs before any server starts (and `tk render --check` runs here): a standalone
 # script, copied as it is (it imports only the standard library, PyYAML and, where installed, tensorrt_llm).
 CHECK_SCRIPT = "check_config.py"
@@ -126,9 +126,8 @@ def render_files(plan: Plan) -> dict[str, str]:
             **common),
     }
     files[CHECK_SCRIPT] = check_script_text()
-    if plan.membership is not None:
-        from toolkit.resources import templates_dir
-        files[MEMBERSHIP_SCRIPT] = (templates_dir() / MEMBERSHIP_SCRIPT).read_text()
+    from toolkit.resources import templates_dir
+    files[MEMBERSHIP_SCRIPT] = (templates_dir() / MEMBERSHIP_SCRIPT).read_text()  # launch.sbatch uses it with membership
     files[MANIFEST] = manifest_text(plan, files)
     return files
 
