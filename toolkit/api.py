@@ -46,6 +46,7 @@ __all__ = [
     "doctor",
     "find_run",
     "launch",
+    "launch_baseline",
     "list_models",
     "list_recipes",
     "load_plan",
@@ -320,7 +321,7 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
     from toolkit.bench.workload import build_workload
 
     objectives = parse_sla(sla)  # bad input first: nothing is started for a typo
-    record = refresh_run(_record(run))
+    record = _refresh_run(_record(run))
     plan = _plan_of_run(record)
     wl = build_workload(workload, isl=isl, osl=osl, concurrency=tuple(concurrency) if concurrency else None,
                         request_rate=tuple(request_rate) if request_rate else None, requests=requests, turns=turns,
@@ -329,7 +330,7 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
     target = target_for_run(record, plan)
     base = None
     if baseline is not None:
-        base = target_for_run(refresh_run(baseline), _plan_of_run(baseline), name="aggregated", aggregated=True)
+        base = target_for_run(_refresh_run(baseline), _plan_of_run(baseline), name="aggregated", aggregated=True)
     elif baseline_url:
         base = target_for_url(baseline_url, record.model, gpus=target.gpus)
     return run_bench(target, wl, tokenizer=tok, bench_root=record.path / "bench", objectives=objectives,
@@ -337,7 +338,7 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
                      timeout_s=timeout_s, on_progress=on_progress)
 
 
-def refresh_run(run: RunRecord) -> RunRecord:
+def _refresh_run(run: RunRecord) -> RunRecord:
     from toolkit.launch import refresh
 
     return refresh(run)

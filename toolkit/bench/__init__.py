@@ -66,11 +66,9 @@ def target_for_run(run, plan=None, *, name: str = "disaggregated", aggregated: b
     gpus = (plan.context.gpu_count + plan.generation.gpu_count) if plan is not None else None
     if aggregated:
         pr = probes.AggregatedProbe()
-    elif run.engine == "standin":
-        urls = _server_urls(run)
-        pr = probes.StandinProbe(run.endpoint, {k: v for k, v in urls.items() if k != "proxy"})
     else:
-        pr = probes.TrtllmProbe(run.endpoint)
+        urls = _server_urls(run)
+        pr = probes.probe_for(run.endpoint, {k: v for k, v in urls.items() if k != "proxy"})
     return Target(name=name, endpoint=run.endpoint, model=run.model, probe=pr, gpus=gpus, run=run.public())
 
 
@@ -103,7 +101,7 @@ def resolve_tokenizer(tokenizer: str | None, plan=None, engine: str = "") -> str
             return model_path
     raise BenchInputError(
         "no tokenizer for aiperf: pass --tokenizer DIR (the model's tokenizer directory"
-        + ("; for the stand-in, a whitespace word-level tokenizer" if engine == "standin" else "") + ")")
+        + "; for the CPU stand-in, a whitespace word-level tokenizer)")
 
 
 def _check_serving(target: Target) -> None:

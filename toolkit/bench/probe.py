@@ -2,10 +2,10 @@
 the benchmark. One small interface, `Probe.snapshot() -> dict` and `Probe.proof(before, after) -> Proof`, over
 the endpoints a run lists (run.json: servers with role, host and port; nodes.tsv for addresses).
 
-- `StandinProbe` (engine "standin"): `GET /standin/stats` on the proxy (requests, disaggregated, local_prefill,
+- `StandinProbe` (a proxy that answers /standin/stats, the CPU stand-in): `GET /standin/stats` on the proxy (requests, disaggregated, local_prefill,
   ctx_finished_early, errors, per-server leg counts) and on every worker (requests by request_type; on
   generation workers kv.kv_transfers and kv.kv_bytes_received).
-- `TrtllmProbe` (engine "trtllm"): `GET /perf_metrics` on the disaggregated server. TensorRT-LLM's
+- `TrtllmProbe` (otherwise, TensorRT-LLM): `GET /perf_metrics` on the disaggregated server. TensorRT-LLM's
   `DisaggPerfMetricsCollector.get_perf_metrics` (tensorrt_llm/serve/perf_metrics.py, mounted by
   tensorrt_llm/serve/openai_disagg_server.py) returns one entry per finished disaggregated request that both
   legs reported, `{"ctx_server", "gen_server", "ctx_perf_metrics", "gen_perf_metrics", ...}`, and drains them:
@@ -26,7 +26,7 @@ import requests
 
 @dataclass
 class Proof:
-    kind: str  # standin | trtllm | aggregated | unavailable
+    kind: str  # standin-stats | trtllm | aggregated | unavailable
     available: bool
     requests: int = 0  # requests the front end saw during the run
     context_legs: int = 0
@@ -57,7 +57,7 @@ def _get(url: str, timeout_s: float):
 
 
 class StandinProbe:
-    kind = "standin"
+    kind = "standin-stats"
 
     def __init__(self, proxy_url: str, workers: dict[str, str], timeout_s: float = 5.0):
         self.proxy_url = proxy_url.rstrip("/")
@@ -84,7 +84,7 @@ def _delta(after: dict, before: dict, *path) -> int:
 
 def standin_proof(before: dict, after: dict) -> Proof:
     """Pure: two /standin/stats snapshots -> what happened in between."""
-    p = Proof(kind="standin", available=True)
+    p = Proof(kind="standin-stats", available=True)
     p.requests = _delta(after, before, "proxy", "requests")
     p.local_prefill = _delta(after, before, "proxy", "local_prefill")
     p.errors = _delta(after, before, "proxy", "errors")
@@ -185,3 +185,13 @@ class AggregatedProbe:
 
 def unavailable(reason: str) -> Proof:
     return Proof(kind="unavailable", available=False, notes=[reason])
+
+
+def probe_for(proxy_url: str, workers: dict[str, str], timeout_s: float = 5.0):
+    """The stand-in's counters where the proxy serves /standin/stats, else TensorRT-LLM's /perf_metrics: asked of
+    the deployment itself, so no code here names an engine."""
+    try:
+        requests.get(proxy_url.rstrip("/") + "/standin/stats", timeout=timeout_s).raise_for_status()
+        return StandinProbe(proxy_url, workers, timeout_s)
+    except Exception:  # noqa: BLE001
+        return TrtllmProbe(proxy_url)
