@@ -8,14 +8,14 @@ The public Python API is `toolkit.api`; the names below are re-exported from it:
     import toolkit
     plan = toolkit.load_plan("llama-3.3-70b-h100", ["generation.instances=4"])
 
-`render`, `launch`, `validate`, `doctor` and `size` are not re-exported here: `toolkit.render`, `toolkit.launch`,
+`render`, `launch`, `validate`, `doctor`, `size` and `bench` are not re-exported here: `toolkit.render`, `toolkit.launch`,
 `toolkit.validate`, `toolkit.doctor` and `toolkit.size` are packages, and Python sets a package's attribute to its subpackage on
 import, so a function of the same name here would be replaced. Call them as `toolkit.api.render(...)`.
 """
 
 __version__ = "0.1.0"
 
-from toolkit.api import (check_config, diff, find_run, list_models, list_recipes, load_plan, logs,  # noqa: E402
+from toolkit.api import (bench_recipe, check_config, diff, launch_baseline, find_run, list_models, list_recipes, load_plan, logs,  # noqa: E402
                          plan_summary, predict, prepare, recipe_path, runs, status, stop)
 from toolkit.errors import RecipeError, TkError, Violation  # noqa: E402
 
@@ -24,9 +24,11 @@ __all__ = [
     "TkError",
     "Violation",
     "__version__",
+    "bench_recipe",
     "check_config",
     "diff",
     "find_run",
+    "launch_baseline",
     "list_models",
     "list_recipes",
     "load_plan",

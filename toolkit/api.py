@@ -14,6 +14,9 @@
     validate(plan, ...)                 NIXL transfers between every context and generation node -> report
     size(model, system, gpus, ...)      aiconfigurator's search + the KV-transfer term -> a sized recipe
     predict(plan)                       aiconfigurator's TTFT/TPOT/tokens/s/GPU for a plan's exact configuration
+    bench(run, workload=..., sla=...)   aiperf against a serving run -> results, verdict (exit 0/1/2), report
+    bench_recipe(recipe, ...)           launch, bench, stop (the lead fills the launching)
+    launch_baseline(run)                an aggregated deployment on the run's GPUs (the lead fills it)
 
 Errors are `toolkit.errors.TkError` (and its `RecipeError`, which lists every violation); nothing here
 prints or exits. `toolkit.cli` is a thin click layer over these functions.
@@ -36,11 +39,14 @@ if TYPE_CHECKING:
     from toolkit.plan.model import Plan
 
 __all__ = [
+    "bench",
+    "bench_recipe",
     "check_config",
     "diff",
     "doctor",
     "find_run",
     "launch",
+    "launch_baseline",
     "list_models",
     "list_recipes",
     "load_plan",
@@ -286,3 +292,73 @@ def predict(plan: Plan) -> dict[str, Any]:
     from toolkit.size import predict as run_predict
 
     return run_predict(plan)
+
+
+# --- bench -------------------------------------------------------------------------------------------
+
+def _plan_of_run(run: RunRecord):
+    """The plan a run was launched from, when its recipe still loads (limits, estimates, GPU count)."""
+    try:
+        return load_plan(run.recipe) if run.recipe and Path(run.recipe).exists() else None
+    except Exception:  # noqa: BLE001 - a recipe edited since the launch: bench without the plan's numbers
+        return None
+
+
+def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "fixed", isl: int = 1024,
+          osl: int = 128, concurrency: Sequence[int] | None = None, request_rate: Sequence[float] | None = None,
+          requests: int | None = None, turns: int = 3, sla: str | None = None, tokenizer: str | None = None,
+          baseline: RunRecord | None = None, baseline_url: str | None = None, max_error_rate: float = 0.01,
+          seed: int = 100, timeout_s: float = 1800.0, name: str | None = None,
+          on_progress: Callable[..., None] | None = None) -> dict[str, Any]:
+    """Benchmark a serving run with aiperf; write RUN/bench/NAME-TIMESTAMP/; return the results document whose
+    "verdict" has "exit_code" 0 (pass), 1 (SLA missed) or 2 (invalid). Bad input raises BenchInputError (exit 2).
+
+    baseline: a RunRecord of an aggregated deployment (what launch_baseline returns), or baseline_url: an
+    aggregated server already serving; either is benchmarked with the same workload and compared."""
+    from toolkit.bench import (limits_for_plan, resolve_tokenizer, run_bench, target_for_run, target_for_url)
+    from toolkit.bench.sla import parse_sla
+    from toolkit.bench.verdict import Bounds
+    from toolkit.bench.workload import build_workload
+
+    objectives = parse_sla(sla)  # bad input first: nothing is started for a typo
+    record = _refresh_run(_record(run))
+    plan = _plan_of_run(record)
+    wl = build_workload(workload, isl=isl, osl=osl, concurrency=tuple(concurrency) if concurrency else None,
+                        request_rate=tuple(request_rate) if request_rate else None, requests=requests, turns=turns,
+                        seed=seed, limits=limits_for_plan(plan))
+    tok = resolve_tokenizer(tokenizer, plan, record.engine)
+    target = target_for_run(record, plan)
+    base = None
+    if baseline is not None:
+        base = target_for_run(_refresh_run(baseline), _plan_of_run(baseline), name="aggregated", aggregated=True)
+    elif baseline_url:
+        base = target_for_url(baseline_url, record.model, gpus=target.gpus)
+    return run_bench(target, wl, tokenizer=tok, bench_root=record.path / "bench", objectives=objectives,
+                     bounds=Bounds(max_error_rate=max_error_rate), plan=plan, name=name, baseline=base,
+                     timeout_s=timeout_s, on_progress=on_progress)
+
+
+def _refresh_run(run: RunRecord) -> RunRecord:
+    from toolkit.launch import refresh
+
+    return refresh(run)
+
+
+def launch_baseline(run: RunRecord, **kwargs) -> RunRecord:
+    """An aggregated deployment of the run's model on the same GPUs, serving (a RunRecord). Not yet: the lead
+    integrates launching; tk bench --baseline aggregated calls this and compares with bench(baseline=...)."""
+    from toolkit.bench.workload import BenchInputError
+
+    raise BenchInputError("--baseline aggregated: launching the aggregated baseline is not available yet; "
+                          "benchmark one that is already serving with --baseline-url URL")
+
+
+def bench_recipe(recipe: str | os.PathLike, *, local: bool = False, overrides: Sequence[str] = (),
+                 **bench_kwargs) -> dict[str, Any]:
+    """Launch RECIPE (fail-fast), benchmark it, stop it (always). Same keywords and result as bench()."""
+    plan = load_plan(recipe, overrides)
+    run = launch(plan, local=local)
+    try:
+        return bench(run, **bench_kwargs)
+    finally:
+        stop(run)

@@ -58,6 +58,7 @@ def cli():
     tk render RECIPE -o DIR         every file the deployment needs
     tk launch RECIPE [--local]      run it, wait until it serves
     tk runs | status | logs | stop  look after runs (found from any directory)
+    tk bench RUN [--sla ...]        aiperf against a serving run: verdict (0/1/2) and report
     tk doctor [RUN]                 why a run failed: cause, fix, evidence
     tk diff RUN_A RUN_B             what differs between two runs or renders
     tk validate cluster RECIPE      NIXL transfers between every context and generation node
@@ -453,6 +454,107 @@ def validate_cluster(recipe, local, nodes, in_allocation, memory, max_memory_mb,
         print_report(report)
     if not report["passed"]:
         raise SystemExit(1)
+
+
+# --- bench ---------------------------------------------------------------------------------------
+
+def _int_list(ctx, param, value):
+    if not value:
+        return None
+    try:
+        out = tuple(int(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter("a comma-separated list of integers, e.g. 1,4,16,64") from None
+    if not out or min(out) < 1:
+        raise click.BadParameter("values must be >= 1")
+    return out
+
+
+def _float_list(ctx, param, value):
+    if not value:
+        return None
+    try:
+        out = tuple(float(v) for v in value.split(",") if v.strip())
+    except ValueError:
+        raise click.BadParameter("a comma-separated list of numbers, e.g. 1,2.5,5") from None
+    return out
+
+
+@cli.command()
+@click.argument("target", required=False)
+@click.option("--workload", default="fixed", show_default=True, metavar="fixed|isl-sweep|concurrency-sweep|multi-turn",
+              help="What load: one ISL/OSL; ISL 128..2048 (clipped to the plan); concurrencies; growing conversations.")
+@click.option("--isl", type=click.IntRange(1, 1 << 20), default=1024, show_default=True, help="Input tokens.")
+@click.option("--osl", type=click.IntRange(1, 1 << 20), default=128, show_default=True, help="Output tokens.")
+@click.option("--concurrency", callback=_int_list, metavar="N,N,...", help="Concurrencies (default 4; sweep 1,4,16,64).")
+@click.option("--request-rate", callback=_float_list, metavar="R,R,...", help="Requests/s instead of concurrency.")
+@click.option("--requests", type=click.IntRange(1, 10_000_000), help="Profiled requests per cell (default 10 x load, >= 32).")
+@click.option("--turns", type=click.IntRange(1, 100), default=3, show_default=True, help="multi-turn: turns per conversation.")
+@click.option("--sla", metavar="KEY=V,...", help="e.g. ttft_p99_ms=500,itl_p99_ms=30,output_tokens_per_s_per_gpu_min=100.")
+@click.option("--tokenizer", type=click.Path(), help="Tokenizer directory for aiperf (default: the model's).")
+@click.option("--baseline", type=click.Choice(["aggregated"]), help="Also benchmark an aggregated deployment on the same GPUs.")
+@click.option("--baseline-url", metavar="URL", help="An aggregated server already serving, benchmarked as the baseline.")
+@click.option("--max-error-rate", type=_Finite(min=0.0, max=1.0), default=0.01, show_default=True,
+              help="Fraction of failed requests above which the run is invalid.")
+@click.option("--seed", type=click.IntRange(0, 2**31), default=100, show_default=True)
+@click.option("--timeout", type=_seconds(1), default=1800.0, show_default=True, help="Bound on each aiperf run.")
+@click.option("--name", help="Bench directory name prefix (default: the workload).")
+@click.option("--local", "local", is_flag=True, help="With a RECIPE: launch it on this machine.")
+@set_option
+@json_option
+def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns, sla, tokenizer, baseline,
+          baseline_url, max_error_rate, seed, timeout, name, local, overrides, as_json):
+    """Benchmark a serving RUN (or launch RECIPE, benchmark it, stop it) with aiperf.
+
+    \b
+    Exit 0: valid, disaggregated, every SLA objective met.
+    Exit 1: an SLA objective missed (named).
+    Exit 2: invalid (zero-token answers, errors, lengths off, legs not proven) or bad input.
+    Writes RUN/bench/NAME-TIMESTAMP/: results.json/.csv, verdict.json, plots, report.md, aiperf exports.
+    """
+    from toolkit.bench.workload import WORKLOADS, BenchInputError
+
+    if workload not in WORKLOADS:
+        raise BenchInputError(f"unknown workload {workload!r}; valid: {', '.join(WORKLOADS)}")
+    if baseline and baseline_url:
+        raise click.UsageError("--baseline and --baseline-url exclude each other")
+    from toolkit.bench.sla import parse_sla
+
+    parse_sla(sla)  # an unknown key is exit 2 before anything is looked up or started
+    kwargs = dict(workload=workload, isl=isl, osl=osl, concurrency=concurrency, request_rate=request_rate,
+                  requests=requests, turns=turns, sla=sla, tokenizer=tokenizer, baseline_url=baseline_url,
+                  max_error_rate=max_error_rate, seed=seed, timeout_s=timeout, name=name)
+    state = {"cell": ""}
+
+    def on_progress(kind, **kw):
+        if as_json:
+            return
+        if kind == "cell":
+            state["cell"] = kw["cell"]
+            _say(f"[{kw['index'] + 1}/{kw['total']}] {kw['target']} {kw['cell']}: aiperf running")
+    run = None
+    try:
+        run = api.find_run(target)
+    except TkError as exc:
+        if target is None or not __import__("pathlib").Path(api.recipe_path(target)).is_file():
+            raise BenchInputError(f"{exc}; tk bench takes a serving run (tk runs) or a recipe") from None
+    if run is not None:
+        if baseline == "aggregated":
+            kwargs["baseline"] = api.launch_baseline(run)
+        doc = api.bench(run, on_progress=on_progress, **kwargs)
+    else:
+        if baseline == "aggregated":
+            raise BenchInputError("--baseline aggregated with a RECIPE is not available yet")
+        doc = api.bench_recipe(target, local=local, overrides=overrides, on_progress=on_progress, **kwargs)
+    if as_json:
+        _emit_json({k: v for k, v in doc.items() if k != "cells"})
+    else:
+        from toolkit.bench.report import print_summary
+
+        print_summary(doc)
+    code = doc["verdict"]["exit_code"]
+    if code:
+        raise SystemExit(code)
 
 
 def main(argv=None) -> int:

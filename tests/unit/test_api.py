@@ -11,7 +11,7 @@ from toolkit.errors import RecipeError, TkError
 from tests.conftest import RECIPES, ROOT
 
 # Stage packages shadow API functions of the same name on the `toolkit` package (see toolkit/__init__.py).
-STAGE_PACKAGES = {"render", "launch", "validate", "doctor", "size"}
+STAGE_PACKAGES = {"render", "launch", "validate", "doctor", "size", "bench"}
 
 
 def _public_names(module, *, defined_in=None):

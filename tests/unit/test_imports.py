@@ -18,7 +18,10 @@ def _lint_imports(*args):
     exe = shutil.which("lint-imports")
     cmd = [exe] if exe else [sys.executable, "-c", "import sys; from importlinter.cli import lint_imports_command; "
                                                     "sys.exit(lint_imports_command())"]
-    return subprocess.run([*cmd, "--no-cache", "--no-logo", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    # --no-logo exists from import-linter 2.7; the bench extra (aiperf's rich~=14.1) resolves it to 2.6
+    logo = subprocess.run([*cmd, "--help"], capture_output=True, text=True, timeout=60).stdout
+    extra = ["--no-logo"] if "--no-logo" in logo else []
+    return subprocess.run([*cmd, "--no-cache", *extra, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
 CONTRACTS = ["agent-standalone", "standin-separate", "standin-protected", "stages"]

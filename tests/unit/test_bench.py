@@ -1,0 +1,169 @@
+"""Spec: tk bench. Workloads -> aiperf argv, aiperf's real export -> records, the verdict's rules (2 invalid,
+1 SLA missed naming the metric, 0 pass), reports (valid PNGs, links that exist), bad input (exit 2)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from toolkit.bench import probe as probes
+from toolkit.bench.report import write_all, cell_row
+from toolkit.bench.results import Record, read_export
+from toolkit.bench.sla import parse_sla, valid_keys
+from toolkit.bench.verdict import decide
+from toolkit.bench.workload import BenchInputError, Limits, aiperf_argv, build_workload
+
+FIX = Path(__file__).resolve().parents[1] / "fixtures" / "aiperf"
+
+
+def test_fixed_argv_streams_excludes_warmup_and_fixes_seed():
+    wl = build_workload("fixed", isl=128, osl=16, concurrency=(4,))
+    (cell,) = wl.cells
+    argv = aiperf_argv(cell, aiperf="aiperf", url="http://h:1", model="m", tokenizer="/tok", out_dir="/o", seed=7)
+    s = " ".join(argv)
+    assert argv[:2] == ["aiperf", "profile"] and "--streaming" in argv
+    for frag in ("--concurrency 4", "--request-count 40", "--warmup-request-count 8", "--prompt-input-tokens-mean 128",
+                 "--prompt-input-tokens-stddev 0", "--prompt-output-tokens-mean 16", "--extra-inputs ignore_eos:true",
+                 "--random-seed 7", "--endpoint-type chat", "--output-artifact-dir /o", "--tokenizer /tok"):
+        assert frag in s
+
+
+def test_isl_sweep_is_clipped_to_the_plan_with_a_note():
+    wl = build_workload("isl-sweep", osl=64, limits=Limits(max_input_len=1024, max_output_len=512))
+    assert [c.isl for c in wl.cells] == [128, 512, 1024]
+    assert any("2048" in n and "1024" in n for n in wl.notes)
+    with pytest.raises(BenchInputError, match="--osl"):
+        build_workload("fixed", osl=1000, limits=Limits(max_input_len=1024, max_output_len=512))
+
+
+def test_concurrency_sweep_and_multi_turn_argv():
+    wl = build_workload("concurrency-sweep", isl=256, osl=32)
+    assert [c.concurrency for c in wl.cells] == [1, 4, 16, 64]
+    mt = build_workload("multi-turn", isl=64, osl=8, turns=3, concurrency=(2,)).cells[0]
+    s = " ".join(aiperf_argv(mt, aiperf="a", url="u", model="m", tokenizer="t", out_dir="o"))
+    assert "--conversation-num 8 --conversation-turn-mean 3 --conversation-turn-stddev 0" in s
+    assert "--request-count" not in s
+    assert [mt.expected_isl(t) for t in range(3)] == [64, 136, 208]
+
+
+@pytest.mark.parametrize("kind", ["bogus", ""])
+def test_unknown_workload_is_exit_2(kind):
+    with pytest.raises(BenchInputError) as e:
+        build_workload(kind)
+    assert e.value.exit_code == 2 and "concurrency-sweep" in str(e.value)
+
+
+def test_sla_keys():
+    objs = parse_sla("ttft_p99_ms=500,itl_p50_ms=30,output_tokens_per_s_per_gpu_min=10")
+    assert [(o.metric, o.stat, o.kind) for o in objs] == [("time_to_first_token", "p99", "max"),
+                                                          ("inter_chunk_latency", "p50", "max"),
+                                                          ("output_token_throughput", "avg", "min")]
+    with pytest.raises(BenchInputError) as e:
+        parse_sla("ttft_p42_ms=1")
+    assert e.value.exit_code == 2 and "ttft_p99_ms" in str(e.value) and "request_throughput_min" in str(e.value)
+    assert "tpot_p99_ms" in valid_keys()
+
+
+def test_real_export_is_read():
+    res = read_export(FIX / "fixed", "isl128-osl16-c4")
+    assert res.aiperf_version == "0.13.0"
+    assert len(res.profiled) == 40 and len(res.warmup) == 4
+    r = res.profiled[0]
+    assert (r.isl, r.osl, r.prompt_tokens, r.completion_tokens) == (128, 16, 130, 16) and r.ok
+    assert res.stat("time_to_first_token", "p99") > 0 and res.stat("request_count") == 40
+    fail = read_export(FIX / "allfail", "x")
+    assert not fail.summary and all(not r.ok and "400" in r.error for r in fail.profiled)
+
+
+def _standin_stats(n, *, local=0, kv=None):
+    kv = n if kv is None else kv
+    return {"proxy": {"requests": n, "disaggregated": n - local, "local_prefill": local, "errors": 0},
+            "ctx-0": {"requests": {"context_only": n - local}},
+            "gen-0": {"requests": {"generation_only": n}, "kv": {"kv_transfers": kv, "kv_bytes_received": kv * 100}}}
+
+
+def _verdict(cell_dir="fixed", proof=None, sla=None, isl=128, osl=16, conc=4, kind="fixed", **kw):
+    wl = build_workload(kind, isl=isl, osl=osl, concurrency=(conc,), **kw)
+    res = read_export(FIX / cell_dir, wl.cells[0].name)
+    if proof is None:
+        proof = probes.standin_proof(_standin_stats(0), _standin_stats(len(res.records)))
+    return decide(wl, {wl.cells[0].name: res}, proof, parse_sla(sla), gpus=2), res, wl
+
+
+def test_pass_is_exit_0():
+    v, _, _ = _verdict(sla="ttft_p99_ms=10000,request_throughput_min=1")
+    assert v.exit_code == 0, v.summary
+
+
+def test_multi_turn_lengths_account_for_history_and_template():
+    v, _, _ = _verdict("multiturn", kind="multi-turn", isl=64, osl=8, conc=2, turns=3)
+    assert v.exit_code == 0, v.summary
+
+
+def test_sla_miss_is_exit_1_naming_the_metric():
+    v, _, _ = _verdict(sla="ttft_p99_ms=0.001")
+    assert v.exit_code == 1 and "ttft_p99_ms" in v.summary
+
+
+def test_zero_token_answer_is_exit_2():
+    wl = build_workload("fixed", isl=128, osl=16, concurrency=(4,))
+    res = read_export(FIX / "fixed", wl.cells[0].name)
+    r0 = res.records[-1]
+    res.records[-1] = Record(**{**r0.__dict__, "osl": 0, "completion_tokens": 0})
+    proof = probes.standin_proof(_standin_stats(0), _standin_stats(44))
+    v = decide(wl, {wl.cells[0].name: res}, proof, parse_sla("ttft_p99_ms=10000"))
+    assert v.exit_code == 2 and "no_zero_token_answers" in v.summary
+
+
+def test_not_disaggregated_is_exit_2():
+    v, _, _ = _verdict(proof=probes.standin_proof(_standin_stats(0), _standin_stats(44, local=44)))
+    assert v.exit_code == 2 and "disaggregated" in v.summary
+    v, _, _ = _verdict(proof=probes.standin_proof(_standin_stats(0), _standin_stats(44, kv=0)))
+    assert v.exit_code == 2 and "KV transfers" in v.summary
+    v, _, _ = _verdict(proof=probes.trtllm_proof([]))
+    assert v.exit_code == 2 and "perf_metrics_max_requests" in v.summary
+
+
+def test_trtllm_perf_metrics_prove_the_legs():
+    entries = [{"ctx_server": "c:1", "gen_server": "g:1", "ctx_perf_metrics": {"x": 1},
+                "gen_perf_metrics": {"perf_metrics": {"timing_metrics": {"kv_cache_size": 4096}}}}] * 44
+    v, _, _ = _verdict(proof=probes.trtllm_proof(entries))
+    assert v.exit_code == 0, v.summary
+
+
+def test_errors_above_the_bound_are_exit_2():
+    wl = build_workload("fixed", isl=32, osl=4, concurrency=(2,), requests=6)
+    res = read_export(FIX / "allfail", wl.cells[0].name)
+    v = decide(wl, {wl.cells[0].name: res}, probes.AggregatedProbe().proof({}, {}))
+    assert v.exit_code == 2 and "400" in v.summary
+
+
+def test_report_writes_valid_pngs_and_links_that_exist(tmp_path):
+    v, res, wl = _verdict(sla="ttft_p99_ms=10000")
+    rows = [cell_row("disaggregated", wl.cells[0], res, 2),
+            {**cell_row("disaggregated", wl.cells[0], res, 2), "cell": "b", "isl": 512, "concurrency": 16}]
+    (tmp_path / "aiperf" / wl.cells[0].name).mkdir(parents=True)
+    (tmp_path / "aiperf" / wl.cells[0].name / "profile_export_aiperf.json").write_text("{}")
+    (tmp_path / "aiperf.log").write_text("")
+    doc = {"name": "n", "run": {"run_dir": "/r", "engine": "standin", "endpoint": "http://h:1"}, "model": "m",
+           "tokenizer": "t", "gpus": 2, "workload": wl.to_dict(), "verdict": v.to_dict(), "rows": rows,
+           "cells_dirs": [wl.cells[0].name], "estimates": [], "bench_dir": str(tmp_path)}
+    plots = write_all(tmp_path, doc)
+    assert set(plots) == {"ttft_vs_isl.png", "throughput_vs_concurrency.png", "pareto.png"}
+    for p in plots:
+        assert (tmp_path / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (tmp_path / "report.md").read_text()
+    import re
+    for link in re.findall(r"\]\(([^)]+)\)", md):
+        assert (tmp_path / link).exists(), link
+    assert json.loads((tmp_path / "verdict.json").read_text())["exit_code"] == 0
+    assert (tmp_path / "results.csv").read_text().startswith("target,cell,isl")
+
+
+def test_cli_bad_input_is_exit_2_and_writes_nothing(tmp_path, capsys):
+    from toolkit.cli import main
+
+    assert main(["bench", str(tmp_path), "--workload", "nope"]) == 2
+    assert main(["bench", str(tmp_path), "--sla", "bogus_key=1"]) == 2
+    assert "valid keys" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

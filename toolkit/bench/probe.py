@@ -1,0 +1,197 @@
+"""Proof that a deployment served disaggregated: counters read from the proxy and the workers before and after
+the benchmark. One small interface, `Probe.snapshot() -> dict` and `Probe.proof(before, after) -> Proof`, over
+the endpoints a run lists (run.json: servers with role, host and port; nodes.tsv for addresses).
+
+- `StandinProbe` (a proxy that answers /standin/stats, the CPU stand-in): `GET /standin/stats` on the proxy (requests, disaggregated, local_prefill,
+  ctx_finished_early, errors, per-server leg counts) and on every worker (requests by request_type; on
+  generation workers kv.kv_transfers and kv.kv_bytes_received).
+- `TrtllmProbe` (otherwise, TensorRT-LLM): `GET /perf_metrics` on the disaggregated server. TensorRT-LLM's
+  `DisaggPerfMetricsCollector.get_perf_metrics` (tensorrt_llm/serve/perf_metrics.py, mounted by
+  tensorrt_llm/serve/openai_disagg_server.py) returns one entry per finished disaggregated request that both
+  legs reported, `{"ctx_server", "gen_server", "ctx_perf_metrics", "gen_perf_metrics", ...}`, and drains them:
+  a snapshot before the run empties the buffer, the one after holds the run's requests. It needs
+  `perf_metrics_max_requests` (disagg config) and `return_perf_metrics` on both roles; a buffer smaller than the
+  run is reported. KV is taken as moved where a leg's metrics carry a kv_cache_size > 0 (the generation leg's
+  timing metrics), else counted from the ctx/gen pairs alone.
+- `AggregatedProbe`: a baseline with no legs to prove; its proof says so and the verdict skips the check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+import requests
+
+
+@dataclass
+class Proof:
+    kind: str  # standin-stats | trtllm | aggregated | unavailable
+    available: bool
+    requests: int = 0  # requests the front end saw during the run
+    context_legs: int = 0
+    generation_legs: int = 0
+    kv_transfers: int = 0
+    kv_bytes: int = 0
+    local_prefill: int = 0  # requests the proxy served without a context leg
+    errors: int = 0
+    notes: list[str] = field(default_factory=list)
+    per_server: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class Probe(Protocol):
+    kind: str
+
+    def snapshot(self) -> dict: ...
+
+    def proof(self, before: dict, after: dict) -> Proof: ...
+
+
+def _get(url: str, timeout_s: float):
+    resp = requests.get(url, timeout=timeout_s)
+    resp.raise_for_status()
+    return resp.json()
+
+
+class StandinProbe:
+    kind = "standin-stats"
+
+    def __init__(self, proxy_url: str, workers: dict[str, str], timeout_s: float = 5.0):
+        self.proxy_url = proxy_url.rstrip("/")
+        self.workers = {name: url.rstrip("/") for name, url in workers.items()}  # ctx-0 -> http://h:p
+        self.timeout_s = timeout_s
+
+    def snapshot(self) -> dict:
+        doc = {"proxy": _get(self.proxy_url + "/standin/stats", self.timeout_s)}
+        for name, url in self.workers.items():
+            doc[name] = _get(url + "/standin/stats", self.timeout_s)
+        return doc
+
+    def proof(self, before: dict, after: dict) -> Proof:
+        return standin_proof(before, after)
+
+
+def _delta(after: dict, before: dict, *path) -> int:
+    def dig(d):
+        for p in path:
+            d = (d or {}).get(p) if isinstance(d, dict) else None
+        return d if isinstance(d, (int, float)) else 0
+    return int(dig(after) - dig(before))
+
+
+def standin_proof(before: dict, after: dict) -> Proof:
+    """Pure: two /standin/stats snapshots -> what happened in between."""
+    p = Proof(kind="standin-stats", available=True)
+    p.requests = _delta(after, before, "proxy", "requests")
+    p.local_prefill = _delta(after, before, "proxy", "local_prefill")
+    p.errors = _delta(after, before, "proxy", "errors")
+    disagg = _delta(after, before, "proxy", "disaggregated")
+    early = _delta(after, before, "proxy", "ctx_finished_early")
+    for name in sorted(k for k in after if k != "proxy"):
+        if name.startswith("ctx"):
+            n = _delta(after, before, name, "requests", "context_only")
+            p.context_legs += n
+            p.per_server[name] = {"context_only": n}
+        elif name.startswith("gen"):
+            n = _delta(after, before, name, "requests", "generation_only")
+            t = _delta(after, before, name, "kv", "kv_transfers")
+            b = _delta(after, before, name, "kv", "kv_bytes_received")
+            p.generation_legs += n
+            p.kv_transfers += t
+            p.kv_bytes += b
+            p.per_server[name] = {"generation_only": n, "kv_transfers": t, "kv_bytes_received": b}
+    p.per_server["proxy"] = {"requests": p.requests, "disaggregated": disagg, "local_prefill": p.local_prefill,
+                             "ctx_finished_early": early, "errors": p.errors}
+    if early:
+        p.notes.append(f"{early} request(s) finished on the context server (no generation leg)")
+    return p
+
+
+class TrtllmProbe:
+    kind = "trtllm"
+
+    def __init__(self, proxy_url: str, timeout_s: float = 10.0):
+        self.proxy_url = proxy_url.rstrip("/")
+        self.timeout_s = timeout_s
+
+    def snapshot(self) -> dict:
+        entries = _get(self.proxy_url + "/perf_metrics", self.timeout_s)
+        return {"perf_metrics": entries if isinstance(entries, list) else []}
+
+    def proof(self, before: dict, after: dict) -> Proof:
+        return trtllm_proof(after.get("perf_metrics") or [])
+
+
+def _find(d, key):
+    if isinstance(d, dict):
+        if key in d and isinstance(d[key], (int, float)):
+            return d[key]
+        for v in d.values():
+            found = _find(v, key)
+            if found is not None:
+                return found
+    elif isinstance(d, list):
+        for v in d:
+            found = _find(v, key)
+            if found is not None:
+                return found
+    return None
+
+
+def trtllm_proof(entries: list) -> Proof:
+    """Pure: the disaggregated server's /perf_metrics entries after the run (the buffer was drained before)."""
+    p = Proof(kind="trtllm", available=True)
+    p.requests = len(entries)
+    with_size = 0
+    for e in entries:
+        if not isinstance(e, dict):
+            continue
+        ctx, gen = e.get("ctx_perf_metrics"), e.get("gen_perf_metrics")
+        if ctx:
+            p.context_legs += 1
+            p.per_server.setdefault(str(e.get("ctx_server")), {"context_legs": 0})["context_legs"] += 1
+        if gen:
+            p.generation_legs += 1
+            p.per_server.setdefault(str(e.get("gen_server")), {"generation_legs": 0})["generation_legs"] += 1
+        size = _find(gen, "kv_cache_size") if gen else None
+        if size is not None:
+            with_size += 1
+            if size > 0:
+                p.kv_transfers += 1
+                p.kv_bytes += int(size)
+        elif ctx and gen:
+            p.kv_transfers += 1  # both legs of one ctx_request_id: the generation leg was handed the KV
+    if entries and not with_size:
+        p.notes.append("no kv_cache_size in the generation legs' metrics: KV counted from ctx/gen pairs")
+    if not entries:
+        p.available = False
+        p.notes.append("/perf_metrics returned no entries: set perf_metrics_max_requests (disagg config) and "
+                       "return_perf_metrics: true on both roles to let tk prove the legs")
+    return p
+
+
+class AggregatedProbe:
+    kind = "aggregated"
+
+    def snapshot(self) -> dict:
+        return {}
+
+    def proof(self, before: dict, after: dict) -> Proof:
+        return Proof(kind="aggregated", available=True, notes=["aggregated baseline: no legs to prove"])
+
+
+def unavailable(reason: str) -> Proof:
+    return Proof(kind="unavailable", available=False, notes=[reason])
+
+
+def probe_for(proxy_url: str, workers: dict[str, str], timeout_s: float = 5.0):
+    """The stand-in's counters where the proxy serves /standin/stats, else TensorRT-LLM's /perf_metrics: asked of
+    the deployment itself, so no code here names an engine."""
+    try:
+        requests.get(proxy_url.rstrip("/") + "/standin/stats", timeout=timeout_s).raise_for_status()
+        return StandinProbe(proxy_url, workers, timeout_s)
+    except Exception:  # noqa: BLE001
+        return TrtllmProbe(proxy_url)

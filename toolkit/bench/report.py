@@ -1,0 +1,187 @@
+"""Bench outputs: results.json, results.csv, verdict.json, PNG plots (matplotlib, Agg) and a one-page report.md."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+
+CSV_COLUMNS = ["target", "cell", "isl", "osl", "turns", "concurrency", "request_rate", "requests", "errors",
+               "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
+               "e2e_p50_ms", "e2e_p99_ms", "request_throughput", "output_tokens_per_s",
+               "output_tokens_per_s_per_gpu", "output_tokens_per_s_per_user"]
+
+
+def cell_row(target: str, cell, res, gpus: int | None) -> dict:
+    s = res.stat if res else (lambda *a: None)
+    out_tps = s("output_token_throughput")
+    prof = res.profiled if res else []
+    return {"target": target, "cell": cell.name, "isl": cell.isl, "osl": cell.osl, "turns": cell.turns,
+            "concurrency": cell.concurrency, "request_rate": cell.request_rate, "requests": len(prof),
+            "errors": sum(1 for r in prof if not r.ok),
+            "ttft_p50_ms": s("time_to_first_token", "p50"), "ttft_p99_ms": s("time_to_first_token", "p99"),
+            "itl_p50_ms": s("inter_chunk_latency", "p50"), "itl_p99_ms": s("inter_chunk_latency", "p99"),
+            "tpot_p50_ms": s("inter_token_latency", "p50"), "tpot_p99_ms": s("inter_token_latency", "p99"),
+            "e2e_p50_ms": s("request_latency", "p50"), "e2e_p99_ms": s("request_latency", "p99"),
+            "request_throughput": s("request_throughput"), "output_tokens_per_s": out_tps,
+            "output_tokens_per_s_per_gpu": (out_tps / gpus) if out_tps is not None and gpus else None,
+            "output_tokens_per_s_per_user": s("output_token_throughput_per_user")}
+
+
+def csv_text(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=CSV_COLUMNS, lineterminator="\n")
+    w.writeheader()
+    for r in rows:
+        w.writerow({k: ("" if r.get(k) is None else r[k]) for k in CSV_COLUMNS})
+    return buf.getvalue()
+
+
+def _plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, list[tuple[float, float]]],
+          logx: bool = False) -> bool:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = {k: sorted(v) for k, v in series.items() if v}
+    if not series:
+        return False
+    fig, ax = plt.subplots(figsize=(6.4, 4.2), dpi=100)
+    for label, pts in series.items():
+        xs, ys = zip(*pts)
+        ax.plot(xs, ys, marker="o", linestyle="--" if label.startswith("aggregated") else "-", label=label)
+    if logx:
+        ax.set_xscale("log", base=2)
+    ax.set_title(title)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return True
+
+
+def write_plots(out: Path, rows: list[dict]) -> list[str]:
+    """ttft_vs_isl.png, throughput_vs_concurrency.png, pareto.png (where the data has two points or more)."""
+    written = []
+    by = lambda key: {}  # noqa: E731
+    ttft, thr, pareto = by(0), by(1), by(2)
+    for r in rows:
+        load = f"c{r['concurrency']}" if r["concurrency"] is not None else f"r{r['request_rate']:g}"
+        if r["ttft_p50_ms"] is not None:
+            ttft.setdefault(f"{r['target']} {load}", []).append((r["isl"], r["ttft_p50_ms"]))
+        if r["concurrency"] is not None and r["request_throughput"] is not None:
+            thr.setdefault(f"{r['target']} isl{r['isl']}", []).append((r["concurrency"], r["request_throughput"]))
+        y = r["output_tokens_per_s_per_gpu"]
+        if y is None:
+            y = r["output_tokens_per_s"]
+        if r["output_tokens_per_s_per_user"] is not None and y is not None:
+            pareto.setdefault(f"{r['target']} isl{r['isl']}", []).append((r["output_tokens_per_s_per_user"], y))
+    if any(len({x for x, _ in v}) > 1 for v in ttft.values()) or len(ttft) > 0:
+        if _plot(out / "ttft_vs_isl.png", "TTFT p50 vs input length", "input tokens (ISL)", "TTFT p50 (ms)", ttft):
+            written.append("ttft_vs_isl.png")
+    if _plot(out / "throughput_vs_concurrency.png", "Request throughput vs concurrency", "concurrency",
+             "requests/s", thr, logx=True):
+        written.append("throughput_vs_concurrency.png")
+    if _plot(out / "pareto.png", "Throughput per GPU vs per user", "output tokens/s/user",
+             "output tokens/s/GPU", pareto):
+        written.append("pareto.png")
+    return written
+
+
+def _fmt(v, nd=3):
+    if v is None:
+        return "–"
+    if isinstance(v, float):
+        return f"{v:.{nd}g}"
+    return str(v)
+
+
+def markdown(doc: dict, plots: list[str]) -> str:
+    v = doc["verdict"]
+    lines = [f"# tk bench: {doc['name']}", "",
+             f"**Verdict: {v['summary']}** (exit {v['exit_code']})", "",
+             f"- run: `{doc['run']['run_dir']}` ({doc['run']['engine']}, {doc['run'].get('engine_label') or ''})",
+             f"- endpoint: `{doc['run']['endpoint']}`, model `{doc['model']}`, tokenizer `{doc['tokenizer']}`",
+             f"- workload: {doc['workload']['kind']}, seed {doc['workload']['seed']}, aiperf "
+             f"{doc.get('aiperf_version') or '?'} (streaming, warm-up excluded, ignore_eos)",
+             f"- GPUs: {doc.get('gpus') or 'unknown'}"]
+    for n in doc["workload"]["notes"]:
+        lines.append(f"- note: {n}")
+    lines += ["", "## Results", "",
+              "| target | cell | req | err | TTFT p50 | TTFT p99 | ITL p99 | TPOT p50 | req/s | tok/s | tok/s/GPU | tok/s/user |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in doc["rows"]:
+        lines.append(f"| {r['target']} | {r['cell']} | {r['requests']} | {r['errors']} | {_fmt(r['ttft_p50_ms'])} | "
+                     f"{_fmt(r['ttft_p99_ms'])} | {_fmt(r['itl_p99_ms'])} | {_fmt(r['tpot_p50_ms'])} | "
+                     f"{_fmt(r['request_throughput'])} | {_fmt(r['output_tokens_per_s'])} | "
+                     f"{_fmt(r['output_tokens_per_s_per_gpu'])} | {_fmt(r['output_tokens_per_s_per_user'])} |")
+    lines += ["", "Latencies in ms. ITL: gaps between streamed chunks; TPOT: (latency - TTFT) / (OSL - 1).", "",
+              "## Checks", "", "| stage | check | cell | ok | reason |", "|---|---|---|---|---|"]
+    for c in v["checks"]:
+        ok = "skipped" if c.get("skipped") else ("yes" if c["ok"] else "**NO**")
+        lines.append(f"| {c['stage']} | {c['name']} | {c.get('cell') or ''} | {ok} | {c['reason']} |")
+    est = doc.get("estimates")
+    if est:
+        lines += ["", "## Measured beside estimated", "", "| quantity | estimated | measured | note |",
+                  "|---|---|---|---|"]
+        for e in est:
+            lines.append(f"| {e['quantity']} | {_fmt(e['estimated'])} | {_fmt(e['measured'])} | {e['note']} |")
+    comp = doc.get("baseline")
+    if comp:
+        lines += ["", "## Disaggregated beside aggregated", "",
+                  f"Baseline `{comp['endpoint']}`; answers agree: **{comp['answers']['agree']}** "
+                  f"({comp['answers']['matching']}/{comp['answers']['prompts']} greedy answers identical)", "",
+                  "| cell | TTFT p50 disagg/agg | req/s disagg/agg | tok/s/GPU disagg/agg |", "|---|---|---|---|"]
+        for c in comp["cells"]:
+            lines.append(f"| {c['cell']} | {_fmt(c['ttft_p50_ratio'])} | {_fmt(c['request_throughput_ratio'])} | "
+                         f"{_fmt(c['tokens_per_gpu_ratio'])} |")
+    if plots:
+        lines += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
+    lines += ["", "## Files", "", "- [results.json](results.json), [results.csv](results.csv), "
+              "[verdict.json](verdict.json), [aiperf.log](aiperf.log)",
+              "- aiperf exports: " + ", ".join(f"[{c}](aiperf/{c}/profile_export_aiperf.json)"
+                                               for c in doc["cells_dirs"]), ""]
+    return "\n".join(lines)
+
+
+def write_all(out: Path, doc: dict) -> list[str]:
+    plots = write_plots(out, doc["rows"])
+    doc["plots"] = plots
+    (out / "results.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
+    (out / "results.csv").write_text(csv_text(doc["rows"]))
+    (out / "verdict.json").write_text(json.dumps(doc["verdict"], indent=2, default=str) + "\n")
+    (out / "report.md").write_text(markdown(doc, plots))
+    return plots
+
+
+def print_summary(doc: dict) -> None:
+    """Rich tables on stderr."""
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(stderr=True)
+    t = Table(title=f"tk bench {doc['name']}")
+    for col in ("target", "cell", "req", "err", "TTFT p50", "TTFT p99", "ITL p99", "req/s", "tok/s/GPU",
+                "tok/s/user"):
+        t.add_column(col)
+    for r in doc["rows"]:
+        t.add_row(r["target"], r["cell"], str(r["requests"]), str(r["errors"]), _fmt(r["ttft_p50_ms"]),
+                  _fmt(r["ttft_p99_ms"]), _fmt(r["itl_p99_ms"]), _fmt(r["request_throughput"]),
+                  _fmt(r["output_tokens_per_s_per_gpu"]), _fmt(r["output_tokens_per_s_per_user"]))
+    con.print(t)
+    v = doc["verdict"]
+    c = Table(title="verdict")
+    for col in ("stage", "check", "cell", "ok", "reason"):
+        c.add_column(col, overflow="fold")
+    for ch in v["checks"]:
+        c.add_row(ch["stage"], ch["name"], ch.get("cell") or "",
+                  "skip" if ch.get("skipped") else ("yes" if ch["ok"] else "[red]NO[/red]"), ch["reason"])
+    con.print(c)
+    style = "green" if v["exit_code"] == 0 else "red"
+    con.print(f"[{style}]{v['summary']}[/{style}]")
+    con.print(f"report: {doc['bench_dir']}/report.md")

@@ -1,0 +1,92 @@
+"""Runs aiperf as a subprocess: bounded, its output streamed to a log file, progress reported per line."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from toolkit.bench.workload import BenchInputError
+
+AIPERF_ENV = "TK_AIPERF"
+INSTALL_FIX = "install it with: pip install 'tk-disagg[bench]' (or scripts/setup), or point TK_AIPERF at an aiperf"
+
+
+def find_aiperf() -> str:
+    """The aiperf executable: $TK_AIPERF, beside this Python, or on PATH. BenchInputError (exit 2) if none."""
+    env = os.environ.get(AIPERF_ENV)
+    if env:
+        if shutil.which(env):
+            return shutil.which(env)
+        raise BenchInputError(f"{AIPERF_ENV}={env}: not an executable; {INSTALL_FIX}")
+    beside = Path(sys.executable).parent / "aiperf"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    found = shutil.which("aiperf")
+    if not found:
+        raise BenchInputError(f"aiperf is not installed; {INSTALL_FIX}")
+    return found
+
+
+class AiperfFailed(Exception):
+    def __init__(self, rc: int, tail: str):
+        super().__init__(f"aiperf exited {rc}")
+        self.rc, self.tail = rc, tail
+
+
+def run_aiperf(argv: list[str], log_path: Path, timeout_s: float,
+               on_line: Callable[[str], None] | None = None) -> int:
+    """Run one aiperf command; stdout and stderr go to log_path. Returns its exit code; kills its process
+    group and raises TimeoutError past timeout_s."""
+    env = dict(os.environ, NO_COLOR="1", TERM="dumb")
+    deadline = time.monotonic() + timeout_s
+    with open(log_path, "ab") as log:
+        log.write(("$ " + " ".join(argv) + "\n").encode())
+        log.flush()
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                env=env, start_new_session=True)
+        try:
+            import selectors
+
+            sel = selectors.DefaultSelector()
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            buf = b""
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"aiperf ran past {timeout_s:g} s")
+                if sel.select(timeout=min(left, 1.0)):
+                    chunk = os.read(proc.stdout.fileno(), 65536)
+                    if not chunk:
+                        break
+                    log.write(chunk)
+                    log.flush()
+                    buf += chunk
+                    *lines, buf = buf.split(b"\n")
+                    if on_line:
+                        for line in lines:
+                            on_line(line.decode(errors="replace"))
+            return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+        finally:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, 15)
+                    proc.wait(timeout=10)
+                except (ProcessLookupError, subprocess.TimeoutExpired):
+                    try:
+                        os.killpg(proc.pid, 9)
+                    except ProcessLookupError:
+                        pass
+                    proc.wait()
+            proc.stdout.close()
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""

@@ -1,0 +1,213 @@
+"""The verdict of a benchmark, in this order. Pure: data in, a Verdict out.
+
+1. validity (exit 2): every cell has profiled requests; no successful request with zero output tokens; the error
+   rate within a bound; measured ISL/OSL match the workload (aiperf's counts within a tolerance; the server's
+   usage.prompt_tokens at least aiperf's ISL and at most a chat-template allowance per message above it;
+   usage.completion_tokens equal to OSL); the warm-up excluded (the summary counts only profiled requests).
+2. disaggregation (exit 2): counters read before and after show every successful request took the context
+   and the generation leg and its KV moved (skipped for an aggregated baseline).
+3. SLA (exit 1): every objective at its declared statistic, in every cell; a miss names the metric and cell.
+Exit 0 when all pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from toolkit.bench.probe import Proof
+from toolkit.bench.results import CellResult
+from toolkit.bench.sla import Objective
+from toolkit.bench.workload import Workload
+
+PASS, SLA_MISSED, INVALID = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class Bounds:
+    max_error_rate: float = 0.01  # fraction of profiled requests
+    length_tolerance: float = 0.02  # relative, on aiperf's ISL and OSL
+    length_slack_tokens: int = 2  # absolute, on top of the relative tolerance
+    template_tokens_per_message: int = 32  # chat template allowance per message (prompt turns + answers)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Check:
+    name: str
+    stage: str  # validity | disaggregation | sla
+    ok: bool
+    reason: str
+    cell: str | None = None
+    numbers: dict = field(default_factory=dict)
+    skipped: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Verdict:
+    exit_code: int
+    summary: str
+    checks: list[Check]
+
+    @property
+    def passed(self) -> bool:
+        return self.exit_code == PASS
+
+    def failed(self) -> list[Check]:
+        return [c for c in self.checks if not c.ok and not c.skipped]
+
+    def to_dict(self) -> dict:
+        return {"exit_code": self.exit_code, "passed": self.passed, "summary": self.summary,
+                "checks": [c.to_dict() for c in self.checks]}
+
+
+def _within(measured: int, expected: int, b: Bounds) -> bool:
+    return abs(measured - expected) <= max(b.length_slack_tokens, b.length_tolerance * expected)
+
+
+def _validity(workload: Workload, results: dict[str, CellResult], b: Bounds) -> list[Check]:
+    checks = []
+    for cell in workload.cells:
+        res = results.get(cell.name)
+        if res is None:
+            checks.append(Check("results_present", "validity", False, "aiperf left no results", cell.name))
+            continue
+        prof = res.profiled
+        ok_recs = [r for r in prof if r.ok]
+        n, n_err = len(prof), len(prof) - len(ok_recs)
+        if not n or not ok_recs:
+            why = f"no successful profiled request ({n} sent, {n_err} failed)"
+            first = next((r.error for r in prof if r.error), None)
+            checks.append(Check("requests_succeeded", "validity", False,
+                                why + (f"; first error: {first}" if first else ""), cell.name,
+                                {"requests": n, "errors": n_err}))
+            continue
+        zero = [r for r in ok_recs if not r.osl or r.completion_tokens == 0]
+        checks.append(Check("no_zero_token_answers", "validity", not zero,
+                            f"{len(zero)} of {len(ok_recs)} successful requests returned no output tokens"
+                            if zero else f"all {len(ok_recs)} successful requests returned tokens",
+                            cell.name, {"zero_token_answers": len(zero), "successful": len(ok_recs)}))
+        rate = n_err / n
+        first = next((r.error for r in prof if r.error), None)
+        checks.append(Check("error_rate", "validity", rate <= b.max_error_rate,
+                            f"{n_err} of {n} requests failed ({100 * rate:.2f} %, bound {100 * b.max_error_rate:g} %)"
+                            + (f"; first: {first}" if first and rate > b.max_error_rate else ""),
+                            cell.name, {"errors": n_err, "requests": n, "error_rate": rate,
+                                        "bound": b.max_error_rate}))
+        bad_isl = [r for r in ok_recs if r.isl is None or not _within(r.isl, cell.expected_isl(r.turn), b)]
+        bad_osl = [r for r in ok_recs if r.osl is None or not _within(r.osl, cell.osl, b)]
+        bad_usage_out = [r for r in ok_recs if r.completion_tokens is not None and r.osl is not None
+                         and not _within(r.completion_tokens, r.osl, b)]
+        bad_usage_in = [r for r in ok_recs if r.prompt_tokens is not None and r.isl is not None
+                        and not (r.isl - b.length_slack_tokens <= r.prompt_tokens
+                                 <= r.isl + b.template_tokens_per_message * (2 * r.turn + 2))]
+        overhead = sorted({r.prompt_tokens - r.isl for r in ok_recs if r.prompt_tokens is not None and r.isl})
+        isl_vals = sorted({r.isl for r in ok_recs if r.isl is not None})
+        osl_vals = sorted({r.osl for r in ok_recs if r.osl is not None})
+        problems = []
+        if bad_isl:
+            problems.append(f"{len(bad_isl)} requests with ISL off the workload (e.g. {bad_isl[0].isl} for "
+                            f"{cell.expected_isl(bad_isl[0].turn)} expected)")
+        if bad_osl:
+            problems.append(f"{len(bad_osl)} requests with OSL off the workload (e.g. {bad_osl[0].osl} for "
+                            f"{cell.osl}; was ignore_eos honoured?)")
+        if bad_usage_out:
+            problems.append(f"{len(bad_usage_out)} requests where the server's completion_tokens differ from the "
+                            f"streamed tokens (e.g. {bad_usage_out[0].completion_tokens} vs {bad_usage_out[0].osl})")
+        if bad_usage_in:
+            r = bad_usage_in[0]
+            problems.append(f"{len(bad_usage_in)} requests where the server's prompt_tokens do not match the sent "
+                            f"prompt plus chat template (e.g. {r.prompt_tokens} vs ISL {r.isl}): is the benchmark's "
+                            f"tokenizer the model's?")
+        checks.append(Check("lengths_match", "validity", not problems,
+                            "; ".join(problems) or f"ISL {isl_vals[:4]}, OSL {osl_vals[:4]} as asked; server prompt "
+                            f"tokens exceed ISL by {overhead[:4]} (chat template)", cell.name,
+                            {"isl": isl_vals[:8], "osl": osl_vals[:8], "template_overhead": overhead[:8],
+                             "expected_isl": cell.isl, "expected_osl": cell.osl, "turns": cell.turns}))
+        counted = res.stat("request_count")
+        warm_in_summary = counted is not None and int(counted) != len(ok_recs)
+        checks.append(Check("warmup_excluded", "validity", bool(res.warmup) and not warm_in_summary,
+                            (f"{len(res.warmup)} warm-up requests kept out of the summary"
+                             if res.warmup and not warm_in_summary else
+                             "no warm-up phase in the records" if not res.warmup else
+                             f"the summary counts {counted:g} requests, not the {len(ok_recs)} profiled"),
+                            cell.name, {"warmup_requests": len(res.warmup), "summary_requests": counted,
+                                        "profiled_successful": len(ok_recs)}))
+    return checks
+
+
+def _disaggregation(results: dict[str, CellResult], proof: Proof | None) -> list[Check]:
+    if proof is None or proof.kind == "aggregated":
+        return [Check("disaggregated", "disaggregation", True, "aggregated baseline: not applicable", skipped=True)]
+    sent = sum(len(r.records) for r in results.values())  # warm-up included: it went through the proxy too
+    ok = sum(1 for res in results.values() for r in res.records if r.ok)
+    numbers = {**{k: v for k, v in proof.to_dict().items() if k not in ("notes", "per_server")},
+               "client_requests": sent, "client_successful": ok}
+    if not proof.available:
+        return [Check("disaggregated", "disaggregation", False,
+                      "cannot prove the deployment served disaggregated: " + "; ".join(proof.notes), numbers=numbers)]
+    problems = []
+    if proof.kind == "trtllm" and proof.requests < ok:
+        problems.append(f"/perf_metrics holds {proof.requests} requests for {ok} successful "
+                        f"(raise perf_metrics_max_requests to at least {ok})")
+        need = proof.requests
+    else:
+        need = ok
+    if proof.local_prefill:
+        problems.append(f"{proof.local_prefill} requests were prefilled on the generation server (no context leg)")
+    if proof.context_legs < need:
+        problems.append(f"{proof.context_legs} context legs for {need} successful requests")
+    if proof.generation_legs < need:
+        problems.append(f"{proof.generation_legs} generation legs for {need} successful requests")
+    if proof.kv_transfers < need:
+        problems.append(f"{proof.kv_transfers} KV transfers for {need} successful requests")
+    reason = "; ".join(problems) or (
+        f"{need} successful requests; {proof.context_legs} context legs, {proof.generation_legs} generation "
+        f"legs, {proof.kv_transfers} KV transfers" + (f" ({proof.kv_bytes} bytes)" if proof.kv_bytes else ""))
+    return [Check("disaggregated", "disaggregation", not problems, reason, numbers=numbers)]
+
+
+def _sla(workload: Workload, results: dict[str, CellResult], objectives: tuple[Objective, ...],
+         gpus: int | None) -> list[Check]:
+    checks = []
+    for obj in objectives:
+        for cell in workload.cells:
+            res = results.get(cell.name)
+            value = res.stat(obj.metric, obj.stat) if res else None
+            if value is not None and obj.per_gpu:
+                value = value / gpus if gpus else None
+            if value is None:
+                checks.append(Check(obj.key, "sla", False, f"{obj.key}: aiperf reported no {obj.metric} "
+                                    f"{obj.stat}" + (" (GPU count unknown)" if obj.per_gpu and not gpus else ""),
+                                    cell.name, {"limit": obj.limit}))
+                continue
+            ok = value <= obj.limit if obj.kind == "max" else value >= obj.limit
+            op = "<=" if obj.kind == "max" else ">="
+            bad_op = ">" if obj.kind == "max" else "<"
+            reason = (f"{obj.key}: {value:.4g} {op} {obj.limit:g}" if ok else
+                      f"{obj.key} missed: {value:.4g} {bad_op} {obj.limit:g} at {cell.name}")
+            checks.append(Check(obj.key, "sla", ok, reason, cell.name,
+                                {"measured": value, "limit": obj.limit, "metric": obj.metric, "stat": obj.stat}))
+    return checks
+
+
+def decide(workload: Workload, results: dict[str, CellResult], proof: Proof | None,
+           objectives: tuple[Objective, ...] = (), *, gpus: int | None = None, bounds: Bounds = Bounds()) -> Verdict:
+    checks = _validity(workload, results, bounds)
+    checks += _disaggregation(results, proof)
+    checks += _sla(workload, results, objectives, gpus)
+    failed = [c for c in checks if not c.ok and not c.skipped]
+    invalid = [c for c in failed if c.stage in ("validity", "disaggregation")]
+    if invalid:
+        return Verdict(INVALID, "INVALID: " + "; ".join(
+            f"{c.name}{f' [{c.cell}]' if c.cell else ''}: {c.reason}" for c in invalid[:3]), checks)
+    missed = [c for c in failed if c.stage == "sla"]
+    if missed:
+        return Verdict(SLA_MISSED, "SLA MISSED: " + "; ".join(c.reason for c in missed[:4]), checks)
+    n_sla = len(objectives)
+    return Verdict(PASS, "PASS: valid" + (", disaggregated" if proof and proof.kind != "aggregated" else "")
+                   + (f", {n_sla} SLA objective(s) met in every cell" if n_sla else ", no SLA declared"), checks)
