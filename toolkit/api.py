@@ -304,21 +304,30 @@ def _plan_of_run(run: RunRecord):
         return None
 
 
+_BASELINE_PORT_SHIFT = 100  # tk bench RUN --baseline aggregated: the baseline's ports, beside the serving run's
+
+
 def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "fixed", isl: int = 1024,
           osl: int = 128, concurrency: Sequence[int] | None = None, request_rate: Sequence[float] | None = None,
           requests: int | None = None, turns: int = 3, sla: str | None = None, tokenizer: str | None = None,
-          baseline: RunRecord | None = None, baseline_url: str | None = None, max_error_rate: float = 0.01,
+          baseline: str | RunRecord | None = None, baseline_url: str | None = None, max_error_rate: float = 0.01,
           seed: int = 100, timeout_s: float = 1800.0, name: str | None = None,
+          after_target: Callable[[], None] | None = None,
           on_progress: Callable[..., None] | None = None) -> dict[str, Any]:
     """Benchmark a serving run with aiperf; write RUN/bench/NAME-TIMESTAMP/; return the results document whose
     "verdict" has "exit_code" 0 (pass), 1 (SLA missed) or 2 (invalid). Bad input raises BenchInputError (exit 2).
 
-    baseline: a RunRecord of an aggregated deployment (what launch_baseline returns), or baseline_url: an
-    aggregated server already serving; either is benchmarked with the same workload and compared."""
+    baseline "aggregated": after the run is measured, tk launches an aggregated deployment of the same recipe on
+    the same number of GPUs (launch_baseline; fail-fast; on ports _BASELINE_PORT_SHIFT above the run's unless
+    after_target freed them), runs the identical workload, compares greedy answers, and stops it. A RunRecord
+    (an aggregated run already serving) or baseline_url (an aggregated server) is measured as it is."""
+    import contextlib
+
     from toolkit.bench import (limits_for_plan, resolve_tokenizer, run_bench, target_for_run, target_for_url)
     from toolkit.bench.sla import parse_sla
     from toolkit.bench.verdict import Bounds
-    from toolkit.bench.workload import build_workload
+    from toolkit.bench.workload import BenchInputError, build_workload
+    from toolkit.launch.run import RunRecord as Record
 
     objectives = parse_sla(sla)  # bad input first: nothing is started for a typo
     record = _refresh_run(_record(run))
@@ -329,13 +338,62 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
     tok = resolve_tokenizer(tokenizer, plan, record.engine)
     target = target_for_run(record, plan)
     base = None
-    if baseline is not None:
+    if baseline == "aggregated":
+        shift = () if after_target is not None else _shifted_ports(plan)
+
+        @contextlib.contextmanager
+        def base():
+            base_run = launch_baseline(record, overrides=shift)
+            try:
+                yield target_for_run(_refresh_run(base_run), _plan_of_run(base_run), name="aggregated",
+                                     aggregated=True)
+            finally:
+                stop(base_run)
+    elif isinstance(baseline, Record):
         base = target_for_run(_refresh_run(baseline), _plan_of_run(baseline), name="aggregated", aggregated=True)
+    elif baseline is not None:
+        raise BenchInputError(f"--baseline {baseline}: the only baseline is 'aggregated'")
     elif baseline_url:
         base = target_for_url(baseline_url, record.model, gpus=target.gpus)
     return run_bench(target, wl, tokenizer=tok, bench_root=record.path / "bench", objectives=objectives,
                      bounds=Bounds(max_error_rate=max_error_rate), plan=plan, name=name, baseline=base,
-                     timeout_s=timeout_s, on_progress=on_progress)
+                     after_target=after_target, timeout_s=timeout_s, on_progress=on_progress)
+
+
+def _shifted_ports(plan) -> tuple[str, ...]:
+    """--set overrides that move a baseline's ports _BASELINE_PORT_SHIFT above the plan's (its servers must not meet
+    the run still serving on the same nodes)."""
+    if plan is None:
+        return ()
+    out = [f"proxy.port={plan.proxy.port + _BASELINE_PORT_SHIFT}",
+           f"cluster.worker_base_port={min(s.port for s in plan.servers) + _BASELINE_PORT_SHIFT}"]
+    internal = [p for s in plan.servers for _, p in s.internal_ports]
+    if internal:
+        out.append(f"cluster.internal_base_port={min(internal) + _BASELINE_PORT_SHIFT}")
+    return tuple(out)
+
+
+def bench_recipe(recipe: str | os.PathLike, *, local: bool = False, overrides: Sequence[str] = (),
+                 run_dir: str | os.PathLike | None = None, baseline: str | None = None,
+                 on_launch: Callable[[RunRecord], None] | None = None, **bench_kwargs) -> dict[str, Any]:
+    """Launch RECIPE fail-fast, benchmark it, stop it (always). With baseline "aggregated" the deployment is
+    stopped once measured, and the aggregated one is launched on the GPUs it freed. Same result as bench()."""
+    plan = load_plan(recipe, (*overrides, "supervision.policy=fail-fast"))
+    run = launch(plan, local=local, run_dir=run_dir)
+    if on_launch is not None:
+        on_launch(run)
+    stopped = []
+
+    def stop_target():
+        stop(run)
+        stopped.append(run)
+
+    try:
+        return bench(run, baseline=baseline, after_target=stop_target if baseline == "aggregated" else None,
+                     **bench_kwargs)
+    finally:
+        if not stopped:
+            stop(run)
 
 
 def _refresh_run(run: RunRecord) -> RunRecord:
@@ -353,12 +411,3 @@ def launch_baseline(run: RunRecord, **kwargs) -> RunRecord:
                           "benchmark one that is already serving with --baseline-url URL")
 
 
-def bench_recipe(recipe: str | os.PathLike, *, local: bool = False, overrides: Sequence[str] = (),
-                 **bench_kwargs) -> dict[str, Any]:
-    """Launch RECIPE (fail-fast), benchmark it, stop it (always). Same keywords and result as bench()."""
-    plan = load_plan(recipe, overrides)
-    run = launch(plan, local=local)
-    try:
-        return bench(run, **bench_kwargs)
-    finally:
-        stop(run)

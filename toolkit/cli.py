@@ -240,6 +240,8 @@ def launch(recipe, local, dry_run, run_dir, pending_timeout, startup_timeout, fa
         _emit_json(run.public())
         return
     _say(f"{run.name} is serving at {run.endpoint}  ({backend}{', job ' + run.job_id if run.job_id else ''})")
+    if run.tokenizer:
+        _say(f"  tokenizer for clients that count tokens (aiperf --tokenizer): {run.tokenizer}")
     click.echo(run.endpoint)
 
 
@@ -273,6 +275,8 @@ def status(run, as_json):
             _say(f"  engine {record.engine_label}")
         _say(f"  backend {record.backend}{', job ' + record.job_id if record.job_id else ''}, "
              f"endpoint {record.endpoint or '-'}")
+        if record.tokenizer:
+            _say(f"  tokenizer {record.tokenizer}")
         for s in record.servers:
             where = f"step {s.step}" if s.step else f"pid {s.pid}" if s.pid else ""
             extra = [where] if where else []
@@ -500,10 +504,11 @@ def _float_list(ctx, param, value):
 @click.option("--timeout", type=_seconds(1), default=1800.0, show_default=True, help="Bound on each aiperf run.")
 @click.option("--name", help="Bench directory name prefix (default: the workload).")
 @click.option("--local", "local", is_flag=True, help="With a RECIPE: launch it on this machine.")
+@click.option("--run-dir", type=click.Path(file_okay=False), help="With a RECIPE: its run directory.")
 @set_option
 @json_option
 def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns, sla, tokenizer, baseline,
-          baseline_url, max_error_rate, seed, timeout, name, local, overrides, as_json):
+          baseline_url, max_error_rate, seed, timeout, name, local, run_dir, overrides, as_json):
     """Benchmark a serving RUN (or launch RECIPE, benchmark it, stop it) with aiperf.
 
     \b
@@ -539,13 +544,16 @@ def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns
         if target is None or not __import__("pathlib").Path(api.recipe_path(target)).is_file():
             raise BenchInputError(f"{exc}; tk bench takes a serving run (tk runs) or a recipe") from None
     if run is not None:
-        if baseline == "aggregated":
-            kwargs["baseline"] = api.launch_baseline(run)
-        doc = api.bench(run, on_progress=on_progress, **kwargs)
+        if local or overrides or run_dir:
+            raise click.UsageError("--local, --set and --run-dir are for tk bench RECIPE (a deployment it launches)")
+        doc = api.bench(run, on_progress=on_progress, baseline=baseline, **kwargs)
     else:
-        if baseline == "aggregated":
-            raise BenchInputError("--baseline aggregated with a RECIPE is not available yet")
-        doc = api.bench_recipe(target, local=local, overrides=overrides, on_progress=on_progress, **kwargs)
+        def launched(record):
+            if not as_json:
+                _say(f"{record.name} is serving at {record.endpoint} (launched for this benchmark, fail-fast; "
+                     "tk bench stops it)")
+        doc = api.bench_recipe(target, local=local, overrides=overrides, run_dir=run_dir, baseline=baseline,
+                               on_launch=launched, on_progress=on_progress, **kwargs)
     if as_json:
         _emit_json({k: v for k, v in doc.items() if k != "cells"})
     else:

@@ -108,7 +108,8 @@ def test_every_rendered_standin_file_is_accepted_by_every_version(tmp_path, monk
         out = tmp_path / line
         render(plan, out)
         for role in ("ctx", "gen"):
-            argv = worker_command(plan, role, 19000)[1:]  # drop the command itself
+            port = next(s.port for s in plan.servers if s.role == role)
+            argv = worker_command(plan, role, port)[1:]  # drop the command itself
             monkeypatch.setenv("TK_STANDIN_TRTLLM_VERSION", line)
             s = worker_settings([*argv, "--extra_llm_api_options", str(out / f"{role}.yaml")])
             assert s.disaggregated and s.transceiver.max_tokens_in_buffer % s.tokens_per_block == 0
@@ -118,7 +119,10 @@ def test_every_rendered_standin_file_is_accepted_by_every_version(tmp_path, monk
             text = text.replace(f"<node{i}>", "127.0.0.1")
         resolved.write_text(text)
         cfg = parse_config(str(resolved))
-        assert len(cfg.ctx_urls) == 2 and len(cfg.gen_urls) == 2
+        if plan.membership is None:
+            assert len(cfg.ctx_urls) == 2 and len(cfg.gen_urls) == 2
+        else:  # 1.2: the workers register into the proxy's cluster storage; no static urls
+            assert cfg.ctx_urls == [] and cfg.gen_urls == [] and cfg.cluster is not None
         with pytest.raises(ConfigError, match="placeholder"):
             parse_config(str(out / "disagg.yaml"))
 

@@ -94,8 +94,11 @@ def test_a_port_already_taken_on_a_node_fails_the_job_before_any_server_starts(t
 
 
 def test_hostile_values_reach_the_server_as_data_not_as_commands(tmp_path):
+    # Static urls: the workers start first (with membership the job starts the proxy first and waits for it; the
+    # fake server does not answer, so the case below covers that order).
     marker = tmp_path / "PWNED"
-    loaded = load_recipe_text(HOSTILE.format(marker=marker), str(tmp_path / "hostile.yaml"))
+    text = HOSTILE.format(marker=marker) + "membership:\n  enabled: false\n"
+    loaded = load_recipe_text(text, str(tmp_path / "hostile.yaml"))
     out, _ = render(build_plan(loaded), tmp_path / "run")
     env = _fake_slurm_env(tmp_path, out)
     start = time.monotonic()
@@ -139,6 +142,7 @@ schema_version: 1
 name: packed
 model: meta-llama/Llama-3.1-8B-Instruct
 model_path: /models/x
+membership: {enabled: false}  # static urls: the workers start first (the membership order has its own spec)
 cluster:
   gpus_per_node: 4
   share_nodes: true
@@ -290,3 +294,22 @@ def test_the_config_check_passes_a_good_stand_in_deployment(tmp_path):
     checked = [d for p, d in phases if p == "checked"]
     assert checked and "ctx.yaml, gen.yaml, disagg.resolved.yaml accepted" in checked[0], phases
     assert "started" in [p for p, _ in phases]
+
+
+def test_with_membership_the_proxy_starts_first_and_a_silent_one_fails_the_job_naming_it(tmp_path):
+    marker = tmp_path / "PWNED"
+    loaded = load_recipe_text(HOSTILE.format(marker=marker), str(tmp_path / "hostile.yaml"))
+    plan = build_plan(loaded)
+    assert plan.membership is not None
+    out, _ = render(plan, tmp_path / "run")
+    proc = subprocess.run(["bash", str(out / "launch.sbatch")], env=_fake_slurm_env(tmp_path, out),
+                          capture_output=True, text=True, timeout=90)
+    assert not marker.exists(), "a recipe value was executed as a command"
+    assert proc.returncode != 0
+    phases = (out / "state" / "phases.tsv").read_text()
+    started = [line.split("\t")[2].split()[0] for line in phases.splitlines() if "\tstarted\t" in line]
+    assert started == ["proxy"], phases  # the proxy hosts the cluster storage: no worker before it answers
+    assert "proxy does not answer" in phases
+    assert "4242" in (tmp_path / "scancel.args").read_text()
+    argv = (tmp_path / "srun.args").read_text()
+    assert "<node0>" not in argv, "every <nodeN> in a step's arguments is resolved"

@@ -48,7 +48,7 @@ class Target:
 def _server_urls(run) -> dict[str, str]:
     from toolkit.launch.run import read_nodes
 
-    nodes = read_nodes(run.path)
+    nodes = read_nodes(run)
     out = {}
     for s in run.servers:
         host = s.host or nodes.get(s.node)
@@ -93,9 +93,12 @@ def resolve_tokenizer(tokenizer: str | None, plan=None, engine: str = "") -> str
                                   f"tokenizer.json, tokenizer_config.json)")
         return str(Path(tokenizer).resolve())
     if plan is not None:
-        shipped = getattr(plan.engine, "tokenizer", None)
-        if shipped and Path(shipped).is_dir():
-            return str(shipped)
+        if plan.engine.tokenizer_dir:  # the engine ships one whose counts equal its own (the stand-in's)
+            from toolkit.resources import package_path
+            try:
+                return str(package_path(plan.engine.tokenizer_dir))
+            except FileNotFoundError as exc:
+                raise BenchInputError(str(exc)) from None
         model_path = plan.context.model_path
         if model_path and Path(model_path).is_dir():
             return model_path
@@ -107,11 +110,13 @@ def resolve_tokenizer(tokenizer: str | None, plan=None, engine: str = "") -> str
 def _check_serving(target: Target) -> None:
     import requests
 
+    # /health: both trtllm-serve and the disaggregated server have it (the disaggregated server has no /v1/models,
+    # tensorrt_llm/serve/openai_disagg_server.py register_routes, NVIDIA/TensorRT-LLM@01edceae)
     try:
-        resp = requests.get(target.endpoint + "/v1/models", timeout=5)
+        resp = requests.get(target.endpoint + "/health", timeout=5)
         resp.raise_for_status()
     except Exception as exc:  # noqa: BLE001
-        raise BenchInputError(f"{target.endpoint} does not answer /v1/models ({exc}); is the run serving? "
+        raise BenchInputError(f"{target.endpoint} does not answer /health with 200 ({exc}); is the run serving? "
                               f"(tk status)") from None
 
 
@@ -196,16 +201,22 @@ def _estimates(plan, workload: Workload, results: dict[str, CellResult]) -> list
 
 def run_bench(target: Target, workload: Workload, *, tokenizer: str, bench_root: Path,
               objectives: tuple[Objective, ...] = (), bounds: Bounds = Bounds(), plan=None, name: str | None = None,
-              baseline: Target | None = None, timeout_s: float = 1800.0,
+              baseline=None, after_target: Callable[[], None] | None = None, timeout_s: float = 1800.0,
               on_progress: Callable[..., None] | None = None) -> dict:
-    """Benchmark target (and a baseline beside it, if given); write the bench directory; return its document
-    (with "verdict" and "bench_dir"). Raises BenchInputError / TkError, leaving nothing behind."""
+    """Benchmark target, then (if given) a baseline with the same workload; write the bench directory; return its
+    document (with "verdict" and "bench_dir"). Raises BenchInputError / TkError, leaving nothing behind.
+
+    baseline: a Target already serving, or a callable returning a context manager that starts one and ends it
+    (an aggregated deployment on the same GPUs: tk bench calls after_target first, e.g. to stop the disaggregated
+    deployment and free its GPUs, then starts the baseline). The greedy answers of both are compared."""
+    import contextlib
+
     from toolkit.bench import report
-    from toolkit.bench.compare import compare
+    from toolkit.bench.compare import answers_agree, compare, greedy_answers
 
     aiperf = find_aiperf()
     _check_serving(target)
-    if baseline is not None:
+    if isinstance(baseline, Target):
         _check_serving(baseline)
     final, staging = _bench_dir(Path(bench_root), name or workload.kind)
     try:
@@ -223,14 +234,22 @@ def run_bench(target: Target, workload: Workload, *, tokenizer: str, bench_root:
                "cells": {k: v.to_dict() for k, v in results.items()}, "verdict": verdict.to_dict(),
                "estimates": _estimates(plan, workload, results), "rows": rows, "cells_dirs": cells_dirs}
         if baseline is not None:
-            base_results, _ = measure(baseline, workload, aiperf=aiperf, tokenizer=tokenizer, out=staging,
-                                      log=log, timeout_s=timeout_s, on_progress=on_progress, prefix="baseline-")
-            base_rows = [report.cell_row(baseline.name, c, base_results.get(c.name), baseline.gpus)
+            mine = greedy_answers(target.endpoint, target.model)
+            if after_target is not None:
+                after_target()
+            starting = baseline() if callable(baseline) else contextlib.nullcontext(baseline)
+            with starting as base:
+                _check_serving(base)
+                base_results, _ = measure(base, workload, aiperf=aiperf, tokenizer=tokenizer, out=staging,
+                                          log=log, timeout_s=timeout_s, on_progress=on_progress, prefix="baseline-")
+                theirs = greedy_answers(base.endpoint, base.model)
+            base_rows = [report.cell_row(base.name, c, base_results.get(c.name), base.gpus)
                          for c in workload.cells]
             doc["rows"] += base_rows
             doc["cells_dirs"] += [f"baseline-{c}" for c in cells_dirs]
-            doc["baseline"] = compare(rows, base_rows, target, baseline)
-            doc["baseline"]["verdict"] = decide(workload, base_results, None, objectives, gpus=baseline.gpus,
+            doc["baseline"] = compare(rows, base_rows, base, answers_agree(mine, theirs))
+            doc["baseline"]["run"] = base.run
+            doc["baseline"]["verdict"] = decide(workload, base_results, None, objectives, gpus=base.gpus,
                                                 bounds=bounds).to_dict()
         report.write_all(staging, doc)
         return {**doc, "bench_dir": str(_publish(staging, final))}

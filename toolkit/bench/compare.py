@@ -26,27 +26,26 @@ def side_by_side(rows: list[dict], base_rows: list[dict]) -> list[dict]:
     return out
 
 
-def answers_agree(url_a: str, url_b: str, model: str, prompts=PROMPTS, max_tokens: int = 16,
-                  model_b: str | None = None) -> dict:
-    """Greedy completions (temperature 0) of fixed prompts against both endpoints, compared exactly."""
+def greedy_answers(url: str, model: str, prompts=PROMPTS, max_tokens: int = 16) -> list[str]:
+    """Greedy completions (temperature 0) of fixed prompts; an error is kept as its text."""
     from toolkit.client import complete
 
-    pairs = []
+    out = []
     for p in prompts:
         try:
-            a = complete(url_a, model, p, max_tokens=max_tokens)
+            out.append(complete(url, model, p, max_tokens=max_tokens))
         except Exception as exc:  # noqa: BLE001
-            a = f"<error: {exc}>"
-        try:
-            b = complete(url_b, model_b or model, p, max_tokens=max_tokens)
-        except Exception as exc:  # noqa: BLE001
-            b = f"<error: {exc}>"
-        pairs.append({"prompt": p, "disaggregated": a, "aggregated": b, "same": a == b})
+            out.append(f"<error: {exc}>")
+    return out
+
+
+def answers_agree(a: list[str], b: list[str], prompts=PROMPTS) -> dict:
+    """The two deployments' greedy answers to the same prompts, compared exactly."""
+    pairs = [{"prompt": p, "disaggregated": x, "aggregated": y, "same": x == y} for p, x, y in zip(prompts, a, b)]
     matching = sum(1 for x in pairs if x["same"])
     return {"agree": matching == len(pairs), "matching": matching, "prompts": len(pairs), "pairs": pairs}
 
 
-def compare(rows: list[dict], base_rows: list[dict], target, baseline) -> dict:
+def compare(rows: list[dict], base_rows: list[dict], baseline, answers: dict) -> dict:
     return {"endpoint": baseline.endpoint, "model": baseline.model, "gpus": baseline.gpus,
-            "cells": side_by_side(rows, base_rows),
-            "answers": answers_agree(target.endpoint, baseline.endpoint, target.model, model_b=baseline.model)}
+            "cells": side_by_side(rows, base_rows), "answers": answers}

@@ -203,7 +203,8 @@ def decide(workload: Workload, results: dict[str, CellResult], proof: Proof | No
     failed = [c for c in checks if not c.ok and not c.skipped]
     invalid = [c for c in failed if c.stage in ("validity", "disaggregation")]
     if invalid:
-        return Verdict(INVALID, "INVALID: " + "; ".join(
+        what = "not disaggregated: " if all(c.stage == "disaggregation" for c in invalid) else ""
+        return Verdict(INVALID, "INVALID: " + what + "; ".join(
             f"{c.name}{f' [{c.cell}]' if c.cell else ''}: {c.reason}" for c in invalid[:3]), checks)
     missed = [c for c in failed if c.stage == "sla"]
     if missed:

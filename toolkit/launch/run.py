@@ -66,6 +66,7 @@ class RunRecord:
     nodes: int = 1
     model: str = ""
     engine_label: str = ""  # the plan's engine label (says "emulated timing of MODEL on GPU" where it is)
+    tokenizer: str | None = None  # a tokenizer directory the engine ships for clients that count tokens (aiperf)
     history: list = field(default_factory=list)
 
     @classmethod
@@ -76,7 +77,8 @@ class RunRecord:
                                     port=plan.proxy.port))
         return cls(name=run_dir.name, run_dir=str(run_dir.resolve()), recipe=plan.recipe_file, backend=backend,
                    engine=plan.engine.name, created=time.time(), servers=servers,
-                   model=plan.context.model_path, nodes=plan.node_count, engine_label=plan.engine.label)
+                   model=plan.context.model_path, nodes=plan.node_count, engine_label=plan.engine.label,
+                   tokenizer=_shipped_tokenizer(plan))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -134,11 +136,21 @@ class RunRecord:
         return self.path / "logs" / f"{name}.log"
 
 
+def _shipped_tokenizer(plan: Plan) -> str | None:
+    if not plan.engine.tokenizer_dir:
+        return None
+    from toolkit.resources import package_path
+    try:
+        return str(package_path(plan.engine.tokenizer_dir))
+    except FileNotFoundError:
+        return None
+
+
 _FIELD_TYPES = {"name": (str,), "run_dir": (str,), "recipe": (str,), "backend": (str,), "engine": (str,),
                 "created": (int, float), "job_id": (str, type(None)), "state": (str,),
                 "endpoint": (str, type(None)), "reason": (str, type(None)), "job_pid": (int, type(None)),
                 "run_id": (str, type(None)), "nodes": (int,), "model": (str,), "engine_label": (str,),
-                "history": (list,)}
+                "history": (list,), "tokenizer": (str, type(None))}
 
 
 def new_run_dir(plan: Plan, run_dir: str | None, kind: str = "") -> Path:

@@ -158,6 +158,10 @@ def proxy_plan(r: Recipe, ctx: tuple[ServerInstance, ...], gen: tuple[ServerInst
             "heartbeat_interval_sec": membership.heartbeat_interval_s,
             "inactive_timeout_sec": membership.inactive_timeout_s,
         }
+    if r.proxy.perf_metrics_max_requests:
+        # the /perf_metrics buffer: per finished request its context and generation servers, which `tk bench` reads
+        # as TensorRT-LLM's own proof that a request took both legs (a stable top-level key, DISAGG_MID/NEWEST)
+        cfg["perf_metrics_max_requests"] = r.proxy.perf_metrics_max_requests
     if r.proxy.conditional_max_local_prefill_length is not None:
         cfg["conditional_disagg_config"] = {"max_local_prefill_length": r.proxy.conditional_max_local_prefill_length}
     flag = trtllm.PROXY_FLAG

@@ -288,6 +288,10 @@ class ProxySpec(Section):
     server_start_timeout_s: int = Field(1800, ge=1, le=WEEK_S)
     request_timeout_s: int = Field(7200, ge=1, le=WEEK_S)
     max_retries: int = Field(1, ge=0, le=16)
+    # Size of the proxy's /perf_metrics buffer (0: off). tk bench drains it before a run and reads it after, as
+    # TensorRT-LLM's proof that every request took the context and the generation leg; keep it above a run's
+    # request count.
+    perf_metrics_max_requests: int = Field(8192, ge=0, le=1_000_000)
 
 
 class SupervisionSpec(Section):

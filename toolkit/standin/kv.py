@@ -36,7 +36,12 @@ context server reclaimed after its timeout is detected); hashes the received byt
 seeds the generated tokens, so a missing or corrupted transfer changes the answer.
 
 Faults for tests (``TK_STANDIN_FAULT``, comma-separated): ``corrupt_kv`` flips one byte of every received KV;
-``drop_notif`` sends no notification (the context server then frees the slot only at its timeout).
+``drop_notif`` sends no notification (the context server then frees the slot only at its timeout);
+``empty_stream`` makes a server answer every streamed generation request with HTTP 200 and no tokens (a broken
+streaming path: the "benchmark that passes with zero output tokens" failure, which tk bench must call invalid;
+plain requests, such as tk launch's smoke request, still get their tokens); ``skip_context`` (read by the proxy)
+sends every request to a generation server whole, so no context leg runs and no KV moves (a deployment that only
+looks disaggregated, which tk bench must call invalid).
 ``TK_STANDIN_MAX_TOKENS_IN_BUFFER=N`` replaces this server's cache_transceiver_config.max_tokens_in_buffer (as
 a hand-edited options file would): a context and a generation server with different buffers then fail every
 transfer with "Message truncated", as TensorRT-LLM does (``check_buffer``).

@@ -275,6 +275,8 @@ class Proxy:
                          "generation_servers": defaultdict(int, {u: 0 for u in s.gen_urls})}
         self._server_limits: dict = {}
         self._limits_missed: dict = {}  # url -> when its /server_info last failed
+        from toolkit.standin.kv import faults
+        self.faults = faults()  # TK_STANDIN_FAULT: skip_context sends no request through a context server
         from toolkit.standin.protocol import RefusalLog
         self.refusals = RefusalLog(log)
 
@@ -352,7 +354,7 @@ class Proxy:
 
     async def models(self, request):
         from aiohttp import web
-        for url in self.s.gen_urls + self.s.ctx_urls:
+        for url in list(self.gen_router.servers) + list(self.ctx_router.servers):  # registered ones, with membership
             try:
                 async with self.session.get(url + "/v1/models") as resp:
                     if resp.status == 200:
@@ -531,6 +533,8 @@ class Proxy:
             match = sum(info.get("matches", [0]))
             total = sum(len(t) for t in info.get("token_lists", [token_ids]))
             need_ctx = match == 0 or total - match > self.s.max_local_prefill_length
+        if "skip_context" in self.faults:
+            need_ctx = False  # a test fault: every request prefilled on its generation server, no KV moves
         ok = False
         try:
             if need_ctx:

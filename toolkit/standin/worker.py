@@ -37,6 +37,7 @@ from aiohttp import web
 
 from toolkit.standin import model as M
 from toolkit.standin import protocol as P
+from toolkit.standin.kv import faults as kv_faults
 from toolkit.standin.options import WorkerSettings
 
 log = logging.getLogger("toolkit.standin")
@@ -318,6 +319,8 @@ class Worker:
                        extra: list[list[int]] | None = None):
         rid = P.new_id(req.kind)
         model = req.model or self.s.model_arg
+        if req.stream and "empty_stream" in kv_faults() and req.request_type != "context_only":
+            tokens, extra = [], [[] for _ in extra or []]  # a test fault: a 200 stream with no tokens (see kv.py)
         choices = [P.make_choice(req, i, t) for i, t in enumerate([tokens, *(extra or [])])]
         use = P.usage(n, sum(len(c.tokens) for c in choices))
         top_k = req.logprobs or 0
