@@ -158,8 +158,9 @@ def manifest_text(plan: Plan, files: dict[str, str]) -> str:
 
 def derived_numbers(plan: Plan) -> dict:
     """The numbers tk worked out, with the reasons users ask for."""
+    mode = {"mode": plan.mode} if plan.is_aggregated else {}  # a disaggregated plan's manifest is as before
     return {
-        "mode": plan.mode,
+        **mode,
         "model": asdict(plan.model),
         "kv": asdict(plan.kv),
         "max_tokens_in_buffer": plan.buffer.max_tokens_in_buffer,
