@@ -29,6 +29,7 @@ HEALTH_TIMEOUT_S = 3
 # What the job's supervision can say of a component that does not answer /health now (launch.sbatch)
 SUPERVISED_STATES = ("starting", "unhealthy", "backoff", "lost", "exited")
 CONTROLLER_GRACE_S = 120  # how long launch waits for an unresponsive slurmctld before giving up
+SMOKE_TIMEOUT_S = 300  # bound on the smoke request (no more than the proxy's request timeout where there is one)
 SMOKE_PROMPT = "tk smoke test: the KV cache moves from context to generation"
 
 
@@ -274,7 +275,7 @@ def _smoke_request(run: RunRecord, plan: Plan) -> None:
     """One completion through the proxy; in an aggregated run, one through every server."""
     if plan.proxy is None:
         for url in run.endpoints:
-            _smoke_one(run, url, plan.recipe["proxy"]["request_timeout_s"], "the aggregated server " + url)
+            _smoke_one(run, url, SMOKE_TIMEOUT_S, "the aggregated server " + url)
         return
     _smoke_one(run, run.endpoint, plan.proxy.request_timeout_s, "the proxy")
 
@@ -282,7 +283,7 @@ def _smoke_request(run: RunRecord, plan: Plan) -> None:
 def _smoke_one(run: RunRecord, url: str, timeout_s: float, through: str) -> None:
     body = {"model": run.model, "prompt": SMOKE_PROMPT, "max_tokens": 4, "temperature": 0, "stream": False}
     try:
-        resp = requests.post(f"{url}/v1/completions", json=body, timeout=min(300, timeout_s))
+        resp = requests.post(f"{url}/v1/completions", json=body, timeout=min(SMOKE_TIMEOUT_S, timeout_s))
     except requests.RequestException as exc:
         raise LaunchError(f"smoke request through {through} failed: {exc}") from None
     if resp.status_code != 200:
