@@ -16,7 +16,7 @@
     predict(plan)                       aiconfigurator's TTFT/TPOT/tokens/s/GPU for a plan's exact configuration
     bench(run, workload=..., sla=...)   aiperf against a serving run -> results, verdict (exit 0/1/2), report
     bench_recipe(recipe, ...)           launch, bench, stop (the lead fills the launching)
-    launch_baseline(run)                an aggregated deployment on the run's GPUs (the lead fills it)
+    launch_baseline(run, ...)           the run's aggregated baseline on the same GPUs, serving -> RunRecord
 
 Errors are `toolkit.errors.TkError` (and its `RecipeError`, which lists every violation); nothing here
 prints or exits. `toolkit.cli` is a thin click layer over these functions.
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from toolkit.plan.model import Plan
 
 __all__ = [
+    "baseline_plan",
     "bench",
     "bench_recipe",
     "check_config",
@@ -79,15 +80,17 @@ def recipe_path(recipe: str | os.PathLike) -> str:
     return recipe
 
 
-def load_plan(recipe: str | os.PathLike, overrides: Sequence[str] = ()) -> Plan:
+def load_plan(recipe: str | os.PathLike, overrides: Sequence[str] = (), *, aggregated: bool = False) -> Plan:
     """Load, validate and resolve a recipe (a shipped name or a path) into its Plan.
 
-    overrides are `FIELD=VALUE` strings, as `tk --set` takes them. Raises RecipeError with every violation.
+    overrides are `FIELD=VALUE` strings, as `tk --set` takes them. aggregated: the recipe's aggregated baseline
+    on the same GPUs (the recipe's `aggregated:` section; toolkit.plan.aggregated) instead of the disaggregated
+    deployment. Raises RecipeError with every violation.
     """
     from toolkit.plan import build_plan
     from toolkit.recipe import load_recipe
 
-    return build_plan(load_recipe(recipe_path(recipe), tuple(overrides)))
+    return build_plan(load_recipe(recipe_path(recipe), tuple(overrides)), aggregated=aggregated)
 
 
 def list_recipes() -> list[dict[str, Any]]:
@@ -258,6 +261,10 @@ def validate(plan: Plan, *, mode: str = "slurm", on_progress: Callable[..., None
     from toolkit.validate.params import Options, ValidateError
     from toolkit.validate.run import validate as run_validation
 
+    if plan.is_aggregated:
+        raise ValidateError(f"{plan.name}: an aggregated plan moves no KV between servers, so there is nothing to "
+                            "validate; validate the disaggregated plan (without --aggregated)")
+
     if mode not in _VALIDATE_MODES:
         raise ValidateError(f"mode {mode!r}: one of {', '.join(_VALIDATE_MODES)}")
     if options.get("nodes") and mode != "local":
@@ -402,12 +409,42 @@ def _refresh_run(run: RunRecord) -> RunRecord:
     return refresh(run)
 
 
-def launch_baseline(run: RunRecord, **kwargs) -> RunRecord:
-    """An aggregated deployment of the run's model on the same GPUs, serving (a RunRecord). Not yet: the lead
-    integrates launching; tk bench --baseline aggregated calls this and compares with bench(baseline=...)."""
-    from toolkit.bench.workload import BenchInputError
+def baseline_plan(run: RunRecord | str | os.PathLike, overrides: Sequence[str] = ()) -> Plan:
+    """The aggregated plan of a run's recipe as it was launched: the resolved recipe its manifest.json records
+    (--set overrides and defaults included; the recipe file may have changed since), read as if it were the
+    recipe file (relative model paths resolve beside it), then `overrides`, then `--aggregated`."""
+    import json
 
-    raise BenchInputError("--baseline aggregated: launching the aggregated baseline is not available yet; "
-                          "benchmark one that is already serving with --baseline-url URL")
+    import yaml
+
+    from toolkit.errors import TkError
+    from toolkit.plan import build_plan
+    from toolkit.recipe.loader import load_recipe_text
+
+    record = _record(run)
+    if record.mode == "aggregated":
+        raise TkError(f"{record.name} is already an aggregated run; give the disaggregated run")
+    manifest = record.path / "manifest.json"
+    try:
+        recipe = json.loads(manifest.read_text())["recipe"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise TkError(f"{manifest}: cannot read the run's resolved recipe ({exc})") from None
+    text = yaml.safe_dump(recipe, sort_keys=False)
+    return build_plan(load_recipe_text(text, record.recipe or str(manifest), tuple(overrides)), aggregated=True)
+
+
+def launch_baseline(run: RunRecord | str | os.PathLike, *, local: bool | None = None,
+                    run_dir: str | os.PathLike | None = None, overrides: Sequence[str] = (),
+                    pending_timeout_s: float | None = None, startup_timeout_s: float | None = None,
+                    on_progress: Callable[[Progress], None] | None = None) -> RunRecord:
+    """Launch the aggregated baseline of `run` (a RunRecord, run directory or name): the same model on the same
+    GPU count, plain `trtllm-serve` instances (toolkit.plan.aggregated), with the run's backend (unless `local`
+    says), fail-fast supervision, and wait until it serves. Returns its RunRecord (mode "aggregated"; endpoints:
+    every instance's URL). Raises TkError as launch() does; stop it with stop(record)."""
+    record = _record(run)
+    plan = baseline_plan(record, (*overrides, "supervision.policy=fail-fast"))
+    use_local = record.backend == "local" if local is None else local
+    return launch(plan, local=use_local, run_dir=run_dir, pending_timeout_s=pending_timeout_s,
+                  startup_timeout_s=startup_timeout_s, on_progress=on_progress)
 
 

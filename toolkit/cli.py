@@ -41,6 +41,10 @@ def _say(msg: str) -> None:
     click.echo(msg, err=True)
 
 
+aggregated_option = click.option(
+    "--aggregated", is_flag=True,
+    help="The aggregated baseline instead: plain trtllm-serve instances on the same GPUs (context + generation), "
+         "no proxy; the recipe's `aggregated:` section sets tp (default: the generation role's) and pp.")
 json_option = click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 set_option = click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
                           help="Override a recipe field, e.g. --set generation.instances=4 (repeatable).")
@@ -92,9 +96,10 @@ def recipes(as_json: bool, models: bool):
               "exact configuration, with the KV-transfer term (needs the size extra).")
 @set_option
 @json_option
-def plan(recipe: str, predict: bool, overrides: tuple[str, ...], as_json: bool):
+@aggregated_option
+def plan(recipe: str, predict: bool, overrides: tuple[str, ...], as_json: bool, aggregated: bool):
     """Show the resolved deployment of RECIPE; writes nothing."""
-    p = api.load_plan(recipe, overrides)
+    p = api.load_plan(recipe, overrides, aggregated=aggregated)
     prediction = api.predict(p) if predict else None
     if as_json:
         _emit_json({**api.plan_summary(p), **({"prediction": prediction} if predict else {})})
@@ -171,9 +176,11 @@ def size(model, system, gpus, isl, osl, ttft, tpot, transport, measured, measure
                    "here (the stand-in's tables for a stand-in recipe); says so when it skipped.")
 @set_option
 @json_option
-def render(recipe: str, out_dir: str | None, check: bool, overrides: tuple[str, ...], as_json: bool):
+@aggregated_option
+def render(recipe: str, out_dir: str | None, check: bool, overrides: tuple[str, ...], as_json: bool,
+           aggregated: bool):
     """Render every file of the deployment of RECIPE into a directory."""
-    p = api.load_plan(recipe, overrides)
+    p = api.load_plan(recipe, overrides, aggregated=aggregated)
     out, files = api.render(p, out_dir or None)
     verdict = api.check_config(p, out) if check else None
     if as_json:
@@ -208,14 +215,16 @@ def render(recipe: str, out_dir: str | None, check: bool, overrides: tuple[str, 
                    "restarting it (the recipe's supervision policy; same as --set supervision.policy=fail-fast).")
 @set_option
 @json_option
-def launch(recipe, local, dry_run, run_dir, pending_timeout, startup_timeout, fail_fast, overrides, as_json):
+@aggregated_option
+def launch(recipe, local, dry_run, run_dir, pending_timeout, startup_timeout, fail_fast, overrides, as_json,
+           aggregated):
     """Launch RECIPE on Slurm (or --local), wait until it serves, print the endpoint.
 
     Once it serves, a server that exits or stops answering /health is restarted on its node (bounded retries,
     backoff) while the others keep serving; see the recipe's `supervision:` section, or --fail-fast."""
     if fail_fast:
         overrides = (*overrides, "supervision.policy=fail-fast")
-    p = api.load_plan(recipe, overrides)
+    p = api.load_plan(recipe, overrides, aggregated=aggregated)
     backend = "local" if local else "slurm"
     if dry_run:
         run = api.prepare(p, local=local, run_dir=run_dir)

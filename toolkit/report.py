@@ -40,7 +40,8 @@ def print_plan(plan: Plan) -> None:
         servers.add_column(col)
     for s in plan.servers:
         servers.add_row(s.name, ",".join(f"node{n}" for n in s.nodes), ",".join(map(str, s.gpus)), str(s.port))
-    servers.add_row("proxy", f"node{plan.proxy.node}", "-", str(plan.proxy.port))
+    if plan.proxy is not None:
+        servers.add_row("proxy", f"node{plan.proxy.node}", "-", str(plan.proxy.port))
     console.print(servers)
 
     kv, est = plan.kv, plan.estimates

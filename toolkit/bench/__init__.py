@@ -43,6 +43,7 @@ class Target:
     probe: object  # toolkit.bench.probe.Probe
     gpus: int | None = None
     run: dict = field(default_factory=dict)  # the run record's public fields (for the report)
+    urls: tuple[str, ...] = ()  # an aggregated run's instances (no proxy): aiperf round-robins over them
 
 
 def _server_urls(run) -> dict[str, str]:
@@ -63,13 +64,15 @@ def target_for_run(run, plan=None, *, name: str = "disaggregated", aggregated: b
         raise BenchInputError(f"run {run.name} is not serving (state {run.state}"
                               f"{', ' + run.reason if run.reason else ''}); start it with tk launch, "
                               f"then check it with tk status {run.name}")
-    gpus = (plan.context.gpu_count + plan.generation.gpu_count) if plan is not None else None
+    gpus = plan.gpu_count if plan is not None else None
     if aggregated:
         pr = probes.AggregatedProbe()
     else:
         urls = _server_urls(run)
         pr = probes.probe_for(run.endpoint, {k: v for k, v in urls.items() if k != "proxy"})
-    return Target(name=name, endpoint=run.endpoint, model=run.model, probe=pr, gpus=gpus, run=run.public())
+    urls = tuple(getattr(run, "endpoints", None) or ()) if aggregated else ()
+    return Target(name=name, endpoint=run.endpoint, model=run.model, probe=pr, gpus=gpus, run=run.public(),
+                  urls=urls)
 
 
 def target_for_url(url: str, model: str, *, gpus: int | None = None, name: str = "aggregated") -> Target:
@@ -160,7 +163,7 @@ def measure(target: Target, workload: Workload, *, aiperf: str, tokenizer: str, 
     results: dict[str, CellResult] = {}
     for i, cell in enumerate(workload.cells):
         cell_dir = out / "aiperf" / f"{prefix}{cell.name}"
-        argv = aiperf_argv(cell, aiperf=aiperf, url=target.endpoint, model=target.model, tokenizer=tokenizer,
+        argv = aiperf_argv(cell, aiperf=aiperf, url=target.urls or target.endpoint, model=target.model, tokenizer=tokenizer,
                            out_dir=str(cell_dir), seed=workload.seed)
         if on_progress:
             on_progress("cell", target=target.name, cell=cell.name, index=i, total=len(workload.cells))

@@ -7,6 +7,7 @@ phase from the results, fixes the random seed and asks the server to ignore EOS 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from toolkit.errors import TkError
@@ -142,11 +143,16 @@ def build_workload(kind: str, *, isl: int = 1024, osl: int = 128, concurrency: t
     return Workload(kind=kind, cells=tuple(cells), seed=seed, notes=tuple(notes))
 
 
-def aiperf_argv(cell: Cell, *, aiperf: str, url: str, model: str, tokenizer: str, out_dir: str,
+def aiperf_argv(cell: Cell, *, aiperf: str, url: str | Sequence[str], model: str, tokenizer: str, out_dir: str,
                 seed: int = DEFAULT_SEED, request_timeout_s: float | None = None) -> list[str]:
-    """The `aiperf profile` command line of one cell (aiperf 0.13)."""
-    argv = [aiperf, "profile", "--model", model, "--tokenizer", tokenizer, "--url", url,
-            "--endpoint-type", "chat", "--streaming"]
+    """The `aiperf profile` command line of one cell (aiperf 0.13). Several urls (an aggregated run's instances,
+    which have no proxy in front): one --url each, which aiperf 0.13 round-robins over (`aiperf profile --help`:
+    "Multiple URLs can be specified for load balancing across multiple instances", --url-strategy round-robin)."""
+    urls = [url] if isinstance(url, str) else list(url)
+    argv = [aiperf, "profile", "--model", model, "--tokenizer", tokenizer]
+    for u in urls:
+        argv += ["--url", u]
+    argv += ["--endpoint-type", "chat", "--streaming"]
     if cell.concurrency is not None:
         argv += ["--concurrency", str(cell.concurrency)]
     if cell.request_rate is not None:

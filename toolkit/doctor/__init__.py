@@ -46,7 +46,7 @@ class Text:
 
 
 def _source_of(name: str) -> str:
-    if name.startswith(("ctx-", "gen-")):
+    if name.startswith(("ctx-", "gen-", "agg-")):
         return SERVER
     if name.startswith("proxy"):
         return PROXY

@@ -29,6 +29,7 @@ HEALTH_TIMEOUT_S = 3
 # What the job's supervision can say of a component that does not answer /health now (launch.sbatch)
 SUPERVISED_STATES = ("starting", "unhealthy", "backoff", "lost", "exited")
 CONTROLLER_GRACE_S = 120  # how long launch waits for an unresponsive slurmctld before giving up
+SMOKE_TIMEOUT_S = 300  # bound on the smoke request (no more than the proxy's request timeout where there is one)
 SMOKE_PROMPT = "tk smoke test: the KV cache moves from context to generation"
 
 
@@ -205,7 +206,7 @@ def _wait_until_serving(run, backend, pending_timeout_s, startup_timeout_s, on_p
                 run.set_state("starting", None)
             _probe(run)
             run.save()
-            if run.server("proxy").state == "healthy":
+            if _serving(run):
                 return
             if time.monotonic() - started > startup_timeout_s:
                 slow = [s.name for s in run.servers if s.state != "healthy"]
@@ -216,9 +217,16 @@ def _wait_until_serving(run, backend, pending_timeout_s, startup_timeout_s, on_p
         time.sleep(1)
 
 
+def _serving(run: RunRecord) -> bool:
+    """The proxy answers /health; in an aggregated run (no proxy), every server does."""
+    if run.front:
+        return run.server(run.front).state == "healthy"
+    return all(s.state == "healthy" for s in run.servers)
+
+
 def _healthy_counts(run: RunRecord) -> dict:
     out = {}
-    for role in ("ctx", "gen", "proxy"):
+    for role in dict.fromkeys(["ctx", "gen", "proxy"] if run.front else [s.role for s in run.servers]):
         servers = [s for s in run.servers if s.role == role]
         out[role] = (sum(s.state == "healthy" for s in servers), len(servers))
     return out
@@ -254,20 +262,32 @@ def _probe(run: RunRecord) -> None:
             s.state = "starting"
         if s.state != before or s.since is None:
             s.since = seen["since"] if seen and seen["state"] == s.state else round(time.time(), 3)
-    proxy = run.server("proxy")
-    if proxy.host:
-        run.endpoint = f"http://{proxy.host}:{proxy.port}"
+    if run.front:
+        proxy = run.server(run.front)
+        if proxy.host:
+            run.endpoint = f"http://{proxy.host}:{proxy.port}"
+    elif all(s.host for s in run.servers):  # aggregated: every server is an endpoint, the first is the run's
+        run.endpoints = [f"http://{s.host}:{s.port}" for s in run.servers]
+        run.endpoint = run.endpoints[0]
 
 
 def _smoke_request(run: RunRecord, plan: Plan) -> None:
+    """One completion through the proxy; in an aggregated run, one through every server."""
+    if plan.proxy is None:
+        for url in run.endpoints:
+            _smoke_one(run, url, SMOKE_TIMEOUT_S, "the aggregated server " + url)
+        return
+    _smoke_one(run, run.endpoint, plan.proxy.request_timeout_s, "the proxy")
+
+
+def _smoke_one(run: RunRecord, url: str, timeout_s: float, through: str) -> None:
     body = {"model": run.model, "prompt": SMOKE_PROMPT, "max_tokens": 4, "temperature": 0, "stream": False}
     try:
-        resp = requests.post(f"{run.endpoint}/v1/completions", json=body,
-                             timeout=min(300, plan.proxy.request_timeout_s))
+        resp = requests.post(f"{url}/v1/completions", json=body, timeout=min(SMOKE_TIMEOUT_S, timeout_s))
     except requests.RequestException as exc:
-        raise LaunchError(f"smoke request through the proxy failed: {exc}") from None
+        raise LaunchError(f"smoke request through {through} failed: {exc}") from None
     if resp.status_code != 200:
-        raise LaunchError(f"smoke request through the proxy answered HTTP {resp.status_code}: {resp.text[:300]}")
+        raise LaunchError(f"smoke request through {through} answered HTTP {resp.status_code}: {resp.text[:300]}")
     try:
         doc = resp.json()
         tokens = doc.get("usage", {}).get("completion_tokens") or 0
@@ -275,7 +295,7 @@ def _smoke_request(run: RunRecord, plan: Plan) -> None:
     except (ValueError, KeyError, IndexError, AttributeError):
         raise LaunchError(f"smoke request returned an unexpected body: {resp.text[:300]}") from None
     if tokens < 1 and not text:
-        raise LaunchError("smoke request through the proxy returned no tokens")
+        raise LaunchError(f"smoke request through {through} returned no tokens")
 
 
 def refresh(run: RunRecord) -> RunRecord:

@@ -84,7 +84,8 @@ class LocalBackend:
 
     def preflight(self, plan: Plan) -> None:
         internal = [(f"{s.name} {env}", port) for s in plan.servers for env, port in s.internal_ports]
-        for name, port in [*((s.name, s.port) for s in plan.servers), ("proxy", plan.proxy.port), *internal]:
+        front = [("proxy", plan.proxy.port)] if plan.proxy is not None else []
+        for name, port in [*((s.name, s.port) for s in plan.servers), *front, *internal]:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
                 # Servers bind with SO_REUSEADDR, so a port whose last connections linger in TIME_WAIT is free
                 # for them; only a listening or bound socket makes it busy.

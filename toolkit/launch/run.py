@@ -31,8 +31,8 @@ BACKENDS = ("slurm", "local")
 
 @dataclass
 class ServerRecord:
-    name: str  # ctx-0, gen-1, proxy
-    role: str  # ctx | gen | proxy
+    name: str  # ctx-0, gen-1, proxy; agg-0 (an aggregated run)
+    role: str  # ctx | gen | proxy | agg
     instance: int
     node: int  # plan node index of its first node
     port: int
@@ -68,17 +68,25 @@ class RunRecord:
     engine_label: str = ""  # the plan's engine label (says "emulated timing of MODEL on GPU" where it is)
     tokenizer: str | None = None  # a tokenizer directory the engine ships for clients that count tokens (aiperf)
     history: list = field(default_factory=list)
+    mode: str = "disaggregated"  # or "aggregated": plain trtllm-serve instances, no proxy (toolkit.plan.aggregated)
+    endpoints: list = field(default_factory=list)  # aggregated: every instance's URL (endpoint is the first)
+
+    @property
+    def front(self) -> str | None:
+        """The component whose health means the run serves: the proxy; None in an aggregated run (every server)."""
+        return None if self.mode == "aggregated" else "proxy"
 
     @classmethod
     def new(cls, plan: Plan, run_dir: Path, backend: str) -> "RunRecord":
         servers = [ServerRecord(name=s.name, role=s.role, instance=s.index, node=s.first_node, port=s.port)
                    for s in plan.servers]
-        servers.append(ServerRecord(name="proxy", role="proxy", instance=0, node=plan.proxy.node,
-                                    port=plan.proxy.port))
+        if plan.proxy is not None:
+            servers.append(ServerRecord(name="proxy", role="proxy", instance=0, node=plan.proxy.node,
+                                        port=plan.proxy.port))
         return cls(name=run_dir.name, run_dir=str(run_dir.resolve()), recipe=plan.recipe_file, backend=backend,
                    engine=plan.engine.name, created=time.time(), servers=servers,
-                   model=plan.context.model_path, nodes=plan.node_count, engine_label=plan.engine.label,
-                   tokenizer=_shipped_tokenizer(plan))
+                   model=plan.roles[0].model_path, nodes=plan.node_count, engine_label=plan.engine.label,
+                   mode=plan.mode, tokenizer=_shipped_tokenizer(plan))
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -150,7 +158,7 @@ _FIELD_TYPES = {"name": (str,), "run_dir": (str,), "recipe": (str,), "backend": 
                 "created": (int, float), "job_id": (str, type(None)), "state": (str,),
                 "endpoint": (str, type(None)), "reason": (str, type(None)), "job_pid": (int, type(None)),
                 "run_id": (str, type(None)), "nodes": (int,), "model": (str,), "engine_label": (str,),
-                "history": (list,), "tokenizer": (str, type(None))}
+                "history": (list,), "mode": (str,), "endpoints": (list,), "tokenizer": (str, type(None))}
 
 
 def new_run_dir(plan: Plan, run_dir: str | None, kind: str = "") -> Path:

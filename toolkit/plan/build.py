@@ -22,8 +22,18 @@ HEALTH_INTERVAL_S = 2  # how often launch.sbatch probes every component once the
 from toolkit.recipe.loader import LoadedRecipe
 
 
-def build_plan(loaded: LoadedRecipe) -> Plan:
-    """Resolve everything; raise RecipeError listing every rule the recipe breaks."""
+def build_plan(loaded: LoadedRecipe, aggregated: bool = False) -> Plan:
+    """Resolve everything; raise RecipeError listing every rule the recipe breaks. aggregated: the aggregated
+    baseline on the same GPUs instead (toolkit.plan.aggregated), once the disaggregated plan is valid."""
+    plan = _disaggregated_plan(loaded)
+    if aggregated:
+        from toolkit.plan.aggregated import aggregated_plan
+
+        return aggregated_plan(plan, loaded)
+    return plan
+
+
+def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
     r = loaded.recipe
     c = rules.Collector(loaded)
     c.warnings.extend(loaded.warnings)  # e.g. an image tag tk cannot read (toolkit.recipe.loader.resolve_version)

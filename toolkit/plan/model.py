@@ -83,7 +83,7 @@ class BufferSizing:
 class ServerInstance:
     """One context or generation server: an MPI world of tp*pp ranks on one or more nodes."""
 
-    role: str  # "ctx" | "gen"
+    role: str  # "ctx" | "gen" | "agg" (an aggregated plan's plain trtllm-serve instance)
     index: int
     nodes: tuple[int, ...]  # indices into Plan.nodes
     gpus: tuple[int, ...]  # GPU ids on each node (CUDA_VISIBLE_DEVICES)
@@ -108,8 +108,8 @@ class ServerInstance:
 
 @dataclass(frozen=True)
 class RolePlan:
-    role: str  # "ctx" | "gen"
-    title: str  # "context" | "generation"
+    role: str  # "ctx" | "gen" | "agg"
+    title: str  # "context" | "generation" | "aggregated"
     tp: int
     pp: int
     ep: int | None
@@ -152,6 +152,7 @@ class SupervisionPlan:
     health_interval_s: int  # how often the job probes every component
     min_context: int  # fewer live (healthy or being restarted) servers of a role than this ends the run
     min_generation: int
+    min_aggregated: int = 1  # an aggregated plan: fewer live instances than this ends the run
 
     @property
     def restarts(self) -> bool:
@@ -225,7 +226,7 @@ class Plan:
     estimates: Estimates
     context: RolePlan
     generation: RolePlan
-    proxy: ProxyPlan
+    proxy: ProxyPlan | None  # None in an aggregated plan: no `trtllm-serve disaggregated` in front
     slurm: SlurmPlan
     supervision: SupervisionPlan
     node_count: int
@@ -233,14 +234,37 @@ class Plan:
     warnings: tuple[str, ...] = field(default_factory=tuple)
     # None: the line has no disagg_cluster, or the recipe turned membership off (static urls then).
     membership: MembershipPlan | None = None
+    # "disaggregated", or "aggregated": the baseline on the same GPUs (toolkit.plan.aggregated). An aggregated
+    # plan's servers are `aggregated`'s instances, plain `trtllm-serve MODEL` (role "agg"), with no proxy and
+    # no membership; `context` and `generation` stay the disaggregated roles it was derived from.
+    mode: str = "disaggregated"
+    aggregated: RolePlan | None = None
 
     @property
-    def roles(self) -> tuple[RolePlan, RolePlan]:
+    def is_aggregated(self) -> bool:
+        return self.mode == "aggregated"
+
+    @property
+    def roles(self) -> tuple[RolePlan, ...]:
+        """The roles whose servers this plan runs (and renders files for)."""
+        if self.is_aggregated:
+            return (self.aggregated,)
         return (self.context, self.generation)
 
     @property
     def servers(self) -> tuple[ServerInstance, ...]:
-        return self.context.instances + self.generation.instances
+        return tuple(s for role in self.roles for s in role.instances)
+
+    @property
+    def gpu_count(self) -> int:
+        return sum(role.gpu_count for role in self.roles)
+
+    def role(self, name: str) -> RolePlan:
+        """The role named "ctx", "gen" or "agg"."""
+        for role in self.roles:
+            if role.role == name:
+                return role
+        raise KeyError(name)
 
     @property
     def ports_by_node(self) -> tuple[tuple[int, ...], ...]:
@@ -249,7 +273,8 @@ class Plan:
         for s in self.servers:
             ports[s.first_node].append(s.port)
             ports[s.first_node].extend(p for _, p in s.internal_ports)  # bound by rank 0, on the first node
-        ports[self.proxy.node].append(self.proxy.port)
+        if self.proxy is not None:
+            ports[self.proxy.node].append(self.proxy.port)
         etcd = self.membership.etcd if self.membership else None
         if etcd and etcd.started_by_job:
             ports[etcd.node].extend((etcd.port, etcd.peer_port))

@@ -246,6 +246,18 @@ class RoleSpec(Section):
     _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _check_env(v)))
 
 
+class AggregatedSpec(Section):
+    """The aggregated baseline (`tk launch --aggregated`): plain `trtllm-serve MODEL` instances on the GPUs the
+    disaggregated deployment uses (context + generation). tp null: the generation role's tp; instances =
+    total GPUs / (tp * pp). max_batch_size null: the generation role's; max_num_tokens null: the larger of the
+    two roles' (so the longest request, which the context role admits, fits in one forward pass)."""
+
+    tp: Optional[int] = Field(None, ge=1, le=256)
+    pp: int = Field(1, ge=1, le=64)
+    max_batch_size: Optional[int] = Field(None, ge=1, le=65536)
+    max_num_tokens: Optional[int] = Field(None, ge=1, le=1 << 20)
+
+
 class KvTransferSpec(Section):
     """How the KV cache moves from context to generation servers."""
 
@@ -365,6 +377,7 @@ class Recipe(Section):
     cluster: ClusterSpec
     context: RoleSpec = Field(default_factory=RoleSpec)
     generation: RoleSpec = Field(default_factory=RoleSpec)
+    aggregated: AggregatedSpec = Field(default_factory=AggregatedSpec)
     kv_transfer: KvTransferSpec = Field(default_factory=KvTransferSpec)
     traffic: TrafficSpec = Field(default_factory=TrafficSpec)
     speculative: SpeculativeSpec = Field(default_factory=SpeculativeSpec)
@@ -374,8 +387,11 @@ class Recipe(Section):
     standin: Optional[StandinSpec] = None
 
     def manifest_doc(self) -> dict:
-        """The recipe as the plan and manifest record it; the engine-specific `standin` section only where set."""
-        return self.model_dump(mode="json", exclude={"standin"} if self.standin is None else None)
+        """The recipe as the plan and manifest record it; the engine-specific `standin` section only where set,
+        and `aggregated` (the baseline's section) only where the recipe wrote it."""
+        exclude = ({"standin"} if self.standin is None else set()) | \
+            (set() if "aggregated" in self.model_fields_set else {"aggregated"})
+        return self.model_dump(mode="json", exclude=exclude or None)
 
     @field_validator("name")
     @classmethod

@@ -21,6 +21,8 @@ from toolkit.render.output import write_atomically
 # The files `tk render` writes, in the order the manifest lists them.
 RENDERED_FILES = ("ctx.yaml", "gen.yaml", "disagg.yaml", "ctx.env", "gen.env", "proxy.env", "launch.sbatch",
                   "check_config.py", "membership.py")
+# An aggregated plan's (`--aggregated`): plain trtllm-serve instances, no proxy, no membership.
+RENDERED_FILES_AGGREGATED = ("agg.yaml", "agg.env", "launch.sbatch", "check_config.py")
 # The config check the job runs before any server starts (and `tk render --check` runs here): a standalone
 # script, copied as it is (it imports only the standard library, PyYAML and, where installed, tensorrt_llm).
 CHECK_SCRIPT = "check_config.py"
@@ -30,7 +32,7 @@ MANIFEST = "manifest.json"
 
 def worker_command(plan: Plan, role_name: str, port: int) -> list[str]:
     """argv of one server, up to (not including) the options-file flag and path."""
-    role = plan.context if role_name == "ctx" else plan.generation
+    role = plan.role(role_name)
     flag = trtllm.SERVE_FLAG
     return [*plan.engine.launcher, *plan.engine.serve_command, role.model_path, flag["host"],
             worker_host(plan, role_name, port), flag["port"], str(port), *membership_args(plan, role_name),
@@ -104,17 +106,19 @@ def render_files(plan: Plan) -> dict[str, str]:
     env = environment()
     recipe_name = os.path.basename(plan.recipe_file)
     common = {"plan": plan, "recipe_name": recipe_name}
-    files = {
-        "ctx.yaml": env.get_template("llm_api_options.yaml.j2").render(role=plan.context, **common),
-        "gen.yaml": env.get_template("llm_api_options.yaml.j2").render(role=plan.generation, **common),
-        "disagg.yaml": env.get_template("disagg.yaml.j2").render(**common),
-        "ctx.env": env.get_template("role.env.j2").render(env=plan.context.env, title="context servers", **common),
-        "gen.env": env.get_template("role.env.j2").render(env=plan.generation.env, title="generation servers",
-                                                          **common),
-        "proxy.env": env.get_template("role.env.j2").render(env=plan.proxy.env, title="proxy", **common),
+    files = {f"{role.role}.yaml": env.get_template("llm_api_options.yaml.j2").render(role=role, **common)
+             for role in plan.roles}
+    if plan.proxy is not None:
+        files["disagg.yaml"] = env.get_template("disagg.yaml.j2").render(**common)
+    for role in plan.roles:
+        files[f"{role.role}.env"] = env.get_template("role.env.j2").render(env=role.env, title=f"{role.title} servers",
+                                                                          **common)
+    if plan.proxy is not None:
+        files["proxy.env"] = env.get_template("role.env.j2").render(env=plan.proxy.env, title="proxy", **common)
+    files.update({
         "launch.sbatch": env.get_template("launch.sbatch.j2").render(
             worker_commands={s.name: worker_command(plan, s.role, s.port) for s in plan.servers},
-            proxy_command=proxy_command(plan), srun_flags=_srun_flags(plan),
+            proxy_command=proxy_command(plan) if plan.proxy is not None else [], srun_flags=_srun_flags(plan),
             provenance_flags=container_srun_flags(plan), check_argv=check_command(plan),
             check_timeout_s=trtllm.CONFIG_CHECK_TIMEOUT_S, stagger_s=trtllm.LAUNCHER_STAGGER_S,
             ipc_addr_env=trtllm.LAUNCHER_IPC_ADDR_ENV, first_ipc_port=trtllm.LAUNCHER_FIRST_IPC_PORT,
@@ -124,10 +128,11 @@ def render_files(plan: Plan) -> dict[str, str]:
             etcd=plan.membership.etcd if plan.membership and plan.membership.etcd and plan.membership.etcd.started_by_job
             else None,
             **common),
-    }
+    })
     files[CHECK_SCRIPT] = check_script_text()
     from toolkit.resources import templates_dir
-    files[MEMBERSHIP_SCRIPT] = (templates_dir() / MEMBERSHIP_SCRIPT).read_text()  # launch.sbatch uses it with membership
+    if plan.proxy is not None:  # launch.sbatch uses it with membership (an aggregated plan has none)
+        files[MEMBERSHIP_SCRIPT] = (templates_dir() / MEMBERSHIP_SCRIPT).read_text()
     files[MANIFEST] = manifest_text(plan, files)
     return files
 
@@ -153,7 +158,9 @@ def manifest_text(plan: Plan, files: dict[str, str]) -> str:
 
 def derived_numbers(plan: Plan) -> dict:
     """The numbers tk worked out, with the reasons users ask for."""
+    mode = {"mode": plan.mode} if plan.is_aggregated else {}  # a disaggregated plan's manifest is as before
     return {
+        **mode,
         "model": asdict(plan.model),
         "kv": asdict(plan.kv),
         "max_tokens_in_buffer": plan.buffer.max_tokens_in_buffer,
@@ -170,7 +177,7 @@ def derived_numbers(plan: Plan) -> dict:
         "servers": [{"name": s.name, "role": s.role, "index": s.index, "nodes": list(s.nodes),
                      "gpus": list(s.gpus), "port": s.port, "internal_ports": dict(s.internal_ports),
                      "start_after": s.start_after} for s in plan.servers],
-        "proxy": {"node": plan.proxy.node, "port": plan.proxy.port},
+        "proxy": {"node": plan.proxy.node, "port": plan.proxy.port} if plan.proxy is not None else None,
         "membership": asdict(plan.membership) if plan.membership else None,
         "warnings": list(plan.warnings),
     }
@@ -193,12 +200,13 @@ def check_rendered(plan: Plan, out_dir: str | os.PathLike, python: str | None = 
 
     out = Path(out_dir)
     with tempfile.TemporaryDirectory(prefix="tk-check-") as tmp:
-        disagg = Path(tmp) / "disagg.yaml"
-        disagg.write_text(re.sub(r"<node([0-9]+)>", r"node\1", (out / "disagg.yaml").read_text()))
         argv = [python or sys.executable, str(out / CHECK_SCRIPT), *check_command(plan)]
         for role in plan.roles:
             argv += ["--options", str(out / f"{role.role}.yaml"), role.model_path]
-        argv += ["--disagg", str(disagg)]
+        if plan.proxy is not None:
+            disagg = Path(tmp) / "disagg.yaml"
+            disagg.write_text(re.sub(r"<node([0-9]+)>", r"node\1", (out / "disagg.yaml").read_text()))
+            argv += ["--disagg", str(disagg)]
         try:
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True, timeout=timeout_s, cwd=tmp)
