@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -133,3 +134,36 @@ def test_the_deployment_keeps_serving_through_killed_and_hung_workers(backend, t
     # Each client can lose at most one request per proxy retry interval (1 s) while a server is out of reach.
     bound = sum(CONCURRENCY * (t1 - t0 + 5) for _, t0, t1 in windows)
     assert len(failed) <= bound, f"{len(failed)} failed requests, bound {bound:.0f}"
+
+
+def test_with_etcd_storage_a_dead_worker_is_deregistered_at_once_and_rejoins_when_restarted(tmp_path):
+    """membership.storage etcd: the job starts a real etcd (Debian's etcd-server) on the proxy's node; a killed
+    generation server's key is deleted by the job at once, and the restarted one registers again."""
+    env = {"TK_RUNS_DIR": str(tmp_path / "runs")}
+    record = tk_json("launch", str(STANDIN_RECIPE), "--local", "--set", "membership.storage=etcd",
+                     "--set", "membership.etcd_port=28379", env=env, timeout=400)
+    run_dir, endpoint = record["run_dir"], record["endpoint"]
+    phases = Path(run_dir) / "state" / "phases.tsv"
+    try:
+        assert "registered\tevery worker in the cluster storage etcd://127.0.0.1:28379" in phases.read_text()
+        port = next(s["port"] for s in record["servers"] if s["name"] == "gen-1")
+        for pid in server_pids(run_dir, port):
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: "deregistered\tgen-1" in phases.read_text(), 15, "the job to delete gen-1's key")
+
+        def back():
+            doc = _status(env)
+            return doc["state"] == "ready" and _server(doc, "gen-1")["restarts"] == 1
+
+        wait_until(back, RECOVERY_BOUND_S, "gen-1 restarted and the run ready again")
+        info = requests.get(f"{endpoint}/cluster_info", timeout=10).json()
+        ports = {w["port"] for w in info["current_workers"]["generation_servers"]}
+        assert port in ports, info  # the restarted server registered again
+        before = _gen_legs(endpoint, port)
+        for _ in range(6):
+            requests.post(f"{endpoint}/v1/completions", json={"model": record["model"], "prompt": "hello again",
+                                                               "max_tokens": 4}, timeout=30).raise_for_status()
+        assert _gen_legs(endpoint, port) > before
+    finally:
+        tk("stop", run_dir, env=env, timeout=120)
+    assert_nothing_left(run_dir, "local", None)

@@ -79,12 +79,15 @@ class _Resp:
         return self._body
 
 
-def write_job_files(run, started=(), failed=None):
-    """What launch.sbatch writes: node addresses, then a phase line per step."""
+def write_job_files(run, started=(), failed=None, ready=None):
+    """What launch.sbatch writes: node addresses, then a phase line per step; "ready" once its start-up is over
+    (by default when it started something and nothing failed)."""
     (run.path / "nodes.tsv").write_text("".join(f"{i}\tn{i}\t127.0.0.1\n" for i in range(run.nodes)))
     lines = [f"1\tstarted\t{name} on n0\n" for name in started]
     if failed:
         lines.append(f"2\tfailed\t{failed}\n")
+    if ready if ready is not None else (started and not failed):
+        lines.append("3\tready\thttp://127.0.0.1\n")
     (run.path / "state" / "phases.tsv").write_text("".join(lines))
 
 
@@ -290,3 +293,16 @@ def test_a_launch_rides_out_a_controller_that_misses_a_few_answers(plan, fake, t
                    FakeHttp(all_ports(plan)))
     run = launch(plan, "fake", str(tmp_path / "run"))
     assert run.state == "ready" and backend.misses == 0 and backend.stopped == 0
+
+
+def test_a_proxy_that_answers_before_the_job_says_ready_is_not_a_ready_run(plan, fake, tmp_path):
+    # With membership the proxy answers /health once its minimum has registered, while the job still waits for
+    # every worker to register; until the job says "ready" its start-up rules apply (any exit fails it), so
+    # tk launch must not report the run ready before that.
+    backend = fake(FakeBackend([JobState("RUNNING")],
+                               on_submit=lambda run: write_job_files(run, all_names(plan), ready=False)),
+                   FakeHttp(all_ports(plan)))
+    with pytest.raises(LaunchFailed) as exc:
+        launch(plan, "fake", str(tmp_path / "run"), startup_timeout_s=0.05)
+    assert "did not report ready" in str(exc.value) and "started proxy" in str(exc.value)
+    assert backend.stopped == 1

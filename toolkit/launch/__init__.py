@@ -210,15 +210,22 @@ def _wait_until_serving(run, backend, pending_timeout_s, startup_timeout_s, on_p
                 return
             if time.monotonic() - started > startup_timeout_s:
                 slow = [s.name for s in run.servers if s.state != "healthy"]
-                _fail(run, backend, f"not healthy after {startup_timeout_s:g}s: {', '.join(slow)}",
-                      slow[0] if slow else None)
+                if not slow:  # every server answers, but the job is still in its start-up (e.g. registration)
+                    phases = read_phases(run)
+                    last = f"{phases[-1][1]} {phases[-1][2]}".strip() if phases else "none"
+                    _fail(run, backend, f"the job did not report ready within {startup_timeout_s:g}s "
+                                        f"(its last phase: {last})", None)
+                _fail(run, backend, f"not healthy after {startup_timeout_s:g}s: {', '.join(slow)}", slow[0])
         if on_progress:
             on_progress(Progress(run=run, job=job.phase, healthy=_healthy_counts(run), message=job.detail))
         time.sleep(1)
 
 
 def _serving(run: RunRecord) -> bool:
-    """The proxy answers /health; in an aggregated run (no proxy), every server does."""
+    """The job says it is ready (its start-up is over, every worker registered, supervision has taken over), and
+    from here the proxy answers /health; in an aggregated run (no proxy), every server does."""
+    if not any(phase == "ready" for _, phase, _ in read_phases(run)):
+        return False
     if run.front:
         return run.server(run.front).state == "healthy"
     return all(s.state == "healthy" for s in run.servers)
