@@ -47,8 +47,11 @@ def run_aiperf(argv: list[str], log_path: Path, timeout_s: float,
     with open(log_path, "ab") as log:
         log.write(("$ " + " ".join(argv) + "\n").encode())
         log.flush()
+        # A process group of its own (so a timeout ends aiperf and its workers), but not a session of its own:
+        # Linux's autogroup scheduling shares CPU per session, and a new session measurably slowed aiperf on a
+        # loaded machine (TTFT p50 +15 % against the same command in the caller's session, bench_tk_bench.py).
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, start_new_session=True)
+                                env=env, process_group=0)
         try:
             import selectors
 
