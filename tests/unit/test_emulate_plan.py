@@ -48,3 +48,19 @@ def test_unknown_model_gpu_and_fp8_without_fp8_cores_are_refused():
     assert "standin.emulate.precision" in fields(violations_of(STANDIN, *EMULATE[:1], "standin.emulate.gpu=A100",
                                                                "standin.emulate.precision=fp8"))
     assert "standin.emulate.speed" in fields(violations_of(STANDIN, *EMULATE, "standin.emulate.speed=2"))
+
+
+def test_with_emulation_the_estimates_are_the_emulated_models_on_the_emulated_gpu():
+    # tk bench sets measured TTFT beside the plan's prefill + transfer estimate: under emulated timing that must be
+    # the emulated model on the emulated GPU (what the run's timing follows), not the stand-in's tiny model on CPU.
+    from toolkit.facts.hardware import GPU_PEAK_TFLOPS
+    from toolkit.facts.models import resolve_model
+    from toolkit.plan.sizing import PREFILL_EFFICIENCY
+
+    plain, emulated = plan_of(STANDIN), plan_of(STANDIN, *EMULATE)
+    assert plain.estimates.gpu_peak_tflops == GPU_PEAK_TFLOPS["CPU"]
+    assert emulated.estimates.gpu_peak_tflops == GPU_PEAK_TFLOPS["H100"]
+    llama = resolve_model("meta-llama/Llama-3.1-8B-Instruct")
+    tokens = emulated.kv.largest_request_tokens
+    expected_ms = 2 * llama.active_params * tokens / (GPU_PEAK_TFLOPS["H100"] * 1e12 * PREFILL_EFFICIENCY) * 1e3
+    assert abs(emulated.estimates.largest_request_prefill_ms - expected_ms) < 0.01

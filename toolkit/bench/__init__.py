@@ -248,7 +248,7 @@ def run_bench(target: Target, workload: Workload, *, tokenizer: str, bench_root:
                 theirs = greedy_answers(base.endpoint, base.model)
             base_rows = [report.cell_row(base.name, c, base_results.get(c.name), base.gpus)
                          for c in workload.cells]
-            doc["rows"] += base_rows
+            doc["rows"] = rows + base_rows  # a new list: `rows` stays the deployment's own for the comparison
             doc["cells_dirs"] += [f"baseline-{c}" for c in cells_dirs]
             doc["baseline"] = compare(rows, base_rows, base, answers_agree(mine, theirs))
             doc["baseline"]["run"] = base.run

@@ -160,28 +160,51 @@ def write_all(out: Path, doc: dict) -> list[str]:
 
 
 def print_summary(doc: dict) -> None:
-    """Rich tables on stderr."""
+    """Rich tables on stderr: the numbers per target and cell, the baseline side by side, then the verdict as
+    one line per stage with every failed check spelled out."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     con = Console(stderr=True)
-    t = Table(title=f"tk bench {doc['name']}")
+    if not con.is_terminal:
+        con = Console(stderr=True, width=120)  # logs and pipes: wide enough that no column is cut
+    t = Table(title=f"tk bench {doc['name']}", title_justify="left")
     for col in ("target", "cell", "req", "err", "TTFT p50", "TTFT p99", "ITL p99", "req/s", "tok/s/GPU",
                 "tok/s/user"):
-        t.add_column(col)
+        t.add_column(col, no_wrap=True, justify="left" if col in ("target", "cell") else "right")
     for r in doc["rows"]:
         t.add_row(r["target"], r["cell"], str(r["requests"]), str(r["errors"]), _fmt(r["ttft_p50_ms"]),
                   _fmt(r["ttft_p99_ms"]), _fmt(r["itl_p99_ms"]), _fmt(r["request_throughput"]),
                   _fmt(r["output_tokens_per_s_per_gpu"]), _fmt(r["output_tokens_per_s_per_user"]))
     con.print(t)
+    base = doc.get("baseline")
+    if base:
+        b = Table(title="disaggregated / aggregated on the same GPUs", title_justify="left")
+        for col in ("cell", "TTFT p50", "req/s", "tok/s/GPU"):
+            b.add_column(col, no_wrap=True, justify="left" if col == "cell" else "right")
+        for c in base["cells"]:
+            b.add_row(c["cell"], _ratio_text(c["ttft_p50_ratio"]), _ratio_text(c["request_throughput_ratio"]),
+                      _ratio_text(c["tokens_per_gpu_ratio"]))
+        con.print(b)
+        a = base["answers"]
+        con.print(f"greedy answers: {a['matching']}/{a['prompts']} identical" + ("" if a["agree"] else
+                  " [red](they differ: see report.md)[/red]"))
     v = doc["verdict"]
-    c = Table(title="verdict")
-    for col in ("stage", "check", "cell", "ok", "reason"):
-        c.add_column(col, overflow="fold")
-    for ch in v["checks"]:
-        c.add_row(ch["stage"], ch["name"], ch.get("cell") or "",
-                  "skip" if ch.get("skipped") else ("yes" if ch["ok"] else "[red]NO[/red]"), ch["reason"])
-    con.print(c)
+    for stage in ("validity", "disaggregation", "sla"):
+        checks = [c for c in v["checks"] if c["stage"] == stage and not c.get("skipped")]
+        if not checks:
+            continue
+        bad = [c for c in checks if not c["ok"]]
+        con.print(f"{stage}: " + (f"{len(checks)} check(s) passed" if not bad else
+                                  f"[red]{len(bad)} of {len(checks)} check(s) failed[/red]"))
+        for c in bad:
+            where = escape(f" [{c['cell']}]") if c.get("cell") else ""
+            con.print(f"  [red]x[/red] {escape(c['name'])}{where}: {escape(c['reason'])}", highlight=False)
     style = "green" if v["exit_code"] == 0 else "red"
     con.print(f"[{style}]{v['summary']}[/{style}]")
     con.print(f"report: {doc['bench_dir']}/report.md")
+
+
+def _ratio_text(x) -> str:
+    return f"{x:.2f}x" if isinstance(x, (int, float)) else "-"

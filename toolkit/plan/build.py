@@ -100,7 +100,12 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
 
     extra_layers = sizing.spec_layers(r, version)  # MTP adds KV layers (facts.trtllm.mtp_kv_layers)
     geometry = sizing.geometry(r, model, extra_layers)
-    estimates = sizing.estimates(r, model, geometry, transport)
+    if emulated_model is not None:  # the run's timing is the emulated model's on the emulated GPU
+        emulated = resolve_model(emulated_model, base_dir=loaded.base_dir)
+        estimates = sizing.estimates(r, emulated, sizing.geometry(r, emulated, extra_layers), transport,
+                                     gpu=r.standin.emulate.gpu)
+    else:
+        estimates = sizing.estimates(r, model, geometry, transport)
     dtype = r.kv_transfer.dtype
 
     def role_plan(name: str, title: str, spec, span: int, nodes: int, instances, opts: dict, env: dict) -> RolePlan:

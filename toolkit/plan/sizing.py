@@ -81,9 +81,12 @@ def geometry(r: Recipe, model: ModelSpec, extra_layers: int = 0) -> KvGeometry:
     )
 
 
-def estimates(r: Recipe, model: ModelSpec, kv: KvGeometry, transport: TransportProfile) -> Estimates:
+def estimates(r: Recipe, model: ModelSpec, kv: KvGeometry, transport: TransportProfile,
+              gpu: str | None = None) -> Estimates:
+    """Prefill and KV transfer of the largest request on the recipe's GPUs; with emulated timing (stand-in
+    `standin.emulate`), of the emulated model on the emulated GPU, which is what the run's timing follows."""
     ctx_gpus = r.context.tp * r.context.pp
-    peak = GPU_PEAK_TFLOPS[r.cluster.gpu]
+    peak = GPU_PEAK_TFLOPS[gpu or r.cluster.gpu]
     prefill_s = 2 * model.active_params * kv.largest_request_tokens / (ctx_gpus * peak * 1e12 * PREFILL_EFFICIENCY)
     # Each context rank sends its share over its own NIC in parallel.
     transfer_s = kv.ctx_bytes_per_token_per_rank * kv.largest_request_tokens / (transport.nominal_gbps * 1e9)
