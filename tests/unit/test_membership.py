@@ -297,7 +297,8 @@ def test_plan_membership_per_line_and_render():
         assert old.membership is None
         assert "urls" in yaml.safe_load(render_files(old)["disagg.yaml"])["context_servers"]
         argv = worker_command(old, "gen", old.generation.instances[0].port)
-        assert "--disagg_cluster_uri" not in argv and argv[argv.index("--host") + 1] == "0.0.0.0"
+        # static urls: the worker binds <bindN> (0.0.0.0, or loopback where the node's address is loopback)
+        assert "--disagg_cluster_uri" not in argv and argv[argv.index("--host") + 1] == "<bind2>"
     off = _plan("membership.enabled=false")
     assert off.membership is None
     etcd = _plan("membership.storage=etcd")

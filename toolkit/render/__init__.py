@@ -43,11 +43,13 @@ def worker_host(plan: Plan, role_name: str, port: int) -> str:
     """The worker's --host. With membership a worker registers exactly this host (TensorRT-LLM's
     DisaggClusterWorker(role, host, port)) and the proxy connects to it, so it is the worker's node as the
     proxy reaches it, `<nodeN>`, which launch.sbatch resolves as it does in disagg.yaml (127.0.0.1 under
-    `tk launch --local`). Without membership: 0.0.0.0, the proxy reaches the worker through disagg.yaml's urls."""
-    if plan.membership is None:
+    `tk launch --local`). Without membership the proxy reaches the worker through disagg.yaml's urls, and the
+    worker binds `<bindN>`: launch.sbatch makes that all interfaces (0.0.0.0), or loopback where the node's own
+    address is loopback (the local backend's nodes), so a local rehearsal listens on nothing but loopback."""
+    server = next((s for s in plan.servers if s.role == role_name and s.port == port), None)
+    if server is None:
         return "0.0.0.0"
-    server = next(s for s in plan.servers if s.role == role_name and s.port == port)
-    return f"<node{server.first_node}>"
+    return f"<{'node' if plan.membership is not None else 'bind'}{server.first_node}>"
 
 
 def membership_args(plan: Plan, role_name: str) -> list[str]:
