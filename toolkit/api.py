@@ -342,8 +342,8 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
     wl = build_workload(workload, isl=isl, osl=osl, concurrency=tuple(concurrency) if concurrency else None,
                         request_rate=tuple(request_rate) if request_rate else None, requests=requests, turns=turns,
                         seed=seed, limits=limits_for_plan(plan))
+    target = target_for_run(record, plan)  # not serving: said first, before anything else is looked up
     tok = resolve_tokenizer(tokenizer, plan, record.engine)
-    target = target_for_run(record, plan)
     base = None
     if baseline == "aggregated":
         shift = () if after_target is not None else _shifted_ports(plan)

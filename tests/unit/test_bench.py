@@ -167,3 +167,32 @@ def test_cli_bad_input_is_exit_2_and_writes_nothing(tmp_path, capsys):
     assert main(["bench", str(tmp_path), "--sla", "bogus_key=1"]) == 2
     assert "valid keys" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_run_that_is_not_serving_is_exit_2_naming_it_and_writes_nothing(tmp_path, capsys):
+    from tests.unit.helpers import plan_of
+    from tests.unit.test_launch_states import STANDIN
+    from toolkit.cli import main
+    from toolkit.launch.run import RunRecord
+
+    run_dir = tmp_path / "run"
+    (run_dir / "state").mkdir(parents=True)
+    record = RunRecord.new(plan_of(STANDIN), run_dir, "local")
+    record.set_state("stopped")
+    assert main(["bench", str(run_dir), "--isl", "16", "--osl", "4"]) == 2
+    err = capsys.readouterr().err
+    assert "not serving" in err and "tk launch" in err and "Traceback" not in err
+    assert not (run_dir / "bench").exists()
+
+
+def test_aiperf_missing_is_a_clear_error_with_the_fix(tmp_path, monkeypatch):
+    from toolkit.bench import runner
+    from toolkit.bench.workload import BenchInputError
+
+    monkeypatch.delenv(runner.AIPERF_ENV, raising=False)
+    monkeypatch.setattr(runner.shutil, "which", lambda name: None)
+    monkeypatch.setattr(runner.sys, "executable", str(tmp_path / "bin" / "python3"))
+    with pytest.raises(BenchInputError) as exc:
+        runner.find_aiperf()
+    assert "aiperf is not installed" in str(exc.value) and "bench" in str(exc.value)
+    assert getattr(exc.value, "exit_code", 2) == 2
