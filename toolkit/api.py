@@ -304,11 +304,31 @@ def predict(plan: Plan) -> dict[str, Any]:
 # --- bench -------------------------------------------------------------------------------------------
 
 def _plan_of_run(run: RunRecord):
-    """The plan a run was launched from, when its recipe still loads (limits, estimates, GPU count)."""
+    """The plan a run was launched from (limits, estimates, GPU count): rebuilt from the resolved recipe its
+    manifest.json records (its --set overrides included, whatever the recipe file says now), in the run's mode.
+    None when that cannot be read: bench then goes without the plan's numbers."""
     try:
-        return load_plan(run.recipe) if run.recipe and Path(run.recipe).exists() else None
-    except Exception:  # noqa: BLE001 - a recipe edited since the launch: bench without the plan's numbers
+        return _launched_plan(run, aggregated=run.mode == "aggregated")
+    except Exception:  # noqa: BLE001 - a damaged or foreign manifest: bench without the plan's numbers
         return None
+
+
+def _launched_plan(record: RunRecord, overrides: Sequence[str] = (), *, aggregated: bool) -> Plan:
+    import json
+
+    import yaml
+
+    from toolkit.errors import TkError
+    from toolkit.plan import build_plan
+    from toolkit.recipe.loader import load_recipe_text
+
+    manifest = record.path / "manifest.json"
+    try:
+        recipe = json.loads(manifest.read_text())["recipe"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise TkError(f"{manifest}: cannot read the run's resolved recipe ({exc})") from None
+    text = yaml.safe_dump(recipe, sort_keys=False)
+    return build_plan(load_recipe_text(text, record.recipe or str(manifest), tuple(overrides)), aggregated=aggregated)
 
 
 _BASELINE_PORT_SHIFT = 100  # tk bench RUN --baseline aggregated: the baseline's ports, beside the serving run's
@@ -342,7 +362,10 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
     wl = build_workload(workload, isl=isl, osl=osl, concurrency=tuple(concurrency) if concurrency else None,
                         request_rate=tuple(request_rate) if request_rate else None, requests=requests, turns=turns,
                         seed=seed, limits=limits_for_plan(plan))
-    target = target_for_run(record, plan)  # not serving: said first, before anything else is looked up
+    # not serving: said first, before anything else is looked up; an aggregated run is measured as one (every
+    # instance's URL, no legs to prove)
+    target = target_for_run(record, plan, aggregated=record.mode == "aggregated",
+                            name="aggregated" if record.mode == "aggregated" else "disaggregated")
     tok = resolve_tokenizer(tokenizer, plan, record.engine)
     base = None
     if baseline == "aggregated":
@@ -385,7 +408,22 @@ def bench_recipe(recipe: str | os.PathLike, *, local: bool = False, overrides: S
                  on_launch: Callable[[RunRecord], None] | None = None, **bench_kwargs) -> dict[str, Any]:
     """Launch RECIPE fail-fast, benchmark it, stop it (always). With baseline "aggregated" the deployment is
     stopped once measured, and the aggregated one is launched on the GPUs it freed. Same result as bench()."""
+    from toolkit.bench import find_aiperf, limits_for_plan, resolve_tokenizer
+    from toolkit.bench.sla import parse_sla
+    from toolkit.bench.workload import build_workload
+
     plan = load_plan(recipe, (*overrides, "supervision.policy=fail-fast"))
+    # Everything that can be refused is refused before GPUs are allocated: the SLA, the workload against the
+    # plan's limits, the tokenizer, aiperf itself.
+    parse_sla(bench_kwargs.get("sla"))
+    build_workload(bench_kwargs.get("workload", "fixed"), isl=bench_kwargs.get("isl", 1024),
+                   osl=bench_kwargs.get("osl", 128),
+                   concurrency=tuple(bench_kwargs["concurrency"]) if bench_kwargs.get("concurrency") else None,
+                   request_rate=tuple(bench_kwargs["request_rate"]) if bench_kwargs.get("request_rate") else None,
+                   requests=bench_kwargs.get("requests"), turns=bench_kwargs.get("turns", 3),
+                   limits=limits_for_plan(plan))
+    resolve_tokenizer(bench_kwargs.get("tokenizer"), plan, plan.engine.name)
+    find_aiperf()
     run = launch(plan, local=local, run_dir=run_dir)
     if on_launch is not None:
         on_launch(run)
@@ -413,24 +451,12 @@ def baseline_plan(run: RunRecord | str | os.PathLike, overrides: Sequence[str] =
     """The aggregated plan of a run's recipe as it was launched: the resolved recipe its manifest.json records
     (--set overrides and defaults included; the recipe file may have changed since), read as if it were the
     recipe file (relative model paths resolve beside it), then `overrides`, then `--aggregated`."""
-    import json
-
-    import yaml
-
     from toolkit.errors import TkError
-    from toolkit.plan import build_plan
-    from toolkit.recipe.loader import load_recipe_text
 
     record = _record(run)
     if record.mode == "aggregated":
         raise TkError(f"{record.name} is already an aggregated run; give the disaggregated run")
-    manifest = record.path / "manifest.json"
-    try:
-        recipe = json.loads(manifest.read_text())["recipe"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise TkError(f"{manifest}: cannot read the run's resolved recipe ({exc})") from None
-    text = yaml.safe_dump(recipe, sort_keys=False)
-    return build_plan(load_recipe_text(text, record.recipe or str(manifest), tuple(overrides)), aggregated=True)
+    return _launched_plan(record, overrides, aggregated=True)
 
 
 def launch_baseline(run: RunRecord | str | os.PathLike, *, local: bool | None = None,

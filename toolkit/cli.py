@@ -478,8 +478,8 @@ def _int_list(ctx, param, value):
         out = tuple(int(v) for v in value.split(",") if v.strip())
     except ValueError:
         raise click.BadParameter("a comma-separated list of integers, e.g. 1,4,16,64") from None
-    if not out or min(out) < 1:
-        raise click.BadParameter("values must be >= 1")
+    if not out or min(out) < 1 or max(out) > 100_000 or len(out) > 64:
+        raise click.BadParameter("1 to 64 values, each from 1 to 100000")
     return out
 
 
@@ -490,6 +490,9 @@ def _float_list(ctx, param, value):
         out = tuple(float(v) for v in value.split(",") if v.strip())
     except ValueError:
         raise click.BadParameter("a comma-separated list of numbers, e.g. 1,2.5,5") from None
+    import math
+    if not out or len(out) > 64 or not all(math.isfinite(v) and 0 < v <= 100_000 for v in out):
+        raise click.BadParameter("1 to 64 finite values, each above 0 and at most 100000 (requests/s)")
     return out
 
 

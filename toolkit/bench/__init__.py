@@ -240,20 +240,27 @@ def run_bench(target: Target, workload: Workload, *, tokenizer: str, bench_root:
             mine = greedy_answers(target.endpoint, target.model)
             if after_target is not None:
                 after_target()
-            starting = baseline() if callable(baseline) else contextlib.nullcontext(baseline)
-            with starting as base:
-                _check_serving(base)
-                base_results, _ = measure(base, workload, aiperf=aiperf, tokenizer=tokenizer, out=staging,
-                                          log=log, timeout_s=timeout_s, on_progress=on_progress, prefix="baseline-")
-                theirs = greedy_answers(base.endpoint, base.model)
-            base_rows = [report.cell_row(base.name, c, base_results.get(c.name), base.gpus)
-                         for c in workload.cells]
-            doc["rows"] = rows + base_rows  # a new list: `rows` stays the deployment's own for the comparison
-            doc["cells_dirs"] += [f"baseline-{c}" for c in cells_dirs]
-            doc["baseline"] = compare(rows, base_rows, base, answers_agree(mine, theirs))
-            doc["baseline"]["run"] = base.run
-            doc["baseline"]["verdict"] = decide(workload, base_results, None, objectives, gpus=base.gpus,
-                                                bounds=bounds).to_dict()
+            try:
+                starting = baseline() if callable(baseline) else contextlib.nullcontext(baseline)
+                with starting as base:
+                    _check_serving(base)
+                    base_results, _ = measure(base, workload, aiperf=aiperf, tokenizer=tokenizer, out=staging,
+                                              log=log, timeout_s=timeout_s, on_progress=on_progress,
+                                              prefix="baseline-")
+                    theirs = greedy_answers(base.endpoint, base.model)
+            except (TkError, AiperfFailed, TimeoutError) as exc:
+                # The deployment's own measurement stands; the report says why there is no baseline beside it.
+                doc["baseline_error"] = (f"aiperf failed (exit {exc.rc})" if isinstance(exc, AiperfFailed)
+                                         else str(exc))[:2000]
+            else:
+                base_rows = [report.cell_row(base.name, c, base_results.get(c.name), base.gpus)
+                             for c in workload.cells]
+                doc["rows"] = rows + base_rows  # a new list: `rows` stays the deployment's own for the comparison
+                doc["cells_dirs"] += [f"baseline-{c}" for c in cells_dirs]
+                doc["baseline"] = compare(rows, base_rows, base, answers_agree(mine, theirs))
+                doc["baseline"]["run"] = base.run
+                doc["baseline"]["verdict"] = decide(workload, base_results, None, objectives, gpus=base.gpus,
+                                                    bounds=bounds).to_dict()
         report.write_all(staging, doc)
         return {**doc, "bench_dir": str(_publish(staging, final))}
     except AiperfFailed as exc:

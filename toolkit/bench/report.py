@@ -131,6 +131,9 @@ def markdown(doc: dict, plots: list[str]) -> str:
                   "|---|---|---|---|"]
         for e in est:
             lines.append(f"| {e['quantity']} | {_fmt(e['estimated'])} | {_fmt(e['measured'])} | {e['note']} |")
+    if doc.get("baseline_error"):
+        lines += ["", "## Disaggregated beside aggregated", "",
+                  f"**No baseline:** {doc['baseline_error']}. The deployment's own results above stand."]
     comp = doc.get("baseline")
     if comp:
         lines += ["", "## Disaggregated beside aggregated", "",
@@ -178,6 +181,8 @@ def print_summary(doc: dict) -> None:
                   _fmt(r["ttft_p99_ms"]), _fmt(r["itl_p99_ms"]), _fmt(r["request_throughput"]),
                   _fmt(r["output_tokens_per_s_per_gpu"]), _fmt(r["output_tokens_per_s_per_user"]))
     con.print(t)
+    if doc.get("baseline_error"):
+        con.print(f"[red]no aggregated baseline:[/red] {escape(doc['baseline_error'])}")
     base = doc.get("baseline")
     if base:
         b = Table(title="disaggregated / aggregated on the same GPUs", title_justify="left")

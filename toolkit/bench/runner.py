@@ -51,7 +51,7 @@ def run_aiperf(argv: list[str], log_path: Path, timeout_s: float,
         # Linux's autogroup scheduling shares CPU per session, and a new session measurably slowed aiperf on a
         # loaded machine (TTFT p50 +15 % against the same command in the caller's session, bench_tk_bench.py).
         proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=env, process_group=0)
+                                env=env, preexec_fn=os.setpgrp)  # noqa: PLW1509 (process_group= needs 3.11)
         try:
             import selectors
 
@@ -73,7 +73,10 @@ def run_aiperf(argv: list[str], log_path: Path, timeout_s: float,
                     if on_line:
                         for line in lines:
                             on_line(line.decode(errors="replace"))
-            return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            try:
+                return proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:  # it closed its output but kept running past the bound
+                raise TimeoutError(f"aiperf ran past {timeout_s:g} s") from None
         finally:
             if proc.poll() is None:
                 try:

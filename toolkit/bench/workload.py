@@ -107,8 +107,10 @@ def build_workload(kind: str, *, isl: int = 1024, osl: int = 128, concurrency: t
         loads: list[tuple[int | None, float | None]] = [(None, r) for r in request_rate]
     else:
         loads = [(c, None) for c in (concurrency or DEFAULT_CONCURRENCY[kind])]
-    if any((c is not None and c < 1) or (r is not None and r <= 0) for c, r in loads):
-        raise BenchInputError("concurrency must be >= 1 and request rates > 0")
+    import math
+    if any((c is not None and not 1 <= c <= 100_000) or (r is not None and not (math.isfinite(r) and 0 < r <= 100_000))
+           for c, r in loads):
+        raise BenchInputError("concurrency must be 1..100000 and request rates finite, above 0 and at most 100000/s")
 
     isls = list(ISL_SWEEP) if kind == "isl-sweep" else [isl]
     n_turns = turns if kind == "multi-turn" else 1

@@ -83,6 +83,9 @@ class RunRecord:
         if plan.proxy is not None:
             servers.append(ServerRecord(name="proxy", role="proxy", instance=0, node=plan.proxy.node,
                                         port=plan.proxy.port))
+        etcd = plan.membership.etcd if plan.membership is not None else None
+        if etcd is not None and etcd.started_by_job:  # the job starts and supervises it: status shows it too
+            servers.append(ServerRecord(name="etcd", role="etcd", instance=0, node=etcd.node, port=etcd.port))
         return cls(name=run_dir.name, run_dir=str(run_dir.resolve()), recipe=plan.recipe_file, backend=backend,
                    engine=plan.engine.name, created=time.time(), servers=servers,
                    model=plan.roles[0].model_path, nodes=plan.node_count, engine_label=plan.engine.label,

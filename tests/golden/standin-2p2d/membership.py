@@ -63,12 +63,14 @@ def keys(uri: str, prefix: str) -> list[str]:
     return list((doc.get("result") or {}).keys())
 
 
-def delete(uri: str, key: str) -> None:
+def delete(uri: str, key: str) -> bool:
+    """True when the storage says the key is gone."""
     scheme, _, rest = uri.partition("://")
     if scheme == "etcd":
-        _http("POST", f"http://{rest.split(',')[0]}/v3/kv/deleterange", {"key": _b64(key)})
-    else:
-        _http("DELETE", f"{uri.rstrip('/')}/delete?{urllib.parse.urlencode({'key': key})}")
+        status, doc = _http("POST", f"http://{rest.split(',')[0]}/v3/kv/deleterange", {"key": _b64(key)})
+        return status == 200 and int(doc.get("deleted", 0)) > 0
+    status, doc = _http("DELETE", f"{uri.rstrip('/')}/delete?{urllib.parse.urlencode({'key': key})}")
+    return status == 200 and bool(doc.get("result"))
 
 
 def of_worker(all_keys: list[str], worker: str) -> list[str]:
@@ -88,9 +90,7 @@ def main(argv: list[str]) -> int:
                 print(" ".join(missing))
                 return 1
             return 0
-        gone = of_worker(found, workers[0])
-        for key in gone:
-            delete(uri, key)
+        gone = [key for key in of_worker(found, workers[0]) if delete(uri, key)]
         print(len(gone))
         return 0
     except (OSError, ValueError, RuntimeError, KeyError) as exc:
