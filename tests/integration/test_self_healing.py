@@ -156,9 +156,11 @@ def test_with_etcd_storage_a_dead_worker_is_deregistered_at_once_and_rejoins_whe
             return doc["state"] == "ready" and _server(doc, "gen-1")["restarts"] == 1
 
         wait_until(back, RECOVERY_BOUND_S, "gen-1 restarted and the run ready again")
-        info = requests.get(f"{endpoint}/cluster_info", timeout=10).json()
-        ports = {w["port"] for w in info["current_workers"]["generation_servers"]}
-        assert port in ports, info  # the restarted server registered again
+        def registered():  # the restarted server registers again once it listens; the proxy reads etcd each second
+            info = requests.get(f"{endpoint}/cluster_info", timeout=10).json()
+            return port in {w["port"] for w in info["current_workers"]["generation_servers"]}
+
+        wait_until(registered, 15, "the restarted gen-1 registered in etcd and taken back by the proxy")
         before = _gen_legs(endpoint, port)
         for _ in range(6):
             requests.post(f"{endpoint}/v1/completions", json={"model": record["model"], "prompt": "hello again",

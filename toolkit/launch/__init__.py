@@ -320,6 +320,8 @@ def refresh(run: RunRecord) -> RunRecord:
         run.state = "failed"
     if job and job.phase == "RUNNING":
         _probe(run)
+        if failed and failed[1]:
+            run.server(failed[1]).state = "failed"  # the job is ending because of it: that outranks its last probe
         if run.state in ("ready", "degraded"):
             # Worked out afresh on every refresh, so a run that recovered is "ready" again with no stale reason.
             down = [s for s in run.servers if s.state != "healthy"]
