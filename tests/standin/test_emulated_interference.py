@@ -76,11 +76,17 @@ def test_long_prefills_stall_aggregated_decodes_but_not_disaggregated(deployment
     agg, proxy = deployments
     assert "emulated timing of meta-llama/Llama-3.1-8B-Instruct on H100" in requests.get(agg.url + "/version").json()["version"]
     quiet = _p99(asyncio.run(_load(agg.url, False, 1000)))
-    agg_p99 = _p99(asyncio.run(_load(agg.url, True, 2000)))
+    agg_gaps = asyncio.run(_load(agg.url, True, 2000))
     pd_quiet = _p99(asyncio.run(_load(proxy.url, False, 3000)))
-    pd_p99 = _p99(asyncio.run(_load(proxy.url, True, 4000)))
+    pd_gaps = asyncio.run(_load(proxy.url, True, 4000))
+    agg_p99, pd_p99 = _p99(agg_gaps), _p99(pd_gaps)
+    agg_stalled = sum(g > STALL_S / 2 for g in agg_gaps)
+    pd_stalled = sum(g > STALL_S / 2 for g in pd_gaps)
     print(f"ITL p99 ms: aggregated {quiet * 1e3:.1f} -> {agg_p99 * 1e3:.1f} with long prefills; "
-          f"1P1D {pd_quiet * 1e3:.1f} -> {pd_p99 * 1e3:.1f}")
+          f"1P1D {pd_quiet * 1e3:.1f} -> {pd_p99 * 1e3:.1f}; gaps above {STALL_S / 2 * 1e3:.0f} ms: "
+          f"aggregated {agg_stalled}, 1P1D {pd_stalled} of {len(pd_gaps)}")
     assert quiet < 4 * STEP_S  # decode steps of ~6.8 ms (CPU jitter allowed)
     assert agg_p99 > 0.8 * STALL_S  # a 2048-token prefill (~83 ms) stalled the decodes of its iteration
-    assert pd_p99 < STALL_S / 2 and pd_p99 < agg_p99 / 2  # the generation server only decodes: no prefill stall
+    # 3 long prefills each stall the 3 decoding streams in aggregated serving; the generation server only decodes.
+    # Counted rather than read at p99, so one CPU hiccup of the 2-core machine is not taken for a prefill stall.
+    assert agg_stalled >= 6 and pd_stalled <= 2

@@ -37,3 +37,12 @@ def test_every_contract_in_pyproject_is_checked_here():
 def test_import_contract_holds(contract):
     proc = _lint_imports("--contract", contract)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_the_stand_in_contract_names_every_toolkit_module_but_the_stand_in():
+    tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    contract = next(c for c in config["contracts"] if c["id"] == "standin-separate")
+    on_disk = {f"toolkit.{p.stem}" for p in (ROOT / "toolkit").iterdir()
+               if p.name != "__init__.py" and (p.suffix == ".py" or (p / "__init__.py").exists())}
+    assert set(contract["source_modules"]) == on_disk - {"toolkit.standin"}

@@ -120,6 +120,10 @@ class LocalBackend:
 
     def job_state(self, run: RunRecord) -> JobState:
         left = procs.members(run.job_pid, run.run_id or "")
+        if not left and procs.leads_session(run.job_pid):
+            # Its batch script leads its session but its TK_RUN_ID could not be read (a process caught between
+            # exec and a readable /proc/PID/environ on a loaded machine): still running, not ended.
+            return JobState("RUNNING", f"session {run.job_pid}")
         if not left:
             return JobState("ENDED", "the local job has exited")
         if run.job_pid in left:

@@ -43,6 +43,12 @@ def alive(pid: int | None) -> bool:
     return st is not None and st[0] != "Z"
 
 
+def leads_session(pid: int | None) -> bool:
+    """pid is alive, not a zombie, and the leader of its own session (as a local job's batch script is)."""
+    st = _stat(pid) if pid else None
+    return st is not None and st[0] != "Z" and st[1] == pid
+
+
 def _has_run_id(pid: int, run_id: str) -> bool:
     try:
         environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
