@@ -25,7 +25,7 @@ import requests
 
 from tests.integration.faultload import ClosedLoopLoad, good_per_s
 from tests.integration.helpers import STANDIN_RECIPE, processes_mentioning, tk, tk_json, wait_until
-from tests.integration.test_launch import assert_nothing_left, server_pids
+from tests.integration.test_launch import assert_nothing_left, backend, server_pids  # noqa: F401 (backend: a fixture)
 
 openai = pytest.importorskip("openai")
 
@@ -37,13 +37,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.nixl]
 RECOVERY_BOUND_S = 30
 UNHEALTHY_AFTER_S = 8
 CONCURRENCY = 6
-
-
-@pytest.fixture(params=["slurm", "local"])
-def backend(request):
-    if request.param == "slurm":
-        request.getfixturevalue("dev_slurm")
-    return request.param
 
 
 def _status(env) -> dict:

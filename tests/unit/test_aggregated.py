@@ -19,7 +19,7 @@ from toolkit.recipe import load_recipe
 from toolkit.render import CHECK_SCRIPT, MANIFEST, RENDERED_FILES_AGGREGATED, render_files
 from toolkit.runtime.slurm import JobState
 from tests.conftest import RECIPES, ROOT
-from tests.unit.test_launch_states import FakeBackend, FakeHttp, write_job_files
+from tests.unit.test_launch_states import FakeBackend, FakeHttp, fake, write_job_files  # noqa: F401 (fake: a fixture)
 
 GOLDEN = ROOT / "tests" / "golden" / "aggregated"
 GOLDEN_RECIPES = ("standin-2p2d", "llama-3.3-70b-h100")
@@ -128,17 +128,6 @@ def test_aggregated_golden_files(stem):
 
 
 RECIPES_BY = {p.stem: p for p in RECIPES}
-
-
-@pytest.fixture
-def fake(monkeypatch):
-    def install(backend, http):
-        monkeypatch.setattr(launch_mod, "backend_for", lambda name: backend)
-        monkeypatch.setattr(launch_mod.requests, "get", http.get)
-        monkeypatch.setattr(launch_mod.requests, "post", http.post)
-        monkeypatch.setattr(launch_mod.time, "sleep", lambda s: None)
-        return backend
-    return install
 
 
 def test_the_launch_state_machine_takes_an_aggregated_run_to_ready_with_every_instance_an_endpoint(fake, tmp_path):

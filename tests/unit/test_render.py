@@ -15,7 +15,7 @@ from toolkit.facts import trtllm as versions
 from toolkit.errors import RecipeError, TkError
 from toolkit.plan import build_plan
 from toolkit.recipe import load_recipe
-from toolkit.render import CHECK_SCRIPT, MANIFEST, RENDERED_FILES, render, render_files
+from toolkit.render import CHECK_SCRIPT, MANIFEST, MEMBERSHIP_SCRIPT, RENDERED_FILES, render, render_files
 from tests.conftest import RECIPES, ROOT
 from tests.unit.helpers import BASE, plan_of
 
@@ -127,7 +127,9 @@ def test_golden_files(path):
     files = render_files(plan_for(path))
     # check_config.py is copied verbatim (templates/check_config.py, the same for every recipe): the manifest's
     # hash of it is pinned here, the script itself once in the tree.
-    assert files.pop(CHECK_SCRIPT) == (Path(__file__).parents[2] / "templates" / CHECK_SCRIPT).read_text()
+    # the two scripts are copied as they are: compared with their source, not pinned once per recipe
+    for script in (CHECK_SCRIPT, MEMBERSHIP_SCRIPT):
+        assert files.pop(script) == (Path(__file__).parents[2] / "templates" / script).read_text()
     gold = GOLDEN / path.stem
     if os.environ.get("TK_UPDATE_GOLDEN") == "1":
         shutil.rmtree(gold, ignore_errors=True)
