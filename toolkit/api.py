@@ -334,8 +334,8 @@ def _launched_plan(record: RunRecord, overrides: Sequence[str] = (), *, aggregat
 _BASELINE_PORT_SHIFT = 100  # tk bench RUN --baseline aggregated: the baseline's ports, beside the serving run's
 
 
-def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "fixed", isl: int = 1024,
-          osl: int = 128, concurrency: Sequence[int] | None = None, request_rate: Sequence[float] | None = None,
+def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "fixed", isl: int | None = None,
+          osl: int | None = None, concurrency: Sequence[int] | None = None, request_rate: Sequence[float] | None = None,
           requests: int | None = None, turns: int = 3, sla: str | None = None, tokenizer: str | None = None,
           baseline: str | RunRecord | None = None, baseline_url: str | None = None, max_error_rate: float = 0.01,
           seed: int = 100, timeout_s: float = 1800.0, name: str | None = None,
@@ -350,13 +350,15 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
     (an aggregated run already serving) or baseline_url (an aggregated server) is measured as it is."""
     import contextlib
 
-    from toolkit.bench import (limits_for_plan, resolve_tokenizer, run_bench, target_for_run, target_for_url)
+    from toolkit.bench import (check_bench_name, limits_for_plan, resolve_tokenizer, run_bench, target_for_run,
+                               target_for_url)
     from toolkit.bench.sla import parse_sla
     from toolkit.bench.verdict import Bounds
     from toolkit.bench.workload import BenchInputError, build_workload
     from toolkit.launch.run import RunRecord as Record
 
     objectives = parse_sla(sla)  # bad input first: nothing is started for a typo
+    check_bench_name(name)
     record = _refresh_run(_record(run))
     plan = _plan_of_run(record)
     wl = build_workload(workload, isl=isl, osl=osl, concurrency=tuple(concurrency) if concurrency else None,
@@ -408,37 +410,41 @@ def bench_recipe(recipe: str | os.PathLike, *, local: bool = False, overrides: S
                  on_launch: Callable[[RunRecord], None] | None = None, **bench_kwargs) -> dict[str, Any]:
     """Launch RECIPE fail-fast, benchmark it, stop it (always). With baseline "aggregated" the deployment is
     stopped once measured, and the aggregated one is launched on the GPUs it freed. Same result as bench()."""
-    from toolkit.bench import find_aiperf, limits_for_plan, resolve_tokenizer
+    from toolkit.bench import check_bench_name, find_aiperf, limits_for_plan, resolve_tokenizer
     from toolkit.bench.sla import parse_sla
     from toolkit.bench.workload import build_workload
+    from toolkit.runtime import signals
 
     plan = load_plan(recipe, (*overrides, "supervision.policy=fail-fast"))
     # Everything that can be refused is refused before GPUs are allocated: the SLA, the workload against the
     # plan's limits, the tokenizer, aiperf itself.
     parse_sla(bench_kwargs.get("sla"))
-    build_workload(bench_kwargs.get("workload", "fixed"), isl=bench_kwargs.get("isl", 1024),
-                   osl=bench_kwargs.get("osl", 128),
+    check_bench_name(bench_kwargs.get("name"))
+    build_workload(bench_kwargs.get("workload", "fixed"), isl=bench_kwargs.get("isl"),
+                   osl=bench_kwargs.get("osl"),
                    concurrency=tuple(bench_kwargs["concurrency"]) if bench_kwargs.get("concurrency") else None,
                    request_rate=tuple(bench_kwargs["request_rate"]) if bench_kwargs.get("request_rate") else None,
                    requests=bench_kwargs.get("requests"), turns=bench_kwargs.get("turns", 3),
                    limits=limits_for_plan(plan))
     resolve_tokenizer(bench_kwargs.get("tokenizer"), plan, plan.engine.name)
     find_aiperf()
-    run = launch(plan, local=local, run_dir=run_dir)
-    if on_launch is not None:
-        on_launch(run)
-    stopped = []
+    # SIGTERM and SIGHUP end it as Ctrl-C does: the deployment it launched is stopped whatever stage it is in
+    with signals.interrupt_on_termination():
+        run = launch(plan, local=local, run_dir=run_dir)
+        stopped = []
 
-    def stop_target():
-        stop(run)
-        stopped.append(run)
-
-    try:
-        return bench(run, baseline=baseline, after_target=stop_target if baseline == "aggregated" else None,
-                     **bench_kwargs)
-    finally:
-        if not stopped:
+        def stop_target():
             stop(run)
+            stopped.append(run)
+
+        try:
+            if on_launch is not None:
+                on_launch(run)
+            return bench(run, baseline=baseline, after_target=stop_target if baseline == "aggregated" else None,
+                         **bench_kwargs)
+        finally:
+            if not stopped:
+                stop(run)
 
 
 def _refresh_run(run: RunRecord) -> RunRecord:

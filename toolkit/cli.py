@@ -500,8 +500,10 @@ def _float_list(ctx, param, value):
 @click.argument("target", required=False)
 @click.option("--workload", default="fixed", show_default=True, metavar="fixed|isl-sweep|concurrency-sweep|multi-turn",
               help="What load: one ISL/OSL; ISL 128..2048 (clipped to the plan); concurrencies; growing conversations.")
-@click.option("--isl", type=click.IntRange(1, 1 << 20), default=1024, show_default=True, help="Input tokens.")
-@click.option("--osl", type=click.IntRange(1, 1 << 20), default=128, show_default=True, help="Output tokens.")
+@click.option("--isl", type=click.IntRange(1, 1 << 20), default=None,
+              help="Input tokens. [default: 1024, lowered to what the deployment admits with the chat template]")
+@click.option("--osl", type=click.IntRange(1, 1 << 20), default=None,
+              help="Output tokens. [default: 128, lowered to what the deployment admits]")
 @click.option("--concurrency", callback=_int_list, metavar="N,N,...", help="Concurrencies (default 4; sweep 1,4,16,64).")
 @click.option("--request-rate", callback=_float_list, metavar="R,R,...", help="Requests/s instead of concurrency.")
 @click.option("--requests", type=click.IntRange(1, 10_000_000), help="Profiled requests per cell (default 10 x load, >= 32).")

@@ -15,7 +15,9 @@ place only when complete; on an error (aiperf failing, a bad input, Ctrl-C) noth
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import socket
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +30,7 @@ from toolkit.bench.sla import Objective
 from toolkit.bench.verdict import Bounds, decide
 from toolkit.bench.workload import BenchInputError, Limits, Workload, aiperf_argv
 from toolkit.errors import TkError
+from toolkit.runtime import signals
 
 __all__ = ["BenchInputError", "Target", "target_for_run", "target_for_url", "limits_for_plan", "run_bench",
            "resolve_tokenizer"]
@@ -68,8 +71,10 @@ def target_for_run(run, plan=None, *, name: str = "disaggregated", aggregated: b
     if aggregated:
         pr = probes.AggregatedProbe()
     else:
-        urls = _server_urls(run)
-        pr = probes.probe_for(run.endpoint, {k: v for k, v in urls.items() if k != "proxy"})
+        # The workers whose legs the probe counts: context and generation servers only (not the proxy, nor the
+        # etcd a membership run starts, which has no such counters)
+        workers = {s.name for s in run.servers if s.role in ("ctx", "gen")}
+        pr = probes.probe_for(run.endpoint, {k: v for k, v in _server_urls(run).items() if k in workers})
     urls = tuple(getattr(run, "endpoints", None) or ()) if aggregated else ()
     return Target(name=name, endpoint=run.endpoint, model=run.model, probe=pr, gpus=gpus, run=run.public(),
                   urls=urls)
@@ -123,15 +128,55 @@ def _check_serving(target: Target) -> None:
                               f"(tk status)") from None
 
 
+BENCH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+PARTIAL = re.compile(r"\.(?P<name>.+)\.partial-(?P<host>[A-Za-z0-9._-]+)-(?P<pid>[0-9]+)")
+
+
+def check_bench_name(name: str | None) -> None:
+    """--name becomes a directory name under RUN/bench: nothing that could lead elsewhere (m8)."""
+    if name is not None and not BENCH_NAME.fullmatch(name):
+        raise BenchInputError(f"--name {name[:80]!r}: 1-64 letters, digits, '.', '_' or '-', starting with a letter "
+                              "or digit (it names a directory under RUN/bench)")
+
+
+def _host() -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", socket.gethostname())[:64] or "host"
+
+
+def remove_stale_staging(root: Path) -> list[Path]:
+    """Staging directories left by benchmarks on this host whose process is gone (a kill -9, a power cut): removed.
+    One of another host, or of a process still running, is left alone."""
+    removed = []
+    try:
+        entries = list(os.scandir(root))
+    except OSError:
+        return removed
+    for entry in entries[:10000]:
+        m = PARTIAL.fullmatch(entry.name)
+        if not m or m["host"] != _host() or not entry.is_dir(follow_symlinks=False):
+            continue
+        try:
+            os.kill(int(m["pid"]), 0)
+            continue  # still running
+        except ProcessLookupError:
+            pass
+        except (PermissionError, OverflowError, ValueError):
+            continue  # someone else's process, or no such pid number
+        shutil.rmtree(entry.path, ignore_errors=True)
+        removed.append(Path(entry.path))
+    return removed
+
+
 def _bench_dir(root: Path, name: str) -> tuple[Path, Path]:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     root.mkdir(parents=True, exist_ok=True)
+    remove_stale_staging(root)
     final = root / f"{name}-{stamp}"
     n = 1
     while final.exists():
         n += 1
         final = root / f"{name}-{stamp}-{n}"
-    staging = root / f".{final.name}.partial-{os.getpid()}"
+    staging = root / f".{final.name}.partial-{_host()}-{os.getpid()}"
     staging.mkdir()
     return final, staging
 
@@ -211,62 +256,84 @@ def run_bench(target: Target, workload: Workload, *, tokenizer: str, bench_root:
 
     baseline: a Target already serving, or a callable returning a context manager that starts one and ends it
     (an aggregated deployment on the same GPUs: tk bench calls after_target first, e.g. to stop the disaggregated
-    deployment and free its GPUs, then starts the baseline). The greedy answers of both are compared."""
+    deployment and free its GPUs, then starts the baseline). The greedy answers of both are compared.
+    name: the bench directory's name (NAME-TIMESTAMP under bench_root): letters, digits, '.', '_', '-' only."""
+    check_bench_name(name)
+    aiperf = find_aiperf()
+    _check_serving(target)
+    if isinstance(baseline, Target):
+        _check_serving(baseline)
+    with signals.interrupt_on_termination():  # SIGTERM / SIGHUP end the benchmark as Ctrl-C does
+        staging = None
+        try:
+            final, staging = _bench_dir(Path(bench_root), name or workload.kind)
+            return _measure_and_publish(target, workload, aiperf=aiperf, tokenizer=tokenizer, final=final,
+                                        staging=staging, objectives=objectives, bounds=bounds, plan=plan,
+                                        baseline=baseline, after_target=after_target, timeout_s=timeout_s,
+                                        on_progress=on_progress)
+        except AiperfFailed as exc:
+            raise TkError(f"aiperf failed (exit {exc.rc}); nothing was written. Its last lines:\n{exc.tail}") \
+                from None
+        except TimeoutError as exc:
+            raise TkError(f"{exc}; nothing was written (raise --timeout)") from None
+        except OSError as exc:  # a full disk, a read-only or vanished bench directory
+            raise TkError(f"cannot write the bench directory under {bench_root} ({exc.strerror or exc}); nothing "
+                          "was written") from None
+        finally:
+            with signals.deferred():  # a second signal must not leave the staging directory behind
+                if staging is not None and staging.exists():
+                    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _measure_and_publish(target: Target, workload: Workload, *, aiperf: str, tokenizer: str, final: Path,
+                         staging: Path, objectives, bounds: Bounds, plan, baseline, after_target, timeout_s: float,
+                         on_progress) -> dict:
     import contextlib
 
     from toolkit.bench import report
     from toolkit.bench.compare import answers_agree, compare, greedy_answers
 
-    aiperf = find_aiperf()
-    _check_serving(target)
-    if isinstance(baseline, Target):
-        _check_serving(baseline)
-    final, staging = _bench_dir(Path(bench_root), name or workload.kind)
-    try:
-        log = staging / "aiperf.log"
-        results, proof = measure(target, workload, aiperf=aiperf, tokenizer=tokenizer, out=staging, log=log,
-                                 timeout_s=timeout_s, on_progress=on_progress)
-        verdict = decide(workload, results, proof, objectives, gpus=target.gpus, bounds=bounds)
-        rows = [report.cell_row(target.name, c, results.get(c.name), target.gpus) for c in workload.cells]
-        cells_dirs = [c.name for c in workload.cells]
-        doc = {"name": final.name, "bench_dir": str(final), "created": time.time(), "run": target.run,
-               "model": target.model, "tokenizer": tokenizer, "gpus": target.gpus,
-               "aiperf_version": next((r.aiperf_version for r in results.values() if r.aiperf_version), None),
-               "workload": workload.to_dict(), "sla": [o.to_dict() for o in objectives],
-               "bounds": bounds.to_dict(), "proof": proof.to_dict(),
-               "cells": {k: v.to_dict() for k, v in results.items()}, "verdict": verdict.to_dict(),
-               "estimates": _estimates(plan, workload, results), "rows": rows, "cells_dirs": cells_dirs}
-        if baseline is not None:
-            mine = greedy_answers(target.endpoint, target.model)
-            if after_target is not None:
-                after_target()
-            try:
-                starting = baseline() if callable(baseline) else contextlib.nullcontext(baseline)
-                with starting as base:
-                    _check_serving(base)
-                    base_results, _ = measure(base, workload, aiperf=aiperf, tokenizer=tokenizer, out=staging,
-                                              log=log, timeout_s=timeout_s, on_progress=on_progress,
-                                              prefix="baseline-")
-                    theirs = greedy_answers(base.endpoint, base.model)
-            except (TkError, AiperfFailed, TimeoutError) as exc:
-                # The deployment's own measurement stands; the report says why there is no baseline beside it.
-                doc["baseline_error"] = (f"aiperf failed (exit {exc.rc})" if isinstance(exc, AiperfFailed)
-                                         else str(exc))[:2000]
-            else:
-                base_rows = [report.cell_row(base.name, c, base_results.get(c.name), base.gpus)
-                             for c in workload.cells]
-                doc["rows"] = rows + base_rows  # a new list: `rows` stays the deployment's own for the comparison
-                doc["cells_dirs"] += [f"baseline-{c}" for c in cells_dirs]
-                doc["baseline"] = compare(rows, base_rows, base, answers_agree(mine, theirs))
-                doc["baseline"]["run"] = base.run
-                doc["baseline"]["verdict"] = decide(workload, base_results, None, objectives, gpus=base.gpus,
-                                                    bounds=bounds).to_dict()
-        report.write_all(staging, doc)
-        return {**doc, "bench_dir": str(_publish(staging, final))}
-    except AiperfFailed as exc:
-        raise TkError(f"aiperf failed (exit {exc.rc}); nothing was written. Its last lines:\n{exc.tail}") from None
-    except TimeoutError as exc:
-        raise TkError(f"{exc}; nothing was written (raise --timeout)") from None
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
+    log = staging / "aiperf.log"
+    results, proof = measure(target, workload, aiperf=aiperf, tokenizer=tokenizer, out=staging, log=log,
+                             timeout_s=timeout_s, on_progress=on_progress)
+    rows = [report.cell_row(target.name, c, results.get(c.name), target.gpus) for c in workload.cells]
+    cells_dirs = [c.name for c in workload.cells]
+    doc = {"name": final.name, "bench_dir": str(final), "created": time.time(), "run": target.run,
+           "model": target.model, "tokenizer": tokenizer, "gpus": target.gpus,
+           "aiperf_version": next((r.aiperf_version for r in results.values() if r.aiperf_version), None),
+           "workload": workload.to_dict(), "sla": [o.to_dict() for o in objectives],
+           "bounds": bounds.to_dict(), "proof": proof.to_dict(),
+           "cells": {k: v.to_dict() for k, v in results.items()},
+           "estimates": _estimates(plan, workload, results), "rows": rows, "cells_dirs": cells_dirs}
+    answers = None
+    if baseline is not None:
+        mine = greedy_answers(target.endpoint, target.model)
+        if after_target is not None:
+            after_target()
+        try:
+            starting = baseline() if callable(baseline) else contextlib.nullcontext(baseline)
+            with starting as base:
+                _check_serving(base)
+                base_results, _ = measure(base, workload, aiperf=aiperf, tokenizer=tokenizer, out=staging,
+                                          log=log, timeout_s=timeout_s, on_progress=on_progress,
+                                          prefix="baseline-")
+                theirs = greedy_answers(base.endpoint, base.model)
+        except (TkError, AiperfFailed, TimeoutError) as exc:
+            # The deployment's own measurement stands; the report says why there is no baseline beside it.
+            doc["baseline_error"] = (f"aiperf failed (exit {exc.rc})" if isinstance(exc, AiperfFailed)
+                                     else str(exc))[:2000]
+        else:
+            base_rows = [report.cell_row(base.name, c, base_results.get(c.name), base.gpus)
+                         for c in workload.cells]
+            doc["rows"] = rows + base_rows  # a new list: `rows` stays the deployment's own for the comparison
+            doc["cells_dirs"] += [f"baseline-{c}" for c in cells_dirs]
+            answers = answers_agree(mine, theirs)
+            doc["baseline"] = compare(rows, base_rows, base, answers)
+            doc["baseline"]["run"] = base.run
+            doc["baseline"]["verdict"] = decide(workload, base_results, None, objectives, gpus=base.gpus,
+                                                bounds=bounds).to_dict()
+    # decided once everything is known: a baseline whose answers differ is a FAIL of the deployment
+    doc["verdict"] = decide(workload, results, proof, objectives, gpus=target.gpus, bounds=bounds, answers=answers,
+                            baseline_error=doc.get("baseline_error")).to_dict()
+    report.write_all(staging, doc)
+    return {**doc, "bench_dir": str(_publish(staging, final))}

@@ -35,8 +35,13 @@ class Proof:
     kv_bytes: int = 0
     local_prefill: int = 0  # requests the proxy served without a context leg
     errors: int = 0
+    disaggregated: int | None = None  # requests the front end itself says took both legs (None: it does not say)
     notes: list[str] = field(default_factory=list)
     per_server: dict = field(default_factory=dict)
+    # servers whose counters started again during the run (a restart: another process answered after than before),
+    # and workers that did not answer the snapshot after the run: their counts cover only part of the run
+    restarted: list[str] = field(default_factory=list)
+    unreadable: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -65,26 +70,57 @@ class StandinProbe:
         self.timeout_s = timeout_s
 
     def snapshot(self) -> dict:
+        """The proxy's counters (it must answer) and every worker's; a worker being restarted at that moment is
+        recorded as unreadable instead of failing the whole snapshot."""
         doc = {"proxy": _get(self.proxy_url + "/standin/stats", self.timeout_s)}
         for name, url in self.workers.items():
-            doc[name] = _get(url + "/standin/stats", self.timeout_s)
+            try:
+                doc[name] = _get(url + "/standin/stats", self.timeout_s)
+            except Exception as exc:  # noqa: BLE001
+                doc[name] = {UNREADABLE: str(exc)[:300]}
         return doc
 
     def proof(self, before: dict, after: dict) -> Proof:
         return standin_proof(before, after)
 
 
+UNREADABLE = "unreadable"
+
+
+def _instance(doc) -> object:
+    return doc.get("instance") if isinstance(doc, dict) else None
+
+
 def _delta(after: dict, before: dict, *path) -> int:
+    """after - before of one counter, per server lifetime: a server whose process changed in between (restarted)
+    counts from 0, so a counter never goes negative; a server without counters counts 0."""
     def dig(d):
         for p in path:
             d = (d or {}).get(p) if isinstance(d, dict) else None
         return d if isinstance(d, (int, float)) else 0
-    return int(dig(after) - dig(before))
+    server = path[0]
+    a, b = after.get(server), before.get(server)
+    if not isinstance(a, dict) or UNREADABLE in a:
+        return 0
+    if not isinstance(b, dict) or UNREADABLE in b or _instance(a) != _instance(b):
+        return int(dig(after))
+    return max(0, int(dig(after) - dig(before)))
 
 
 def standin_proof(before: dict, after: dict) -> Proof:
-    """Pure: two /standin/stats snapshots -> what happened in between."""
+    """Pure: two /standin/stats snapshots -> what happened in between, counted per server lifetime."""
     p = Proof(kind="standin-stats", available=True)
+    for name in sorted(after):
+        a, b = after.get(name), before.get(name)
+        if not isinstance(a, dict) or UNREADABLE in a:
+            p.unreadable.append(name)
+            p.notes.append(f"{name} did not answer after the run ({(a or {}).get(UNREADABLE, 'no counters')}): "
+                           "its counts are not known")
+        elif isinstance(b, dict) and UNREADABLE not in b and _instance(a) != _instance(b):
+            p.restarted.append(name)
+            was, now = (_instance(b) or {}).get("pid"), (_instance(a) or {}).get("pid")
+            p.notes.append(f"{name} restarted during the run (pid {was} -> {now}): counted per server lifetime, "
+                           "so what it served before the restart is not counted")
     p.requests = _delta(after, before, "proxy", "requests")
     p.local_prefill = _delta(after, before, "proxy", "local_prefill")
     p.errors = _delta(after, before, "proxy", "errors")
@@ -105,6 +141,7 @@ def standin_proof(before: dict, after: dict) -> Proof:
             p.per_server[name] = {"generation_only": n, "kv_transfers": t, "kv_bytes_received": b}
     p.per_server["proxy"] = {"requests": p.requests, "disaggregated": disagg, "local_prefill": p.local_prefill,
                              "ctx_finished_early": early, "errors": p.errors}
+    p.disaggregated = disagg
     if early:
         p.notes.append(f"{early} request(s) finished on the context server (no generation leg)")
     return p

@@ -196,7 +196,7 @@ def print_summary(doc: dict) -> None:
         con.print(f"greedy answers: {a['matching']}/{a['prompts']} identical" + ("" if a["agree"] else
                   " [red](they differ: see report.md)[/red]"))
     v = doc["verdict"]
-    for stage in ("validity", "disaggregation", "sla"):
+    for stage in ("validity", "disaggregation", "parity", "sla"):
         checks = [c for c in v["checks"] if c["stage"] == stage and not c.get("skipped")]
         if not checks:
             continue

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -11,6 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from toolkit.bench.workload import BenchInputError
+from toolkit.runtime import signals
 
 AIPERF_ENV = "TK_AIPERF"
 INSTALL_FIX = "install it with: pip install 'tk-disagg[bench]' (or scripts/setup), or point TK_AIPERF at an aiperf"
@@ -79,16 +81,30 @@ def run_aiperf(argv: list[str], log_path: Path, timeout_s: float,
                 raise TimeoutError(f"aiperf ran past {timeout_s:g} s") from None
         finally:
             if proc.poll() is None:
-                try:
-                    os.killpg(proc.pid, 15)
-                    proc.wait(timeout=10)
-                except (ProcessLookupError, subprocess.TimeoutExpired):
-                    try:
-                        os.killpg(proc.pid, 9)
-                    except ProcessLookupError:
-                        pass
-                    proc.wait()
+                with signals.deferred():  # Ctrl-C, SIGTERM, SIGHUP: aiperf's group ends, even on a second signal
+                    end_group(proc)
             proc.stdout.close()
+
+
+def end_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """End a process and its process group (aiperf's controller and workers): SIGTERM, then SIGKILL after grace_s
+    (aiperf's system controller can take seconds to act on SIGTERM). Bounded."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+    try:  # whatever of its group is left (a worker that outlived its controller)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def log_tail(path: Path, lines: int = 15) -> str:

@@ -4,9 +4,11 @@
    rate within a bound; measured ISL/OSL match the workload (aiperf's counts within a tolerance; the server's
    usage.prompt_tokens at least aiperf's ISL and at most a chat-template allowance per message above it;
    usage.completion_tokens equal to OSL); the warm-up excluded (the summary counts only profiled requests).
-2. disaggregation (exit 2): counters read before and after show every successful request took the context
-   and the generation leg and its KV moved (skipped for an aggregated baseline).
-3. SLA (exit 1): every objective at its declared statistic, in every cell; a miss names the metric and cell.
+2. disaggregation (exit 2): counters read before and after (per server lifetime: a restarted server counts from
+   0, and the restart is named) show every successful request took the context and the generation leg and its
+   KV moved (skipped for an aggregated baseline).
+3. parity (exit 2, FAIL), with an aggregated baseline: the greedy answers agree (toolkit.bench.compare).
+4. SLA (exit 1): every objective at its declared statistic, in every cell; a miss names the metric and cell.
 Exit 0 when all pass.
 """
 
@@ -17,7 +19,7 @@ from dataclasses import asdict, dataclass, field
 from toolkit.bench.probe import Proof
 from toolkit.bench.results import CellResult
 from toolkit.bench.sla import Objective
-from toolkit.bench.workload import Workload
+from toolkit.bench.workload import TEMPLATE_TOKENS_PER_MESSAGE, Workload
 
 PASS, SLA_MISSED, INVALID = 0, 1, 2
 
@@ -27,7 +29,7 @@ class Bounds:
     max_error_rate: float = 0.01  # fraction of profiled requests
     length_tolerance: float = 0.02  # relative, on aiperf's ISL and OSL
     length_slack_tokens: int = 2  # absolute, on top of the relative tolerance
-    template_tokens_per_message: int = 32  # chat template allowance per message (prompt turns + answers)
+    template_tokens_per_message: int = TEMPLATE_TOKENS_PER_MESSAGE  # chat template allowance per message
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -159,15 +161,29 @@ def _disaggregation(results: dict[str, CellResult], proof: Proof | None) -> list
         need = ok
     if proof.local_prefill:
         problems.append(f"{proof.local_prefill} requests were prefilled on the generation server (no context leg)")
-    if proof.context_legs < need:
-        problems.append(f"{proof.context_legs} context legs for {need} successful requests")
-    if proof.generation_legs < need:
-        problems.append(f"{proof.generation_legs} generation legs for {need} successful requests")
-    if proof.kv_transfers < need:
-        problems.append(f"{proof.kv_transfers} KV transfers for {need} successful requests")
+    affected = sorted(set(proof.restarted) | set(proof.unreadable))
+    workers_affected = [n for n in affected if n != "proxy"]
+    if workers_affected and "proxy" not in affected and proof.disaggregated is not None:
+        # A worker restarted (or was restarting at the end): its earlier lifetime's counters are gone, but the
+        # proxy, whole over the run, counted each request that took both legs.
+        if proof.disaggregated < need:
+            problems.append(f"the proxy counted {proof.disaggregated} requests through both legs for {need} "
+                            "successful requests")
+    elif workers_affected:
+        problems.append(f"the legs cannot be counted: {', '.join(affected)} restarted or did not answer during "
+                        "the run, the proxy included")
+    else:  # every worker's counters cover the whole run (a restarted proxy's own counters are not needed here)
+        if proof.context_legs < need:
+            problems.append(f"{proof.context_legs} context legs for {need} successful requests")
+        if proof.generation_legs < need:
+            problems.append(f"{proof.generation_legs} generation legs for {need} successful requests")
+        if proof.kv_transfers < need:
+            problems.append(f"{proof.kv_transfers} KV transfers for {need} successful requests")
     reason = "; ".join(problems) or (
         f"{need} successful requests; {proof.context_legs} context legs, {proof.generation_legs} generation "
-        f"legs, {proof.kv_transfers} KV transfers" + (f" ({proof.kv_bytes} bytes)" if proof.kv_bytes else ""))
+        f"legs, {proof.kv_transfers} KV transfers" + (f" ({proof.kv_bytes} bytes)" if proof.kv_bytes else "")
+        + (f"; the proxy counted {proof.disaggregated} through both legs (per server lifetime: "
+           f"{', '.join(affected)} restarted during the run)" if workers_affected else ""))
     return [Check("disaggregated", "disaggregation", not problems, reason, numbers=numbers)]
 
 
@@ -195,20 +211,43 @@ def _sla(workload: Workload, results: dict[str, CellResult], objectives: tuple[O
     return checks
 
 
+def _parity(answers: dict | None, baseline_error: str | None) -> list[Check]:
+    """The deployment's greedy answers against the aggregated baseline's (toolkit.bench.compare.answers_agree)."""
+    if answers is None:
+        if baseline_error:
+            return [Check("answers_match_baseline", "parity", True, f"not compared: the baseline failed "
+                          f"({baseline_error[:200]})", skipped=True)]
+        return []
+    return [Check("answers_match_baseline", "parity", bool(answers.get("agree")), str(answers.get("reason", "")),
+                  numbers={k: answers.get(k) for k in ("matching", "prompts")})]
+
+
 def decide(workload: Workload, results: dict[str, CellResult], proof: Proof | None,
-           objectives: tuple[Objective, ...] = (), *, gpus: int | None = None, bounds: Bounds = Bounds()) -> Verdict:
+           objectives: tuple[Objective, ...] = (), *, gpus: int | None = None, bounds: Bounds = Bounds(),
+           answers: dict | None = None, baseline_error: str | None = None) -> Verdict:
+    """answers: the greedy answers compared with an aggregated baseline (compare.answers_agree); answers that do
+    not agree are a FAIL (exit 2): the deployment computes something else than the model does."""
     checks = _validity(workload, results, bounds)
     checks += _disaggregation(results, proof)
+    checks += _parity(answers, baseline_error)
     checks += _sla(workload, results, objectives, gpus)
     failed = [c for c in checks if not c.ok and not c.skipped]
+    # A restart during the run is named in every verdict: the numbers include its outage.
+    restarts = sorted(set(proof.restarted) | set(proof.unreadable)) if proof is not None else []
+    during = f" [restarted during the run: {', '.join(restarts)}]" if restarts else ""
     invalid = [c for c in failed if c.stage in ("validity", "disaggregation")]
     if invalid:
         what = "not disaggregated: " if all(c.stage == "disaggregation" for c in invalid) else ""
         return Verdict(INVALID, "INVALID: " + what + "; ".join(
-            f"{c.name}{f' [{c.cell}]' if c.cell else ''}: {c.reason}" for c in invalid[:3]), checks)
+            f"{c.name}{f' [{c.cell}]' if c.cell else ''}: {c.reason}" for c in invalid[:3]) + during, checks)
+    wrong = [c for c in failed if c.stage == "parity"]
+    if wrong:
+        return Verdict(INVALID, "FAIL: the answers differ from the aggregated baseline's: "
+                       + "; ".join(c.reason for c in wrong) + during, checks)
     missed = [c for c in failed if c.stage == "sla"]
     if missed:
-        return Verdict(SLA_MISSED, "SLA MISSED: " + "; ".join(c.reason for c in missed[:4]), checks)
+        return Verdict(SLA_MISSED, "SLA MISSED: " + "; ".join(c.reason for c in missed[:4]) + during, checks)
     n_sla = len(objectives)
     return Verdict(PASS, "PASS: valid" + (", disaggregated" if proof and proof.kind != "aggregated" else "")
-                   + (f", {n_sla} SLA objective(s) met in every cell" if n_sla else ", no SLA declared"), checks)
+                   + (f", {n_sla} SLA objective(s) met in every cell" if n_sla else ", no SLA declared") + during,
+                   checks)

@@ -6,17 +6,25 @@
                seen on the nodes of each run, where they differ
     nodes      the nodes each run ran on (nodes.tsv), where they differ
     run        the run records' backend, recipe, engine, state and reason, where they differ
-    results    validation and benchmark results (report.json, benchmark*.json / results/*.json): the scalar
-               values that differ (at most MAX_RESULT_KEYS)
+    results    validation and benchmark results (report.json, benchmark*.json / results/*.json, and each tk bench
+               directory's verdict.json and results.csv, paired by bench name, the latest of each): the values that
+               differ (at most MAX_RESULT_KEYS)
 
-Reads only; every file is read bounded (MAX_FILE_BYTES).
+Reads only, and only regular files inside each directory (no symlink leads out of it); every file is read bounded
+in size (MAX_FILE_BYTES) and JSON in nesting depth; a damaged file counts as absent.
 """
 
 from __future__ import annotations
 
+import csv
 import difflib
+import io
 import json
+import os
+import re
 from pathlib import Path
+
+from toolkit.runtime import files
 
 MAX_FILE_BYTES = 1 << 20
 MAX_DIFF_LINES = 200
@@ -27,29 +35,36 @@ RUN_FIELDS = ("recipe", "backend", "engine", "model", "nodes", "state", "reason"
 RESULT_FILES = ("report.json", "benchmark.json", "benchmark*.json", "results/*.json")
 
 
-def _read(path: Path) -> str | None:
+BENCH_STAMP = re.compile(r"-[0-9]{8}-[0-9]{6}(-[0-9]+)?")  # tk bench's NAME-YYYYmmdd-HHMMSS[-N]
+MAX_BENCH_DIRS = 256
+
+
+def _read(root: Path, rel: str | Path, cut: bool = True) -> str | None:
+    """root/rel if it is a regular file inside root (symlinks resolved): its first MAX_FILE_BYTES (marked when cut);
+    None if absent, unreadable, or anything else."""
     try:
-        with open(path, "rb") as f:
-            data = f.read(MAX_FILE_BYTES + 1)
-    except OSError:
+        path = files.inside(root, rel)
+        data = files.read_bytes(path, MAX_FILE_BYTES + 1, follow=False, longer="head")
+    except (OSError, files.FileProblem):
         return None
     text = data[:MAX_FILE_BYTES].decode(errors="replace")
-    return text + ("\n[... cut at 1 MiB ...]\n" if len(data) > MAX_FILE_BYTES else "")
+    return text + ("\n[... cut at 1 MiB ...]\n" if cut and len(data) > MAX_FILE_BYTES else "")
 
 
-def _json(path: Path):
-    text = _read(path)
-    if text is None:
+def _json(root: Path, rel: str | Path):
+    """A JSON file inside root, bounded in size and depth; None if absent or damaged."""
+    text = _read(root, rel, cut=False)
+    if text is None or len(text) >= MAX_FILE_BYTES:
         return None
     try:
-        return json.loads(text)
-    except ValueError:
+        return files.loads(text)
+    except files.FileProblem:
         return None
 
 
 def _rendered_names(d: Path) -> set[str]:
     names = {n for n in RENDERED if (d / n).is_file()}
-    manifest = _json(d / "manifest.json")
+    manifest = _json(d, "manifest.json")
     if isinstance(manifest, dict) and isinstance(manifest.get("files"), dict):
         names |= {n for n in manifest["files"] if isinstance(n, str) and "/" not in n and n != "manifest.json"
                   and (d / n).is_file()}
@@ -59,7 +74,7 @@ def _rendered_names(d: Path) -> set[str]:
 def _rendered(a: Path, b: Path) -> dict:
     out = {}
     for name in sorted(_rendered_names(a) | _rendered_names(b)):
-        ta, tb = _read(a / name), _read(b / name)
+        ta, tb = _read(a, name), _read(b, name)
         if ta is None or tb is None:
             out[name] = {"status": f"only in {'A' if tb is None else 'B'}"}
             continue
@@ -77,15 +92,14 @@ def _rendered(a: Path, b: Path) -> dict:
 def provenance(d: Path) -> dict[str, dict]:
     """Node name -> that node's provenance record (provenance/*.json); damaged files are skipped."""
     out = {}
-    pdir = d / "provenance"
     try:
-        files = sorted(pdir.glob("*.json"))[:1024]
-    except OSError:
+        names = sorted(p.name for p in files.inside(d, "provenance").glob("*.json"))[:1024]
+    except (OSError, files.FileProblem):
         return out
-    for p in files:
-        doc = _json(p)
+    for name in names:
+        doc = _json(d, Path("provenance") / name)
         if isinstance(doc, dict):
-            out[p.stem] = doc
+            out[name[:-len(".json")]] = doc
     return out
 
 
@@ -118,24 +132,64 @@ def _versions(a: Path, b: Path) -> dict:
 
 
 def _nodes(d: Path) -> list[str]:
-    text = _read(d / "nodes.tsv") or ""
+    text = _read(d, "nodes.tsv") or ""
     return [line.split("\t")[1] for line in text.splitlines() if len(line.split("\t")) == 3]
 
 
 def _run(d: Path) -> dict:
-    doc = _json(d / "run.json")
+    doc = _json(d, "run.json")
     return {k: doc.get(k) for k in RUN_FIELDS} if isinstance(doc, dict) else {}
 
 
 def _results(d: Path) -> dict[str, object]:
     out: dict[str, object] = {}
     for pattern in RESULT_FILES:
-        for p in sorted(d.glob(pattern))[:64]:
-            doc = _json(p)
+        try:
+            found = sorted(d.glob(pattern))[:64]
+        except OSError:
+            continue
+        for p in found:
+            rel = p.relative_to(d)
+            doc = _json(d, rel)
             if doc is not None:
-                rel = str(p.relative_to(d))
                 out.update({f"{rel}:{k}": v for k, v in _flat(doc).items()})
+    out.update(_bench(d))
     return out
+
+
+def _bench(d: Path) -> dict[str, object]:
+    """Each tk bench result under d/bench, by bench name (NAME-TIMESTAMP without the time; the latest of each name):
+    its verdict (exit code, summary) and its numbers per target and cell (results.csv)."""
+    out: dict[str, object] = {}
+    try:
+        root = files.inside(d, "bench")
+        entries = sorted(e.name for e in os.scandir(root)
+                         if not e.name.startswith(".") and e.is_dir(follow_symlinks=False))[-MAX_BENCH_DIRS:]
+    except (OSError, files.FileProblem):
+        return out
+    latest: dict[str, str] = {}
+    for name in entries:  # sorted: a later time stamp of the same name wins
+        latest[BENCH_STAMP.sub("", name)] = name
+    for key, name in sorted(latest.items()):
+        verdict = _json(d, Path("bench") / name / "verdict.json")
+        if isinstance(verdict, dict):
+            for k in ("exit_code", "summary"):
+                out[f"bench/{key}:verdict.{k}"] = verdict.get(k)
+        text = _read(d, Path("bench") / name / "results.csv", cut=False)
+        if text and len(text) < MAX_FILE_BYTES:
+            for row in list(csv.DictReader(io.StringIO(text)))[:64]:
+                where = f"bench/{key}/{row.get('target')}/{row.get('cell')}"
+                out.update({f"{where}:{k}": _number(v) for k, v in row.items()
+                            if k not in ("target", "cell") and isinstance(k, str) and v not in (None, "")})
+    return out
+
+
+def _number(text: str):
+    try:
+        v = float(text)
+    except ValueError:
+        return text
+    return int(v) if v.is_integer() and "." not in text else v
 
 
 def diff_dirs(a: str | Path, b: str | Path) -> dict:

@@ -273,6 +273,7 @@ class Proxy:
                          "errors": 0, "retries": 0, "kv_released": 0,
                          "context_servers": defaultdict(int, {u: 0 for u in s.ctx_urls}),
                          "generation_servers": defaultdict(int, {u: 0 for u in s.gen_urls})}
+        self.instance = {"pid": os.getpid(), "started": round(time.time(), 6)}  # whose counters these are
         self._server_limits: dict = {}
         self._limits_missed: dict = {}  # url -> when its /server_info last failed
         from toolkit.standin.kv import faults
@@ -365,7 +366,8 @@ class Proxy:
 
     async def stats(self, request):
         from aiohttp import web
-        return web.json_response({"engine": "tk CPU stand-in proxy, not TensorRT-LLM", **self.counters,
+        return web.json_response({"engine": "tk CPU stand-in proxy, not TensorRT-LLM", "instance": self.instance,
+                                  **self.counters,
                                   "in_flight": {"context_servers": self.ctx_router.active,
                                                 "generation_servers": self.gen_router.active}})
 

@@ -60,6 +60,8 @@ class Worker:
         self.iter_stats: deque = deque(maxlen=maxlen)
         self.counters = {"requests": {t: 0 for t in P.REQUEST_TYPES}, "errors": 0, "prompt_tokens": 0,
                          "completion_tokens": 0}
+        # which process these counters belong to: a restarted server counts from 0 again (tk bench counts per lifetime)
+        self.instance = {"pid": os.getpid(), "started": round(time.time(), 6)}
         self.decode_delay = float(os.environ.get(DECODE_DELAY_ENV, "0") or 0) / 1000.0
         self.clock_offset = 0.0
         self.engine = None  # the emulated engine (toolkit.standin.emulate), created on the event loop
@@ -163,7 +165,8 @@ class Worker:
 
     async def stats(self, request):
         doc = {"engine": P.OWNED_BY, "mode": "disaggregated" if self.s.disaggregated else "aggregated",
-               "active": self.active, "queued": self.queued, "completed": self.completed, **self.counters}
+               "instance": self.instance, "active": self.active, "queued": self.queued, "completed": self.completed,
+               **self.counters}
         if self.pool:
             doc["kv"] = {**self.pool.describe(), **self.pool.stats, "pending": len(self.pool.pending)}
         if self.engine:
