@@ -314,7 +314,6 @@ def _plan_of_run(run: RunRecord):
 
 
 def _launched_plan(record: RunRecord, overrides: Sequence[str] = (), *, aggregated: bool) -> Plan:
-    import json
 
     import yaml
 
@@ -322,11 +321,13 @@ def _launched_plan(record: RunRecord, overrides: Sequence[str] = (), *, aggregat
     from toolkit.plan import build_plan
     from toolkit.recipe.loader import load_recipe_text
 
+    from toolkit.runtime import files
+
     manifest = record.path / "manifest.json"
     try:
-        recipe = json.loads(manifest.read_text())["recipe"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise TkError(f"{manifest}: cannot read the run's resolved recipe ({exc})") from None
+        recipe = files.read_json(manifest, 16 << 20, follow=False)["recipe"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:  # files.FileProblem: too big, too deep, not JSON
+        raise TkError(f"{manifest}: cannot read the run's resolved recipe ({str(exc)[:300]})") from None
     text = yaml.safe_dump(recipe, sort_keys=False)
     return build_plan(load_recipe_text(text, record.recipe or str(manifest), tuple(overrides)), aggregated=aggregated)
 

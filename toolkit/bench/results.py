@@ -16,10 +16,12 @@ When every request fails aiperf exits 1 and writes no summary; the records still
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from toolkit.runtime import files
+
+EXPORT_MAX_BYTES = 1 << 30  # aiperf's per-request records: about 1 KiB a request
 SUMMARY = "profile_export_aiperf.json"
 SUMMARY_CSV = "profile_export_aiperf.csv"
 RECORDS = "profile_export.jsonl"
@@ -83,7 +85,7 @@ def _value(metrics: dict, name: str):
 
 
 def parse_record(line: str) -> Record:
-    doc = json.loads(line)
+    doc = files.loads(line, what="record", max_depth=16)
     meta = doc.get("metadata") or {}
     metrics = doc.get("metrics") or {}
     err = doc.get("error")
@@ -113,7 +115,11 @@ def read_export(out_dir: Path, name: str) -> CellResult:
     if not rec_path.is_file():
         raise ExportError(f"{rec_path}: missing (aiperf wrote no per-request records)")
     records = []
-    for n, line in enumerate(rec_path.read_text(errors="replace").splitlines(), 1):
+    try:
+        text = files.read_text(rec_path, EXPORT_MAX_BYTES)
+    except (OSError, ValueError) as exc:
+        raise ExportError(f"{rec_path}: cannot be read ({str(exc)[:300]})") from None
+    for n, line in enumerate(text.splitlines(), 1):
         if line.strip():
             try:
                 records.append(parse_record(line))
@@ -123,9 +129,9 @@ def read_export(out_dir: Path, name: str) -> CellResult:
     sum_path = out_dir / SUMMARY
     if sum_path.is_file():
         try:
-            doc = json.loads(sum_path.read_text())
-        except ValueError as exc:
-            raise ExportError(f"{sum_path}: not JSON ({exc})") from None
+            doc = files.read_json(sum_path, EXPORT_MAX_BYTES)
+        except (OSError, ValueError) as exc:
+            raise ExportError(f"{sum_path}: not JSON ({str(exc)[:300]})") from None
         if not isinstance(doc, dict):
             raise ExportError(f"{sum_path}: not a JSON object")
         result.summary = {k: v for k, v in doc.items() if isinstance(v, dict) and "unit" in v}

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.doctor.signatures import JOB, PHASES, PROXY, SERVER, SIGNATURES, Signature
-from toolkit.runtime import rundir
+from toolkit.runtime import files, rundir
 
 HEAD_BYTES = 64 * 1024
 TAIL_BYTES = 256 * 1024
@@ -27,9 +28,13 @@ COUNT_LINES_UP_TO = 64 << 20  # a longer file's tail lines are placed by byte of
 MAX_EVIDENCE = 3  # lines quoted per finding
 MAX_LINE = 400  # characters quoted per line
 TAIL_LINES = 20
-MAX_LOGS = 512  # log files looked at per run
+MAX_LOGS = 512  # log files read per run: the failing component's first, then the run's own components', then others
+MAX_LOG_ENTRIES = 100_000  # directory entries of logs/ looked at
+MAX_SCAN_LINE = 4096  # characters of a line the signatures are searched in (every scan is linear in the file)
+COMPONENT_LOG = re.compile(r"((ctx|gen|agg)-[0-9]+|proxy|etcd|job|membership|config-check|provenance)\.log")
 
-ERROR_LINE = re.compile(r"\bERROR\b|\w*Error\b|\berror:|Traceback \(most recent call last\)|\w*Exception\b"
+# Each alternative starts at a literal (no leading \w*): a search is linear in the line's length.
+ERROR_LINE = re.compile(r"\bERROR\b|Error\b|\berror:|Traceback \(most recent call last\)|Exception\b"
                         r"|\bFATAL\b|Assertion failed|\bKilled\b|exited with code [1-9]|\bfailed\b")
 _NOT_ERROR = re.compile(r"\b(0|no) errors?\b|errors?=0\b|\"errors\": 0")
 
@@ -55,9 +60,13 @@ def _source_of(name: str) -> str:
 
 def read_bounded(path: Path, head: int = HEAD_BYTES, tail: int = TAIL_BYTES) -> tuple[list[tuple[int | None, str]],
                                                                                       int, bool]:
-    """A file's lines with their numbers: all of it, or its first `head` and last `tail` bytes."""
+    """A file's lines with their numbers: all of it, or its first `head` and last `tail` bytes. Only a regular file
+    (never a FIFO, a device, or a symlink: opened non-blocking, without following a link)."""
     try:
-        with open(path, "rb") as f:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+        with os.fdopen(fd, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                return [], 0, False
             f.seek(0, os.SEEK_END)
             size = f.tell()
             f.seek(0)
@@ -93,7 +102,22 @@ def read_bounded(path: Path, head: int = HEAD_BYTES, tail: int = TAIL_BYTES) -> 
     return out, size, True
 
 
-def _texts(run_dir: Path, reason: str | None) -> list[Text]:
+def _log_files(directory: Path, accept) -> list[Path]:
+    """Regular files (not symlinks) of a directory inside the run whose names `accept` takes; bounded."""
+    out = []
+    try:
+        with os.scandir(directory) as it:
+            for i, entry in enumerate(it):
+                if i >= MAX_LOG_ENTRIES:
+                    break
+                if accept(entry.name) and entry.is_file(follow_symlinks=False):
+                    out.append(Path(entry.path))
+    except OSError:
+        pass
+    return out
+
+
+def _texts(run_dir: Path, reason: str | None, failing: str | None = None) -> list[Text]:
     texts: list[Text] = []
     phase_lines = [(None, f"{phase}\t{detail}") for _, phase, detail in rundir.read_phases(run_dir)]
     if (run_dir / "state" / "phases.tsv").is_file():
@@ -101,17 +125,17 @@ def _texts(run_dir: Path, reason: str | None) -> list[Text]:
     texts.append(Text("state/phases.tsv", PHASES, phase_lines, 0, False))
     if reason:
         texts.append(Text("run.json (reason)", PHASES, [(None, reason)], len(reason), False))
-    logs = []
-    log_dir = run_dir / "logs"
+    logs: list[Path] = []
     try:
-        logs = sorted(p for p in log_dir.iterdir() if p.is_file() and p.suffix in (".log", ".out", ".err"))
-    except OSError:
+        log_dir = files.inside(run_dir, "logs")  # logs/ itself must not lead out of the run
+        logs = _log_files(log_dir, lambda n: n.endswith((".log", ".out", ".err")))
+    except files.FileProblem:
         pass
-    try:
-        logs += sorted(p for p in run_dir.glob("slurm-*.out") if p.is_file())
-    except OSError:
-        pass
-    for p in logs[:MAX_LOGS]:
+    logs += _log_files(run_dir, lambda n: n.startswith("slurm-") and n.endswith(".out"))
+
+    def first(p: Path) -> tuple:  # the failing component's own log, the run's components', the job's, the rest
+        return (p.stem != failing, not (COMPONENT_LOG.fullmatch(p.name) or p.parent == run_dir), p.name)
+    for p in sorted(logs, key=first)[:MAX_LOGS]:
         lines, size, truncated = read_bounded(p)
         rel = str(p.relative_to(run_dir))
         source = JOB if p.parent == run_dir else _source_of(p.name)
@@ -132,7 +156,7 @@ def match(sig: Signature, texts: list[Text]) -> list[dict]:
         if text.source not in sig.where:
             continue
         for number, line in text.lines:
-            if any(p.search(line) for p in patterns):
+            if any(p.search(line[:MAX_SCAN_LINE]) for p in patterns):
                 out.append(_evidence(text, number, line))
     return out
 
@@ -155,7 +179,7 @@ def first_error(texts: list[Text], failing: str | None) -> dict | None:
         if text.source == PHASES:
             continue
         for number, line in text.lines:
-            if ERROR_LINE.search(line) and not _NOT_ERROR.search(line):
+            if ERROR_LINE.search(line[:MAX_SCAN_LINE]) and not _NOT_ERROR.search(line[:MAX_SCAN_LINE]):
                 return _evidence(text, number, line)
     return None
 
@@ -165,9 +189,9 @@ def diagnose(run_dir: str | os.PathLike, *, name: str | None = None, state: str 
              tail_lines: int = TAIL_LINES) -> dict:
     """Match every signature against the run's texts; a JSON-ready document (see the module docstring)."""
     run_dir = Path(run_dir)
-    texts = _texts(run_dir, reason)
     if failing is None:
         failing = failing_component(run_dir)
+    texts = _texts(run_dir, reason, failing)
     findings = []
     for index, sig in enumerate(SIGNATURES):
         evidence = match(sig, texts)

@@ -49,12 +49,36 @@ class Signature:
         return _compiled(self)
 
 
-_CACHE: dict[str, tuple[re.Pattern, ...]] = {}
+_CACHE: dict[str, tuple] = {}
+_FLAGS = re.compile(r"\(\?[aiLmsux]+\)")
 
 
-def _compiled(sig: Signature) -> tuple[re.Pattern, ...]:
+class Sequence:
+    """A pattern `A.*B.*C` searched as A, then B after A, then C after B: the same lines as re.search of the whole
+    (`.` never crosses a line, and the leftmost match of each part ends earliest for these literal-led parts), but
+    linear in the line's length, where re's backtracking over `.*` is quadratic on a line full of A."""
+
+    def __init__(self, pattern: str):
+        flags = _FLAGS.match(pattern)
+        prefix = flags.group(0) if flags else ""
+        body = pattern[len(prefix):]
+        self.pattern = pattern
+        self.parts = tuple(re.compile(prefix + part) for part in body.split(".*"))
+
+    def search(self, line: str):
+        pos, first = 0, None
+        for part in self.parts:
+            m = part.search(line, pos)
+            if m is None:
+                return None
+            first = first or m
+            pos = m.end()
+        return first
+
+
+def _compiled(sig: Signature) -> tuple:
     if sig.id not in _CACHE:
-        _CACHE[sig.id] = tuple(re.compile(p) for p in sig.patterns)
+        _CACHE[sig.id] = tuple(Sequence(p) if ".*" in p else re.compile(p) for p in sig.patterns)
     return _CACHE[sig.id]
 
 

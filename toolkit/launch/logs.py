@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 from pathlib import Path
 
@@ -10,6 +12,7 @@ import click
 from toolkit.errors import TkError
 from toolkit.launch.backends import backend_for
 from toolkit.launch.run import RunRecord, log_tail
+from toolkit.runtime import files
 
 
 def select_logs(run: RunRecord, role: str | None, instance: int | None) -> list[Path]:
@@ -29,6 +32,8 @@ def show_logs(paths: list[Path], lines: int) -> None:
 def follow_logs(run: RunRecord, paths: list[Path], poll_s: float = 0.5) -> None:
     """Print new lines as they come; ends when the run's job has ended (or on Ctrl-C)."""
     backend = backend_for(run.backend)
+    for p in paths:  # a log that leads out of the run directory (a symlink) is not followed
+        files.inside(run.path, Path("logs") / p.name)
     offsets = {p: (p.stat().st_size if p.exists() else 0) for p in paths}
     show_logs(paths, 10)
     last_check = 0.0
@@ -36,9 +41,18 @@ def follow_logs(run: RunRecord, paths: list[Path], poll_s: float = 0.5) -> None:
         for p in paths:
             if not p.exists():
                 continue
-            with open(p, "rb") as f:
-                f.seek(offsets[p])
-                chunk = f.read()
+            try:
+                fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0))
+            except OSError:
+                continue
+            with os.fdopen(fd, "rb") as f:
+                if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                    continue
+                size = os.fstat(f.fileno()).st_size
+                if size < offsets[p]:  # truncated or replaced: from its start again
+                    offsets[p] = 0
+                f.seek(max(offsets[p], size - (1 << 20)))  # at most its last MiB per poll
+                chunk = f.read(1 << 20)
                 offsets[p] = f.tell()
             for line in chunk.decode(errors="replace").splitlines():
                 click.echo(f"{p.stem}: {line}")

@@ -15,18 +15,24 @@
 from __future__ import annotations
 
 import json
-import os
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from toolkit.errors import TkError
 from toolkit.plan.model import Plan
-from toolkit.runtime import rundir
+from toolkit.runtime import files, rundir
 from toolkit.runtime.rundir import runs_root
 
 RUN_RECORD = "run.json"
 BACKENDS = ("slurm", "local")
+RUN_RECORD_MAX_BYTES = 4 << 20  # a run.json is a few KiB; its history grows a line per state change
+# Slurm job ids (JOBID, or ARRAYJOB_TASK) and the local backend's session tag (LocalBackend.submit)
+JOB_IDS = {"slurm": re.compile(r"[0-9]{1,20}(_[0-9]{1,10})?"), "local": re.compile(r"local-[0-9a-f]{12}")}
+JOB_ID_FORMS = {"slurm": "digits, or digits_digits for an array task", "local": "local- and 12 hex digits"}
+RUN_ID = re.compile(r"[0-9a-f]{32}")
+SERVER_NAME = re.compile(r"(ctx|gen|agg)-[0-9]{1,4}|proxy|etcd")
 
 
 @dataclass
@@ -118,9 +124,20 @@ class RunRecord:
                 raise ValueError(f"{name}: {type(value).__name__} {str(value)[:60]!r} is not what tk writes there")
         if record.backend not in BACKENDS:
             raise ValueError(f"backend: {record.backend[:60]!r} is not one of {', '.join(BACKENDS)}")
+        # The job id is handed to scancel / squeue / scontrol: only what Slurm or tk's local backend writes there,
+        # never an option (`--name=X`, `--user=$USER` would cancel other jobs).
+        if record.job_pid is not None and record.job_pid <= 1:
+            raise ValueError(f"job_pid: {record.job_pid} is not a process tk started")
+        if record.job_id is not None and not JOB_IDS[record.backend].fullmatch(record.job_id):
+            raise ValueError(f"job_id: {record.job_id[:60]!r} is not a {record.backend} job id "
+                             f"({JOB_ID_FORMS[record.backend]})")
+        if record.run_id is not None and not RUN_ID.fullmatch(record.run_id):
+            raise ValueError(f"run_id: {record.run_id[:60]!r} is not what tk writes there")
         for s in record.servers:
             if not isinstance(s.name, str) or not isinstance(s.port, int) or not isinstance(s.node, int):
                 raise ValueError(f"servers: {str(s.name)[:60]!r} has a malformed name, port or node")
+            if not SERVER_NAME.fullmatch(s.name):  # it names logs/NAME.log: nothing that leads out of the run
+                raise ValueError(f"servers: {s.name[:60]!r} is not a server name tk writes")
         return record
 
     # -- persistence --------------------------------------------------------------------------
@@ -173,9 +190,9 @@ def load_run(path: Path) -> RunRecord:
     """The run whose record is in path. The record's own run_dir is not trusted: a run directory that was
     copied or moved (or a hand-edited record) is read and written where it is now."""
     try:
-        record = RunRecord.from_dict(json.loads((path / RUN_RECORD).read_text()))
-    except (OSError, ValueError, TypeError) as exc:
-        raise TkError(f"{path}: not a readable tk run ({exc})") from None
+        record = RunRecord.from_dict(files.read_json(Path(path) / RUN_RECORD, RUN_RECORD_MAX_BYTES, follow=False))
+    except (OSError, ValueError, TypeError) as exc:  # files.FileProblem is a ValueError
+        raise TkError(f"{path}: not a readable tk run ({str(exc)[:300]})") from None
     record.run_dir = str(Path(path).resolve())
     return record
 
@@ -242,14 +259,15 @@ def read_nodes(run: RunRecord) -> dict[int, str]:
 
 
 def log_tail(path: Path, lines: int = 20) -> str:
-    """The last `lines` lines of a log (none for 0), read from its last 64 KiB."""
+    """The last `lines` lines of a log (none for 0), read from its last 64 KiB: a regular file inside its run
+    directory (a log that is a symlink leading elsewhere, a FIFO or a device is named, not read)."""
     if lines <= 0:
         return ""
-    if not path.is_file():
+    try:
+        files.inside(path.parent.parent, Path(path.parent.name) / path.name)
+        text = files.read_text(path, 64 * 1024, follow=False, longer="tail")
+    except FileNotFoundError:
         return f"(no log at {path})"
-    with open(path, "rb") as f:
-        f.seek(0, os.SEEK_END)
-        size = f.tell()
-        f.seek(max(0, size - 64 * 1024))
-        text = f.read().decode(errors="replace")
+    except (OSError, ValueError) as exc:
+        return f"(log {path} not read: {str(exc)[:200]})"
     return "\n".join(text.splitlines()[-lines:])

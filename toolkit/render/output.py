@@ -26,6 +26,12 @@ from pathlib import Path
 from toolkit.errors import TkError
 
 LOCK_TIMEOUT_S = 60.0
+
+
+def owner_only(name: str) -> bool:
+    """Rendered files that hold the recipe's env values: the role env files and the manifest (the whole recipe)."""
+    return name.endswith(".env") or name == "manifest.json"
+
 _TMP_TAG = ".tk-render-"
 _OLD_TAG = ".tk-old-"
 
@@ -129,9 +135,13 @@ def write_atomically(files: dict[str, str], out_dir: str | os.PathLike) -> Path:
         try:
             tmp.chmod(0o755)
             for name, text in files.items():
+                # Files that carry the recipe's env values (tokens a user put there) are readable by the owner
+                # only, from their creation on; the others are readable by all, as before.
+                mode = 0o600 if owner_only(name) else 0o755 if name.endswith(".sbatch") else 0o644
                 path = tmp / name
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode))  # created with its mode
                 path.write_text(text, encoding="utf-8")
-                path.chmod(0o755 if name.endswith(".sbatch") else 0o644)
+                os.chmod(path, mode)  # whatever the umask
             if not out.exists():
                 os.rename(tmp, out)
                 return out

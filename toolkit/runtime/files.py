@@ -21,11 +21,13 @@ import os
 import stat
 from pathlib import Path
 
+from toolkit.errors import TkError
+
 MAX_DEPTH = 64  # JSON nesting tk ever writes is a handful of levels; TensorRT-LLM's own configs stay under 10
 
 
-class FileProblem(ValueError):
-    """A file that cannot be used: its text names the file and the reason."""
+class FileProblem(TkError, ValueError):
+    """A file that cannot be used: its text names the file and the reason (a TkError: a message, exit 1)."""
 
 
 def depth(doc) -> int:

@@ -19,11 +19,13 @@ import time
 from pathlib import Path
 
 from toolkit.errors import TkError
+from toolkit.runtime import files
 
 CLAIM_FILE = ".tk-run"
 STATE_DIR_ENV = "TK_STATE_DIR"
 INDEX_FILE = "runs.jsonl"
 INDEX_READ_BYTES = 4 << 20  # the index's last 4 MiB (tens of thousands of runs) are read
+INDEX_LINE_MAX = 8192  # characters of one index line
 
 
 def runs_root() -> Path:
@@ -62,22 +64,20 @@ def add_to_index(path: Path, name: str, kind: str = "") -> None:
 def indexed_dirs() -> list[Path]:
     """The run directories the index names that still exist, oldest entry first, each once."""
     try:
-        with open(index_path(), "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - INDEX_READ_BYTES))
-            data = f.read()
-    except (OSError, RuntimeError):
+        data = files.read_bytes(index_path(), INDEX_READ_BYTES, longer="tail")
+    except (OSError, RuntimeError, ValueError):  # missing, no home, or not a regular file (files.FileProblem)
         return []
     lines = data.decode(errors="replace").splitlines()
-    if size > INDEX_READ_BYTES and lines:
-        lines = lines[1:]  # cut mid-line
+    if len(data) == INDEX_READ_BYTES and lines:
+        lines = lines[1:]  # possibly cut mid-line
     out, seen = [], set()
     for line in lines:
+        if len(line) > INDEX_LINE_MAX:  # tk writes a path, a name and a time: a longer line is not one of its own
+            continue
         try:
-            entry = json.loads(line)
+            entry = files.loads(line, max_depth=2)
             path = Path(entry["path"])
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError):  # files.FileProblem (too deep, not JSON) is a ValueError
             continue
         try:
             if str(path) in seen or not path.is_absolute() or not path.is_dir():
@@ -163,12 +163,13 @@ def write_text_atomically(path: Path, text: str) -> None:
 
 def read_phases(run_dir: Path) -> list[tuple[float, str, str]]:
     """The job's own account of itself (state/phases.tsv: time, phase, detail), oldest first."""
-    path = Path(run_dir) / "state" / "phases.tsv"
     out = []
-    if path.is_file():
-        with open(path, "rb") as f:  # bounded: the last MiB (a job writes a few lines per step)
-            f.seek(max(0, f.seek(0, os.SEEK_END) - (1 << 20)))
-            text = f.read().decode(errors="replace")
+    try:  # bounded: the last MiB (a job writes a few lines per step); a regular file inside the run only
+        text = files.read_text(files.inside(run_dir, Path("state") / "phases.tsv"), 1 << 20, follow=False,
+                               longer="tail")
+    except (OSError, ValueError):
+        text = ""
+    if text:
         for line in text.splitlines():
             parts = line.split("\t", 2)
             if len(parts) == 3:
@@ -189,12 +190,10 @@ def read_server_states(run_dir: Path, names: list[str]) -> dict[str, dict]:
     oversized or damaged file, or a field of the wrong type, is left out rather than trusted."""
     out = {}
     for name in names:
-        path = run_dir / "state" / "servers" / f"{name}.json"
         try:
-            if path.stat().st_size > 16384:
-                continue
-            doc = json.loads(path.read_text(errors="replace"))
-        except (OSError, ValueError):
+            doc = files.read_json(files.inside(run_dir, Path("state") / "servers" / f"{name}.json"), 16384,
+                                  max_depth=4, follow=False)
+        except (OSError, ValueError):  # missing, damaged, too big or deep, not a regular file, outside the run
             continue
         if isinstance(doc, dict) and all(isinstance(doc.get(k), t) and not isinstance(doc.get(k), bool)
                                          for k, t in SERVER_STATE_FIELDS.items()):
@@ -204,10 +203,13 @@ def read_server_states(run_dir: Path, names: list[str]) -> dict[str, dict]:
 
 def read_nodes(run_dir: Path) -> dict[int, str]:
     """Plan node index -> address, once the job has resolved them (nodes.tsv: index, node name, address)."""
-    path = Path(run_dir) / "nodes.tsv"
     out = {}
-    if path.is_file():
-        for line in path.read_text(errors="replace").splitlines():
+    try:
+        text = files.read_text(files.inside(run_dir, "nodes.tsv"), 1 << 20, follow=False)
+    except (OSError, ValueError):
+        return out
+    if text:
+        for line in text.splitlines():
             parts = line.split("\t")
             if len(parts) == 3 and parts[0].isdigit():
                 out[int(parts[0])] = parts[2]

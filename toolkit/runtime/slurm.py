@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -63,14 +64,18 @@ def submit_batch(script: Path, run_dir: Path, what: str = "the job") -> str:
         elif "partition" in msg.lower():
             hint = " (check cluster.partition)"
         raise SlurmError(f"sbatch refused {what}: {msg}{hint}")
-    return proc.stdout.strip().split(";")[0]
+    job_id = proc.stdout.strip().split(";")[0]
+    if not JOB_ID.fullmatch(job_id):
+        raise SlurmError(f"sbatch answered {proc.stdout.strip()[:200]!r}, not a job id{_cancel_tagged(tag)}")
+    return job_id
 
 
 def _cancel_tagged(tag: str) -> str:
     """Cancel any job whose comment is tag (an sbatch that timed out may have queued it); what was done."""
     try:
         rows = run_slurm_command(["squeue", "-h", "-o", "%i|%k"], check=False).stdout.splitlines()
-        ids = [row.split("|", 1)[0] for row in rows if row.partition("|")[2].strip() == tag]
+        ids = [row.split("|", 1)[0] for row in rows if row.partition("|")[2].strip() == tag
+               and JOB_ID.fullmatch(row.split("|", 1)[0])]
         for job_id in ids:
             run_slurm_command(["scancel", job_id], check=False)
     except SlurmError:
@@ -88,11 +93,23 @@ def _unknown_job(proc: subprocess.CompletedProcess) -> bool:
     return "invalid job id" in (proc.stderr + proc.stdout).lower()
 
 
+JOB_ID = re.compile(r"[0-9]{1,20}(_[0-9]{1,10})?")
+
+
+def _checked(job_id: str) -> str:
+    """A Slurm job id as sbatch prints it, or SlurmError: never an option for squeue / scancel / scontrol."""
+    if not isinstance(job_id, str) or not JOB_ID.fullmatch(job_id):
+        raise SlurmError(f"{str(job_id)[:60]!r} is not a Slurm job id (digits, or digits_digits); tk passes nothing "
+                         "else to scancel")
+    return job_id
+
+
 def job_state(job_id: str | None) -> JobState:
     """PENDING, RUNNING or ENDED (with squeue's reason or the final state) for one job id. A controller
     that does not answer is a SlurmError, never "the job ended"."""
     if not job_id:
         return JobState("ENDED", "never submitted")
+    _checked(job_id)
     proc = run_slurm_command(["squeue", "-h", "-j", job_id, "-o", "%T|%R"], check=False)
     line = proc.stdout.strip()
     if proc.returncode == 0 and line:
@@ -125,6 +142,7 @@ def cancel_and_wait(job_id: str | None, timeout_s: float = 60.0, poll_s: float =
     """scancel the job and wait (bounded) until it has left squeue; the problems, if any."""
     if not job_id:
         return []
+    _checked(job_id)
     deadline = time.monotonic() + timeout_s
     problem = None
     while time.monotonic() <= deadline:

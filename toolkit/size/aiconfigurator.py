@@ -210,12 +210,12 @@ def _check_geometry(model: ModelSpec, aic_id: str) -> None:
 
 
 def _check_architecture(directory: str) -> None:
-    import json
 
     from aiconfigurator_core.sdk import common
 
     try:
-        archs = json.loads((Path(directory) / "config.json").read_text()).get("architectures") or []
+        from toolkit.runtime import files
+        archs = files.read_json(Path(directory) / "config.json", 16 << 20).get("architectures") or []
     except (OSError, ValueError, AttributeError):
         archs = []
     if not any(a in common.ARCHITECTURE_TO_MODEL_FAMILY for a in archs):

@@ -92,28 +92,16 @@ def recheck(text: str, c: Candidate, result) -> dict:
 
 
 def write_file(path: str, text: str) -> None:
-    """Write the recipe atomically (a temporary file beside it, then a rename)."""
-    import os
-    import tempfile
-
+    """Write the recipe as a regular file, whole (a temporary file beside it, then a rename). Whatever is at `path`
+    must be a regular file or nothing: a device (`-o /dev/null`, even as root), a FIFO, a directory or a symlink is
+    refused and left as it is (toolkit.runtime.files.write_regular_atomically)."""
     from toolkit.errors import TkError
+    from toolkit.runtime import files
 
-    directory = os.path.dirname(os.path.abspath(path))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".tk-size-", suffix=".yaml", dir=directory)
+        files.write_regular_atomically(path, text, 0o644)
+    except files.FileProblem as exc:
+        raise TkError(f"-o {exc}; nothing was written") from None
     except OSError as exc:
         raise TkError(f"{path}: cannot write the recipe there ({exc.strerror or exc}); give -o a writable path") \
             from None
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except OSError as exc:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise TkError(f"{path}: cannot write the recipe there ({exc.strerror or exc})") from None
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

@@ -21,7 +21,6 @@ no contention between concurrent requests on one link.
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from dataclasses import dataclass
@@ -29,6 +28,10 @@ from pathlib import Path
 
 from toolkit.facts.hardware import TRANSPORT_PROFILES
 from toolkit.facts.models import ModelSpec
+
+from toolkit.runtime import files
+
+REPORT_MAX_BYTES = 64 << 20  # a validation report of the largest sweep is a few MiB
 
 
 @dataclass(frozen=True)
@@ -82,12 +85,12 @@ def measured(run_dir: str | Path, pick: str = "slowest") -> Bandwidth:
     path = Path(run_dir)
     report_file = path / "report.json" if path.is_dir() else path
     try:
-        report = json.loads(report_file.read_text())
+        report = files.read_json(report_file, REPORT_MAX_BYTES)
     except FileNotFoundError:
         raise MeasuredError(f"{report_file}: no report.json; give the run directory of a `tk validate cluster` "
                             "run") from None
-    except (OSError, ValueError) as exc:
-        raise MeasuredError(f"{report_file}: cannot read the validation report ({exc})") from None
+    except (OSError, ValueError) as exc:  # files.FileProblem: too big, too deep, not JSON, not a regular file
+        raise MeasuredError(f"{report_file}: cannot read the validation report ({str(exc)[:300]})") from None
     if not isinstance(report, dict) or report.get("kind") != "tk-validate-cluster":
         raise MeasuredError(f"{report_file}: not a `tk validate cluster` report")
     def number(v) -> bool:

@@ -25,7 +25,7 @@ from toolkit.errors import TkError
 from validation.rundir import RunDir
 from validation.schedule import partners
 from toolkit.plan.model import Plan
-from toolkit.runtime import bounds, rundir, signals
+from toolkit.runtime import bounds, files, rundir, signals
 from toolkit.render import container_srun_flags
 from toolkit.validate import launchers
 from toolkit.validate.params import Options, ValidateError, build_params, parse_fault
@@ -50,8 +50,9 @@ def new_run_dir(plan: Plan, run_dir: str | None) -> Path:
 
 
 def _read_json(path: Path):
+    """An agent's result (or the params): bounded in size and depth; None if missing or damaged."""
     try:
-        return json.loads(path.read_text())
+        return files.read_json(path, 64 << 20)
     except (OSError, ValueError):
         return None
 
