@@ -108,6 +108,9 @@ def check_trtllm(args) -> int:
         base = {"model": model, "backend": "pytorch", "skip_tokenizer_init": True}
         try:
             merged = merge(dict(base), dict(data) if isinstance(data, dict) else data, path, **merge_kwargs)
+            # serve.py pops the membership block before building the LLM args (tensorrt_llm/commands/serve.py)
+            if isinstance(merged, dict):
+                merged.pop("disagg_cluster", None)
             llm_args(**merged)
         except (ValueError, TypeError, KeyError, AttributeError) as exc:  # pydantic's ValidationError is a ValueError
             return verdict("FAIL", f"{name}: {describe(exc, llm_args, data if isinstance(data, dict) else {})} "

@@ -16,7 +16,9 @@ DIR holds ca.crt, client.crt and client.key (tk writes them, owner-only, into RU
 certificate is checked against ca.crt, not against a host name (the run's CA signs nothing else).
 
 With `-- COMMAND`, the gateway binds its port, forks itself off, and the command replaces this process (its PID
-is the server's, as supervision expects); the gateway ends as soon as that process has gone.
+is the server's, as supervision expects); the gateway ends as soon as that process has gone. In a step of several
+ranks (a server over several GPUs or nodes), only rank 0 (SLURM_PROCID, PMI_RANK or OMPI_COMM_WORLD_RANK), the
+one that serves HTTP and registers, runs a gateway; the others run the command alone.
 Exit 2 with the reason when the port cannot be bound or DIR cannot be read.
 """
 
@@ -33,6 +35,7 @@ H2_PREFACE = b"PRI * HTTP/2.0"
 CONNECT_TIMEOUT_S = 5  # per etcd endpoint
 FIRST_BYTES_TIMEOUT_S = 30  # a client that connects and says nothing is dropped
 MAX_CONNECTIONS = 256
+RANK_ENV = ("SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK")
 CHUNK = 65536
 
 
@@ -134,6 +137,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--etcd", required=True, help="HOST:PORT[,HOST:PORT]")
     p.add_argument("--tls-dir", required=True)
     args = p.parse_args(argv)
+    rank = next((os.environ[v] for v in RANK_ENV if os.environ.get(v)), "0")
+    if command and rank != "0":
+        return _exec(command)
     try:
         endpoints = parse_endpoints(args.etcd)
         host, _, port = args.listen.rpartition(":")
@@ -155,6 +161,10 @@ def main(argv: list[str]) -> int:
         finally:
             os._exit(0)
     sock.close()
+    return _exec(command)
+
+
+def _exec(command: list[str]) -> int:
     try:
         os.execvp(command[0], command)
     except OSError as exc:

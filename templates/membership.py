@@ -11,12 +11,17 @@ get_worker_key; docs/trtllm-versions.md "Membership"). A worker that dies withou
 proxy's routers until the key's TTL (inactive_timeout_sec) passes; the job deletes it at once, as the worker
 itself does on a clean exit, so the proxy stops routing to it within one supervision interval.
 Every call is bounded (5 s); any failure is exit 2 with the reason on stderr.
+
+With TK_ETCD_TLS_DIR set (the run's certificates, ca.crt / client.crt / client.key: the etcd the job starts opens
+to them only), etcd is asked over TLS with that client certificate, its own checked against the run's CA.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+import os
+import ssl
 import sys
 import urllib.parse
 import urllib.request
@@ -24,11 +29,27 @@ import urllib.request
 TIMEOUT_S = 5
 
 
+def _tls() -> ssl.SSLContext | None:
+    tls_dir = os.environ.get("TK_ETCD_TLS_DIR")
+    if not tls_dir:
+        return None
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    ctx.load_verify_locations(os.path.join(tls_dir, "ca.crt"))
+    ctx.check_hostname = False  # the run's own CA signs only the run's etcd
+    ctx.load_cert_chain(os.path.join(tls_dir, "client.crt"), os.path.join(tls_dir, "client.key"))
+    return ctx
+
+
+def _etcd(host: str) -> str:
+    return f"{'https' if os.environ.get('TK_ETCD_TLS_DIR') else 'http'}://{host}"
+
+
 def _http(method: str, url: str, body: dict | None = None) -> tuple[int, dict]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT_S) as resp:
+        with urllib.request.urlopen(req, timeout=TIMEOUT_S, context=_tls() if url.startswith("https") else None) \
+                as resp:
             return resp.status, json.loads(resp.read() or b"{}")
     except urllib.error.HTTPError as exc:  # the HTTP storage answers 400 for an empty result
         try:
@@ -51,7 +72,7 @@ def keys(uri: str, prefix: str) -> list[str]:
     scheme, _, rest = uri.partition("://")
     if scheme == "etcd":
         host = rest.split(",")[0]
-        status, doc = _http("POST", f"http://{host}/v3/kv/range",
+        status, doc = _http("POST", f"{_etcd(host)}/v3/kv/range",
                             {"key": _b64(prefix), "range_end": _prefix_end(prefix), "keys_only": True})
         if status != 200:
             raise RuntimeError(f"etcd {host} answered {status} to a range of {prefix}")
@@ -67,7 +88,7 @@ def delete(uri: str, key: str) -> bool:
     """True when the storage says the key is gone."""
     scheme, _, rest = uri.partition("://")
     if scheme == "etcd":
-        status, doc = _http("POST", f"http://{rest.split(',')[0]}/v3/kv/deleterange", {"key": _b64(key)})
+        status, doc = _http("POST", f"{_etcd(rest.split(',')[0])}/v3/kv/deleterange", {"key": _b64(key)})
         return status == 200 and int(doc.get("deleted", 0)) > 0
     status, doc = _http("DELETE", f"{uri.rstrip('/')}/delete?{urllib.parse.urlencode({'key': key})}")
     return status == 200 and bool(doc.get("result"))
@@ -93,7 +114,7 @@ def main(argv: list[str]) -> int:
         gone = [key for key in of_worker(found, workers[0]) if delete(uri, key)]
         print(len(gone))
         return 0
-    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+    except (OSError, ValueError, RuntimeError, KeyError, ssl.SSLError) as exc:
         print(f"membership.py {command}: {exc}", file=sys.stderr)
         return 2
 

@@ -225,6 +225,8 @@ def launch(recipe, local, dry_run, run_dir, pending_timeout, startup_timeout, fa
     if fail_fast:
         overrides = (*overrides, "supervision.policy=fail-fast")
     p = api.load_plan(recipe, overrides, aggregated=aggregated)
+    for w in p.warnings:  # every time (stderr, also with --json): e.g. storage the recipe accepts anyone can write
+        _say(f"warning: {w}")
     backend = "local" if local else "slurm"
     if dry_run:
         run = api.prepare(p, local=local, run_dir=run_dir)
@@ -562,6 +564,9 @@ def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns
             raise click.UsageError("--local, --set and --run-dir are for tk bench RECIPE (a deployment it launches)")
         doc = api.bench(run, on_progress=on_progress, baseline=baseline, **kwargs)
     else:
+        for w in api.load_plan(target, overrides).warnings:  # as tk launch: every time
+            _say(f"warning: {w}")
+
         def launched(record):
             if not as_json:
                 _say(f"{record.name} is serving at {record.endpoint} (launched for this benchmark, fail-fast; "

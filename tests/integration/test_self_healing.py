@@ -130,15 +130,27 @@ def test_the_deployment_keeps_serving_through_killed_and_hung_workers(backend, t
 
 
 def test_with_etcd_storage_a_dead_worker_is_deregistered_at_once_and_rejoins_when_restarted(tmp_path):
-    """membership.storage etcd: the job starts a real etcd (Debian's etcd-server) on the proxy's node; a killed
-    generation server's key is deleted by the job at once, and the restarted one registers again."""
+    """membership (storage etcd, its default): the job starts a real etcd (Debian's etcd-server) on the proxy's node,
+    opened only to the run's own client certificate; a killed generation server's key is deleted by the job at once,
+    and the restarted one registers again. Neither a client of the proxy nor anyone without the run's certificate
+    can touch the worker registry (issue 21, C1)."""
     env = {"TK_RUNS_DIR": str(tmp_path / "runs")}
-    record = tk_json("launch", str(STANDIN_RECIPE), "--local", "--set", "membership.storage=etcd",
+    record = tk_json("launch", str(STANDIN_RECIPE), "--local", "--set", "membership.enabled=true",
                      "--set", "membership.etcd_port=28379", env=env, timeout=400)
     run_dir, endpoint = record["run_dir"], record["endpoint"]
     phases = Path(run_dir) / "state" / "phases.tsv"
     try:
         assert "registered\tevery worker in the cluster storage etcd://127.0.0.1:28379" in phases.read_text()
+        # C1: the proxy's clients find no storage on its port; the etcd refuses whoever lacks the run's certificate
+        rogue = {"key": "/trtllm-disagg//workers/CONTEXT-127.0.0.1:1-1-1-001", "value": json.dumps(
+            {"worker_id": "CONTEXT-127.0.0.1:1-1-1-001", "host": "127.0.0.1", "port": 1, "role": 0}), "ttl": 3600}
+        assert requests.post(f"{endpoint}/set", json=rogue, timeout=10).status_code == 404
+        assert requests.delete(f"{endpoint}/delete", params={"key": "x"}, timeout=10).status_code in (404, 405)
+        with pytest.raises(requests.exceptions.ConnectionError):  # TLS required, and a certificate with it
+            requests.post("http://127.0.0.1:28379/v3/kv/range", json={"key": "Lw=="}, timeout=5)
+        with pytest.raises(requests.exceptions.SSLError):
+            requests.post("https://127.0.0.1:28379/v3/kv/range", json={"key": "Lw=="}, verify=False, timeout=5)
+        assert (Path(run_dir) / "secrets").stat().st_mode & 0o077 == 0
         port = next(s["port"] for s in record["servers"] if s["name"] == "gen-1")
         for pid in server_pids(run_dir, port):
             os.kill(pid, signal.SIGKILL)

@@ -196,9 +196,14 @@ def test_cluster_config_refuses_what_trtllm_refuses():
         C.parse_cluster_config({"cluster_uri": "http://h:1", "inactive_interval_sec": 10})  # PR #8602's README typo
     with pytest.raises(C.ClusterConfigError, match="Invalid cluster storage URI"):
         C.parse_cluster_config({"cluster_uri": "h:1"})
+    # extract_disagg_cluster_config builds DisaggClusterConfig(cli_uri or block["cluster_uri"]) and then sets every key
+    # of the block over it: a cluster_uri in the options file wins over --disagg_cluster_uri, whatever its docstring
+    # says (tensorrt_llm/llmapi/disagg_utils.py @ 3e53e4ad); tk therefore writes none there
     c = C.parse_cluster_config({"cluster_uri": "etcd://a:2379"}, cluster_uri="http://b:1")
     assert (c.cluster_uri, c.heartbeat_interval_sec, c.inactive_timeout_sec, c.minimal_context) == \
-        ("http://b:1", 5, 10, 1)
+        ("etcd://a:2379", 5, 10, 1)
+    c = C.parse_cluster_config({"cluster_name": "x", "heartbeat_interval_sec": 2}, cluster_uri="http://b:1")
+    assert (c.cluster_uri, c.cluster_name, c.heartbeat_interval_sec) == ("http://b:1", "x", 2)
 
 
 def test_worker_command_line_takes_the_membership_flags(monkeypatch):
@@ -275,45 +280,113 @@ def _plan(*sets):
 
 def test_plan_membership_per_line_and_render():
     from toolkit.render import render_files, worker_command
-    p = _plan()
+    # static urls are the default, as in every published config (issue 21, C1)
+    assert _plan().membership is None
+    assert "urls" in yaml.safe_load(render_files(_plan())["disagg.yaml"])["context_servers"]
+    p = _plan("membership.enabled=true")
     m = p.membership
-    assert (m.storage, m.cluster_uri, m.heartbeat_interval_s, m.inactive_timeout_s) == \
-        ("http", f"http://<node0>:{p.proxy.port}", 5, 10)
+    assert (m.storage, m.cluster_uri, m.heartbeat_interval_s, m.inactive_timeout_s, m.cluster_name) == \
+        ("etcd", "etcd://<node0>:2379", 5, 10, "standin-2p2d")
     # minimal_instances are the supervision minimum, not every instance: the proxy must keep serving while one
     # worker restarts
     assert (m.minimal_context, m.minimal_generation) == (1, 1)
-    doc = yaml.safe_load(render_files(p)["disagg.yaml"])
+    files = render_files(p)
+    doc = yaml.safe_load(files["disagg.yaml"])
     assert doc["disagg_cluster"]["minimal_instances"] == {"context_servers": 1, "generation_servers": 1}
-    two = _plan("supervision.min_generation=2").membership
+    two = _plan("membership.enabled=true", "supervision.min_generation=2").membership
     assert (two.minimal_context, two.minimal_generation) == (1, 2)
     assert "urls" not in doc["context_servers"] and doc["context_servers"]["num_instances"] == 2
     ctx = p.context.instances[1]
     argv = worker_command(p, "ctx", ctx.port)
     assert argv[argv.index("--host") + 1] == f"<node{ctx.first_node}>"
     i = argv.index("--disagg_cluster_uri")
-    assert argv[i:i + 4] == ["--disagg_cluster_uri", m.cluster_uri, "--server_role", "context"]
+    assert argv[i:i + 4] == ["--disagg_cluster_uri", m.uri_for(ctx.name), "--server_role", "context"]
+    # the worker's cluster name, heartbeat and timeout come from its options file; no cluster_uri there (it would
+    # override --disagg_cluster_uri: extract_disagg_cluster_config)
+    block = yaml.safe_load(files["ctx.yaml"])["disagg_cluster"]
+    assert block == {"cluster_name": "standin-2p2d", "heartbeat_interval_sec": 5, "inactive_timeout_sec": 10}
     for line in ("1.0", "1.1"):
-        old = _plan(f"trtllm_version={line}", "kv_transfer.kv_transfer_timeout_ms=null")
+        old = _plan(f"trtllm_version={line}", "kv_transfer.kv_transfer_timeout_ms=null", "membership.enabled=auto")
         assert old.membership is None
         assert "urls" in yaml.safe_load(render_files(old)["disagg.yaml"])["context_servers"]
         argv = worker_command(old, "gen", old.generation.instances[0].port)
         # static urls: the worker binds <bindN> (0.0.0.0, or loopback where the node's address is loopback)
         assert "--disagg_cluster_uri" not in argv and argv[argv.index("--host") + 1] == "<bind2>"
-    off = _plan("membership.enabled=false")
-    assert off.membership is None
-    etcd = _plan("membership.storage=etcd")
-    assert etcd.membership.cluster_uri == "etcd://<node0>:2379" and etcd.membership.etcd.started_by_job
-    assert 2379 in etcd.ports_by_node[0] and 2380 in etcd.ports_by_node[0]
-    ext = _plan("membership.storage=etcd", "membership.etcd_endpoint=etcd1:2379")
-    assert ext.membership.cluster_uri == "etcd://etcd1:2379" and not ext.membership.etcd.started_by_job
+    assert 2379 in p.ports_by_node[0] and 2380 in p.ports_by_node[0] and p.membership.etcd.started_by_job
+
+
+def test_the_jobs_etcd_opens_only_to_the_runs_certificate_and_servers_reach_it_through_their_gateway():
+    from toolkit.render import GATEWAY_SCRIPT, proxy_command, render_files, worker_command
+    p = _plan("membership.enabled=true")
+    m = p.membership
+    assert m.etcd.tls_dir == "<run_dir>/secrets/etcd" and m.etcd.tls_generated and not m.unauthenticated
+    ports = dict(m.gateways)
+    assert set(ports) == {"proxy", *(s.name for s in p.servers)} and len(set(ports.values())) == len(ports)
+    for s in p.servers:
+        argv = worker_command(p, s.role, s.port)
+        assert argv[:9] == ["python3", f"<run_dir>/{GATEWAY_SCRIPT}", "--listen", f"127.0.0.1:{ports[s.name]}",
+                            "--etcd", "<node0>:2379", "--tls-dir", "<run_dir>/secrets/etcd", "--"]
+        assert ports[s.name] in p.ports_by_node[s.first_node]  # the job's port check covers them
+    assert proxy_command(p)[:2] == ["python3", f"<run_dir>/{GATEWAY_SCRIPT}"]
+    files = render_files(p)
+    assert yaml.safe_load(files["disagg.yaml"])["disagg_cluster"]["cluster_uri"] == \
+        f"etcd://127.0.0.1:{ports['proxy']}"
+    assert files[GATEWAY_SCRIPT] and "--client-cert-auth" in files["launch.sbatch"]
+    assert GATEWAY_SCRIPT not in render_files(_plan())  # static urls: no gateway
+
+
+@pytest.mark.parametrize("sets, field", [
+    (["membership.storage=http"], "membership.storage"),
+    (["membership.etcd_endpoint=etcd1:2379"], "membership.etcd_tls_dir"),
+])
+def test_storage_anyone_can_write_is_refused_unless_the_recipe_accepts_the_risk(sets, field):
+    with pytest.raises(RecipeError) as e:
+        _plan("membership.enabled=true", *sets)
+    hits = [v for v in e.value.violations if v.field == field]
+    assert hits and "accept_unauthenticated_storage" in hits[0].fix, e.value.violations
+    p = _plan("membership.enabled=true", *sets, "membership.accept_unauthenticated_storage=true")
+    assert p.membership.unauthenticated and not p.membership.gateways
+    assert any("accept_unauthenticated_storage" in w for w in p.warnings)
+
+
+def test_an_external_etcd_with_a_client_certificate_is_reached_through_the_gateway(tmp_path):
+    from toolkit.render import worker_command
+    p = _plan("membership.enabled=true", "membership.etcd_endpoint=etcd1:2379", f"membership.etcd_tls_dir={tmp_path}")
+    m = p.membership
+    assert not m.unauthenticated and not m.etcd.started_by_job and not m.etcd.tls_generated
+    argv = worker_command(p, "gen", p.generation.instances[0].port)
+    assert argv[argv.index("--etcd") + 1] == "etcd1:2379" and argv[argv.index("--tls-dir") + 1] == str(tmp_path)
+    with pytest.raises(RecipeError) as e:
+        _plan("membership.enabled=true", f"membership.etcd_tls_dir={tmp_path}")
+    assert "membership.etcd_tls_dir" in {v.field for v in e.value.violations}
+
+
+def test_each_run_gets_a_cluster_name_no_other_run_shares():
+    from toolkit.plan import plan_for_run
+    from toolkit.render import render_files
+    p = _plan("membership.enabled=true", "membership.etcd_endpoint=etcd1:2379",
+              "membership.accept_unauthenticated_storage=true")
+    a, b = plan_for_run(p, "0123456789ab"), plan_for_run(p, "ba9876543210")
+    assert a.membership.cluster_name == "standin-2p2d-0123456789ab" != b.membership.cluster_name
+    assert a.membership.worker_key_prefix == "/trtllm-disagg/standin-2p2d-0123456789ab/workers"
+    for plan in (a, b):
+        files = render_files(plan)
+        name = plan.membership.cluster_name
+        for f in ("disagg.yaml", "ctx.yaml", "gen.yaml"):
+            assert yaml.safe_load(files[f])["disagg_cluster"]["cluster_name"] == name
+    assert plan_for_run(_plan(), "0123456789ab") == _plan()  # static urls: nothing to name
 
 
 @pytest.mark.parametrize("sets, field, text", [
-    (["trtllm_version=1.1", "kv_transfer.kv_transfer_timeout_ms=null", "membership.enabled=true"], "membership.enabled", "has no disagg_cluster"),
-    (["membership.heartbeat_interval_s=10"], "membership.inactive_timeout_s", "must be greater than"),
+    (["trtllm_version=1.1", "kv_transfer.kv_transfer_timeout_ms=null", "membership.enabled=true"],
+     "membership.enabled", "has no disagg_cluster"),
+    (["membership.enabled=true", "membership.heartbeat_interval_s=10"], "membership.inactive_timeout_s",
+     "must be greater than"),
     (["supervision.min_generation=3"], "supervision.min_generation", "the run could never meet it"),
-    (["membership.etcd_endpoint=etcd1:2379"], "membership.etcd_endpoint", "only read with storage: etcd"),
-    (["membership.storage=etcd", "membership.etcd_port=18000"], "membership.etcd_port", "already uses"),
+    (["membership.enabled=true", "membership.storage=http", "membership.accept_unauthenticated_storage=true",
+      "membership.etcd_endpoint=etcd1:2379"], "membership.etcd_endpoint", "only read with storage: etcd"),
+    (["membership.enabled=true", "membership.etcd_port=18000"], "membership.etcd_port", "already uses"),
+    (["membership.enabled=true", "membership.etcd_port=18332"], "membership.etcd_port", "gateways would take"),
 ])
 def test_membership_rules_name_the_field(sets, field, text):
     with pytest.raises(RecipeError) as e:

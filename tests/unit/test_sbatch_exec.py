@@ -298,7 +298,10 @@ def test_the_config_check_passes_a_good_stand_in_deployment(tmp_path):
 
 def test_with_membership_the_proxy_starts_first_and_a_silent_one_fails_the_job_naming_it(tmp_path):
     marker = tmp_path / "PWNED"
-    loaded = load_recipe_text(HOSTILE.format(marker=marker), str(tmp_path / "hostile.yaml"))
+    # storage http (the proxy hosts it): the recipe accepts that anyone reaching the proxy can write it
+    loaded = load_recipe_text(HOSTILE.format(marker=marker), str(tmp_path / "hostile.yaml"),
+                              ("membership.enabled=true", "membership.storage=http",
+                               "membership.accept_unauthenticated_storage=true"))
     plan = build_plan(loaded)
     assert plan.membership is not None
     out, _ = render(plan, tmp_path / "run")

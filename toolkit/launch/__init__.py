@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Callable
 
@@ -20,7 +21,10 @@ from toolkit.errors import TkError
 from toolkit.launch.backends import LaunchError, backend_for
 from toolkit.launch.run import (RunRecord, find_run, load_run, log_tail, new_run_dir, read_nodes,
                            read_phases, read_supervision)
+from toolkit.plan import plan_for_run
+from toolkit.plan.build import RUN_TAG_LEN
 from toolkit.plan.model import Plan
+from toolkit.runtime.tls import write_run_certificates
 from toolkit.runtime import bounds, rundir, signals
 from toolkit.runtime.slurm import SlurmError
 from toolkit.render import render_files, write_atomically
@@ -58,14 +62,22 @@ class LaunchFailed(TkError):
         super().__init__(text)
 
 
+SECRETS_DIR = "secrets"  # RUN/secrets: owner-only; the etcd certificates of a membership run (secrets/etcd)
+
+
 def prepare(plan: Plan, backend: str, run_dir: str | None = None) -> RunRecord:
-    """Render the plan into a new run directory and create its record."""
+    """Render the plan into a new run directory and create its record. With membership, the plan is the run's own
+    (plan_for_run: a cluster name no other run shares), and the etcd the job starts gets the run's certificates."""
+    plan = plan_for_run(plan, uuid.uuid4().hex[:RUN_TAG_LEN])
     files = render_files(plan)
     path = new_run_dir(plan, run_dir)
     try:
         write_atomically(files, path)
         (path / "logs").mkdir(exist_ok=True)
         (path / "state").mkdir(exist_ok=True)
+        etcd = plan.membership.etcd if plan.membership is not None else None
+        if etcd is not None and etcd.tls_generated:
+            write_run_certificates(path / SECRETS_DIR / "etcd")
         run = RunRecord.new(plan, path, backend)
         run.set_state("rendered")
     except OSError as exc:
@@ -254,10 +266,14 @@ def _probe(run: RunRecord) -> None:
         if seen:
             s.restarts, s.last_exit, s.step = seen["restarts"], seen["last_exit"], seen["step"]
             s.pid = seen["pid"] if run.backend == "local" else None  # on Slurm that PID is srun's, not the server's
-        try:
-            ok = requests.get(f"http://{s.host}:{s.port}/health", timeout=HEALTH_TIMEOUT_S).status_code == 200
-        except requests.RequestException:
-            ok = False
+        tls_dir = run.path / SECRETS_DIR / "etcd"
+        if s.role == "etcd" and tls_dir.is_dir():  # the job's etcd opens to the run's certificate only
+            ok = _tls_health_ok(s.host, s.port, tls_dir)
+        else:
+            try:
+                ok = requests.get(f"http://{s.host}:{s.port}/health", timeout=HEALTH_TIMEOUT_S).status_code == 200
+            except requests.RequestException:
+                ok = False
         before = s.state
         if ok:
             s.state, s.reason = "healthy", None
@@ -276,6 +292,27 @@ def _probe(run: RunRecord) -> None:
     elif all(s.host for s in run.servers):  # aggregated: every server is an endpoint, the first is the run's
         run.endpoints = [f"http://{s.host}:{s.port}" for s in run.servers]
         run.endpoint = run.endpoints[0]
+
+
+def _tls_health_ok(host: str, port: int, tls_dir) -> bool:
+    """GET /health over TLS with the run's client certificate; the etcd's certificate checked against the run's CA
+    (not a host name: toolkit.runtime.tls)."""
+    import http.client
+    import ssl
+
+    try:
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.load_verify_locations(str(tls_dir / "ca.crt"))
+        ctx.check_hostname = False
+        ctx.load_cert_chain(str(tls_dir / "client.crt"), str(tls_dir / "client.key"))
+        conn = http.client.HTTPSConnection(host, port, timeout=HEALTH_TIMEOUT_S, context=ctx)
+        try:
+            conn.request("GET", "/health")
+            return conn.getresponse().status == 200
+        finally:
+            conn.close()
+    except (OSError, ssl.SSLError, http.client.HTTPException):
+        return False
 
 
 def _smoke_request(run: RunRecord, plan: Plan) -> None:

@@ -33,6 +33,26 @@ def build_plan(loaded: LoadedRecipe, aggregated: bool = False) -> Plan:
     return plan
 
 
+RUN_TAG_LEN = 12
+
+
+def plan_for_run(plan: Plan, tag: str) -> Plan:
+    """The plan a run launches: with membership, its cluster name made unique to the run (the recipe's cluster_name,
+    or its name, then "-" and tag), so that deployments sharing an etcd never see each other's workers. Rebuilt from
+    the plan's resolved recipe, so the proxy config, the workers' options and the manifest all carry it. A plan
+    without membership is returned as it is."""
+    if plan.membership is None:
+        return plan
+    import yaml
+
+    from toolkit.recipe.loader import load_recipe_text
+
+    base = plan.membership.cluster_name[:64 - RUN_TAG_LEN - 1]
+    text = yaml.safe_dump(plan.recipe, sort_keys=False)
+    run_plan = build_plan(load_recipe_text(text, plan.recipe_file, (f"membership.cluster_name={base}-{tag}",)))
+    return dataclasses.replace(run_plan, recipe_file=plan.recipe_file)
+
+
 def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
     r = loaded.recipe
     c = rules.Collector(loaded)
@@ -85,6 +105,13 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
     rules.check_slurm_args(r, c)
     rules.check_supervision(r, c)
     membership = rules.check_membership(r, version, servers, c)
+    if membership is not None:
+        # A worker takes its cluster_name, heartbeat and timeout from a disagg_cluster block of its options file
+        # (serve.py pops it before the LLM args; without one, DisaggClusterConfig's defaults, cluster_name ""), its
+        # cluster_uri from --disagg_cluster_uri. No cluster_uri in the block: extract_disagg_cluster_config sets every
+        # key of the block over the CLI's URI (tensorrt_llm/llmapi/disagg_utils.py, tensorrt_llm/commands/serve.py).
+        block = options.worker_cluster_block(membership)
+        ctx_opts, gen_opts = ({**o, trtllm.MEMBERSHIP_KEY: block} for o in (ctx_opts, gen_opts))
 
     env_base = options.worker_env(r, version, engine, transport)
     if emulated_model is not None:

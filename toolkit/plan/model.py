@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from toolkit.facts import trtllm
 from toolkit.facts.engines import EngineProfile
 from toolkit.facts.hardware import TransportProfile
 from toolkit.facts.models import ModelSpec
@@ -168,6 +169,15 @@ class EtcdPlan:
     node: int | None  # node index of the etcd the job starts
     port: int | None  # its client port
     peer_port: int | None  # its peer port (bound on loopback only: a single-member cluster)
+    # Client certificates (ca.crt, client.crt, client.key; for the job's etcd also server.crt/.key): the run's own,
+    # written by tk launch into RUN/secrets/etcd (`<run_dir>/secrets/etcd`), or the recipe's etcd_tls_dir. None: the
+    # etcd takes anyone (an external one the recipe accepts unauthenticated).
+    tls_dir: str | None = None
+
+    @property
+    def tls_generated(self) -> bool:
+        """tk writes this run's certificate authority and certificates (the etcd the job starts)."""
+        return self.started_by_job and self.tls_dir is not None
 
 
 @dataclass(frozen=True)
@@ -175,7 +185,9 @@ class MembershipPlan:
     """Membership TensorRT-LLM keeps itself (proxy config `disagg_cluster`, worker `--disagg_cluster_uri`)."""
 
     storage: str  # "http" (hosted by the proxy itself) | "etcd"
-    cluster_uri: str  # http://<node0>:PROXY_PORT or etcd://HOST:PORT (<nodeN> placeholders, resolved at run time)
+    # The storage itself, as the job reads it (membership.py): http://<node0>:PROXY_PORT or etcd://HOST:PORT
+    # (<nodeN> placeholders, resolved at run time). Servers reach an etcd with certificates through their gateway.
+    cluster_uri: str
     cluster_name: str
     heartbeat_interval_s: int
     inactive_timeout_s: int
@@ -183,6 +195,15 @@ class MembershipPlan:
     minimal_generation: int
     worker_key_prefix: str  # where workers register: /trtllm-disagg/{cluster_name}/workers
     etcd: EtcdPlan | None = None  # storage etcd only
+    # With an etcd that wants a client certificate: per component (proxy, ctx-0, ...) the loopback port of its
+    # gateway (templates/etcd_gateway.py), which presents the certificate for it; its cluster_uri is that port.
+    gateways: tuple[tuple[str, int], ...] = ()
+    unauthenticated: bool = False  # storage anyone who reaches it can write, accepted by the recipe
+
+    def uri_for(self, component: str) -> str:
+        """The cluster_uri component (proxy, ctx-0, ...) is given: its gateway's, else the storage's own."""
+        port = dict(self.gateways).get(component)
+        return f"{trtllm.MEMBERSHIP_URI_SCHEMES['etcd']}://127.0.0.1:{port}" if port else self.cluster_uri
 
 
 @dataclass(frozen=True)
@@ -278,6 +299,12 @@ class Plan:
         etcd = self.membership.etcd if self.membership else None
         if etcd and etcd.started_by_job:
             ports[etcd.node].extend((etcd.port, etcd.peer_port))
+        if self.membership and self.membership.gateways:
+            nodes = {s.name: s.first_node for s in self.servers}
+            if self.proxy is not None:
+                nodes["proxy"] = self.proxy.node
+            for name, port in self.membership.gateways:
+                ports[nodes[name]].append(port)
         return tuple(tuple(sorted(p)) for p in ports)
 
     def to_dict(self) -> dict:

@@ -128,6 +128,12 @@ def emulation_env(r: Recipe, engine: EngineProfile, transport: TransportProfile,
             f"{prefix}KV_GBPS": f"{transport.nominal_gbps:g}"}
 
 
+def worker_cluster_block(membership) -> dict:
+    """The `disagg_cluster` block of a worker's options file (toolkit.plan.build explains why no cluster_uri)."""
+    return {"cluster_name": membership.cluster_name, "heartbeat_interval_sec": membership.heartbeat_interval_s,
+            "inactive_timeout_sec": membership.inactive_timeout_s}
+
+
 def proxy_plan(r: Recipe, ctx: tuple[ServerInstance, ...], gen: tuple[ServerInstance, ...],
                transport: TransportProfile, engine: EngineProfile, membership=None) -> ProxyPlan:
     def section(instances, router: str, tpb: int) -> dict:
@@ -151,7 +157,7 @@ def proxy_plan(r: Recipe, ctx: tuple[ServerInstance, ...], gen: tuple[ServerInst
     }
     if membership is not None:
         cfg[trtllm.MEMBERSHIP_KEY] = {
-            "cluster_uri": membership.cluster_uri,
+            "cluster_uri": membership.uri_for("proxy"),
             "cluster_name": membership.cluster_name,
             "minimal_instances": {"context_servers": membership.minimal_context,
                                   "generation_servers": membership.minimal_generation},

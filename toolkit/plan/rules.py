@@ -485,19 +485,32 @@ def check_supervision(r: Recipe, c: Collector) -> None:
                   "never meet it", f"set it to at most {spec.instances}, or add {title} instances")
 
 
+ETCD_TLS_DIR = "<run_dir>/secrets/etcd"  # where tk launch writes the run's certificates (launch.sbatch resolves it)
+
+
 def check_membership(r: Recipe, version: trtllm.TrtllmVersion, servers, c: Collector):
-    """The membership TensorRT-LLM keeps (disagg_cluster), or None where the line lacks it or the recipe turns it off.
-    Rules: the line has it (and the storage); inactive_timeout_s > heartbeat_interval_s (TensorRT-LLM's
+    """The membership TensorRT-LLM keeps (disagg_cluster), or None where it is off (the default: static urls) or the
+    line lacks it. Rules: the line has it (and the storage); inactive_timeout_s > heartbeat_interval_s (TensorRT-LLM's
     DisaggClusterWorker silently disables the heartbeat otherwise, and every worker then expires); an etcd
-    endpoint only with etcd storage, and the etcd the job starts on ports no server or the proxy uses. minimal_instances are
-    supervision.min_context / min_generation."""
+    endpoint only with etcd storage, and the etcd the job starts on ports no server or the proxy uses; storage that
+    anyone who reaches it can write only when the recipe accepts that (then a warning, which tk launch prints every
+    time). minimal_instances are supervision.min_context / min_generation.
+
+    Who can write the storage. TensorRT-LLM's HTTP storage is routes on the proxy's own client port, open to every
+    client (HttpClusterStorageServer.add_routes; a bearer token only on 2026 main, not in a release tk targets), and
+    its etcd client sends no credentials and speaks no TLS: Etcd3ClusterStorage takes host and port from cluster_uri
+    and nothing else (`etcd3.client(host, port)` at NVIDIA/TensorRT-LLM@b3809755; urlparse's hostname and port with
+    `secure=False` at @057d4a79, a user:password@ part ignored), tensorrt_llm/serve/cluster_storage.py. So the etcd
+    the job starts accepts only clients with a certificate of the run's own authority (--client-cert-auth), and each
+    server reaches it through a gateway on its node's loopback that presents that certificate
+    (templates/etcd_gateway.py). An external etcd gets the same through etcd_tls_dir."""
     from toolkit.plan.model import EtcdPlan, MembershipPlan
     m = r.membership
     if m.enabled is False or (m.enabled == "auto" and not version.cluster_storages):
         return None
     if not version.cluster_storages:
         c.add("membership.enabled", f"TensorRT-LLM {version.line} has no disagg_cluster membership (it came with the "
-              "1.2 line, PR #7869)", "set membership.enabled: auto (or false), or target trtllm_version 1.2")
+              "1.2 line, PR #7869)", "set membership.enabled: false (static urls), or target trtllm_version 1.2")
         return None
     if m.storage not in version.cluster_storages:
         c.add("membership.storage", f"TensorRT-LLM {version.line} has no {m.storage} cluster storage",
@@ -514,24 +527,59 @@ def check_membership(r: Recipe, version: trtllm.TrtllmVersion, servers, c: Colle
     if m.etcd_endpoint is not None and m.storage != "etcd":
         c.add("membership.etcd_endpoint", "etcd_endpoint is only read with storage: etcd",
               "remove it, or set membership.storage: etcd")
+    if m.etcd_tls_dir is not None and (m.storage != "etcd" or m.etcd_endpoint is None):
+        c.add("membership.etcd_tls_dir", "etcd_tls_dir is the client certificate of an external etcd "
+              "(etcd_endpoint); the etcd the job starts uses the run's own", "remove it, or set etcd_endpoint")
+    taken = {r.proxy.port} | {s.port for s in servers} | {p for s in servers for _, p in s.internal_ports}
+    unauthenticated = None
     if m.storage == "etcd":
         if m.etcd_endpoint:
-            etcd = EtcdPlan(endpoint=m.etcd_endpoint, started_by_job=False, node=None, port=None, peer_port=None)
+            etcd = EtcdPlan(endpoint=m.etcd_endpoint, started_by_job=False, node=None, port=None, peer_port=None,
+                            tls_dir=m.etcd_tls_dir)
+            if m.etcd_tls_dir is None:
+                unauthenticated = (f"the etcd at {m.etcd_endpoint} is used without a client certificate "
+                                   "(etcd_tls_dir): whoever reaches it can register workers")
         else:
-            taken = {r.proxy.port} | {s.port for s in servers if 0 in s.nodes} | \
+            node0 = {s.port for s in servers if 0 in s.nodes} | {r.proxy.port} | \
                     {p for s in servers if s.first_node == 0 for _, p in s.internal_ports}
             peer = m.etcd_port + 1
             for port, what in ((m.etcd_port, "client"), (peer, "peer")):
-                if port in taken:
+                if port in node0:
                     c.add("membership.etcd_port", f"the etcd the job starts would take port {port} ({what}) on node 0, "
                           f"which a server or the proxy already uses", "choose another membership.etcd_port")
             etcd = EtcdPlan(endpoint=f"<node0>:{m.etcd_port}", started_by_job=True, node=0, port=m.etcd_port,
-                            peer_port=peer)
+                            peer_port=peer, tls_dir=ETCD_TLS_DIR)
+            taken |= {m.etcd_port, peer}
         uri = f"{trtllm.MEMBERSHIP_URI_SCHEMES['etcd']}://{etcd.endpoint}"
     else:
+        unauthenticated = (f"storage http is served on the proxy's client port {r.proxy.port}: every client of the "
+                           "proxy can register a worker that receives other users' prompts, or delete the real "
+                           "workers (TensorRT-LLM's HttpClusterStorageServer has no authentication)")
         uri = f"{trtllm.MEMBERSHIP_URI_SCHEMES['http']}://<node0>:{r.proxy.port}"
-    return MembershipPlan(storage=m.storage, cluster_uri=uri, cluster_name=m.cluster_name,
+    if unauthenticated:
+        if not m.accept_unauthenticated_storage:
+            c.add("membership.storage" if m.storage == "http" else "membership.etcd_tls_dir", unauthenticated,
+                  "use storage: etcd (the job's own etcd, opened only by the run's certificate)"
+                  + (" or give etcd_tls_dir" if m.etcd_endpoint else "")
+                  + ", or membership.enabled: false (static urls); or set membership.accept_unauthenticated_storage:"
+                    " true to accept the risk")
+        else:
+            c.warnings.append(f"membership: {unauthenticated}; accepted by membership.accept_unauthenticated_storage")
+    gateways: tuple[tuple[str, int], ...] = ()
+    if etcd is not None and etcd.tls_dir is not None:
+        # one loopback port per component, from etcd_port + 2 on: clear of every port the plan uses (all nodes share
+        # one host under tk launch --local)
+        names = ["proxy", *(s.name for s in servers)]
+        ports = [m.etcd_port + 2 + i for i in range(len(names))]
+        clash = sorted(set(ports) & taken)
+        if clash or ports[-1] > 65535:
+            c.add("membership.etcd_port", f"the etcd gateways would take ports {ports[0]}-{ports[-1]}, which "
+                  f"{'collide with ' + ', '.join(map(str, clash[:5])) if clash else 'run past 65535'}",
+                  "choose another membership.etcd_port (the gateways use the ports after etcd_port + 1)")
+        gateways = tuple(zip(names, ports))
+    name = m.cluster_name or r.name
+    return MembershipPlan(storage=m.storage, cluster_uri=uri, cluster_name=name,
                           heartbeat_interval_s=m.heartbeat_interval_s, inactive_timeout_s=m.inactive_timeout_s,
                           minimal_context=minimal["ctx"], minimal_generation=minimal["gen"],
-                          worker_key_prefix=trtllm.MEMBERSHIP_KEY_PREFIX.format(cluster_name=m.cluster_name),
-                          etcd=etcd)
+                          worker_key_prefix=trtllm.MEMBERSHIP_KEY_PREFIX.format(cluster_name=name),
+                          etcd=etcd, gateways=gateways, unauthenticated=bool(unauthenticated))

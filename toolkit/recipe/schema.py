@@ -329,17 +329,31 @@ class SupervisionSpec(Section):
 
 class MembershipSpec(Section):
     """Membership TensorRT-LLM keeps itself (`disagg_cluster`): workers register and heartbeat into cluster storage,
-    the proxy adds registered workers and drops inactive ones. Defaults are TensorRT-LLM's (DisaggClusterConfig)."""
+    the proxy adds registered workers and drops inactive ones. Off by default: static URLs, as every published
+    config. Heartbeat defaults are TensorRT-LLM's (DisaggClusterConfig)."""
 
-    # "auto": on where the TensorRT-LLM line has it (1.2), off before; true: required (an error on older lines).
-    enabled: Union[bool, Literal["auto"]] = "auto"
-    storage: Literal[trtllm.MEMBERSHIP_STORAGES] = "http"  # type: ignore[valid-type]
+    # false: static urls (the default). true: required (an error on lines without it). "auto": on where the line
+    # has it (1.2 on), off before.
+    enabled: Union[bool, Literal["auto"]] = False
+    # etcd: the job starts an etcd that only the run's certificate opens (docs/recipe.md, "Membership"); http: the
+    # proxy hosts the storage on its client port, where any client can rewrite the routing (refused unless
+    # accept_unauthenticated_storage)
+    storage: Literal[trtllm.MEMBERSHIP_STORAGES] = "etcd"  # type: ignore[valid-type]
     heartbeat_interval_s: int = Field(trtllm.MEMBERSHIP_DEFAULTS["heartbeat_interval_sec"], ge=1, le=3600)
     inactive_timeout_s: int = Field(trtllm.MEMBERSHIP_DEFAULTS["inactive_timeout_sec"], ge=2, le=86400)
-    cluster_name: str = ""  # the namespace of the worker keys (etcd shared by several deployments)
+    # The namespace of the worker keys starts with this (the recipe's name when empty); tk launch adds a part unique
+    # to the run, so deployments that share an etcd never see each other's workers.
+    cluster_name: str = ""
     # storage etcd: an etcd tk does not start, host:port; None: the job starts one on the proxy's node.
     etcd_endpoint: Optional[str] = None
+    # that etcd's client certificate: a directory with ca.crt, client.crt and client.key (tk's gateway presents it
+    # for TensorRT-LLM, whose etcd client cannot); None: none (then only with accept_unauthenticated_storage)
+    etcd_tls_dir: Optional[PathText] = None
     etcd_port: int = Field(trtllm.ETCD_CLIENT_PORT, ge=1024, le=65000)  # the etcd the job starts (client port)
+    # Storage that whoever reaches it can write (storage http: every client of the proxy; an etcd_endpoint without
+    # etcd_tls_dir: anyone who reaches that etcd) can register a worker that receives other users' prompts, or
+    # delete the real ones. Refused unless this says the risk is accepted; then tk launch warns every time.
+    accept_unauthenticated_storage: bool = False
 
     _cluster_name = field_validator("cluster_name")(classmethod(lambda cls, v: v if v == "" else _text_pattern(
         SAFE_NAME, "cluster_name must be 1-64 letters, digits, '.', '_' or '-'")(v)))

@@ -20,13 +20,14 @@ from toolkit.render.output import write_atomically
 
 # The files `tk render` writes, in the order the manifest lists them.
 RENDERED_FILES = ("ctx.yaml", "gen.yaml", "disagg.yaml", "ctx.env", "gen.env", "proxy.env", "launch.sbatch",
-                  "check_config.py", "membership.py")
+                  "check_config.py", "membership.py")  # and etcd_gateway.py with an etcd behind certificates
 # An aggregated plan's (`--aggregated`): plain trtllm-serve instances, no proxy, no membership.
 RENDERED_FILES_AGGREGATED = ("agg.yaml", "agg.env", "launch.sbatch", "check_config.py")
 # The config check the job runs before any server starts (and `tk render --check` runs here): a standalone
 # script, copied as it is (it imports only the standard library, PyYAML and, where installed, tensorrt_llm).
 CHECK_SCRIPT = "check_config.py"
 MEMBERSHIP_SCRIPT = "membership.py"  # launch.sbatch's view of the cluster storage (registered, deregister)
+GATEWAY_SCRIPT = "etcd_gateway.py"  # a server's way into an etcd that wants the run's client certificate
 MANIFEST = "manifest.json"
 
 
@@ -34,9 +35,23 @@ def worker_command(plan: Plan, role_name: str, port: int) -> list[str]:
     """argv of one server, up to (not including) the options-file flag and path."""
     role = plan.role(role_name)
     flag = trtllm.SERVE_FLAG
-    return [*plan.engine.launcher, *plan.engine.serve_command, role.model_path, flag["host"],
-            worker_host(plan, role_name, port), flag["port"], str(port), *membership_args(plan, role_name),
-            *role.serve_args]
+    server = next((s for s in plan.servers if s.role == role_name and s.port == port), None)
+    name = server.name if server is not None else ""
+    return [*gateway_prefix(plan, name), *plan.engine.launcher, *plan.engine.serve_command, role.model_path,
+            flag["host"], worker_host(plan, role_name, port), flag["port"], str(port),
+            *membership_args(plan, role_name, name), *role.serve_args]
+
+
+def gateway_prefix(plan: Plan, component: str) -> list[str]:
+    """`python3 <run_dir>/etcd_gateway.py --listen 127.0.0.1:PORT --etcd HOST:PORT --tls-dir DIR --` before a
+    component's command where the plan's etcd wants a client certificate (TensorRT-LLM's etcd client cannot present
+    one: toolkit.plan.rules.check_membership); the gateway forks off and the command replaces it (same PID)."""
+    m = plan.membership
+    port = dict(m.gateways).get(component) if m is not None else None
+    if port is None:
+        return []
+    return ["python3", f"<run_dir>/{GATEWAY_SCRIPT}", "--listen", f"127.0.0.1:{port}", "--etcd", m.etcd.endpoint,
+            "--tls-dir", m.etcd.tls_dir, "--"]
 
 
 def worker_host(plan: Plan, role_name: str, port: int) -> str:
@@ -52,17 +67,18 @@ def worker_host(plan: Plan, role_name: str, port: int) -> str:
     return f"<{'node' if plan.membership is not None else 'bind'}{server.first_node}>"
 
 
-def membership_args(plan: Plan, role_name: str) -> list[str]:
-    """`--disagg_cluster_uri URI --server_role ROLE` where the plan has membership (names: facts.trtllm)."""
+def membership_args(plan: Plan, role_name: str, component: str = "") -> list[str]:
+    """`--disagg_cluster_uri URI --server_role ROLE` where the plan has membership (names: facts.trtllm); URI is the
+    component's gateway where it has one."""
     if plan.membership is None:
         return []
     f = trtllm.MEMBERSHIP_FLAG
-    return [f["uri"], plan.membership.cluster_uri, f["role"], trtllm.MEMBERSHIP_ROLES[role_name]]
+    return [f["uri"], plan.membership.uri_for(component), f["role"], trtllm.MEMBERSHIP_ROLES[role_name]]
 
 
 def proxy_command(plan: Plan) -> list[str]:
     """argv of the proxy, up to (not including) `-c FILE`."""
-    return [*plan.engine.serve_command, trtllm.PROXY_SUBCOMMAND, *plan.proxy.args]
+    return [*gateway_prefix(plan, "proxy"), *plan.engine.serve_command, trtllm.PROXY_SUBCOMMAND, *plan.proxy.args]
 
 
 def container_srun_flags(plan: Plan) -> list[str]:
@@ -135,6 +151,8 @@ def render_files(plan: Plan) -> dict[str, str]:
     from toolkit.resources import templates_dir
     if plan.proxy is not None:  # launch.sbatch uses it with membership (an aggregated plan has none)
         files[MEMBERSHIP_SCRIPT] = (templates_dir() / MEMBERSHIP_SCRIPT).read_text()
+    if plan.membership is not None and plan.membership.gateways:
+        files[GATEWAY_SCRIPT] = (templates_dir() / GATEWAY_SCRIPT).read_text()
     files[MANIFEST] = manifest_text(plan, files)
     return files
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from toolkit.facts import trtllm
+
 
 def _logging() -> None:
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
@@ -99,7 +101,13 @@ def check_config(argv: list[str]) -> int:
         version = target_version()
         label = f"the tk CPU stand-in's tables for TensorRT-LLM {version.line}"
         for path, model in args.options:
-            worker_settings([model, "--extra_llm_api_options", path])
+            argv = [model, "--extra_llm_api_options", path]
+            if version.cluster_storages and _has_cluster_block(path):
+                # the job gives each server --disagg_cluster_uri (its own) and --server_role: the block is checked as
+                # the server reads it, with a stand-in URI for the one only the command line carries
+                argv += [trtllm.MEMBERSHIP_FLAG["uri"], "etcd://check-config:1", trtllm.MEMBERSHIP_FLAG["role"],
+                         "context"]
+            worker_settings(argv)
             checked.append(os.path.basename(path))
         if args.disagg:
             from toolkit.standin.proxy import parse_config
@@ -111,6 +119,18 @@ def check_config(argv: list[str]) -> int:
         return 1
     print(f"OK: {', '.join(checked) or 'nothing'} accepted by {label}")
     return 0
+
+
+def _has_cluster_block(path: str) -> bool:
+    import yaml
+
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f.read(1 << 20))
+    except (OSError, yaml.YAMLError):
+        return False  # worker_settings says what is wrong with it
+    return isinstance(doc, dict) and isinstance(doc.get(trtllm.MEMBERSHIP_KEY), dict) and \
+        doc[trtllm.MEMBERSHIP_KEY].get("cluster_uri") is None
 
 
 if __name__ == "__main__":

@@ -87,7 +87,10 @@ def parse_cluster_config(cfg: dict, cluster_uri: str | None = None) -> ClusterCo
     for k in mins:
         if k not in _MINIMAL:
             raise ClusterConfigError(f"disagg_cluster.minimal_instances.{k}: Key {k} not found in MinimalInstances")
-    uri = cluster_uri or cfg.get("cluster_uri")
+    # extract_disagg_cluster_config: DisaggClusterConfig(cluster_uri or cfg["cluster_uri"]), then every key of the block
+    # set over it, cluster_uri included: a cluster_uri in the options file wins over --disagg_cluster_uri
+    # (tensorrt_llm/llmapi/disagg_utils.py @ 3e53e4ad)
+    uri = cfg.get("cluster_uri") if cfg.get("cluster_uri") is not None else cluster_uri
     if not isinstance(uri, str) or not uri.startswith(("http://", "https://", "etcd://")):
         raise ClusterConfigError(f"disagg_cluster.cluster_uri: Invalid cluster storage URI: {uri}")
     out = ClusterConfig(cluster_uri=uri)
@@ -283,11 +286,26 @@ def prefix_end(prefix: str) -> str:
     return bytes(b).decode("latin-1")
 
 
+def etcd_endpoints(uri: str) -> list[str]:
+    """host:port per endpoint of an etcd:// URI, as Etcd3ClusterStorage takes them: host and port only. No user or
+    password is ever sent (a user:password@ part is dropped: urlparse's hostname and port, `secure=False`, at
+    NVIDIA/TensorRT-LLM@057d4a79; `rsplit(":")` into host and port at @b3809755, where such a part makes the host
+    unreachable), and never TLS: against an etcd that wants authentication or a client certificate, TensorRT-LLM's
+    storage calls fail, and so do the stand-in's (tk puts its gateway in between: templates/etcd_gateway.py)."""
+    out = []
+    for part in uri.removeprefix("etcd://").split(","):
+        hostport = part.strip().rsplit("@", 1)[-1].strip("/")
+        if hostport:
+            out.append(hostport)
+    return out
+
+
 class EtcdClient:
-    """Etcd3ClusterStorage over etcd's v3 JSON gateway: one lease per key (ttl), put-if-absent, lease keep-alive."""
+    """Etcd3ClusterStorage over etcd's v3 JSON gateway: one lease per key (ttl), put-if-absent, lease keep-alive;
+    plain HTTP without credentials, as TensorRT-LLM's client connects (etcd_endpoints)."""
 
     def __init__(self, uri: str):
-        self.endpoints = [e.strip() for e in uri.removeprefix("etcd://").split(",") if e.strip()]
+        self.endpoints = etcd_endpoints(uri)
         self.leases: dict[str, int] = {}
         self.session = None
 

@@ -145,6 +145,8 @@ def read_options(path: str | os.PathLike, version: trtllm.TrtllmVersion) -> dict
     if not isinstance(opts, dict):
         raise ConfigError(f"{where}: expected a mapping of LLM-API options, got {type(opts).__name__}")
     for key in opts:
+        if key == trtllm.MEMBERSHIP_KEY and version.cluster_storages:
+            continue  # serve.py pops disagg_cluster before the LLM args see it (tensorrt_llm/commands/serve.py)
         if key not in version.llm_api_keys:
             raise _unknown(where, key, version.llm_api_keys, f"the LLM-API options of TensorRT-LLM {version.line}")
     _section(where, opts, "kv_cache_config", version.kv_cache_config_keys)
