@@ -240,3 +240,15 @@ def test_env_files_and_the_manifest_are_owner_only(tmp_path):
         if name.endswith(".env") or name == "manifest.json":
             assert mode == 0o600, name
     assert any("hf_secret" in (out / n).read_text() for n in written)
+
+
+# --- m1: local mode is loopback only, UCX included -------------------------------------------------------------------
+
+def test_local_runs_and_local_validation_keep_ucx_on_loopback(tmp_path, monkeypatch):
+    from toolkit.launch.backends import LOOPBACK_ONLY
+    from toolkit.validate.launchers import InAllocationLauncher, LocalLauncher
+
+    monkeypatch.setenv("UCX_NET_DEVICES", "mlx5_0:1")  # a login node's export must not reach a local run
+    assert LOOPBACK_ONLY == {"UCX_NET_DEVICES": "lo"}
+    assert LocalLauncher(tmp_path, {"agents": []}, "python3").env()["UCX_NET_DEVICES"] == "lo"
+    assert InAllocationLauncher(tmp_path, {"agents": []}, "python3", [], 1).env() is None  # a cluster's own devices

@@ -30,6 +30,10 @@ from toolkit.runtime.slurm import JobState
 SHIM = Path(__file__).resolve().parent / "local_shim"
 SHIM_COMMANDS = ("srun", "scontrol", "scancel", "squeue", "hostname")
 LOCAL_JOB_LOG = "job"  # logs/job.log: the local job's own output (Slurm's is slurm-JOBID.out)
+# Every node of a local run is this machine on loopback, and so is UCX's: without this, each server's UCX TCP
+# transport (NIXL's, moving the KV) listens on every interface (UCX_NET_DEVICES, default "all"), whatever this
+# shell exports. A recipe's own kv_transfer.net_devices (its role env, sourced in the step) still wins.
+LOOPBACK_ONLY = {"UCX_NET_DEVICES": "lo"}
 
 
 class LaunchError(TkError):
@@ -108,7 +112,8 @@ class LocalBackend:
         run.run_id = run.run_id or uuid.uuid4().hex
         env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
                "TK_RUN_DIR": str(run.path), "TK_LOCAL_NODES": str(run.nodes),
-               "SLURM_JOB_ID": f"local-{run.run_id[:12]}", "SLURM_JOB_NODELIST": "local"}
+               "SLURM_JOB_ID": f"local-{run.run_id[:12]}", "SLURM_JOB_NODELIST": "local",
+               **LOOPBACK_ONLY}
         (run.path / "logs").mkdir(exist_ok=True)
         try:
             proc = procs.start_group(["bash", str(run.path / "launch.sbatch")], cwd=run.path, env=env,

@@ -56,10 +56,14 @@ class _Processes:
                 try:
                     self.procs[agent["id"]] = subprocess.Popen(
                         self.argv(agent), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                        cwd=self.run_dir, start_new_session=True)
+                        cwd=self.run_dir, start_new_session=True, env=self.env())
                 except OSError as exc:
                     raise ValidateError(f"could not start agent {agent['id']}: {exc}") from None
         self.running = True
+
+    def env(self) -> dict | None:
+        """The agents' environment: this one (None)."""
+        return None
 
     def poll(self) -> str | None:
         if self.procs and all(p.poll() is not None for p in self.procs.values()):
@@ -89,6 +93,11 @@ class _Processes:
 
 class LocalLauncher(_Processes):
     name = "local"
+
+    def env(self) -> dict | None:
+        """Agents on this machine move bytes over loopback only: UCX's TCP transport listens on no other interface
+        (over an UCX_NET_DEVICES exported here, which may name a cluster's devices)."""
+        return {**os.environ, "UCX_NET_DEVICES": "lo"}
 
 
 class InAllocationLauncher(_Processes):
