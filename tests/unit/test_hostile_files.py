@@ -252,3 +252,15 @@ def test_local_runs_and_local_validation_keep_ucx_on_loopback(tmp_path, monkeypa
     assert LOOPBACK_ONLY == {"UCX_NET_DEVICES": "lo"}
     assert LocalLauncher(tmp_path, {"agents": []}, "python3").env()["UCX_NET_DEVICES"] == "lo"
     assert InAllocationLauncher.env is not LocalLauncher.env  # steps on a cluster keep the cluster's own devices
+
+
+def test_tokens_in_tks_environment_are_written_nowhere(runs_env, monkeypatch):
+    from toolkit import api
+
+    monkeypatch.setenv("HF_TOKEN", "hf_envtoken123")
+    monkeypatch.setenv("NGC_API_KEY", "ngc_envtoken456")
+    run = api.prepare(api.load_plan("standin-2p2d", ["membership.enabled=true"]), local=True,
+                      run_dir=runs_env / "runs" / "r")
+    texts = [p.read_bytes() for p in Path(run.run_dir).rglob("*") if p.is_file()]
+    texts.append(rundir.index_path().read_bytes())
+    assert texts and not any(b"envtoken" in t for t in texts)

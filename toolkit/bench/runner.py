@@ -108,7 +108,10 @@ def end_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
+    """The last lines of aiperf's log, read from its last 64 KiB."""
+    from toolkit.runtime import files
+
     try:
-        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
+        return "\n".join(files.read_text(path, 64 * 1024, longer="tail").splitlines()[-lines:])
+    except (OSError, ValueError):
         return ""
