@@ -264,3 +264,14 @@ def test_tokens_in_tks_environment_are_written_nowhere(runs_env, monkeypatch):
     texts = [p.read_bytes() for p in Path(run.run_dir).rglob("*") if p.is_file()]
     texts.append(rundir.index_path().read_bytes())
     assert texts and not any(b"envtoken" in t for t in texts)
+
+
+def test_diff_of_huge_rendered_files_is_bounded(tmp_path):
+    from toolkit.doctor.diff import diff_dirs
+
+    for name, seed in (("a", "x"), ("b", "y")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "launch.sbatch").write_text("".join(f"{seed}{i}\n" for i in range(60_000)))
+    started = time.monotonic()
+    doc = diff_dirs(tmp_path / "a", tmp_path / "b")
+    assert doc["rendered"]["launch.sbatch"]["status"] == "changed" and time.monotonic() - started < 10

@@ -28,6 +28,7 @@ from toolkit.runtime import files
 
 MAX_FILE_BYTES = 1 << 20
 MAX_DIFF_LINES = 200
+MAX_DIFF_INPUT_LINES = 5000  # longer files are said to differ, not diffed (difflib is quadratic in the worst case)
 MAX_RESULT_KEYS = 60
 RENDERED = ("ctx.yaml", "gen.yaml", "disagg.yaml", "ctx.env", "gen.env", "proxy.env", "launch.sbatch",
             "validate.sbatch", "params.json")
@@ -81,8 +82,12 @@ def _rendered(a: Path, b: Path) -> dict:
         if ta == tb:
             out[name] = {"status": "same"}
             continue
-        lines = list(difflib.unified_diff(ta.splitlines(), tb.splitlines(), f"A/{name}", f"B/{name}", lineterm="",
-                                          n=2))
+        la, lb = ta.splitlines(), tb.splitlines()
+        if max(len(la), len(lb)) > MAX_DIFF_INPUT_LINES:
+            out[name] = {"status": "changed", "diff": [f"[{len(la)} / {len(lb)} lines: longer than tk diffs "
+                                                       f"({MAX_DIFF_INPUT_LINES}); compare the files]"]}
+            continue
+        lines = list(difflib.unified_diff(la, lb, f"A/{name}", f"B/{name}", lineterm="", n=2))
         cut = len(lines) > MAX_DIFF_LINES
         out[name] = {"status": "changed", "diff": lines[:MAX_DIFF_LINES] + ([f"[... {len(lines) - MAX_DIFF_LINES} "
                                                                              "more diff lines ...]"] if cut else [])}
