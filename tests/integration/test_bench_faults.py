@@ -121,3 +121,12 @@ def test_a_supervised_restart_during_tk_bench_is_named_and_counted_per_server_li
         assert all(v >= 0 for s in doc["proof"]["per_server"].values() for v in s.values() if isinstance(v, int))
     finally:
         tk("stop", str(run_dir), env=env, timeout=120)
+
+
+def test_corrupted_kv_is_a_fail_even_without_a_baseline(tmp_path):
+    """Without --baseline the answers through the proxy are compared with a generation server's own answers to whole
+    requests, which move no KV: corrupted KV is caught there too (M4)."""
+    proc, doc, _ = _bench(tmp_path, *SMALL, "--set", 'generation.env={"TK_STANDIN_FAULT": "corrupt_kv"}')
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert doc["verdict"]["summary"].startswith("FAIL: the answers differ from those of a generation server"), \
+        doc["verdict"]["summary"]

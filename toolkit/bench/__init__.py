@@ -47,6 +47,10 @@ class Target:
     gpus: int | None = None
     run: dict = field(default_factory=dict)  # the run record's public fields (for the report)
     urls: tuple[str, ...] = ()  # an aggregated run's instances (no proxy): aiperf round-robins over them
+    # A generation server of the run, asked for whole requests (as TensorRT-LLM's proxy sends it short prompts under
+    # conditional_disagg_config): its greedy answers involve no KV transfer, so answers through the proxy that differ
+    # from them mean the KV arrived wrong. None: no such check (an aggregated target, a baseline beside it).
+    reference: str | None = None
 
 
 def _server_urls(run) -> dict[str, str]:
@@ -74,10 +78,13 @@ def target_for_run(run, plan=None, *, name: str = "disaggregated", aggregated: b
         # The workers whose legs the probe counts: context and generation servers only (not the proxy, nor the
         # etcd a membership run starts, which has no such counters)
         workers = {s.name for s in run.servers if s.role in ("ctx", "gen")}
-        pr = probes.probe_for(run.endpoint, {k: v for k, v in _server_urls(run).items() if k in workers})
+        server_urls = _server_urls(run)
+        pr = probes.probe_for(run.endpoint, {k: v for k, v in server_urls.items() if k in workers})
+        reference = next((server_urls[s.name] for s in run.servers if s.role == "gen" and s.name in server_urls),
+                         None)
     urls = tuple(getattr(run, "endpoints", None) or ()) if aggregated else ()
     return Target(name=name, endpoint=run.endpoint, model=run.model, probe=pr, gpus=gpus, run=run.public(),
-                  urls=urls)
+                  urls=urls, reference=None if aggregated else reference)
 
 
 def target_for_url(url: str, model: str, *, gpus: int | None = None, name: str = "aggregated") -> Target:
@@ -291,7 +298,7 @@ def _measure_and_publish(target: Target, workload: Workload, *, aiperf: str, tok
     import contextlib
 
     from toolkit.bench import report
-    from toolkit.bench.compare import answers_agree, compare, greedy_answers
+    from toolkit.bench.compare import ERROR_PREFIX, answers_agree, compare, greedy_answers
 
     log = staging / "aiperf.log"
     results, proof = measure(target, workload, aiperf=aiperf, tokenizer=tokenizer, out=staging, log=log,
@@ -332,8 +339,19 @@ def _measure_and_publish(target: Target, workload: Workload, *, aiperf: str, tok
             doc["baseline"]["run"] = base.run
             doc["baseline"]["verdict"] = decide(workload, base_results, None, objectives, gpus=base.gpus,
                                                 bounds=bounds).to_dict()
-    # decided once everything is known: a baseline whose answers differ is a FAIL of the deployment
+    against = "the aggregated baseline's"
+    if baseline is None and target.reference:
+        # no baseline: the deployment's answers through the proxy against one generation server's whole answers
+        mine = greedy_answers(target.endpoint, target.model)
+        theirs = greedy_answers(target.reference, target.model)
+        against = f"those of a generation server ({target.reference}) answering whole requests"
+        if any(t.startswith(ERROR_PREFIX) for t in theirs):
+            doc["reference_error"] = next(t for t in theirs if t.startswith(ERROR_PREFIX))[:500]
+        else:
+            answers = answers_agree(mine, theirs, against="generation_server")
+            doc["answers"] = {**answers, "against": target.reference}
+    # decided once everything is known: answers that differ are a FAIL of the deployment
     doc["verdict"] = decide(workload, results, proof, objectives, gpus=target.gpus, bounds=bounds, answers=answers,
-                            baseline_error=doc.get("baseline_error")).to_dict()
+                            baseline_error=doc.get("baseline_error"), against=against).to_dict()
     report.write_all(staging, doc)
     return {**doc, "bench_dir": str(_publish(staging, final))}

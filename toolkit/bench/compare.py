@@ -67,13 +67,14 @@ def _agreed_words(x: str, y: str) -> tuple[int, int]:
     return n, min(len(wx), len(wy))
 
 
-def answers_agree(a: list[str], b: list[str], prompts=PROMPTS) -> dict:
-    """The two deployments' greedy answers to the same prompts, compared (see the module docstring): "agree",
-    the counts, a "reason" in words, and each pair with where it parts."""
+def answers_agree(a: list[str], b: list[str], prompts=PROMPTS, *, against: str = "aggregated") -> dict:
+    """The deployment's greedy answers (a) and a reference's (b: the aggregated baseline's, or a generation
+    server's own whole answers) to the same prompts, compared (see the module docstring): "agree", the counts, a
+    "reason" in words, and each pair with where it parts."""
     pairs = []
     for p, x, y in zip(prompts, a, b):
         agreed, shorter = _agreed_words(x, y)
-        pairs.append({"prompt": p, "disaggregated": x, "aggregated": y, "same": x == y,
+        pairs.append({"prompt": p, "disaggregated": x, against: y, "same": x == y,
                       "error": x.startswith(ERROR_PREFIX) or y.startswith(ERROR_PREFIX),
                       "agreed_words": agreed, "words": shorter})
     n = len(pairs)
@@ -85,7 +86,7 @@ def answers_agree(a: list[str], b: list[str], prompts=PROMPTS) -> dict:
     problems = []
     if errors:
         x = errors[0]
-        failed = x["disaggregated"] if x["disaggregated"].startswith(ERROR_PREFIX) else x["aggregated"]
+        failed = x["disaggregated"] if x["disaggregated"].startswith(ERROR_PREFIX) else x[against]
         problems.append(f"{len(errors)} of {n} prompts could not be answered on both sides (e.g. {failed[:200]})")
     if matching < need:
         problems.append(f"{matching} of {n} greedy answers identical (at least {need} must be)")

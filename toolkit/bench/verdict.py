@@ -7,7 +7,8 @@
 2. disaggregation (exit 2): counters read before and after (per server lifetime: a restarted server counts from
    0, and the restart is named) show every successful request took the context and the generation leg and its
    KV moved (skipped for an aggregated baseline).
-3. parity (exit 2, FAIL), with an aggregated baseline: the greedy answers agree (toolkit.bench.compare).
+3. parity (exit 2, FAIL): the greedy answers agree with the aggregated baseline's, or without one with a
+   generation server's own answers to whole requests (no KV transfer in them) (toolkit.bench.compare).
 4. SLA (exit 1): every objective at its declared statistic, in every cell; a miss names the metric and cell.
 Exit 0 when all pass.
 """
@@ -212,21 +213,23 @@ def _sla(workload: Workload, results: dict[str, CellResult], objectives: tuple[O
 
 
 def _parity(answers: dict | None, baseline_error: str | None) -> list[Check]:
-    """The deployment's greedy answers against the aggregated baseline's (toolkit.bench.compare.answers_agree)."""
+    """The deployment's greedy answers against a reference's: the aggregated baseline's, or without one a
+    generation server's own whole answers (toolkit.bench.compare.answers_agree)."""
     if answers is None:
         if baseline_error:
-            return [Check("answers_match_baseline", "parity", True, f"not compared: the baseline failed "
+            return [Check("answers_match", "parity", True, f"not compared: the baseline failed "
                           f"({baseline_error[:200]})", skipped=True)]
         return []
-    return [Check("answers_match_baseline", "parity", bool(answers.get("agree")), str(answers.get("reason", "")),
+    return [Check("answers_match", "parity", bool(answers.get("agree")), str(answers.get("reason", "")),
                   numbers={k: answers.get(k) for k in ("matching", "prompts")})]
 
 
 def decide(workload: Workload, results: dict[str, CellResult], proof: Proof | None,
            objectives: tuple[Objective, ...] = (), *, gpus: int | None = None, bounds: Bounds = Bounds(),
-           answers: dict | None = None, baseline_error: str | None = None) -> Verdict:
-    """answers: the greedy answers compared with an aggregated baseline (compare.answers_agree); answers that do
-    not agree are a FAIL (exit 2): the deployment computes something else than the model does."""
+           answers: dict | None = None, baseline_error: str | None = None,
+           against: str = "the aggregated baseline's") -> Verdict:
+    """answers: the greedy answers compared with a reference's (compare.answers_agree; `against` names it); answers
+    that do not agree are a FAIL (exit 2): the deployment computes something else than the model does."""
     checks = _validity(workload, results, bounds)
     checks += _disaggregation(results, proof)
     checks += _parity(answers, baseline_error)
@@ -242,7 +245,7 @@ def decide(workload: Workload, results: dict[str, CellResult], proof: Proof | No
             f"{c.name}{f' [{c.cell}]' if c.cell else ''}: {c.reason}" for c in invalid[:3]) + during, checks)
     wrong = [c for c in failed if c.stage == "parity"]
     if wrong:
-        return Verdict(INVALID, "FAIL: the answers differ from the aggregated baseline's: "
+        return Verdict(INVALID, f"FAIL: the answers differ from {against}: "
                        + "; ".join(c.reason for c in wrong) + during, checks)
     missed = [c for c in failed if c.stage == "sla"]
     if missed:
