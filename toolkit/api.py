@@ -118,7 +118,9 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     from toolkit.render import derived_numbers
 
     doc = {"name": plan.name, "engine": plan.engine.name, "trtllm_version": plan.trtllm_version,
-           "recipe_file": plan.recipe_file, **derived_numbers(plan)}
+           "recipe_file": plan.recipe_file, "site_file": plan.site_file,
+           "value_sources": {field: {"value": value, "from": source} for field, value, source in plan.value_sources},
+           **derived_numbers(plan)}
     doc["bytes_per_token"] = plan.kv.bytes_per_token
     return doc
 
@@ -138,7 +140,9 @@ def render(plan: Plan, out_dir: str | os.PathLike | None = None) -> tuple[Path, 
 def check_config(plan: Plan, out_dir: str | os.PathLike) -> tuple[str, str]:
     """Check the files rendered into out_dir with the engine's own parsers, here (TensorRT-LLM's classes where
     tensorrt_llm is importable by this Python; the stand-in's tables for a stand-in plan).
-    Returns ("ok" | "failed" | "skipped", message); starts nothing, uses no GPU."""
+    Returns ("ok" | "failed" | "skipped" | "error", message): "skipped" when nothing here can check (no
+    tensorrt_llm), "error" when the check could not run; neither means the files were checked. Starts nothing,
+    uses no GPU."""
     from toolkit.render import check_rendered
 
     return check_rendered(plan, out_dir)

@@ -173,7 +173,8 @@ def size(model, system, gpus, isl, osl, ttft, tpot, transport, measured, measure
               help="Output directory (default: render/<recipe name>).")
 @click.option("--check", is_flag=True,
               help="Then parse the rendered files with TensorRT-LLM's own classes where tensorrt_llm is installed "
-                   "here (the stand-in's tables for a stand-in recipe); says so when it skipped.")
+                   "here (the stand-in's tables for a stand-in recipe). Exit 1 when they are refused or the check "
+                   "could not run; 'NOT checked' (exit 0) where nothing here can check.")
 @set_option
 @json_option
 @aggregated_option
@@ -186,7 +187,7 @@ def render(recipe: str, out_dir: str | None, check: bool, overrides: tuple[str, 
     if as_json:
         doc = {"name": p.name, "output": str(out), "files": sorted(files), "warnings": list(p.warnings)}
         if verdict:
-            doc["check"] = {"status": verdict[0], "message": verdict[1]}
+            doc["check"] = {"status": verdict[0], "checked": verdict[0] in ("ok", "failed"), "message": verdict[1]}
         _emit_json(doc)
     else:
         for w in p.warnings:
@@ -196,8 +197,9 @@ def render(recipe: str, out_dir: str | None, check: bool, overrides: tuple[str, 
             _say(f"  {name}")
         if verdict:
             _say({"ok": "config check: ", "failed": "config check FAILED: ",
-                  "skipped": "config check skipped: "}[verdict[0]] + verdict[1])
-    if verdict and verdict[0] == "failed":
+                  "skipped": "config NOT checked: ",
+                  "error": "config NOT checked (the check itself failed): "}[verdict[0]] + verdict[1])
+    if verdict and verdict[0] in ("failed", "error"):
         raise SystemExit(1)
 
 
