@@ -266,8 +266,15 @@ def runs(as_json):
         return
     if not records:
         _say("no runs yet; start one with `tk launch RECIPE`")
-    for r in records:
-        click.echo(f"{r.name:<40} {r.backend:<6} {r.job_id or '-':<8} {r.state:<10} {r.endpoint or '-'}")
+        return
+    import time
+
+    rows = [(r.name, r.backend, r.job_id or "-", "dry run" if r.state == "rendered" else r.state,
+             time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created)), r.endpoint or "-") for r in records]
+    header = ("RUN", "BACKEND", "JOB", "STATE", "CREATED", "ENDPOINT")
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header) - 1)]
+    for row in (header, *rows):
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
 
 
 @cli.command()
@@ -314,7 +321,7 @@ def status(run, as_json):
 @click.option("--instance", type=int, help="Only this instance of the role.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends (Ctrl-C stops).")
 @click.option("--lines", "-n", type=click.IntRange(0, 1_000_000), default=50, show_default=True,
-              help="Lines of each log to show (0: none).")
+              help="Lines of each log to show (0: none); with --follow, shown before the new ones.")
 def logs(run, role, instance, follow, lines):
     """Show the logs of RUN's servers."""
     from toolkit.launch.logs import follow_logs, show_logs
@@ -322,7 +329,7 @@ def logs(run, role, instance, follow, lines):
     record = api.find_run(run)
     paths = api.logs(record, role, instance)
     if follow:
-        follow_logs(record, paths)
+        follow_logs(record, paths, lines)
     else:
         show_logs(paths, lines)
 
@@ -502,8 +509,10 @@ def _float_list(ctx, param, value):
 @click.argument("target", required=False)
 @click.option("--workload", default="fixed", show_default=True, metavar="fixed|isl-sweep|concurrency-sweep|multi-turn",
               help="What load: one ISL/OSL; ISL 128..2048 (clipped to the plan); concurrencies; growing conversations.")
-@click.option("--isl", type=click.IntRange(1, 1 << 20), default=1024, show_default=True, help="Input tokens.")
-@click.option("--osl", type=click.IntRange(1, 1 << 20), default=128, show_default=True, help="Output tokens.")
+@click.option("--isl", type=click.IntRange(1, 1 << 20), default=None,
+              help="Input tokens (default 1024, clipped to the deployment's traffic.max_input_len).")
+@click.option("--osl", type=click.IntRange(1, 1 << 20), default=None,
+              help="Output tokens (default 128, clipped to the deployment's traffic.max_output_len).")
 @click.option("--concurrency", callback=_int_list, metavar="N,N,...", help="Concurrencies (default 4; sweep 1,4,16,64).")
 @click.option("--request-rate", callback=_float_list, metavar="R,R,...", help="Requests/s instead of concurrency.")
 @click.option("--requests", type=click.IntRange(1, 10_000_000), help="Profiled requests per cell (default 10 x load, >= 32).")
@@ -551,12 +560,11 @@ def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns
         if kind == "cell":
             state["cell"] = kw["cell"]
             _say(f"[{kw['index'] + 1}/{kw['total']}] {kw['target']} {kw['cell']}: aiperf running")
-    run = None
     try:
-        run = api.find_run(target)
+        chosen = api.bench_target(target)
     except TkError as exc:
-        if target is None or not __import__("pathlib").Path(api.recipe_path(target)).is_file():
-            raise BenchInputError(f"{exc}; tk bench takes a serving run (tk runs) or a recipe") from None
+        raise BenchInputError(f"{exc}; tk bench takes a serving run (tk runs) or a recipe") from None
+    run = None if isinstance(chosen, str) else chosen
     if run is not None:
         if local or overrides or run_dir:
             raise click.UsageError("--local, --set and --run-dir are for tk bench RECIPE (a deployment it launches)")
@@ -566,7 +574,7 @@ def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns
             if not as_json:
                 _say(f"{record.name} is serving at {record.endpoint} (launched for this benchmark, fail-fast; "
                      "tk bench stops it)")
-        doc = api.bench_recipe(target, local=local, overrides=overrides, run_dir=run_dir, baseline=baseline,
+        doc = api.bench_recipe(chosen, local=local, overrides=overrides, run_dir=run_dir, baseline=baseline,
                                on_launch=launched, on_progress=on_progress, **kwargs)
     if as_json:
         _emit_json({k: v for k, v in doc.items() if k != "cells"})
