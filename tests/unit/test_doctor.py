@@ -278,6 +278,6 @@ def test_a_request_the_servers_refused_is_not_the_run_s_diagnosis(tmp_path):
 
 def test_signature_sources_cite_upstream_links_not_files_outside_the_repository():
     for s in SIGNATURES:
-        assert ".md" not in s.source and "/work/" not in s.source, (s.id, s.source)
+        assert ".md" not in s.source and not s.source.startswith(("/", "../")), (s.id, s.source)
         for number in re.findall(r"#[0-9]+", s.source):
             raise AssertionError(f"{s.id}: {number} in {s.source!r} is not a link")

@@ -255,7 +255,7 @@ _MOE = {"backend", "max_num_tokens", "load_balancer"}
 # --extra_llm_api_options) and a few more; spot-checked in stored tensorrt_llm/commands/serve.py versions
 # (early 2025 and newest), not at the tags.
 _SERVE_FLAGS = {*SERVE_FLAG.values(), "--gpus_per_node", "--log_level", "--trust_remote_code"}
-# Further `trtllm-serve serve` flags a recipe's extra_serve_args may pass (reference: trtllm-disagg.md §6; the
+# Further `trtllm-serve serve` flags a recipe's extra_serve_args may pass (from tensorrt_llm/commands/serve.py; the
 # stand-in accepts the same): True = takes a value, False = a switch. Not checked per release line.
 SERVE_FLAGS_MORE = {
     "--tensor_parallel_size": True, "--pipeline_parallel_size": True, "--context_parallel_size": True,
@@ -501,7 +501,7 @@ OPTION_FACTS: tuple[OptionFact, ...] = (
         path=("kv_cache_config", "tokens_per_block"),
         # KvCacheConfig.tokens_per_block: int = Field(default=32) in LATE25_LLM_ARGS (llm_args.py, late-2025
         # main) and in the newest stored llm_args.py; 32 is also the router's default (router.py) and the
-        # value every line used before the key existed (the audit, trtllm-fidelity.md W4).
+        # value every line used before the key existed.
         default=32,
         acceptance={"1.0": UNVERIFIED, "1.1": VERIFIED, "1.2": VERIFIED},
         source=("added to KvCacheConfig by PR #5911 (opened 2025-07-10), absent from the June/July 2025 "
