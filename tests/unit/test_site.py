@@ -175,3 +175,14 @@ def test_a_resolved_recipe_read_back_from_a_manifest_does_not_take_the_site_agai
     # load_recipe_text is how tk rereads a run's resolved recipe (bench, baselines): no site unless given
     plan = build_plan(load_recipe_text(RECIPE, "manifest.json"))
     assert plan.slurm.container_mounts == () and plan.site_file is None
+
+
+def test_the_example_site_file_the_readme_copies_is_valid_under_every_shipped_recipe(monkeypatch):
+    from tests.conftest import RECIPES
+
+    monkeypatch.setenv("TK_SITE", str(ROOT / "docs" / "site.example.yaml"))
+    for path in RECIPES:
+        plan = build_plan(load_recipe(path))
+        assert plan.slurm.partition == "gpu" and plan.slurm.account == "my-account", path.name
+    smoke = build_plan(load_recipe(ROOT / "recipes" / "qwen3-smoke.yaml"))
+    assert smoke.slurm.container_image == "nvcr.io#nvidia/tensorrt-llm/release:1.2.0"

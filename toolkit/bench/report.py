@@ -220,7 +220,7 @@ def print_summary(doc: dict) -> None:
                   "user are not measurable there (shown as -), and no SLA objective on them was judged",
                   highlight=False)
     style = "green" if v["exit_code"] == 0 else "red"
-    con.print(f"[{style}]{v['summary']}[/{style}]")
+    con.print(f"[{style}]{v['summary']}[/{style}]", soft_wrap=True)  # one line, whatever its length (grep-able)
     con.print(f"report: {doc['bench_dir']}/report.md")
 
 
