@@ -66,6 +66,9 @@ def cli():
     tk doctor [RUN]                 why a run failed: cause, fix, evidence
     tk diff RUN_A RUN_B             what differs between two runs or renders
     tk validate cluster RECIPE      NIXL transfers between every context and generation node
+
+    Site defaults (partition, account, image, mounts, ...) for every recipe: ~/.config/tk/site.yaml, or the file
+    $TK_SITE names (TK_SITE=none: none); `tk plan` shows which values came from it.
     """
 
 
