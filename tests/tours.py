@@ -312,19 +312,27 @@ def _match(exp, i, act, j, memo) -> bool:
 
 
 def _first_difference(exp, act) -> str:
-    j = 0
-    for i, line in enumerate(exp):
-        if line is None:
-            nxt = next((x for x in exp[i + 1:] if x is not None), None)
-            while j < len(act) and not (nxt == act[j]):
-                j += 1
+    """Where the best alignment of the shown lines with the printed ones breaks: the shown line furthest along that
+    some alignment reaches, against the printed line there."""
+    seen, frontier, best = set(), [(0, 0)], (0, 0)
+    while frontier:
+        i, j = frontier.pop()
+        if (i, j) in seen or i > len(exp) or j > len(act):
             continue
-        if j >= len(act):
-            return f"shown line {i + 1} {line!r} is missing (the output has {len(act)} lines)"
-        if not (line == act[j]):
-            return f"shown line {i + 1} differs:\n      shown:   {line!r}\n      printed: {act[j]!r}"
-        j += 1
-    return f"the output has {len(act) - j} more line(s), from {act[j]!r}" if j < len(act) else "differs"
+        seen.add((i, j))
+        best = max(best, (i, j))
+        if i == len(exp):
+            continue
+        if exp[i] is None:
+            frontier += [(i + 1, j), (i, j + 1)] if j < len(act) else [(i + 1, j)]
+        elif j < len(act) and exp[i] == act[j]:
+            frontier.append((i + 1, j + 1))
+    i, j = best
+    if i == len(exp):
+        return f"the output has {len(act) - j} more line(s), from {act[j]!r}" if j < len(act) else "differs"
+    if j >= len(act):
+        return f"shown line {i + 1} {exp[i]!r} is missing (the output has {len(act)} lines)"
+    return f"shown line {i + 1} differs:\n      shown:   {exp[i]!r}\n      printed: {act[j]!r}"
 
 
 def run_tour(blocks: list[Block], base: Path | None = None, keep: bool = False, show: bool = False) -> list[str]:
@@ -340,6 +348,9 @@ def run_tour(blocks: list[Block], base: Path | None = None, keep: bool = False, 
                 print(f"--- {block.where} ---\n{text}", flush=True)
             problems += outcome.problems
             if outcome.problems:
+                printed = re.sub(rf"\n?{_MARK} (CMD|RC) [0-9 ]+\n", "\n", outcome.output).strip().splitlines()
+                problems.append(f"{block.where}: what it printed (last {min(len(printed), 80)} lines):\n    "
+                                + "\n    ".join(printed[-80:]))
                 break
     finally:
         _stop_runs(work)

@@ -63,16 +63,17 @@ def test_output_is_compared_line_by_line_with_elisions(tmp_path, monkeypatch):
         """
     assert _run(tmp_path, ok) == []
     bad = ok.replace("d …", "e …")
-    [problem] = _run(tmp_path, bad)
+    problem, printed = _run(tmp_path, bad)
     assert "doc.md:3" in problem and "'e …'" in problem
+    assert "what it printed" in printed and "d 12:34" in printed
 
 
 def test_a_failing_command_fails_the_tour_unless_its_status_is_shown(tmp_path, monkeypatch):
     monkeypatch.setattr(tours, "ROOT", tmp_path)
-    [problem] = _run(tmp_path, "<!-- tour: t -->\n```\n$ false\n$ true\n```\n")
+    problem, _ = _run(tmp_path, "<!-- tour: t -->\n```\n$ false\n$ true\n```\n")
     assert "exited 1" in problem
     assert _run(tmp_path, "<!-- tour: t -->\n```\n$ (exit 3)\n$ echo $?\n3\n```\n") == []
-    [problem] = _run(tmp_path, "<!-- tour: t -->\n```\n$ (exit 3)\n$ echo $?\n0\n```\n")
+    problem, _ = _run(tmp_path, "<!-- tour: t -->\n```\n$ (exit 3)\n$ echo $?\n0\n```\n")
     assert "'0'" in problem and "'3'" in problem
 
 
