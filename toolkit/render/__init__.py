@@ -34,7 +34,7 @@ def worker_command(plan: Plan, role_name: str, port: int) -> list[str]:
     """argv of one server, up to (not including) the options-file flag and path."""
     role = plan.role(role_name)
     flag = trtllm.SERVE_FLAG
-    return [*plan.engine.launcher, *plan.engine.serve_command, role.model_path, flag["host"],
+    return [*role.launcher_prefix, *plan.engine.launcher, *plan.engine.serve_command, role.model_path, flag["host"],
             worker_host(plan, role_name, port), flag["port"], str(port), *membership_args(plan, role_name),
             *role.serve_args]
 
