@@ -74,9 +74,10 @@ def test_each_role_may_set_its_max_seq_len():
     assert any("generation servers' max_seq_len is 1500" in w for w in p.warnings)
 
 
-def test_context_max_num_tokens_must_hold_the_longest_input():
-    vs = violations_of(BASE, "traffic.max_input_len=8192", "context.max_num_tokens=4096")
-    assert any(v.field == "context.max_num_tokens" and "8192" in v.fix for v in vs)
+def test_context_max_num_tokens_below_the_longest_input_is_a_warning():
+    # TensorRT-LLM starts with it and refuses the longer prompts at run time
+    p = plan_of(BASE, "traffic.max_input_len=8192", "context.max_num_tokens=4096")
+    assert any("context.max_num_tokens = 4096 cannot hold" in w and "8192" in w for w in p.warnings)
 
 
 # --- agreement between roles ---------------------------------------------------------------------
@@ -227,9 +228,11 @@ def test_moe_defaults_expert_parallel_to_tp():
     assert p.context.llm_api_options["moe_expert_parallel_size"] == 8
 
 
-def test_attention_dp_only_where_it_applies():
-    assert "context.attention_dp" in fields(violations_of(BASE, "context.attention_dp=true", "context.tp=4"))
-    assert "generation.attention_dp" in fields(violations_of(DEEPSEEK, "generation.attention_dp=true"))
+def test_attention_dp_where_it_does_not_apply_is_a_warning():
+    # TensorRT-LLM accepts it: its own disaggregated tests run attention DP at tp 1
+    # (disagg_config_ctxtp1_gentp1_deepseek_v3_lite_one_mtp.yaml @ b35ac1b6)
+    assert any("is dense" in w for w in plan_of(BASE, "context.attention_dp=true", "context.tp=4").warnings)
+    assert any("changes nothing" in w for w in plan_of(DEEPSEEK, "generation.attention_dp=true").warnings)
     p = plan_of(DEEPSEEK, "generation.tp=8", "generation.attention_dp=true")
     assert p.generation.llm_api_options["enable_attention_dp"] is True
 

@@ -96,7 +96,7 @@ def speculative_config(r: Recipe, target: llm_args.Target) -> dict:
     """speculative_config from the recipe's `speculative` section (the same on both roles), or {}."""
     sp = r.speculative
     if sp.mtp_layers:
-        return {"decoding_type": "MTP", "num_nextn_predict_layers": sp.mtp_layers}
+        return {"decoding_type": "MTP", "num_nextn_predict_layers": sp.mtp_layers, **sp.options}
     if sp.decoding_type is None:
         return {}
     cfg: dict = {"decoding_type": sp.decoding_type}

@@ -135,14 +135,13 @@ def check_parallelism(r: Recipe, model: ModelSpec, c: Collector) -> None:
             elif model.num_experts % role.ep:
                 c.add(f"{title}.ep", f"ep={role.ep} must divide the model's {model.num_experts} experts",
                       "use a divisor of the expert count")
-        if role.attention_dp:
+        if role.attention_dp:  # TensorRT-LLM accepts both (its own tests run attention DP at tp 1): warnings
             if not model.is_moe:
-                c.add(f"{title}.attention_dp",
-                      f"attention data parallelism applies to MoE models; {model.name} is dense",
-                      "set attention_dp: false")
+                c.warnings.append(f"{title}.attention_dp: attention data parallelism is meant for MoE models; "
+                                  f"{model.name} is dense")
             elif role.tp < 2:
-                c.add(f"{title}.attention_dp", "attention data parallelism needs tp >= 2 (one rank per DP group)",
-                      "raise tp or set attention_dp: false")
+                c.warnings.append(f"{title}.attention_dp with tp={role.tp}: one rank per DP group, so attention DP "
+                                  "changes nothing")
         if r.kv_transfer.dtype == "auto" and model.attention == "mla" and role.tp > 1 and not role.attention_dp:
             c.warnings.append(f"{title}: MLA with tp={role.tp} and no attention DP replicates the KV cache "
                               "on every rank")
@@ -260,9 +259,12 @@ def check_role_options(r: Recipe, ctx_opts: dict, gen_opts: dict, c: Collector) 
                 f"there ({longest} input + prefix{' + the first token' if title == 'context' else ' + output'}): "
                 "TensorRT-LLM refuses such requests at run time")
         if title == "context" and mnt < longest and not opts.get("enable_chunked_prefill"):
-            c.add("context.max_num_tokens",
-                  f"{mnt} tokens cannot hold the longest admitted input ({longest} tokens) in one prefill",
-                  f"use at least {ceil_to(tpb, longest)}, or enable chunked prefill in context.extra_options")
+            # TensorRT-LLM starts with it and refuses the longer prompts when they come: a warning.
+            c.warnings.append(
+                f"context.max_num_tokens = {mnt} cannot hold the longest admitted input ({longest} tokens) in one "
+                f"prefill without chunked prefill: TensorRT-LLM refuses such requests at run time; use at least "
+                f"{ceil_to(tpb, longest)}, lower traffic.max_input_len, or enable chunked prefill in "
+                "context.extra_options")
 
 
 def check_agreement(r: Recipe, ctx: dict, gen: dict, c: Collector) -> None:
@@ -582,14 +584,14 @@ DRAFT_WEIGHTS_METHODS = ("Eagle", "Eagle3", "Draft_Target", "DraftTarget")
 
 def check_speculative(r: Recipe, target: llm_args.Target, model: ModelSpec, c: Collector) -> None:
     sp = r.speculative
-    other = sp.decoding_type is not None or sp.model is not None or sp.max_draft_len is not None or sp.options
+    other = sp.decoding_type is not None or sp.model is not None or sp.max_draft_len is not None
     if sp.mtp_layers and other:
         c.add("speculative.decoding_type", "speculative.mtp_layers and another method's fields are both set; "
               "TensorRT-LLM runs one speculative_config", "keep mtp_layers (MTP) or the other method's fields")
         return
-    if not other:
+    if not other and not sp.options:
         return
-    if sp.decoding_type is None:
+    if sp.decoding_type is None and not sp.mtp_layers:
         c.add("speculative.decoding_type", "speculative.model, max_draft_len or options need a decoding_type",
               "set speculative.decoding_type, e.g. Eagle3")
         return
@@ -602,6 +604,9 @@ def check_speculative(r: Recipe, target: llm_args.Target, model: ModelSpec, c: C
         c.add("speculative.decoding_type", bad.reason, bad.fix)
     elif bad is not None:
         c.warnings.append(f"speculative.decoding_type: {bad.reason}")
+    _check_speculative_options(sp, target, c)
+    if sp.mtp_layers:
+        return
     if sp.decoding_type in DRAFT_WEIGHTS_METHODS:
         if sp.model is None:
             c.add("speculative.model", f"{sp.decoding_type} drafts with its own weights, and TensorRT-LLM refuses a "
@@ -611,6 +616,12 @@ def check_speculative(r: Recipe, target: llm_args.Target, model: ModelSpec, c: C
             c.add("speculative.max_draft_len", f"TensorRT-LLM requires max_draft_len for {sp.decoding_type} "
                   "(llm_args.py: \"max_draft_len is required for Eagle\"; max_draft_len > 0)",
                   "set speculative.max_draft_len, e.g. 3")
+    c.warnings.append(f"speculative decoding {sp.decoding_type}: tk sizes the KV transfer for {model.name}'s own "
+                      "layers; a draft layer kept in the same KV cache (Eagle3 one-model) is not counted in tk's "
+                      "KV bytes or validation payloads")
+
+
+def _check_speculative_options(sp, target: llm_args.Target, c: Collector) -> None:
     stopped: list[str] = []
     for dotted, key, value in llm_args.walk_options(sp.options, "speculative_config"):
         rel = dotted.removeprefix("speculative_config.")
@@ -627,9 +638,6 @@ def check_speculative(r: Recipe, target: llm_args.Target, model: ModelSpec, c: C
             stopped.append(dotted)
         elif st.verdict is llm_args.Verdict.UNSURE:
             c.warnings.append(f"speculative.options.{rel}: {st.reason}")
-    c.warnings.append(f"speculative decoding {sp.decoding_type}: tk sizes the KV transfer for {model.name}'s own "
-                      "layers; a draft layer kept in the same KV cache (Eagle3 one-model) is not counted in tk's "
-                      "KV bytes or validation payloads")
 
 
 # cache_transceiver_config keys the recipe's kv_transfer section writes to both roles (a role's extra_options may set
