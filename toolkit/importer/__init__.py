@@ -91,8 +91,12 @@ def import_doc(doc: dict, file: str, kind: str | None = None, name: str | None =
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise RecipeError([Violation(file, None, "(format)", f"cannot import it as {found}: {exc}",
                                      "import a disaggregated config of this format")]) from None
-    recipe["name"] = SAFE_NAME.sub("-", str(name or recipe["name"])).strip("-._")[:64] or "imported"
-    recipe["description"] = f"imported by tk import from {Path(file).name} ({found})"[:1000]
+    head = {"schema_version": recipe.pop("schema_version", 1),
+            "name": SAFE_NAME.sub("-", str(name or recipe.pop("name", ""))).strip("-._")[:64] or "imported",
+            "description": f"imported by tk import from {Path(file).name} ({found})"[:1000]}
+    recipe.pop("name", None)
+    recipe.pop("description", None)
+    recipe = {**head, **recipe}
     text = render_text(recipe, ledger)
     result = ImportResult(kind=found, source=file, recipe=recipe, text=text, ledger=ledger)
     check(result)

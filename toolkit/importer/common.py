@@ -11,7 +11,7 @@ import copy
 import re
 from dataclasses import dataclass, field
 
-from toolkit.facts.hardware import GPUS
+from toolkit.facts.hardware import GPUS, MNNVL_GPUS
 from toolkit.facts.models import ALIASES, BUILTIN_MODELS
 
 # Option paths a role's servers take that are recipe fields of the role: path -> RoleSpec field.
@@ -231,6 +231,18 @@ def launcher_for(gpu: str | None, numa_bind) -> list[str]:
     if numa_bind is True or (numa_bind is None and gpu in GRACE_GPUS):
         return list(NUMACTL)
     return []
+
+
+def transport_for(gpu: str | None, recipe: dict, ledger: Ledger) -> str:
+    """The transport profile for a source that names none: srt-slurm and TensorRT-LLM's scripts leave UCX_TLS to
+    UCX. On GB200/GB300 (NVL72 racks) tk's nvlink-multi-node profile does the same; elsewhere tk's infiniband
+    profile sets UCX_TLS (its reason is in the env files), which the import says unless a role's env sets it."""
+    if gpu in MNNVL_GPUS:
+        return "nvlink-multi-node"
+    if not any("UCX_TLS" in (recipe.get(t) or {}).get("env", {}) for t in ("context", "generation")):
+        ledger.notes.append("the source leaves UCX_TLS to UCX; tk's transport profile infiniband sets it (tk plan "
+                            "shows the list and why): set kv_transfer.transport, or UCX_TLS in a role's env")
+    return "infiniband"
 
 
 def env_mapping(value, where: str, ledger: Ledger) -> dict:

@@ -13,7 +13,7 @@ wraps them in trtllm-llmapi-launch, and serves through Dynamo's frontend or ``tr
 from __future__ import annotations
 
 from toolkit.importer.common import (Ledger, env_mapping, gpu_name, launcher_for, model_name, role_options,
-                                     shared_fields, speculative)
+                                     shared_fields, speculative, transport_for)
 
 KIND = "srt-slurm"
 ROLES = {"prefill": "context", "decode": "generation"}
@@ -103,6 +103,7 @@ def convert(doc: dict, ledger: Ledger) -> dict:
         recipe[title] = roles[title]
     if "kv_transfer_timeout_ms" not in kv:
         kv["kv_transfer_timeout_ms"] = None  # the source sets none: TensorRT-LLM's default, not tk's 60000
+    kv["transport"] = transport_for(gpu, recipe, ledger)
     recipe["kv_transfer"] = kv
     if spec:
         recipe["speculative"] = spec

@@ -10,7 +10,7 @@ Sections: ``slurm`` (partition, account, job_time, job_name, numa_bind, extra_ar
 from __future__ import annotations
 
 from toolkit.importer.common import (Ledger, env_mapping, launcher_for, model_name, role_options, set_path,
-                                     shared_fields, speculative)
+                                     shared_fields, speculative, transport_for)
 
 KIND = "trtllm-bench"
 ROLES = {"ctx": "context", "gen": "generation"}
@@ -112,6 +112,7 @@ def convert(doc: dict, ledger: Ledger) -> dict:
     server_env = env_mapping(envs.get("server_env_var"), "environment.server_env_var", ledger)
     if server_env:
         recipe.setdefault("proxy", {})["env"] = server_env
+    kv["transport"] = transport_for(None, recipe, ledger)  # the config names no GPU
     for key, value in envs.items():
         if key not in ("model_path", "container_image", "container_mount", "worker_env_var", "server_env_var"):
             ledger.drop(f"environment.{key}", value, "the benchmark script's own setting (a TensorRT-LLM checkout, "
