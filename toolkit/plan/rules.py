@@ -160,11 +160,14 @@ def check_parallelism(r: Recipe, model: ModelSpec, c: Collector) -> None:
               "(TensorRT-LLM asserts this at start-up)", "set proxy.generation_router: kv_cache_aware")
     if local_prefill is not None and r.generation.max_num_tokens is not None \
             and r.generation.max_num_tokens < local_prefill:
-        c.add("generation.max_num_tokens",
-              f"generation servers prefill prompts of up to {local_prefill} tokens themselves under conditional "
-              f"disaggregation, but max_num_tokens is {r.generation.max_num_tokens}, so such prompts are refused",
-              f"raise generation.max_num_tokens to at least {ceil_to(r.kv_transfer.tokens_per_block, local_prefill)}"
-              " or lower proxy.conditional_max_local_prefill_length")
+        # TensorRT-LLM starts with it and refuses the longer prompts when they come (as for the context role's
+        # max_num_tokens, check_role_options): a warning, not a refusal.
+        c.warnings.append(
+            f"generation.max_num_tokens: generation servers prefill prompts of up to {local_prefill} tokens "
+            f"themselves under conditional disaggregation, but max_num_tokens is {r.generation.max_num_tokens}: "
+            f"TensorRT-LLM refuses such prompts at run time; raise it to at least "
+            f"{ceil_to(r.kv_transfer.tokens_per_block, local_prefill)} or lower "
+            "proxy.conditional_max_local_prefill_length")
 
 
 def check_placement(r: Recipe, transport: TransportProfile, servers, node_count: int, ctx_nodes: int,
