@@ -9,7 +9,7 @@ num_instances, urls and router of each section; the rest of a section are that r
 from __future__ import annotations
 
 from toolkit.facts import llm_args
-from toolkit.importer.common import Ledger, model_name, role_options, shared_fields, speculative
+from toolkit.importer.common import Ledger, model_name, role_options, shared_fields, speculative, transport_for
 
 KIND = "trtllm-disagg"
 ROLES = {"context_servers": "context", "generation_servers": "generation"}
@@ -95,6 +95,7 @@ def convert(doc: dict, ledger: Ledger, line: str = "1.3") -> dict:
         recipe[title] = roles[title]
     if "kv_transfer_timeout_ms" not in kv:
         kv["kv_transfer_timeout_ms"] = None
+    kv["transport"] = transport_for(None, recipe, ledger)  # the config names no GPU or fabric
     recipe["kv_transfer"] = kv
     if spec:
         recipe["speculative"] = spec
