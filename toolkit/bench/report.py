@@ -221,7 +221,7 @@ def print_summary(doc: dict) -> None:
                   highlight=False)
     style = "green" if v["exit_code"] == 0 else "red"
     con.print(f"[{style}]{v['summary']}[/{style}]", soft_wrap=True)  # one line, whatever its length (grep-able)
-    con.print(f"report: {doc['bench_dir']}/report.md")
+    con.print(f"report: {doc['bench_dir']}/report.md", soft_wrap=True)  # a path is never split across lines
 
 
 def _ratio_text(x) -> str:
