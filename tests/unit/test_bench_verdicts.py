@@ -66,7 +66,7 @@ def test_the_default_isl_is_lowered_to_what_fits_with_the_chat_template_and_says
     (cell,) = build_workload("fixed", osl=8, limits=limits).cells
     wl = build_workload("fixed", osl=8, limits=limits)
     assert cell.isl < 1024 and cell.isl + 64 <= 1024
-    assert any("lowered" in n and "chat template" in n for n in wl.notes)
+    assert any("clipped" in n and "chat template" in n for n in wl.notes)
 
 
 def test_an_explicit_isl_the_deployment_cannot_take_is_refused_with_the_largest_that_fits():

@@ -16,8 +16,7 @@ WORKLOADS = ("fixed", "isl-sweep", "concurrency-sweep", "multi-turn")
 ISL_SWEEP = (128, 512, 1024, 2048)
 DEFAULT_CONCURRENCY = {"fixed": (4,), "isl-sweep": (4,), "concurrency-sweep": (1, 4, 16, 64), "multi-turn": (4,)}
 DEFAULT_SEED = 100
-DEFAULT_ISL = 1024
-DEFAULT_OSL = 128
+DEFAULT_ISL, DEFAULT_OSL = 1024, 128  # when --isl / --osl are not given (clipped to what the deployment admits)
 # What a chat template may add to the prompt, per message (role markers, a system prompt's share, the generation
 # prompt): aiperf's ISL counts the messages' text only, the server counts the templated prompt. The workload keeps
 # its requests this far inside the deployment's limit, and the verdict accepts at most this much above ISL.
@@ -98,25 +97,38 @@ def _warmup_for(concurrency: int | None, warmup: int | None) -> int:
     return max(1, min(2 * (concurrency or 1), 32))
 
 
-def build_workload(kind: str, *, isl: int | None = None, osl: int | None = None, concurrency: tuple[int, ...] | None = None,
+def build_workload(kind: str, *, isl: int | None = None, osl: int | None = None,
+                   concurrency: tuple[int, ...] | None = None,
                    request_rate: tuple[float, ...] | None = None, requests: int | None = None,
                    warmup: int | None = None, turns: int = 3, conversations: int | None = None,
                    seed: int = DEFAULT_SEED, limits: Limits | None = None) -> Workload:
-    """The cells of a workload, clipped to what the deployment admits (each clip is a note). isl None: the default
-    (DEFAULT_ISL), lowered to what fits when the deployment admits less; an --isl the deployment cannot take is
-    refused with the largest that fits."""
+    """The cells of a workload, clipped to what the deployment admits (each clip is a note). isl / osl None: the
+    defaults (DEFAULT_ISL, DEFAULT_OSL), clipped to the deployment's limits, ISL with room for the chat template's
+    tokens (template_allowance); a value given is never clipped, and one that cannot fit is refused naming the flag
+    and the largest that fits."""
     if kind not in WORKLOADS:
         raise BenchInputError(f"unknown workload {kind!r}; valid: {', '.join(WORKLOADS)}")
-    asked = isl
-    isl = DEFAULT_ISL if isl is None else isl
     limits = limits or Limits()
     notes: list[str] = []
+    asked_isl = isl
     if osl is None:
         osl = DEFAULT_OSL
         if limits.max_output_len is not None and osl > limits.max_output_len:
-            notes.append(f"OSL {osl} (the default) lowered to {limits.max_output_len}: the deployment admits at most "
-                         f"{limits.max_output_len} output tokens ({limits.source})")
             osl = limits.max_output_len
+            notes.append(f"OSL {osl}: the default {DEFAULT_OSL} clipped to what the deployment admits "
+                         f"({limits.source})")
+    n_turns = turns if kind == "multi-turn" else 1
+    allowance = template_allowance(max(1, n_turns))
+    # the largest first-turn ISL whose last turn, with the chat template's tokens, fits the deployment
+    fitting = None if limits.max_input_len is None else \
+        (limits.max_input_len - allowance - (n_turns - 1) * osl) // max(1, n_turns)
+    if isl is None:
+        isl = DEFAULT_ISL
+        if kind != "isl-sweep" and fitting is not None and isl > fitting >= 1:
+            isl = fitting
+            notes.append(f"ISL {isl}: the default {DEFAULT_ISL} clipped to what the deployment admits "
+                         f"({limits.max_input_len} input tokens, {limits.source}, less up to {allowance} tokens the "
+                         "chat template may add)")
     if isl < 1 or osl < 1:
         raise BenchInputError("--isl and --osl must be >= 1")
     if concurrency and request_rate:
@@ -134,17 +146,11 @@ def build_workload(kind: str, *, isl: int | None = None, osl: int | None = None,
            for c, r in loads):
         raise BenchInputError("concurrency must be 1..100000 and request rates finite, above 0 and at most 100000/s")
 
-    n_turns = turns if kind == "multi-turn" else 1
-    allowance = template_allowance(n_turns)
-    # the largest first-turn ISL whose last turn, with the chat template's tokens, fits the deployment
-    fitting = None if limits.max_input_len is None else \
-        (limits.max_input_len - allowance - (n_turns - 1) * osl) // n_turns
-    if kind != "isl-sweep" and asked is None and fitting is not None and 1 <= fitting < isl:
-        notes.append(f"ISL {isl} (the default) lowered to {fitting}: the deployment admits at most "
-                     f"{limits.max_input_len} input tokens ({limits.source}), and the chat template may add up to "
-                     f"{allowance} tokens to the longest request")
-        isl = fitting
     isls = list(ISL_SWEEP) if kind == "isl-sweep" else [isl]
+    if kind not in ("isl-sweep", "multi-turn") and asked_isl is not None and fitting is not None and isl > fitting:
+        raise BenchInputError(f"--isl {isl} is more than the deployment admits ({limits.max_input_len} input tokens, "
+                              f"{limits.source}, and the chat template may add up to {allowance}); use --isl "
+                              f"{max(1, fitting)} or less")
     if limits.max_output_len is not None and osl > limits.max_output_len:
         raise BenchInputError(f"--osl {osl} is more than the deployment admits ({limits.max_output_len} output "
                               f"tokens, {limits.source}); use --osl {limits.max_output_len} or less")
@@ -158,7 +164,7 @@ def build_workload(kind: str, *, isl: int | None = None, osl: int | None = None,
             continue
         kept.append(n)
     if not kept:
-        fix = (f"use --isl {fitting} or less" if fitting and fitting >= 1 else "use fewer --turns or a smaller --osl")
+        fix = f"use --isl {fitting} or less" if fitting and fitting >= 1 else "use fewer --turns or a smaller --osl"
         raise BenchInputError("every input length of the workload is longer than the deployment admits: "
                               + "; ".join(notes) + f". {fix[0].upper()}{fix[1:]}.")
 
