@@ -240,3 +240,26 @@ def test_check_config_names_the_file_key_and_version(tmp_path):
     line = proc.stdout.strip().splitlines()[-1]
     assert line.startswith("FAIL: ") and "ctx.yaml" in line and "kv_transfer_timeout_ms" in line
     assert "TensorRT-LLM 1.0" in line
+
+
+def test_rendered_membership_files_are_accepted_with_the_runs_cluster_name(tmp_path, monkeypatch):
+    """With membership on (1.2 and later), what tk renders starts: the worker's argv behind its etcd gateway, its
+    options file's disagg_cluster block (the run's cluster name and heartbeat; the URI from the command line)."""
+    from tests.conftest import ROOT
+    from toolkit.plan import build_plan, plan_for_run
+    from toolkit.recipe import load_recipe
+    from toolkit.render import render, worker_command
+    for line in ("1.2", "1.3.0rc23"):
+        plan = plan_for_run(build_plan(load_recipe(ROOT / "recipes" / "standin-2p2d.yaml",
+                                                   [f"trtllm_version={line}", "membership.enabled=true",
+                                                    "membership.heartbeat_interval_s=2"])), "0123456789ab")
+        out = tmp_path / line
+        render(plan, out)
+        monkeypatch.setenv("TK_STANDIN_TRTLLM_VERSION", line)
+        for role in ("ctx", "gen"):
+            server = next(s for s in plan.servers if s.role == role)
+            argv = worker_command(plan, role, server.port)
+            argv = argv[argv.index("--") + 2:]  # past the gateway, then the command itself
+            s = worker_settings([*argv, "--extra_llm_api_options", str(out / f"{role}.yaml")])
+            assert s.cluster.cluster_name == "standin-2p2d-0123456789ab" and s.cluster.heartbeat_interval_sec == 2
+            assert s.cluster.cluster_uri == plan.membership.uri_for(server.name)
