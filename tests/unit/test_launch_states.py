@@ -1,7 +1,7 @@
 """Spec: the launch state machine (toolkit.launch), whichever backend runs the job.
 
 A fake backend stands in for Slurm or the local job: the tests write the job's own state files
-(state/phases.tsv, nodes.tsv) as launch.sbatch would, and answer /health and the smoke request through
+(state/events.jsonl, nodes.tsv) as the job's orchestrator would, and answer /health and the smoke request through
 a fake HTTP layer. No process, no port, no sleep."""
 
 from __future__ import annotations
@@ -80,15 +80,22 @@ class _Resp:
 
 
 def write_job_files(run, started=(), failed=None, ready=None):
-    """What launch.sbatch writes: node addresses, then a phase line per step; "ready" once its start-up is over
-    (by default when it started something and nothing failed)."""
+    """What the job writes: node addresses, then an event per step; "ready" once its start-up is over (by default
+    when it started something and nothing failed). `failed` is the failure's reason; the job names the component
+    it is about (here: the reason's first word, where that is a server of the run)."""
+    import json
     (run.path / "nodes.tsv").write_text("".join(f"{i}\tn{i}\t127.0.0.1\n" for i in range(run.nodes)))
-    lines = [f"1\tstarted\t{name} on n0\n" for name in started]
+
+    def event(t, kind, component=None, reason=""):
+        return json.dumps({"time": t, "event": kind, "component": component, "state": None, "reason": reason,
+                           "exit_code": None, "restarts": None}) + "\n"
+    lines = [event(1, "started", name, f"{name} on n0") for name in started]
     if failed:
-        lines.append(f"2\tfailed\t{failed}\n")
+        first = failed.split(" ", 1)[0]
+        lines.append(event(2, "failed", first if first in {s.name for s in run.servers} else None, failed))
     if ready if ready is not None else (started and not failed):
-        lines.append("3\tready\thttp://127.0.0.1\n")
-    (run.path / "state" / "phases.tsv").write_text("".join(lines))
+        lines.append(event(3, "ready", None, "http://127.0.0.1"))
+    (run.path / "state" / "events.jsonl").write_text("".join(lines))
 
 
 @pytest.fixture

@@ -130,7 +130,7 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
                                   backoff_initial_s=sv.backoff_initial_s, backoff_max_s=sv.backoff_max_s,
                                   unhealthy_after_s=sv.unhealthy_after_s, stable_after_s=sv.stable_after_s,
                                   health_interval_s=HEALTH_INTERVAL_S, min_context=sv.min_context,
-                                  min_generation=sv.min_generation)
+                                  min_generation=sv.min_generation, stall_after_s=sv.stall_after_s)
     t = r.traffic
     return Plan(
         name=r.name, recipe_file=loaded.file, toolkit_version=__version__, trtllm_version=version.line,

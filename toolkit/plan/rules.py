@@ -477,6 +477,10 @@ def check_supervision(r: Recipe, c: Collector) -> None:
         c.add("supervision.backoff_initial_s",
               f"backoff_initial_s ({sv.backoff_initial_s}) is above backoff_max_s ({sv.backoff_max_s})",
               f"lower it to at most {sv.backoff_max_s}, or raise supervision.backoff_max_s")
+    if 0 < sv.stall_after_s < 5:
+        c.add("supervision.stall_after_s",
+              f"stall_after_s ({sv.stall_after_s}) would call a server wedged when one token takes {sv.stall_after_s}s",
+              "set it to at least 5 (above the worst time to first token under load), or 0 to turn progress probes off")
     for field, spec, title in (("min_context", r.context, "context"), ("min_generation", r.generation, "generation")):
         minimum = getattr(sv, field)
         if minimum > spec.instances:
