@@ -38,7 +38,7 @@ from orchestrator.states import RunState
 from orchestrator.steps import Steps, terminate_all
 
 POLL_S = 1.0  # start-up waits look this often
-STEP_LOOKUP_EVERY_S = 10.0
+STEP_LOOKUP_EVERY_S = 2.0  # while some component has no known step (squeue may list a new one late)
 
 
 class Interrupted(Exception):

@@ -315,14 +315,17 @@ class _Watch:
     generation: int = 0
     sent_at: Optional[float] = None  # a probe in flight since
     done_at: float = float("-inf")  # the last answer
+    progress_at: Optional[float] = None  # the last time progress was seen (an answer; at first, the first probe)
     reported: bool = False  # its stall was reported
     disabled: bool = False
 
 
 class ProgressWatch:
-    """Liveness as progress: at most one bounded generation request (``/health_generate``, one token) in flight
-    per server. A probe with no answer after ``stall_after_s`` is a stall, reported once. An error answer (the
-    route missing, or a refusal) turns the watch off for that server rather than guess."""
+    """Liveness as progress: a bounded generation request (``/health_generate``, one token) every interval per
+    server, at most one in flight. A server whose probe is in flight and that has shown no progress for
+    ``stall_after_s`` (since its last answer) is stalled, reported once: so a wedge is seen within stall_after_s
+    plus one round of the loop. An error answer (the route missing, or a refusal) turns the watch off for that
+    server rather than guess."""
 
     def __init__(self, stall_after_s: float, interval_s: float):
         self.stall_after_s, self.interval_s = stall_after_s, interval_s
@@ -332,7 +335,7 @@ class ProgressWatch:
         """The component was (re)started: forget probes of its previous life."""
         w = self.watches.setdefault(name, _Watch())
         w.generation += 1
-        w.sent_at, w.done_at, w.reported = None, float("-inf"), False
+        w.sent_at, w.done_at, w.progress_at, w.reported = None, float("-inf"), None, False
 
     def due(self, names: Iterable[str], now: float) -> List[tuple]:
         """(name, generation) of each server a probe should be sent to now; marks them sent."""
@@ -344,6 +347,8 @@ class ProgressWatch:
             if w.disabled or w.sent_at is not None or now - w.done_at < self.interval_s:
                 continue
             w.sent_at, w.reported = now, False
+            if w.progress_at is None:
+                w.progress_at = now
             out.append((name, w.generation))
         return out
 
@@ -354,16 +359,21 @@ class ProgressWatch:
         if generation != w.generation:
             return None
         w.sent_at, w.done_at = None, now
-        if status is not None and status != 200 and not w.disabled:
+        if status == 200:
+            w.progress_at = now
+        elif status is not None and not w.disabled:
             w.disabled = True
             return f"its progress probe answered HTTP {status}; wedge detection is off for it"
         return None
 
     def stalls(self, now: float) -> List[tuple]:
-        """(name, seconds) of each probe in flight for at least stall_after_s, reported once."""
+        """(name, seconds without progress) of each server with a probe in flight and no progress for
+        stall_after_s, reported once."""
         out = []
         for name, w in self.watches.items():
-            if w.sent_at is not None and not w.reported and now - w.sent_at >= self.stall_after_s:
+            if w.sent_at is None or w.reported or w.progress_at is None:
+                continue
+            if now - w.progress_at >= self.stall_after_s:
                 w.reported = True
-                out.append((name, now - w.sent_at))
+                out.append((name, now - w.progress_at))
         return out
