@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional, TextIO
 
 from orchestrator.policy import Event
 
@@ -26,7 +26,7 @@ REASON_LIMIT = 2000
 
 
 class EventLog:
-    def __init__(self, state_dir: str, clock=time.time, out=None):
+    def __init__(self, state_dir: str, clock: Callable[[], float] = time.time, out: Optional[TextIO] = None):
         self.path = os.path.join(state_dir, "events.jsonl")
         self.clock = clock
         self.out = out if out is not None else sys.stdout

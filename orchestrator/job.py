@@ -24,7 +24,8 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Callable, Dict, List, Optional
+from types import FrameType
+from typing import Any, Callable, Dict, List, Optional, TextIO
 
 from orchestrator import membership, startup
 from orchestrator.events import EventLog, StateFiles, write_atomically
@@ -50,7 +51,8 @@ class Interrupted(Exception):
 class Job:
     def __init__(self, spec: JobSpec, run_dir: str, env: Optional[Dict[str, str]] = None, *,
                  steps: Optional[Steps] = None, prober: Optional[Prober] = None,
-                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time, out=None):
+                 clock: Callable[[], float] = time.monotonic, wall: Callable[[], float] = time.time,
+                 out: Optional[TextIO] = None):
         env = dict(os.environ if env is None else env)
         self.spec, self.run_dir = spec, run_dir
         self.job_id = env.get("SLURM_JOB_ID", "")
@@ -99,7 +101,7 @@ class Job:
         self.stop.wait(max(0.0, seconds))
         self._check_signal()
 
-    def _on_signal(self, signum, _frame) -> None:
+    def _on_signal(self, signum: int, _frame: Optional[FrameType]) -> None:
         if self.signum is None:
             self.signum = signum
         self.stop.set()
@@ -365,9 +367,12 @@ class Job:
         for name, generation in self.progress.due(eligible, now):
             c = self.spec.component(name)
             assert c.progress is not None
-            self.prober.start_progress(self.url(c, c.progress), bound,
-                                       lambda status, n=name, g=generation: self.inbox.put(("progress", n, g,
-                                                                                             status)))
+            self.prober.start_progress(self.url(c, c.progress), bound, self._progress_answer(name, generation))
+
+    def _progress_answer(self, name: str, generation: int) -> Callable[[Optional[int]], None]:
+        def done(status: Optional[int]) -> None:
+            self.inbox.put(("progress", name, generation, status))
+        return done
 
     def drain_inbox(self, now: float) -> list:
         sv = self.supervisor
@@ -382,7 +387,7 @@ class Job:
             if kind == "killed":
                 _, name, died, rc = item
                 self.killing.discard(name)
-                actions += sv.killed(name, died, rc, now)
+                actions += sv.killed(name, died, rc, now, step_created=self.steps.step_created(name))
             elif kind == "progress":
                 _, name, generation, status = item
                 refused = self.progress.answered(name, generation, status, now)

@@ -25,7 +25,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Tuple
 
 TIMEOUT_S = 5
 MAX_BODY = 8 << 20
@@ -123,7 +123,7 @@ def keep_alive(uri: str, lease: str) -> bool:
     return status == 200
 
 
-def of_worker(all_keys, worker: str) -> List[str]:
+def of_worker(all_keys: Iterable[str], worker: str) -> List[str]:
     """The keys of the worker registered as host:port."""
     return [k for k in all_keys if f"-{worker}-" in k.rsplit("/", 1)[-1]]
 
@@ -167,7 +167,8 @@ def repair(uri: str, prefix: str, roles: List[List[str]], *, wait_s: float = 15.
         while waiting and clock() < deadline and not stop():
             sleep(poll_s)
             current = entries(uri, prefix)
-            for lease in {current[k] for w in later for k in of_worker(current, w) if current.get(k)}:
+            leases = {current[k] for w in later for k in of_worker(current, w)}
+            for lease in sorted(lease for lease in leases if lease):
                 keep_alive(uri, lease)  # the workers still waiting keep their old registration meanwhile
             back = [w for w in waiting if set(of_worker(current, w)) - old[w]]
             replaced += back

@@ -23,7 +23,7 @@ Slurm controller unreachable, resources not yet released) is retried with backof
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional, Union
+from typing import Callable, Dict, Iterable, List, Optional, Set, Union
 
 from orchestrator.spec import Supervision
 from orchestrator.states import ComponentState as C
@@ -127,14 +127,15 @@ class Tracked:
 class Supervisor:
     """The policy over every component, all of them healthy when supervision begins (``begin``)."""
 
-    def __init__(self, policy: Supervision, roles: Dict[str, str], *, log_of=lambda name: f"logs/{name}.log",
+    def __init__(self, policy: Supervision, roles: Dict[str, str], *,
+                 log_of: Callable[[str], str] = lambda name: f"logs/{name}.log",
                  storage_component: Optional[str] = None):
         self.p = policy
         self.components: Dict[str, Tracked] = {name: Tracked(name, role) for name, role in roles.items()}
         self.run_state = RunState.STARTING
         self.log_of = log_of
         self.storage_component = storage_component  # the job's etcd: its return triggers RepairMembership
-        self.dirty: set = set()  # components whose state file must be written
+        self.dirty: Set[str] = set()  # components whose state file must be written
 
     # -- helpers ------------------------------------------------------------------------------------------------
     def _set(self, t: Tracked, state: C, now: float, reason: Optional[str] = None) -> None:
@@ -266,11 +267,14 @@ class Supervisor:
         self._set(t, C.KILLING, now, reason)
         return [self._record(E.KILLED, t, f"{t.name} {reason}"), Kill(t.name, reason)]
 
-    def killed(self, name: str, died: bool, rc: Optional[int], now: float) -> List[Action]:
+    def killed(self, name: str, died: bool, rc: Optional[int], now: float, step_created: bool = True
+               ) -> List[Action]:
+        """A Kill finished. A restart whose srun was still waiting for the controller (no step created) when its
+        deadline passed is not the component's failure either."""
         t = self.components[name]
         why = t.kill_reason or "killed"
         if died:
-            return self.exited(name, rc if rc is not None else -9, now, why=why)
+            return self.exited(name, rc if rc is not None else -9, now, step_created=step_created, why=why)
         t.kill_reason = None
         self._set(t, C.LOST, now, f"{why}, but it did not die within 15 s of SIGKILL (uninterruptible?)")
         actions: List[Action] = [Deregister(name), self._record(E.LOST, t, f"{name} does not die; given up "

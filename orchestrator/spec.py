@@ -149,7 +149,7 @@ class JobSpec:
         return next((c for c in self.components if c.kind == "proxy"), None)
 
 
-def _need(doc: Dict[str, Any], key: str, kind, where: str):
+def _need(doc: Dict[str, Any], key: str, kind: Any, where: str) -> Any:
     if key not in doc:
         raise SpecError(f"{where}{key}: missing")
     value = doc[key]

@@ -18,7 +18,7 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from orchestrator.spec import ArgItem, JobSpec
 from orchestrator.steps import run_bounded
@@ -152,7 +152,7 @@ def write_resolved(spec: JobSpec, nodes: Nodes, run_dir: str) -> Optional[str]:
     return target
 
 
-def provenance(spec: JobSpec, run_dir: str, register) -> threading.Thread:
+def provenance(spec: JobSpec, run_dir: str, register: Callable[[subprocess.Popen], None]) -> threading.Thread:
     """In the background, one step per node: provenance/NODE.json. `register(proc)` hands the srun process to
     the job (so teardown ends it); nothing here can fail or delay the job."""
     out_dir = os.path.join(run_dir, "provenance")

@@ -20,7 +20,7 @@ import os
 import signal
 import subprocess
 import time
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 SLURM_TIMEOUT_S = 10
 KILL_WAIT_S = 15
@@ -28,7 +28,7 @@ WRAPPER = ('export CUDA_VISIBLE_DEVICES="$1"; if [ -n "$2" ]; then set -a; . "$2
            'for kv in $3; do export "$kv"; done; : > "$4"; shift 4; exec "$@"')
 
 
-def run_bounded(argv: Sequence[str], timeout_s: float, **kw) -> Tuple[int, str, str]:
+def run_bounded(argv: Sequence[str], timeout_s: float, **kw: Any) -> Tuple[int, str, str]:
     """(exit code, stdout, stderr); 124 when it ran past timeout_s (SIGTERM, as GNU timeout sends, then SIGKILL),
     127 when it is not there."""
     try:

@@ -221,3 +221,108 @@ def test_a_wedged_generation_server_under_load_is_detected_and_restarted_and_ser
     failed = [r for r in records if not r.ok]
     assert all(t_fault <= r.t_end <= t_back + 5 for r in failed), "failures outside the wedge window"
     assert len(failed) <= CONCURRENCY * 2, f"{len(failed)} failed requests: more than the clients had in flight"
+
+
+class ClusterWatch:
+    """Polls the proxy's /cluster_info (every 0.3 s, in a thread): the fewest registered workers of each role seen."""
+
+    def __init__(self, endpoint: str):
+        import threading
+        self.endpoint, self.samples = endpoint, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                info = requests.get(f"{self.endpoint}/cluster_info", timeout=2).json()["current_workers"]
+                self.samples.append((time.monotonic(), len(info["context_servers"]), len(info["generation_servers"])))
+            except (requests.RequestException, ValueError, KeyError):
+                pass
+            self._stop.wait(0.3)
+
+    def __enter__(self) -> "ClusterWatch":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def test_an_etcd_stall_does_not_empty_the_cluster_when_etcd_returns(tmp_path):
+    """M7: etcd stopped (SIGSTOP) under load; supervision kills and restarts it after unhealthy_after_s. The workers'
+    keep-alives failed meanwhile and their put-if-absent re-registration is blocked by their own old keys, which etcd
+    restores with a fresh TTL: left alone, every key expires at the same moment and the proxy has no worker. The job
+    replaces the stale registrations one worker per role at a time, so no role is ever empty; its events say so."""
+    env = {"TK_RUNS_DIR": str(tmp_path / "runs")}
+    record = tk_json("launch", str(STANDIN_RECIPE), "--local", "--set", "membership.storage=etcd",
+                     "--set", "membership.etcd_port=28379", "--set", f"supervision.unhealthy_after_s={UNHEALTHY_AFTER_S}",
+                     env=env, timeout=400)
+    run_dir, endpoint = record["run_dir"], record["endpoint"]
+    etcd = next(s for s in record["servers"] if s["name"] == "etcd")
+    load = ClosedLoopLoad(endpoint, record["model"], concurrency=2).start()
+    try:
+        with ClusterWatch(endpoint) as watch:
+            time.sleep(3)
+            pid = json.loads((Path(run_dir) / "state" / "servers" / "etcd.json").read_text())["pid"]
+            t_stall = time.monotonic()
+            os.kill(pid, signal.SIGSTOP)
+            wait_until(lambda: any(e["event"] == "restarted" and e["component"] == "etcd" for e in _events(run_dir)),
+                       UNHEALTHY_AFTER_S + 30, "the job to restart the stalled etcd")
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+            repaired = wait_until(lambda: [e for e in _events(run_dir) if e["event"] == "membership-repaired"], 40,
+                                  "the job to repair the registrations")
+            assert "4 worker registration(s) replaced" in repaired[0]["reason"], repaired
+            time.sleep(25)  # past the restored leases' TTL (inactive_timeout_s, 10 s): nothing expires at once
+            t_end = time.monotonic()
+        after = [(ctx, gen) for t, ctx, gen in watch.samples if t >= t_stall]
+        assert after and min(c for c, _ in after) >= 1 and min(g for _, g in after) >= 1, \
+            f"a role was left with no registered worker: {after}"
+        doc = _status(env)
+        assert doc["state"] == "ready" and _server(doc, "etcd")["restarts"] >= 1
+        assert etcd["port"] == 28379
+    finally:
+        records = load.stop()
+        tk("stop", run_dir, env=env, timeout=120)
+    assert_nothing_left(run_dir, "local", None)
+    failed = [r for r in records if not r.ok and t_stall <= r.t_end <= t_end]
+    assert good_per_s(records, t_stall, t_end) > 0
+    assert len(failed) <= 4, f"{len(failed)} requests failed around the etcd stall: {failed[:3]}"
+
+
+@pytest.mark.slurm
+def test_a_slurm_controller_outage_does_not_spend_a_dying_servers_restart_budget(dev_slurm, tmp_path):
+    """M8: slurmctld stops answering, then gen-1 dies. Every restart's srun fails without creating a step while the
+    controller is away: retried with backoff, not counted against max_restarts (1 here), so gen-1 is restarted once
+    the controller is back instead of being given up."""
+    env = {"TK_RUNS_DIR": str(tmp_path / "runs"), **dev_slurm.env}
+    record = tk_json("launch", str(STANDIN_RECIPE), "--set", "supervision.max_restarts=1", env=env, timeout=400)
+    run_dir = record["run_dir"]
+    port = next(s["port"] for s in record["servers"] if s["name"] == "gen-1")
+    controller = int((Path(dev_slurm.conf).parent / "run" / "slurmctld.pid").read_text().split()[0])
+    try:
+        os.kill(controller, signal.SIGSTOP)
+        try:
+            for pid in server_pids(run_dir, port):
+                os.kill(pid, signal.SIGKILL)
+            wait_until(lambda: len([e for e in _events(run_dir) if e["event"] == "step-not-created"]) >= 2, 90,
+                       "restarts that srun could not create while the controller is away")
+        finally:
+            os.kill(controller, signal.SIGCONT)
+
+        def back():
+            doc = _status(env)
+            s = _server(doc, "gen-1")
+            return doc if doc["state"] == "ready" and s["state"] == "healthy" and s["restarts"] >= 1 else None
+
+        wait_until(back, 120, "gen-1 restarted once the controller answers again")
+        state = json.loads((Path(run_dir) / "state" / "servers" / "gen-1.json").read_text())
+        assert state["failures"] == 1 and state["restarts"] == 1, state  # one counted restart, the budget not spent
+        assert not [e for e in _events(run_dir) if e["event"] == "lost"]
+    finally:
+        tk("stop", run_dir, env=env, timeout=120)
+    assert_nothing_left(run_dir, "slurm", record.get("job_id"))

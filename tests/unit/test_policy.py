@@ -168,6 +168,15 @@ def test_a_step_srun_never_created_is_retried_and_not_counted():
     assert t.state == C.HEALTHY and t.restarts == 1 and t.last_exit == 137
 
 
+def test_a_restart_whose_srun_waits_for_the_controller_past_its_deadline_is_killed_and_not_counted():
+    sv = serving(startup_timeout_s=60)
+    sv.exited("gen-0", -9, 0.0)
+    sv.tick(2.0)
+    sv.probed("gen-0", False, 62.0)  # srun still waiting for slurmctld: killed at the deadline
+    actions = sv.killed("gen-0", True, -9, 63.0, step_created=False)
+    assert events(actions, E.STEP_NOT_CREATED) and sv.components["gen-0"].failures == 1
+
+
 def test_a_wedged_server_is_killed_and_restarted_and_the_event_says_so():
     sv = serving()
     actions = sv.stalled("gen-0", 30.0, 40.0)

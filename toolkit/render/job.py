@@ -8,6 +8,8 @@ every value as a positional argument (orchestrator.steps).
 
 from __future__ import annotations
 
+import functools
+
 from orchestrator.spec import (Component, ConfigCheck, JobSpec, Launcher, Membership, Provenance, Supervision)
 from toolkit.facts import trtllm
 from toolkit.plan.model import Plan
@@ -26,8 +28,9 @@ ETCD_SH = ('ip=$(getent hosts "$1" | awk "{ print \\$1; exit }"); ip=${ip:-$1}\n
            '--initial-advertise-peer-urls "http://127.0.0.1:$4" --initial-cluster "tk=http://127.0.0.1:$4"')
 
 
+@functools.lru_cache(maxsize=1)
 def job_archive() -> bytes:
-    """job.pyz: the installed orchestrator package as a deterministic zipapp."""
+    """job.pyz: the installed orchestrator package as a deterministic zipapp (built once per process)."""
     return archive_bytes(JOB_PACKAGE, JOB_MAIN)
 
 
