@@ -17,6 +17,7 @@ Teardown on every path (failure, SIGTERM/SIGINT/SIGHUP): `stopping`, SIGTERM to 
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import queue
 import signal
@@ -67,6 +68,7 @@ class Job:
         self.prober = prober or Prober(spec.supervision.probe_timeout_s)
         self.stop = threading.Event()
         self.signum: Optional[int] = None
+        self.handles_signals = False
         self.procs: Dict[str, subprocess.Popen] = {}  # the current process (srun) of each started component
         self.others: List[subprocess.Popen] = []  # provenance and other helper steps, ended at teardown
         self.inbox: "queue.Queue[tuple]" = queue.Queue()  # results of background work, handled by the loop
@@ -107,6 +109,7 @@ class Job:
         self.stop.set()
 
     def install_signals(self) -> None:
+        self.handles_signals = True
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
 
@@ -142,11 +145,9 @@ class Job:
         return rc
 
     def teardown(self, rc: int) -> None:
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            try:
-                signal.signal(sig, signal.SIG_IGN)  # a second signal must not cut the teardown short
-            except ValueError:
-                pass  # not the main thread (specs)
+        if self.handles_signals:  # a second signal must not cut the teardown short
+            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)
         self.record(E.STOPPING, None, f"exit code {rc}")
         terminate_all([*self.procs.values(), *self.others])
         self.steps.cancel_job()
@@ -514,6 +515,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"tk job: {path}: {exc}", file=sys.stderr)
         return 2
     run_dir = os.environ.get("TK_RUN_DIR") or os.path.dirname(path)
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # `kill -USR2 JOBPID`: every thread's stack, in its output
     job = Job(spec, run_dir)
     job.install_signals()
     return job.run()

@@ -147,8 +147,9 @@ def repair(uri: str, prefix: str, roles: List[List[str]], *, wait_s: float = 15.
            clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
            stop: Callable[[], bool] = lambda: False) -> Dict[str, List[str]]:
     """Replace every worker's stale registration, one worker of each role at a time (roles: the workers' host:port
-    grouped by role). Returns {"replaced": [...], "not_back": [...]} (not_back: its key deleted, and it had not
-    registered again within wait_s)."""
+    grouped by role). A worker's key is the same before and after (its worker_id is fixed per process): once its
+    old key is deleted, any key of it is its new registration. Returns {"replaced": [...], "not_back": [...]}
+    (not_back: its key deleted, and it had not registered again within wait_s)."""
     prefix = _prefix(prefix)
     replaced: List[str] = []
     not_back: List[str] = []
@@ -170,7 +171,7 @@ def repair(uri: str, prefix: str, roles: List[List[str]], *, wait_s: float = 15.
             leases = {current[k] for w in later for k in of_worker(current, w)}
             for lease in sorted(lease for lease in leases if lease):
                 keep_alive(uri, lease)  # the workers still waiting keep their old registration meanwhile
-            back = [w for w in waiting if set(of_worker(current, w)) - old[w]]
+            back = [w for w in waiting if of_worker(current, w)]  # a worker registers under the same key again
             replaced += back
             waiting = [w for w in waiting if w not in back]
         not_back += waiting

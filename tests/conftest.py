@@ -22,7 +22,7 @@ UNIT_TIMEOUT_S = 60  # a unit spec that takes longer is hung (the layer runs in 
 
 def _capabilities() -> dict:
     """What this machine can run: markers whose tests need something not every machine has."""
-    return {"nixl": importlib.util.find_spec("nixl") is not None,
+    return {"nixl": any(importlib.util.find_spec(m) is not None for m in ("nixl", "nixl_cu12", "nixl_cu13")),
             "slurm": all(shutil.which(c) for c in ("slurmctld", "slurmd", "munged", "sbatch"))}
 
 

@@ -274,14 +274,13 @@ def test_an_etcd_stall_does_not_empty_the_cluster_when_etcd_returns(tmp_path):
                 os.kill(pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-            repaired = wait_until(lambda: [e for e in _events(run_dir) if e["event"] == "membership-repaired"], 40,
-                                  "the job to repair the registrations")
-            assert "4 worker registration(s) replaced" in repaired[0]["reason"], repaired
-            time.sleep(25)  # past the restored leases' TTL (inactive_timeout_s, 10 s): nothing expires at once
+            time.sleep(35)  # well past the restored leases' TTL (inactive_timeout_s, 10 s)
             t_end = time.monotonic()
         after = [(ctx, gen) for t, ctx, gen in watch.samples if t >= t_stall]
         assert after and min(c for c, _ in after) >= 1 and min(g for _, g in after) >= 1, \
             f"a role was left with no registered worker: {after}"
+        repaired = [e for e in _events(run_dir) if e["event"] == "membership-repaired"]
+        assert repaired and "4 worker registration(s) replaced" in repaired[0]["reason"], repaired
         doc = _status(env)
         assert doc["state"] == "ready" and _server(doc, "etcd")["restarts"] >= 1
         assert etcd["port"] == 28379

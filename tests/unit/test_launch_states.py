@@ -206,6 +206,32 @@ def test_refresh_marks_a_ready_run_degraded_when_a_server_stops_answering(plan, 
     assert run.server("gen-0").state == "unhealthy"
 
 
+@pytest.mark.parametrize("left_at", ["submitted", "pending", "starting"])
+def test_a_run_whose_launcher_was_killed_takes_its_state_from_the_jobs_events(plan, fake, tmp_path, left_at):
+    # hostile-findings-3 m2: `kill -9` of tk launch once the job runs; the job goes on and says ready. tk status
+    # must not keep the launcher's last state for ever.
+    from toolkit.launch import prepare
+    fake(FakeBackend([JobState("RUNNING")]), FakeHttp(all_ports(plan)))
+    run = prepare(plan, "fake", str(tmp_path / "run"))
+    run.job_id = "77"
+    run.set_state(left_at, None)  # where the killed launcher left the record
+    write_job_files(run, all_names(plan))  # the job, unaware, got to ready
+    (run.path / "endpoint").write_text(f"http://127.0.0.1:{plan.proxy.port}\n")
+    run = refresh(run)
+    assert run.state == "ready" and run.reason is None
+    assert run.endpoint == f"http://127.0.0.1:{plan.proxy.port}"
+    assert {s.state for s in run.servers} == {"healthy"}
+
+
+def test_a_running_job_that_has_not_said_ready_is_starting_not_pending(plan, fake, tmp_path):
+    from toolkit.launch import prepare
+    fake(FakeBackend([JobState("RUNNING")]), FakeHttp(all_ports(plan)))
+    run = prepare(plan, "fake", str(tmp_path / "run"))
+    run.set_state("pending", "Priority")
+    write_job_files(run, ["ctx-0"], ready=False)
+    assert refresh(run).state == "starting"
+
+
 def test_refresh_of_a_job_that_ended_by_itself_says_failed_and_stops_every_server(plan, fake, tmp_path):
     backend = fake(FakeBackend([JobState("RUNNING")], on_submit=lambda run: write_job_files(run, all_names(plan))),
                    FakeHttp(all_ports(plan)))

@@ -29,7 +29,7 @@ from toolkit.render import render_files, write_atomically
 
 # One /health probe of tk's own (tk launch, tk status). Every server is probed at once, so `tk status` answers in
 # about this long whatever the number of servers, even with some hung (benchmarks/bench_status.py).
-HEALTH_TIMEOUT_S = 1.5
+HEALTH_TIMEOUT_S = 1.0
 PROBE_WIDTH = 64
 CONTROLLER_GRACE_S = 120  # how long launch waits for an unresponsive slurmctld before giving up
 SMOKE_TIMEOUT_S = 300  # bound on the smoke request (no more than the proxy's request timeout where there is one)
