@@ -196,3 +196,20 @@ def test_aiperf_missing_is_a_clear_error_with_the_fix(tmp_path, monkeypatch):
         runner.find_aiperf()
     assert "aiperf is not installed" in str(exc.value) and "bench" in str(exc.value)
     assert getattr(exc.value, "exit_code", 2) == 2
+
+
+def test_a_benchmark_records_what_the_jobs_supervision_did_while_it_ran(tmp_path):
+    """From the job's events (fields, not words): a wedge and a restart inside the window, nothing outside it."""
+    from toolkit.bench import Target, supervision_during
+
+    (tmp_path / "state").mkdir()
+    lines = [(5.0, "server-exited", "gen-1"), (12.0, "wedged", "gen-0"), (13.0, "server-exited", "gen-0"),
+             (15.0, "restarted", "gen-0"), (16.0, "started", "gen-0"), (40.0, "lost", "ctx-1")]
+    (tmp_path / "state" / "events.jsonl").write_text("".join(
+        json.dumps({"time": t, "event": e, "component": c, "state": None, "reason": f"{c} {e}", "exit_code": None,
+                    "restarts": None}) + "\n" for t, e, c in lines))
+    target = Target(name="disaggregated", endpoint="http://x", model="m", probe=None, run={"run_dir": str(tmp_path)})
+    got = supervision_during(target, 10.0, 30.0)
+    assert [(e["event"], e["component"]) for e in got] == [("wedged", "gen-0"), ("server-exited", "gen-0"),
+                                                           ("restarted", "gen-0")]
+    assert supervision_during(Target(name="x", endpoint="e", model="m", probe=None), 0, 1e12) == []

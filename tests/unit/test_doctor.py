@@ -207,6 +207,25 @@ def test_tk_diff_of_two_renders_shows_the_changed_files_bounded(tmp_path):
     assert main(["diff", str(a), str(tmp_path / "nothing")]) != 0
 
 
+def test_tk_diff_compares_what_the_jobs_supervision_did_from_its_events(tmp_path):
+    import toolkit.api as api
+    from toolkit.doctor.diff import format_diff
+
+    a, _ = api.render(api.load_plan("standin-2p2d"), tmp_path / "a")
+    b, _ = api.render(api.load_plan("standin-2p2d"), tmp_path / "b")
+    for d in (a, b):
+        (d / "state").mkdir()
+    (b / "state" / "events.jsonl").write_text("".join(_event(*e) for e in (
+        (1, "wedged", "gen-0", "gen-0 wedged: no token for 120s"), (2, "server-exited", "gen-0", "..."),
+        (3, "restarting", "gen-0", "gen-0 (restart 1 of this run)"), (4, "step-not-created", "gen-1", "..."))))
+    doc = api.diff(a, b)
+    assert not doc["same"]
+    assert doc["supervision"]["gen-0"]["B"] == {"exits": 1, "restarts": 1, "wedged": 1, "lost": 0,
+                                                "steps_not_created": 0}
+    assert doc["supervision"]["gen-0"]["A"]["restarts"] == 0 and doc["supervision"]["gen-1"]["B"]["steps_not_created"] == 1
+    assert "supervision of gen-0: A nothing  B 1 exits, 1 restarts, 1 wedged" in format_diff(doc)
+
+
 def test_tk_doctor_command_prints_the_diagnosis_and_json(tmp_path, capsys):
     from toolkit.cli import main
 
