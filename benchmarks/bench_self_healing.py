@@ -183,6 +183,9 @@ def main() -> int:
     args = ap.parse_args()
     only = set(args.only.split(","))
     backend = ["--set", "cluster.partition=dev"] if args.slurm else ["--local"]
+    if args.slurm and not os.environ.get("SLURM_CONF"):  # the dev cluster's (scripts/dev-slurm up)
+        os.environ["SLURM_CONF"] = subprocess.run([str(ROOT / "scripts" / "dev-slurm"), "env"], capture_output=True,
+                                                  text=True).stdout.strip().split("=", 1)[1].strip("'\"")
     rows = []
     restart_faults = [f for f, key in (("kill gen-1", "kill"), ("kill ctx-1", "kill"), ("wedge gen-0", "wedge"))
                       if key in only]

@@ -26,7 +26,7 @@ import sys
 import threading
 import time
 from types import FrameType
-from typing import Any, Callable, Dict, List, Optional, TextIO
+from typing import Callable, Dict, List, Optional, TextIO
 
 from orchestrator import membership, startup
 from orchestrator.events import EventLog, StateFiles, write_atomically

@@ -34,7 +34,10 @@ kv_transfer:
 """
 
 FAKE_SERVER = r"""#!/bin/bash
-python3 -c 'import json, os, sys; print(json.dumps({"argv": sys.argv[1:], "EVIL": os.environ.get("EVIL"), "UCX_TLS": os.environ.get("UCX_TLS"), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "IPC_PORT": os.environ.get("TLLM_SPAWN_PROXY_PROCESS_IPC_PORT")}))' "$@" >> "$FAKE_LOG/server.jsonl"
+python3 -c 'import json, os, sys; e = os.environ.get
+print(json.dumps({"argv": sys.argv[1:], "EVIL": e("EVIL"), "UCX_TLS": e("UCX_TLS"),
+                  "CUDA_VISIBLE_DEVICES": e("CUDA_VISIBLE_DEVICES"), "IPC_PORT": e("TLLM_SPAWN_PROXY_PROCESS_IPC_PORT")}))' \
+    "$@" >> "$FAKE_LOG/server.jsonl"
 exec sleep 60
 """
 

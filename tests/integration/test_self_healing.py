@@ -77,7 +77,7 @@ def test_the_deployment_keeps_serving_through_killed_and_hung_workers(backend, t
             for pid in pids:
                 os.kill(pid, how)
 
-            def degraded():
+            def degraded(victim=victim):
                 doc = _status(env)
                 return doc if doc["state"] == "degraded" and _server(doc, victim)["state"] != "healthy" else None
 
@@ -91,7 +91,7 @@ def test_the_deployment_keeps_serving_through_killed_and_hung_workers(backend, t
                     except ProcessLookupError:
                         pass
 
-            def recovered():
+            def recovered(victim=victim):
                 doc = _status(env)
                 s = _server(doc, victim)
                 return doc if doc["state"] == "ready" and s["state"] == "healthy" and s["restarts"] >= 1 else None
@@ -104,9 +104,9 @@ def test_the_deployment_keeps_serving_through_killed_and_hung_workers(backend, t
             back = _server(doc, victim)
             assert back["last_exit"] == 137, back  # SIGKILL: by us, or by supervision for the hung one
             where = "step" if backend == "slurm" else "pid"
-            wait_until(lambda: _server(_status(env), victim)[where], 10, f"tk status to show {victim}'s {where}")
+            wait_until(lambda v=victim, w=where: _server(_status(env), v)[w], 10, f"tk status to show {victim}'s {where}")
             before = legs(endpoint, port)
-            wait_until(lambda: legs(endpoint, port) > before, 20, f"{victim} to take traffic again")
+            wait_until(lambda f=legs, p=port, b=before: f(endpoint, p) > b, 20, f"{victim} to take traffic again")
             windows.append((victim, t_fault, t_back))
             time.sleep(3)
     finally:

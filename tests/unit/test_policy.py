@@ -156,7 +156,7 @@ def test_a_step_srun_never_created_is_retried_and_not_counted():
     sv.exited("gen-0", -9, 0.0)  # counted: failures 1 of 1
     sv.tick(2.0)
     t = sv.components["gen-0"]
-    for i in range(6):  # the controller is away for a while: every srun fails without a step
+    for _ in range(6):  # the controller is away for a while: every srun fails without a step
         now = t.next_start
         actions = sv.exited("gen-0", 1, now, step_created=False, why="Unable to contact slurm controller")
         (ev,) = events(actions, E.STEP_NOT_CREATED)

@@ -18,8 +18,9 @@ from toolkit.facts.models import ModelError, resolve_model
 from toolkit.plan import options, placement, rules, sizing
 from toolkit.plan.model import KvTransferPlan, Plan, RolePlan, SlurmPlan, SupervisionPlan, TrafficPlan
 
-HEALTH_INTERVAL_S = 2  # how often launch.sbatch probes every component once the deployment serves
 from toolkit.recipe.loader import LoadedRecipe
+
+HEALTH_INTERVAL_S = 2  # how often the job's orchestrator probes every component once the deployment serves
 
 
 def build_plan(loaded: LoadedRecipe, aggregated: bool = False) -> Plan:

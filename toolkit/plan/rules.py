@@ -235,7 +235,7 @@ def check_slurm_args(r: Recipe, c: Collector) -> None:
 def check_role_options(r: Recipe, ctx_opts: dict, gen_opts: dict, c: Collector) -> None:
     tpb = r.kv_transfer.tokens_per_block
     longest = longest_input(r)
-    for title, role, opts in (("context", r.context, ctx_opts), ("generation", r.generation, gen_opts)):
+    for title, _role, opts in (("context", r.context, ctx_opts), ("generation", r.generation, gen_opts)):
         mnt = opts["max_num_tokens"]
         if not _is_kind(mnt, "positive integer", None):
             continue  # reported by check_extra_options
