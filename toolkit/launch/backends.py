@@ -1,6 +1,6 @@
-"""Where a deployment runs: a Slurm cluster, or this machine. Both run the same rendered launch.sbatch, so
-the phases, health waits and teardown are written once (in the template); a backend only starts the job,
-reads its state and ends it.
+"""Where a deployment runs: a Slurm cluster, or this machine. Both run the same rendered launch.sbatch, which
+starts the job's orchestrator (job.pyz: start-up, health waits, supervision and teardown, written once in the
+`orchestrator` package); a backend only starts the job, reads its state and ends it.
 
     preflight(plan)   refuse early, with a clear reason, what cannot run (missing Slurm, ports in use...)
     submit(run)       start the job; record its id (Slurm job id / local session) in the run record

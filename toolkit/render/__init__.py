@@ -43,9 +43,9 @@ def worker_command(plan: Plan, role_name: str, port: int) -> list[str]:
 def worker_host(plan: Plan, role_name: str, port: int) -> str:
     """The worker's --host. With membership a worker registers exactly this host (TensorRT-LLM's
     DisaggClusterWorker(role, host, port)) and the proxy connects to it, so it is the worker's node as the
-    proxy reaches it, `<nodeN>`, which launch.sbatch resolves as it does in disagg.yaml (127.0.0.1 under
+    proxy reaches it, `<nodeN>`, which the job resolves as it does in disagg.yaml (127.0.0.1 under
     `tk launch --local`). Without membership the proxy reaches the worker through disagg.yaml's urls, and the
-    worker binds `<bindN>`: launch.sbatch makes that all interfaces (0.0.0.0), or loopback where the node's own
+    worker binds `<bindN>`: the job makes that all interfaces (0.0.0.0), or loopback where the node's own
     address is loopback (the local backend's nodes), so a local rehearsal listens on nothing but loopback."""
     server = next((s for s in plan.servers if s.role == role_name and s.port == port), None)
     if server is None:
@@ -87,7 +87,7 @@ def srun_flags(plan: Plan) -> list[str]:
 
 def check_command(plan: Plan) -> list[str]:
     """argv of the config check after `python3 check_config.py`, up to the files (`--options FILE MODEL` per
-    role and `--disagg FILE`, which launch.sbatch and `tk render --check` add with their own paths)."""
+    role and `--disagg FILE`, which the job and `tk render --check` add with their own paths)."""
     argv = ["--engine", plan.engine.name, "--line", plan.trtllm_version]
     for spec in trtllm.CONFIG_CHECK_MERGE:
         argv += ["--merge", spec]
