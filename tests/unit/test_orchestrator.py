@@ -276,3 +276,24 @@ def test_the_rendered_job_pyz_runs_with_python3_and_reads_its_job_json(tmp_path)
     bad = subprocess.run([sys.executable, str(out / "job.pyz"), str(tmp_path / "bad.json")], capture_output=True,
                          text=True, timeout=60)
     assert bad.returncode == 2 and "supervision: missing" in bad.stderr
+
+
+# --- probes ---------------------------------------------------------------------------------------------------
+
+def test_a_probe_round_takes_about_one_probe_timeout_whatever_the_number_of_components():
+    import time
+
+    from orchestrator.probe import Prober
+
+    def get(url, timeout_s):  # 15 slow answers and one that never comes within the bound
+        time.sleep(timeout_s * (10 if url.endswith("hung") else 0.5))
+        return 200
+
+    prober = Prober(timeout_s=0.2, get=get)
+    urls = {f"s{i}": f"http://x/{i}" for i in range(15)} | {"h": "http://x/hung"}
+    t0 = time.monotonic()
+    answers = prober.round(urls)
+    took = time.monotonic() - t0
+    prober.close()
+    assert took < 0.2 + 1.0 + 0.3, took  # one timeout plus the round's slack, not 16 of them
+    assert answers["h"] is None and all(answers[f"s{i}"] == 200 for i in range(15))
