@@ -40,7 +40,8 @@ from orchestrator.states import RunState
 from orchestrator.steps import Steps, terminate_all
 
 POLL_S = 1.0  # start-up waits look this often
-STEP_LOOKUP_EVERY_S = 2.0  # while some component has no known step (squeue may list a new one late)
+STEP_LOOKUP_EVERY_S = 2.0  # while some component has no known step (squeue may list a new one late) ...
+STEP_LOOKUP_MAX_S = 60.0  # ... backing off to this while squeue lists no step of the job at all (tk's local shim)
 
 
 class Interrupted(Exception):
@@ -79,6 +80,7 @@ class Job:
         self.killing: set = set()
         self.repairing = False
         self.step_lookup_at = float("-inf")
+        self.step_lookup_every = STEP_LOOKUP_EVERY_S
         self.step_lookup_busy = False
         self.last_exit: Dict[str, Optional[int]] = {}
         self.start_states: Dict[str, C] = {}  # start-up: each component's state for its state file
@@ -135,7 +137,7 @@ class Job:
         except startup.StartupFailed as exc:
             self.record(E.FAILED, exc.component, exc.reason, state=RunState.FAILED.value)
         except Interrupted as exc:
-            self.record(E.FAILED, None, "signal received", state=RunState.FAILED.value)
+            self.record(E.FAILED, None, f"signal received ({exc})", state=RunState.FAILED.value)
             rc = 128 + exc.signum
         except Exception as exc:  # noqa: BLE001  (a bug here must still end in teardown, and say so)
             self.record(E.FAILED, None, f"the job's orchestrator failed: {type(exc).__name__}: {exc}",
@@ -162,7 +164,7 @@ class Job:
         startup.write_resolved(spec, self.nodes, self.run_dir)
         startup.provenance(spec, self.run_dir, self.others.append)
         self.record(E.CHECKING, None, f"options and proxy config on {self.nodes.names[0]}")
-        verdict, message = startup.config_check(spec, self.nodes, self.run_dir)
+        verdict, message = startup.config_check(spec, self.nodes, self.run_dir, stop=self.stop.is_set)
         self._check_signal()
         if verdict == "failed":
             raise startup.StartupFailed(f"config check: {message} (log: logs/config-check.log)")
@@ -401,6 +403,8 @@ class Job:
                 self.events.write(item[1])
             elif kind == "steps":
                 self.step_lookup_busy = False
+                self.step_lookup_every = (STEP_LOOKUP_EVERY_S if item[1]
+                                          else min(STEP_LOOKUP_MAX_S, self.step_lookup_every * 2))
                 changed = {n for n, s in item[1].items() if self.step_of.get(n) != s and n in sv.components}
                 self.step_of.update({n: s for n, s in item[1].items() if n in sv.components})
                 sv.dirty.update(changed)
@@ -489,7 +493,7 @@ class Job:
         sv = self.supervisor
         if not self.job_id or self.step_lookup_busy or sv is None:
             return
-        if all(n in self.step_of for n in self.procs) or self.clock() - self.step_lookup_at < STEP_LOOKUP_EVERY_S:
+        if all(n in self.step_of for n in self.procs) or self.clock() - self.step_lookup_at < self.step_lookup_every:
             return
         self.step_lookup_busy, self.step_lookup_at = True, self.clock()
 

@@ -200,8 +200,10 @@ def provenance(spec: JobSpec, run_dir: str, register: Callable[[subprocess.Popen
     return thread
 
 
-def config_check(spec: JobSpec, nodes: Nodes, run_dir: str) -> Tuple[str, str]:
-    """TensorRT-LLM checks its own config on the first node: ("ok" | "failed" | "skipped", message)."""
+def config_check(spec: JobSpec, nodes: Nodes, run_dir: str, stop: Callable[[], bool] = lambda: False
+                 ) -> Tuple[str, str]:
+    """TensorRT-LLM checks its own config on the first node: ("ok" | "failed" | "skipped", message). Bounded by
+    the check's timeout; a signal to the job (stop()) ends the wait at once."""
     argv = ["srun", "--overlap", "--nodes=1", "--ntasks=1", f"--nodelist={nodes.names[0]}", *spec.srun_flags,
             "python3", os.path.join(run_dir, "check_config.py"), *spec.check.argv]
     for file, model in spec.check.options:
@@ -215,9 +217,14 @@ def config_check(spec: JobSpec, nodes: Nodes, run_dir: str) -> Tuple[str, str]:
         except OSError as exc:
             return "skipped", f"the check did not run ({exc.strerror or exc}) (log: logs/config-check.log); " \
                               "the servers check their options at start-up"
-        try:
-            rc = proc.wait(timeout=spec.check.timeout_s)
-        except subprocess.TimeoutExpired:
+        deadline = time.monotonic() + spec.check.timeout_s
+        rc = None
+        while rc is None and time.monotonic() < deadline and not stop():
+            try:
+                rc = proc.wait(timeout=min(1.0, max(0.0, deadline - time.monotonic())))
+            except subprocess.TimeoutExpired:
+                pass
+        if rc is None:
             proc.terminate()
             try:
                 proc.wait(timeout=5)

@@ -126,7 +126,7 @@ def job_in_process(tmp_path, monkeypatch):
         monkeypatch.setattr(startup, "discover", lambda s, nodelist, run_dir: startup.Nodes(
             [f"n{i}" for i in range(s.nodes)], ["127.0.0.1"] * s.nodes))
         monkeypatch.setattr(startup, "provenance", lambda *a: None)
-        monkeypatch.setattr(startup, "config_check", lambda *a: ("ok", "accepted"))
+        monkeypatch.setattr(startup, "config_check", lambda *a, **k: ("ok", "accepted"))
         monkeypatch.setattr(startup, "write_resolved", lambda *a: None)
         monkeypatch.setattr(membership, "missing", lambda uri, prefix, addrs: [])
         monkeypatch.setattr(job_mod, "POLL_S", 0.0)
