@@ -18,13 +18,14 @@ from toolkit.facts.hardware import TRANSPORT_PROFILES
 from toolkit.facts.models import ModelError, resolve_model
 from toolkit.plan import options, placement, rules, sizing
 from toolkit.plan.model import KvTransferPlan, Plan, RolePlan, SlurmPlan, SupervisionPlan, TrafficPlan
+from toolkit.recipe.loader import LoadedRecipe
 
-HEALTH_INTERVAL_S = 2  # how often launch.sbatch probes every component once the deployment serves
 # srun's MPI plugin for an engine's MPI ranks when the recipe names none (cluster.mpi): PMIx, as NVIDIA's own Slurm
 # script runs every step (NVIDIA/TensorRT-LLM examples/disaggregated/slurm/benchmark/disaggr_torch.slurm @ 051087cd,
 # `srun ... --mpi=pmix`). Clusters whose Slurm has no PMIx plugin (`srun --mpi=list`) set cluster.mpi.
 DEFAULT_MPI = "pmix"
-from toolkit.recipe.loader import LoadedRecipe
+
+HEALTH_INTERVAL_S = 2  # how often the job's orchestrator probes every component once the deployment serves
 
 
 def build_plan(loaded: LoadedRecipe, aggregated: bool = False) -> Plan:
@@ -163,7 +164,7 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
                                   backoff_initial_s=sv.backoff_initial_s, backoff_max_s=sv.backoff_max_s,
                                   unhealthy_after_s=sv.unhealthy_after_s, stable_after_s=sv.stable_after_s,
                                   health_interval_s=HEALTH_INTERVAL_S, min_context=sv.min_context,
-                                  min_generation=sv.min_generation)
+                                  min_generation=sv.min_generation, stall_after_s=sv.stall_after_s)
     t = r.traffic
     return Plan(
         name=r.name, recipe_file=loaded.file, toolkit_version=__version__, trtllm_version=version.line,

@@ -154,7 +154,8 @@ class ProxyPlan:
 
 @dataclass(frozen=True)
 class SupervisionPlan:
-    """What launch.sbatch does when a component exits or stops answering /health once the deployment serves."""
+    """What the job's orchestrator does when a component exits, stops answering /health or stops making progress
+    once the deployment serves (orchestrator.policy)."""
 
     policy: str  # "restart" | "fail-fast"
     max_restarts: int  # consecutive failed restarts of one component before it is given up ("lost")
@@ -165,6 +166,7 @@ class SupervisionPlan:
     health_interval_s: int  # how often the job probes every component
     min_context: int  # fewer live (healthy or being restarted) servers of a role than this ends the run
     min_generation: int
+    stall_after_s: int = 120  # a progress probe unanswered this long: the server is wedged (0: not probed)
     min_aggregated: int = 1  # an aggregated plan: fewer live instances than this ends the run
 
     @property

@@ -137,8 +137,10 @@ def test_grace_nodes_get_numactl_and_published_env_passes_through(srt_results):
             by_gpu.setdefault(rec["resources"]["gpu_type"], result.plan)
     assert by_gpu["gb300"].context.launcher_prefix == ("numactl", "-m", "0,1")
     assert by_gpu["h200"].context.launcher_prefix == ()
-    files = render_files(by_gpu["gb300"])
-    assert "numactl -m 0,1 trtllm-llmapi-launch trtllm-serve" in files["launch.sbatch"].replace("'", "")
+    files = render_files(by_gpu["gb300"])  # each server's argv, as the job starts it (job.json)
+    workers = [c for c in json.loads(files["job.json"])["components"] if c["kind"] == "worker"]
+    assert workers and all(c["argv"][:5] == ["numactl", "-m", "0,1", "trtllm-llmapi-launch", "trtllm-serve"]
+                           for c in workers)
 
 
 @pytest.mark.parametrize("cfg", TRT["disagg_configs"], ids=lambda c: Path(c["path"]).stem)
