@@ -50,7 +50,8 @@ def test_kv_transfer_traffic_and_proxy_timeout_come_from_the_recipe():
 ])
 def test_per_role_kv_per_rank(model, tp, pp):
     m = resolve_model(model)
-    p = with_model(model, f"generation.tp={tp}", f"generation.pp={pp}", "kv_transfer.dtype=fp8")
+    p = with_model(model, f"generation.tp={tp}", f"generation.pp={pp}", "kv_transfer.dtype=fp8", "context.tp=8",
+                   "cluster.gpu=H200")
     kv = p.generation.kv
     assert kv.layers_per_rank == math.ceil(m.num_layers / pp)
     if m.attention == "mla":

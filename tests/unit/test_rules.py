@@ -7,7 +7,8 @@ import pytest
 
 from tests.unit.helpers import BASE, fields, plan_of, violations_of
 
-DEEPSEEK = BASE.replace("meta-llama/Llama-3.3-70B-Instruct", "deepseek-ai/DeepSeek-R1")
+DEEPSEEK = BASE.replace("meta-llama/Llama-3.3-70B-Instruct", "deepseek-ai/DeepSeek-R1").replace(
+    "cluster: {gpus_per_node: 8}", "cluster: {gpus_per_node: 8, gpu: H200}")  # 671B in fp8: 8 H200s per server
 
 
 # --- max_tokens_in_buffer ------------------------------------------------------------------------
@@ -58,7 +59,7 @@ def test_roles_must_agree_on_kv_dtype():
 
 
 def test_roles_must_agree_on_model_and_quantization():
-    text = BASE + "generation:\n  model_path: /other\n  quantization: fp8\n"
+    text = BASE + "generation:\n  model_path: /other\n  quantization: nvfp4\n"
     assert {"generation.model_path", "generation.quantization"} <= fields(violations_of(text))
 
 
@@ -179,12 +180,12 @@ def test_moe_defaults_expert_parallel_to_tp():
 def test_attention_dp_only_where_it_applies():
     assert "context.attention_dp" in fields(violations_of(BASE, "context.attention_dp=true", "context.tp=4"))
     assert "generation.attention_dp" in fields(violations_of(DEEPSEEK, "generation.attention_dp=true"))
-    p = plan_of(DEEPSEEK, "generation.tp=8", "generation.attention_dp=true")
+    p = plan_of(DEEPSEEK, "context.tp=8", "generation.tp=8", "generation.attention_dp=true")
     assert p.generation.llm_api_options["enable_attention_dp"] is True
 
 
 def test_mtp_is_applied_to_both_roles_and_only_for_mtp_models():
-    p = plan_of(DEEPSEEK, "speculative.mtp_layers=3")
+    p = plan_of(DEEPSEEK, "speculative.mtp_layers=3", "context.tp=8", "generation.tp=8")
     for role in p.roles:
         assert role.llm_api_options["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
     assert "speculative.mtp_layers" in fields(violations_of(BASE, "speculative.mtp_layers=1"))
