@@ -80,8 +80,9 @@ def print_memory(console, plan: Plan) -> None:
     if not roles:
         return
     m0 = roles[0].memory
-    t = Table(title=f"Memory per GPU, GiB ({m0.gpu}: {_gib(m0.gpu_memory_bytes)}; weights "
-                    f"{esc(m0.quantization_source)})", title_justify="left")
+    t = Table(title=f"Memory per GPU, GiB ({m0.gpu}: {_gib(m0.gpu_memory_bytes)}; weights {m0.quantization})",
+              title_justify="left", caption=f"weights {m0.quantization}: {esc(m0.quantization_source)}",
+              caption_justify="left")
     for col in ("role", "weights (min)", "activations", "runtime", "KV pool (fraction)", "KV tokens",
                 "a sequence", "batch"):
         t.add_column(col, justify="right" if col != "role" else "left")

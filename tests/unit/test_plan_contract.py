@@ -75,7 +75,7 @@ def test_validation_payload_uses_the_plans_per_rank_numbers():
 def test_later_stages_do_not_read_the_raw_recipe_or_model_dicts():
     """Only render's manifest may read Plan.recipe; nobody indexes plan.model like a dict."""
     offenders = []
-    for stage in ("launch", "validate", "render", "report.py"):
+    for stage in ("launch", "validate", "render", "report.py", "size"):
         root = ROOT / "toolkit" / stage
         for path in ([root] if root.is_file() else root.rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):

@@ -122,7 +122,7 @@ def _mla(name, params, active, **more):
                     qk_rope_head_dim=64, experts_per_token=8, architecture="DeepseekV3ForCausalLM",
                     hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_shared_experts=1,
                     q_lora_rank=1536, qk_nope_head_dim=128, v_head_dim=128, quantization="fp8_block",
-                    quantization_note="the checkpoint's config.json: quant_method fp8, weight_block_size [128, 128]")
+                    quantization_note="config.json quantization_config: quant_method fp8, weight_block_size [128, 128]")
     return ModelSpec(name=name, params=params, active_params=active, **{**geometry, **more})
 
 
@@ -148,7 +148,7 @@ BUILTIN_MODELS: dict[str, ModelSpec] = {
         _gqa("openai/gpt-oss-120b", 36, 64, 8, 64, 117e9, active=5.1e9, experts=128, topk=4,
              architecture="GptOssForCausalLM", hidden_size=2880, intermediate_size=2880,
              moe_intermediate_size=2880, vocab_size=201088, quantization="mxfp4",
-             quantization_note="the checkpoint's config.json: quant_method mxfp4 (experts; attention, router, "
+             quantization_note="config.json quantization_config: quant_method mxfp4 (experts; attention, router, "
                                "embeddings and lm_head unconverted)", sliding_window=128, sliding_layers=18),
         _mla("deepseek-ai/DeepSeek-R1", 671e9, 37e9, num_attention_heads=128, num_experts=256, dense_layers=3,
              vocab_size=129280, max_position_embeddings=163840, mtp_layers=1),

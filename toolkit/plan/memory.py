@@ -78,21 +78,20 @@ def weights_quant(model: ModelSpec, recipe_quantization: str | None, model_path_
     if recipe_quantization:
         name = quant_name(recipe_quantization)
         if name is None:
-            return WeightsQuant(own, f"{own} (the model's own; tk does not know quantization "
-                                     f"{recipe_quantization!r})", certain=False), (
+            return WeightsQuant(own, f"the model's own; tk does not know quantization {recipe_quantization!r}",
+                                certain=False), (
                 f"quantization {recipe_quantization!r} is not one tk's memory plan knows "
                 f"({', '.join(sorted(QUANT_BYTES))}); weights are estimated as {own} and only refused when they "
                 "could not fit even at 4 bits")
-        return WeightsQuant(name, f"{name} (recipe quantization)", certain=True), None
+        return WeightsQuant(name, "the recipe's quantization", certain=True), None
     if model.source != "built-in":
         note = model.quantization_note or f"config.json: no quantization_config, {model.dtype} weights"
-        return WeightsQuant(own, f"{own} ({note})", certain=True), None
+        return WeightsQuant(own, note, certain=True), None
     if model_path_given:
         # model_path names a checkpoint tk cannot read: it may be a quantized variant of the built-in model.
-        return WeightsQuant(own, f"{own} (the built-in model's checkpoint; model_path may hold another: set "
-                                 "quantization to say)", certain=False), None
-    return WeightsQuant(own, f"{own} ({model.quantization_note or 'the built-in model checkpoint'})",
-                        certain=True), None
+        return WeightsQuant(own, "the built-in model's checkpoint; model_path may hold another: set quantization "
+                                 "to say", certain=False), None
+    return WeightsQuant(own, model.quantization_note or "the built-in model's checkpoint", certain=True), None
 
 
 @dataclass(frozen=True)
@@ -334,7 +333,7 @@ def verdicts(title: str, m: RoleMemory, model: ModelSpec, gpu: GpuFigures, q: We
 
     if m.weights_min_bytes > cap:
         errors.append((f"{title}.tp", f"{model.name}'s weights need at least {gib(m.weights_min_bytes)} per GPU "
-                       f"({m.quantization_source}), more than one {gpu.name}'s {gib(cap)}", fix()))
+                       f"({m.quantization}: {m.quantization_source}), more than one {gpu.name}'s {gib(cap)}", fix()))
         return errors, warnings
     if m.kv_pool_tokens_max < m.sequence_tokens:
         errors.append((f"{title}.tp", f"even with no activations, the KV pool of a {gpu.name} holding "
@@ -344,7 +343,7 @@ def verdicts(title: str, m: RoleMemory, model: ModelSpec, gpu: GpuFigures, q: We
         return errors, warnings
     used = m.weights_bytes + m.activation_bytes + m.cuda_graph_bytes + m.runtime_bytes
     if m.weights_bytes > cap:
-        warnings.append(f"{title}: weights ≈ {gib(m.weights_bytes)} per GPU ({m.quantization_source}) exceed a "
+        warnings.append(f"{title}: weights ≈ {gib(m.weights_bytes)} per GPU ({m.quantization}) exceed a "
                         f"{gpu.name}'s {gib(cap)}; they fit only if the checkpoint is smaller than estimated; "
                         f"{fix()}")
     elif m.kv_pool_tokens < m.sequence_tokens:

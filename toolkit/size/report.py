@@ -42,8 +42,9 @@ def print_size(result, top: int = 15) -> None:
     console.print(t)
     meets = sum(result.meets(c) for c in result.candidates)
     console.print(Text(f"  {meets} of {len(result.candidates)} candidates meet the SLA (✔); aic# is aiconfigurator's "
-                       f"rank without the transfer term (▲▼ where tk's differs); TTFT includes the transfer; "
-                       f"tk: ▶ written, ✘ not deployable as sized"))
+                       f"rank without the transfer term (▲▼ where tk's differs); TTFT includes the transfer"))
+    if any(c.rejected for c in result.candidates):
+        console.print(Text("  tk: ▶ the recipe; ✘ not deployable as sized (why below)"))
     for c in shown:
         if c.rejected:
             console.print(Text(f"  ✘ #{result.candidates.index(c) + 1} {c.shape()}: {c.rejected}", style="yellow"))
