@@ -188,13 +188,20 @@ def render(recipe: str, out_dir: str | None, check: bool, overrides: tuple[str, 
     out, files = api.render(p, out_dir or None)
     verdict = api.check_config(p, out) if check else None
     if as_json:
-        doc = {"name": p.name, "output": str(out), "files": sorted(files), "warnings": list(p.warnings)}
+        from toolkit.render import memory_numbers
+
+        doc = {"name": p.name, "output": str(out), "files": sorted(files), "warnings": list(p.warnings),
+               "memory": {r.title: memory_numbers(r.memory) for r in p.roles}}
         if verdict:
             doc["check"] = {"status": verdict[0], "message": verdict[1]}
         _emit_json(doc)
     else:
+        from toolkit.report import memory_lines
+
         for w in p.warnings:
             _say(f"warning: {w}")
+        for line in memory_lines(p):
+            _say(line)
         _say(f"rendered {len(files)} files for {p.name} into {out}/")
         for name in files:
             _say(f"  {name}")

@@ -96,3 +96,19 @@ def print_memory(console, plan: Plan) -> None:
                   _gib(m.activation_bytes + m.cuda_graph_bytes), _gib(m.runtime_bytes),
                   f"{_gib(m.kv_pool_bytes)} ({m.free_gpu_memory_fraction:g})", f"{m.kv_pool_tokens:,}", seq, batch)
     console.print(t)
+
+
+def memory_lines(plan: Plan) -> list[str]:
+    """One line per role of the memory plan, for commands that print no tables (tk render)."""
+    out = []
+    for r in plan.roles:
+        m = r.memory
+        if m is None:
+            continue
+        held = m.kv_pool_tokens // max(1, m.sequence_tokens)
+        out.append(f"memory per GPU ({r.title}): weights {_gib(m.weights_bytes)} of {_gib(m.gpu_memory_bytes)} GiB "
+                   f"({m.quantization}), KV pool {_gib(m.kv_pool_bytes)} GiB = {m.kv_pool_tokens:,} tokens: a "
+                   f"sequence of {m.sequence_tokens:,} {'fits' if m.fits_sequence else 'does NOT fit'}, max_batch_size "
+                   f"{m.max_batch_size}{'/rank' if r.attention_dp else ''} "
+                   + ("fits" if m.fits_batch else f"does not ({held} fit)"))
+    return out
