@@ -110,6 +110,28 @@ def test_the_written_recipe_deploys_exactly_the_chosen_row(path):
         assert role.memory.fits_sequence
 
 
+@pytest.mark.parametrize("case,directory", [("deepseek-v3-h200-16", "deepseek-v3"),
+                                            ("gpt-oss-120b-h200-8", "gpt-oss-120b"),
+                                            ("qwen3-235b-h100-16", "qwen3-235b-a22b"),
+                                            ("kimi-k2-gb200-16", "kimi-k2")])
+def test_a_model_directory_sizes_as_its_built_in_twin(case, directory, monkeypatch):
+    """The same aiconfigurator rows for the model given as a directory: the same choice, the recipe names the
+    directory, and its memory plan reads the checkpoint's quantization from config.json."""
+    from toolkit.size import size
+
+    built_in = size_from(FIXTURES / "aiconfigurator" / f"{case}.json")
+    replay = Replay(FIXTURES / "aiconfigurator" / f"{case}.json")
+    d = replay.doc
+    path = FIXTURES / "models" / directory
+    result = size(str(path), d["system"], d["gpus"], d["isl"], d["osl"], d["ttft_ms"], d["tpot_ms"], adapter=replay)
+    assert result.chosen.shape() == built_in.chosen.shape() and result.recheck["ok"]
+    assert f"model: {path}" in result.recipe_text and "quantization" not in result.recipe_text
+    ours = result.recheck["plan"]["memory"]
+    theirs = built_in.recheck["plan"]["memory"]
+    for role in ("context", "generation"):
+        assert ours[role]["weights_gib"] == pytest.approx(theirs[role]["weights_gib"], rel=0.02)
+
+
 def test_deepseek_v3_on_16_h200_keeps_attention_dp_and_moe_parallelism():
     """newcomer B1: the rank-1 row is decode tp1 dp8 moe_tp4 moe_ep2 (8 GPUs); it used to be written as TP1."""
     result = size_from(FIXTURES / "aiconfigurator" / "deepseek-v3-h200-16.json")
