@@ -287,15 +287,17 @@ def from_config_json(path: Path) -> ModelSpec:
         raise bad(topk_key, topk, f"is more than the model's {experts} experts ({experts_key})",
                   f"set {topk_key} in {path} to at most {experts}")
     _, positions = integer(("max_position_embeddings",), "positions", default=0)
-    _, ffn = integer(("intermediate_size", "ffn_dim", "n_inner"), "ffn", default=0)
+    _, ffn = integer(("intermediate_size_mlp", "intermediate_size", "ffn_dim", "n_inner"), "ffn", default=0)
     _, moe_ffn = integer(("moe_intermediate_size",), "ffn", default=0)
     if experts and not moe_ffn:
-        moe_ffn = ffn  # Mixtral, gpt-oss: intermediate_size is each expert's
+        # Mixtral, gpt-oss: intermediate_size is each expert's (Llama 4: its dense layers' is intermediate_size_mlp)
+        _, moe_ffn = integer(("intermediate_size",), "ffn", default=ffn)
     _, vocab = integer(("vocab_size",), "vocab", default=0)
     _, shared = integer(("n_shared_experts", "num_shared_experts"), "experts", default=0, zero_ok=True)
     _, shared_ffn = integer(("shared_expert_intermediate_size",), "ffn", default=0, zero_ok=True)
     _, first_dense = integer(("first_k_dense_replace",), "layers", default=0, zero_ok=True)
-    _, sparse_step = integer(("decoder_sparse_step", "interleave_moe_layer_step"), "layers", default=1)
+    _, sparse_step = integer(("decoder_sparse_step", "interleave_moe_layer_step"), "layers", default=1,
+                             zero_ok=True)
     dense_only = cfg.get("mlp_only_layers")
     dense_layers = 0
     if experts:
@@ -317,6 +319,8 @@ def from_config_json(path: Path) -> ModelSpec:
     archs = cfg.get("architectures")
     arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) \
         and re.fullmatch(r"[A-Za-z0-9_]{1,128}", archs[0]) else ""
+    if experts and not shared and arch.startswith("Llama4"):
+        shared = 1  # Llama 4's MoE layers add one shared expert (its config has no key for it)
     quant, quant_note = checkpoint_quantization(cfg, path.parent)
     tied = cfg.get("tie_word_embeddings") is True
     name = str(path.parent)
