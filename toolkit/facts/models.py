@@ -425,8 +425,9 @@ def checkpoint_quantization(cfg: dict, directory: Path | None = None) -> tuple[s
             return "", f"config.json quantization_config: quant_method {method!r} is not one tk sizes"
     if directory is not None:
         try:
-            hf = json.loads((Path(directory) / "hf_quant_config.json").read_text()[:CONFIG_MAX_BYTES])
-        except (OSError, ValueError):
+            with open(Path(directory) / "hf_quant_config.json", "rb") as f:  # a bounded read: a few kB in practice
+                hf = json.loads(f.read(CONFIG_MAX_BYTES))
+        except (OSError, ValueError, RecursionError):
             hf = None
         quant = hf.get("quantization") if isinstance(hf, dict) else None
         algo = str(quant.get("quant_algo") or "") if isinstance(quant, dict) else ""

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import logging
 import math
 import os
@@ -202,10 +201,7 @@ def _check_architecture(directory: str, model: ModelSpec) -> str:
     problem."""
     from aiconfigurator_core.sdk import common
 
-    try:
-        archs = json.loads((Path(directory) / "config.json").read_text()).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
-        archs = []
+    archs = [model.architecture] if model.architecture else []  # read (bounded and checked) by facts.models
     for arch in archs:
         if arch in common.ARCHITECTURE_TO_MODEL_FAMILY:
             return arch
