@@ -194,6 +194,7 @@ def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float,
         result.chosen, result.recipe_text, result.recheck = c, text, check
         break
     result.candidates = [replace(c, rejected=marked.get(id(c), "")) for c in ranked]
+    result.best_overall = result.candidates[0]
     if result.chosen is not None:
         result.chosen = result.candidates[ranked.index(result.chosen)]
     else:
