@@ -353,7 +353,8 @@ def verdicts(title: str, m: RoleMemory, model: ModelSpec, gpu: GpuFigures, q: We
                         f"max_num_tokens")
     elif m.kv_pool_tokens < m.batch_tokens:
         held = m.kv_pool_tokens // max(1, m.sequence_tokens)
-        warnings.append(f"{title}: the KV pool holds ≈ {m.kv_pool_tokens:,} tokens, {held} full sequences of {m.sequence_tokens:,} tokens, fewer than max_batch_size "
+        warnings.append(f"{title}: the KV pool holds ≈ {m.kv_pool_tokens:,} tokens, {held} full sequences of "
+                        f"{m.sequence_tokens:,} tokens, fewer than max_batch_size "
                         f"{m.max_batch_size} (TensorRT-LLM then schedules fewer requests at once)")
     if m.transfer_buffer_bytes and m.transfer_buffer_bytes > m.headroom_bytes:
         warnings.append(f"{title}: the KV transfer buffer (max_tokens_in_buffer: {gib(m.transfer_buffer_bytes)}) "
@@ -436,8 +437,10 @@ def plan_roles(r, model: ModelSpec, engine, merged: dict[str, dict], kv_extra_la
     for title, opts in merged.items():
         sequence = longest_input(r) if title == "context" else \
             _count(opts.get("max_seq_len"), longest_input(r) + r.traffic.max_output_len)
+        transceiver = _mapping(opts.get("cache_transceiver_config"))
         m, errors, warnings = plan_role(title, model, gpu, q, opts, sequence_tokens=sequence,
-                                        kv_extra_layers=kv_extra_layers, buffer_tokens=buffer.max_tokens_in_buffer)
+                                        kv_extra_layers=kv_extra_layers,
+                                        buffer_tokens=_count(transceiver.get("max_tokens_in_buffer"), 0))
         for field, message, fix in errors:
             c.add(field, message, fix)
         c.warnings.extend(warnings)

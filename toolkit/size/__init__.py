@@ -167,7 +167,8 @@ def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float,
     if not ok_disagg:
         best = ranked[0]
         why = ("no candidate meets the SLA" if not ok else
-               f"only aggregated candidates meet the SLA (best: {ok[0].shape()}, {ok[0].tokens_s_gpu:.1f} tokens/s/GPU),"
+               f"only aggregated candidates meet the SLA (best: {ok[0].shape()}, "
+               f"{ok[0].tokens_s_gpu:.1f} tokens/s/GPU),"
                " and tk size writes disaggregated recipes")
         disagg = [c for c in ranked if c.mode == "disagg"]
         closest = min(disagg or ranked, key=lambda c: max(c.ttft_total_ms / ttft_ms, c.tpot_ms / tpot_ms))
