@@ -12,9 +12,11 @@ BASE = """\
 schema_version: 1
 name: t
 model: meta-llama/Llama-3.3-70B-Instruct
-cluster:
-  gpus_per_node: 8
+cluster: {gpus_per_node: 8}
+quantization: fp8
 """
+# (fp8: 70.6 GB of weights fit one H100, the default GPU, so single-GPU roles plan; bf16 would not. The cluster
+# is one line so the lines the specs append keep their numbers.)
 
 
 def plan_of(text: str = BASE, *overrides: str):

@@ -173,11 +173,14 @@ def derived_numbers(plan: Plan) -> dict:
         "max_tokens_in_buffer_reason": plan.buffer.reason,
         "estimates": asdict(plan.estimates),
         "nodes": plan.node_count,
+        "gpu": plan.gpu,
+        "quantization": plan.quantization,
         "roles": {
             role.title: {
                 "instances": len(role.instances), "tp": role.tp, "pp": role.pp, "ep": role.ep,
-                "attention_dp": role.attention_dp, "gpus_per_instance": role.gpus_per_instance,
-                "gpus": role.gpu_count, "nodes": role.node_count,
+                "moe_tp": role.moe_tp, "attention_dp": role.attention_dp,
+                "gpus_per_instance": role.gpus_per_instance, "gpus": role.gpu_count, "nodes": role.node_count,
+                "memory": memory_numbers(role.memory),
             } for role in plan.roles
         },
         "servers": [{"name": s.name, "role": s.role, "index": s.index, "nodes": list(s.nodes),
@@ -189,7 +192,20 @@ def derived_numbers(plan: Plan) -> dict:
     }
 
 
+def memory_numbers(m) -> dict | None:
+    """A role's memory plan (plan.model.RoleMemory) as JSON: every field, and whether the pool holds one full
+    sequence and the whole batch."""
+    if m is None:
+        return None
+    doc = asdict(m)
+    doc["weights_detail"] = dict(m.weights_detail)
+    doc["notes"] = list(m.notes)
+    doc["fits_sequence"], doc["fits_batch"] = m.fits_sequence, m.fits_batch
+    return doc
+
+
 def render(plan: Plan, out_dir: str | os.PathLike) -> tuple[Path, dict[str, str | bytes]]:
+
     files = render_files(plan)
     return write_atomically(files, out_dir), files
 
