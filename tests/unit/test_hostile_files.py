@@ -171,7 +171,9 @@ def test_doctor_reads_the_failing_components_log_among_600_others(tmp_path):
         (logs / f"aaa-{i:04}.log").write_text("nothing to see\n")
     (logs / "gen-0.log").write_text("RuntimeError: CUDA out of memory. Tried to allocate 2.00 GiB\n")
     (tmp_path / "state").mkdir()
-    (tmp_path / "state" / "phases.tsv").write_text("1\tfailed\tgen-0 exited with code 1 (log: logs/gen-0.log)\n")
+    (tmp_path / "state" / "events.jsonl").write_text(json.dumps(
+        {"time": 1, "event": "failed", "component": "gen-0", "state": "failed",
+         "reason": "gen-0 exited with code 1 (log: logs/gen-0.log)", "exit_code": 1, "restarts": None}) + "\n")
     doc = diagnose(tmp_path)
     assert doc["failing"] == "gen-0" and doc["findings"] and doc["findings"][0]["id"] == "cuda-oom"
 
@@ -234,12 +236,11 @@ def test_env_files_and_the_manifest_are_owner_only(tmp_path):
     out, written = render(plan, tmp_path / "r")
     for name in written:
         mode = stat.S_IMODE((out / name).stat().st_mode)
-        holds = "hf_secret" in (out / name).read_text()
-        if holds:
+        if b"hf_secret" in (out / name).read_bytes():
             assert mode == 0o600, name
         if name.endswith(".env") or name == "manifest.json":
             assert mode == 0o600, name
-    assert any("hf_secret" in (out / n).read_text() for n in written)
+    assert any(b"hf_secret" in (out / n).read_bytes() for n in written)
 
 
 # --- m1: local mode is loopback only, UCX included -------------------------------------------------------------------

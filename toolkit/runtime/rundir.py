@@ -161,22 +161,35 @@ def write_text_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def read_phases(run_dir: Path) -> list[tuple[float, str, str]]:
-    """The job's own account of itself (state/phases.tsv: time, phase, detail), oldest first."""
-    out = []
-    try:  # bounded: the last MiB (a job writes a few lines per step); a regular file inside the run only
-        text = files.read_text(files.inside(run_dir, Path("state") / "phases.tsv"), 1 << 20, follow=False,
-                               longer="tail")
+EVENTS_FILE = "events.jsonl"
+EVENTS_READ_BYTES = 1 << 20  # the last MiB: a job writes a few lines per transition
+EVENT_FIELDS = {"time": (int, float), "event": str, "component": (str, type(None)), "state": (str, type(None)),
+                "reason": (str, type(None)), "exit_code": (int, type(None)), "restarts": (int, type(None))}
+
+
+def read_events(run_dir: Path) -> list[dict]:
+    """The job's own account of itself (state/events.jsonl, written by the orchestrator: orchestrator.events),
+    oldest first. Bounded: the file's last MiB, lines of at most 16 KiB; a damaged line, or a field of the wrong
+    type, is skipped rather than trusted."""
+    try:  # a regular file inside the run only (not a FIFO, not a symlink leading out)
+        data = files.read_bytes(files.inside(run_dir, Path("state") / EVENTS_FILE), EVENTS_READ_BYTES, follow=False,
+                                longer="tail")
     except (OSError, ValueError):
-        text = ""
-    if text:
-        for line in text.splitlines():
-            parts = line.split("\t", 2)
-            if len(parts) == 3:
-                try:
-                    out.append((float(parts[0]), parts[1], parts[2]))
-                except ValueError:
-                    continue
+        return []
+    lines = data.split(b"\n")
+    if len(data) == EVENTS_READ_BYTES:
+        lines = lines[1:]  # possibly cut mid-line
+    out = []
+    for raw in lines:
+        if not raw.strip() or len(raw) > 16384:
+            continue
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(doc, dict) and all(isinstance(doc.get(k), t) and not isinstance(doc.get(k), bool)
+                                         for k, t in EVENT_FIELDS.items()):
+            out.append(doc)
     return out
 
 
@@ -186,7 +199,7 @@ SERVER_STATE_FIELDS = {"state": str, "since": (int, float), "restarts": int, "fa
 
 
 def read_server_states(run_dir: Path, names: list[str]) -> dict[str, dict]:
-    """state/servers/NAME.json for each name, as launch.sbatch writes it (atomically, by rename); a missing,
+    """state/servers/NAME.json for each name, as the job writes it (atomically, by rename); a missing,
     oversized or damaged file, or a field of the wrong type, is left out rather than trusted."""
     out = {}
     for name in names:
