@@ -197,7 +197,7 @@ def main() -> int:
     if "fail-fast" in only:
         rows += run_deployment("fail-fast", [*backend, "--fail-fast"], ["kill gen-1"], args)
     if "etcd" in only:
-        rows += run_deployment("restart", [*backend, "--set", "membership.storage=etcd",
+        rows += run_deployment("restart", [*backend, "--set", "membership.enabled=true",
                                            "--set", "membership.etcd_port=28479",
                                            "--set", f"supervision.unhealthy_after_s={ETCD_UNHEALTHY_S}"],
                                ["etcd stall"], args)

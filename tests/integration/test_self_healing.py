@@ -268,7 +268,7 @@ def test_an_etcd_stall_does_not_empty_the_cluster_when_etcd_returns(tmp_path):
     restores with a fresh TTL: left alone, every key expires at the same moment and the proxy has no worker. The job
     replaces the stale registrations one worker per role at a time, so no role is ever empty; its events say so."""
     env = {"TK_RUNS_DIR": str(tmp_path / "runs")}
-    record = tk_json("launch", str(STANDIN_RECIPE), "--local", "--set", "membership.storage=etcd",
+    record = tk_json("launch", str(STANDIN_RECIPE), "--local", "--set", "membership.enabled=true",
                      "--set", "membership.etcd_port=28379", "--set", f"supervision.unhealthy_after_s={UNHEALTHY_AFTER_S}",
                      env=env, timeout=400)
     run_dir, endpoint = record["run_dir"], record["endpoint"]
