@@ -331,7 +331,7 @@ def test_the_jobs_etcd_opens_only_to_the_runs_certificate_and_servers_reach_it_t
     files = render_files(p)
     assert yaml.safe_load(files["disagg.yaml"])["disagg_cluster"]["cluster_uri"] == \
         f"etcd://127.0.0.1:{ports['proxy']}"
-    assert files[GATEWAY_SCRIPT] and "--client-cert-auth" in files["launch.sbatch"]
+    assert files[GATEWAY_SCRIPT] and "--client-cert-auth" in files["job.json"]
     assert GATEWAY_SCRIPT not in render_files(_plan())  # static urls: no gateway
 
 
