@@ -242,6 +242,9 @@ _DISAGG_SERVER = {"num_instances", "urls", "router"}
 # Router types: tensorrt_llm/serve/router.py create_router(); KvCacheAwareRouter(..., tokens_per_block=32,
 # **kwargs) in both an early-2025 stored router.py (no metadata server) and a later one (with it).
 ROUTERS = ("round_robin", "load_balancing", "kv_cache_aware")
+# Every router type a recipe may name; a line accepts those in its `routers` (1.3 adds "conversation", PR #12526:
+# tensorrt_llm/serve/router.py create_router, commit 00895e31dc5f9865c6bdfd2dd0508a9d6d964e9d).
+ROUTER_TYPES = (*ROUTERS, "conversation")
 
 # MTPDecodingConfig fields (MID25_LLM_ARGS) plus the `decoding_type` dispatch key.
 _MTP = {"decoding_type", "num_nextn_predict_layers", "use_relaxed_acceptance_for_thinking", "relaxed_topk",

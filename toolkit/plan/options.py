@@ -8,6 +8,7 @@ from __future__ import annotations
 from toolkit.facts import trtllm
 from toolkit.facts.engines import EngineProfile
 from toolkit.facts.hardware import MNNVL_GPUS, TransportProfile
+from toolkit.facts.kvreuse import CONVERSATION_ROUTER
 from toolkit.facts.models import ModelSpec
 from toolkit.plan.model import BufferSizing, ProxyPlan, ServerInstance
 from toolkit.plan.sizing import ceil_to, longest_input
@@ -28,8 +29,12 @@ def derived_options(r: Recipe, title: str, role: RoleSpec, model: ModelSpec, ver
     if not is_ctx and r.proxy.conditional_max_local_prefill_length is not None:
         # Under conditional disaggregation short prompts are prefilled on the generation server itself.
         default_mnt = max(default_mnt, ceil_to(tpb, r.proxy.conditional_max_local_prefill_length))
-    kv_aware = (r.proxy.context_router if is_ctx else r.proxy.generation_router) == "kv_cache_aware" \
-        or (not is_ctx and r.proxy.conditional_max_local_prefill_length is not None)
+    router = r.proxy.context_router if is_ctx else r.proxy.generation_router
+    kv_aware = router == "kv_cache_aware" or (not is_ctx and r.proxy.conditional_max_local_prefill_length is not None)
+    # Block reuse where a router keeps requests on the server that holds their prefix (kv_cache_aware, or 1.3's
+    # conversation router with its affinity); KV-cache events (event_buffer_max_size) only where a kv_cache_aware
+    # router reads them: without them it routes by load alone (TensorRT-LLM #14882, toolkit.facts.kvreuse).
+    reuse = kv_aware or router == CONVERSATION_ROUTER
     opts: dict = {
         "tensor_parallel_size": role.tp,
         "pipeline_parallel_size": role.pp,
@@ -52,7 +57,7 @@ def derived_options(r: Recipe, title: str, role: RoleSpec, model: ModelSpec, ver
         "tokens_per_block": tpb,
         "free_gpu_memory_fraction": role.free_gpu_memory_fraction or (0.85 if is_ctx else 0.8),
         "dtype": kv.dtype,
-        "enable_block_reuse": kv_aware,
+        "enable_block_reuse": reuse,
     }
     if kv_aware:
         kv_cfg["event_buffer_max_size"] = 1024

@@ -56,6 +56,14 @@ def check_version_features(r: Recipe, version: trtllm.TrtllmVersion, engine: Eng
     if engine.kv_backends is not None and kv.backend not in engine.kv_backends:
         c.add("kv_transfer.backend", f"{engine.kv_backends_reason} and cannot emulate {kv.backend}",
               engine.kv_backends_fix)
+    for field_name in ("context_router", "generation_router"):
+        router = getattr(r.proxy, field_name)
+        if router not in version.routers:
+            c.add(f"proxy.{field_name}",
+                  f"TensorRT-LLM {version.line} has no router type {router!r} (create_router in "
+                  f"tensorrt_llm/serve/router.py answers 'Unsupported router type'); the conversation router "
+                  f"arrived with PR #12526 (2026-03)",
+                  f"use one of {', '.join(version.routers)}, or a trtllm_version that has it")
     if kv.backend == "DEFAULT":
         c.warnings.append("kv_transfer.backend DEFAULT lets TensorRT-LLM pick from TRTLLM_USE_*_KVCACHE; "
                           "an explicit NIXL or UCX avoids surprises between versions")

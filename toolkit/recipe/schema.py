@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from toolkit.facts import trtllm
 from toolkit.facts.hardware import EMULATED_GPUS, GPUS, TRANSPORTS
 from toolkit.facts.roofline import PRECISIONS
-from toolkit.facts.trtllm import ROUTERS
+from toolkit.facts.trtllm import ROUTER_TYPES
 
 # Every pattern is used with fullmatch (``$`` would accept a trailing newline) and spells digits [0-9]
 # (``\d`` matches Arabic-Indic and other Unicode digits, which Slurm and bash do not read).
@@ -294,8 +294,8 @@ class ProxySpec(Section):
     """The `trtllm-serve disaggregated` proxy."""
 
     port: int = Field(8000, ge=1024, le=65535)
-    context_router: Literal[ROUTERS] = "round_robin"  # type: ignore[valid-type]
-    generation_router: Literal[ROUTERS] = "round_robin"  # type: ignore[valid-type]
+    context_router: Literal[ROUTER_TYPES] = "round_robin"  # type: ignore[valid-type]
+    generation_router: Literal[ROUTER_TYPES] = "round_robin"  # type: ignore[valid-type]
     conditional_max_local_prefill_length: Optional[int] = Field(None, ge=0, le=1 << 21)
     server_start_timeout_s: int = Field(1800, ge=1, le=WEEK_S)
     request_timeout_s: int = Field(7200, ge=1, le=WEEK_S)
