@@ -42,6 +42,7 @@ __all__ = [
     "baseline_plan",
     "bench",
     "bench_recipe",
+    "bench_compare",
     "check_config",
     "diff",
     "doctor",
@@ -340,7 +341,8 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
           baseline: str | RunRecord | None = None, baseline_url: str | None = None, max_error_rate: float = 0.01,
           seed: int = 100, timeout_s: float = 1800.0, name: str | None = None,
           after_target: Callable[[], None] | None = None,
-          on_progress: Callable[..., None] | None = None) -> dict[str, Any]:
+          on_progress: Callable[..., None] | None = None, turn_delay_ms: float = 0.0, trace: str | None = None,
+          validation: str | os.PathLike | None = None) -> dict[str, Any]:
     """Benchmark a serving run with aiperf; write RUN/bench/NAME-TIMESTAMP/; return the results document whose
     "verdict" has "exit_code" 0 (pass), 1 (SLA missed) or 2 (invalid). Bad input raises BenchInputError (exit 2).
 
@@ -361,7 +363,7 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
     plan = _plan_of_run(record)
     wl = build_workload(workload, isl=isl, osl=osl, concurrency=tuple(concurrency) if concurrency else None,
                         request_rate=tuple(request_rate) if request_rate else None, requests=requests, turns=turns,
-                        seed=seed, limits=limits_for_plan(plan))
+                        seed=seed, limits=limits_for_plan(plan), turn_delay_ms=turn_delay_ms, trace=trace)
     # not serving: said first, before anything else is looked up; an aggregated run is measured as one (every
     # instance's URL, no legs to prove)
     target = target_for_run(record, plan, aggregated=record.mode == "aggregated",
@@ -387,7 +389,8 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
         base = target_for_url(baseline_url, record.model, gpus=target.gpus)
     return run_bench(target, wl, tokenizer=tok, bench_root=record.path / "bench", objectives=objectives,
                      bounds=Bounds(max_error_rate=max_error_rate), plan=plan, name=name, baseline=base,
-                     after_target=after_target, timeout_s=timeout_s, on_progress=on_progress)
+                     after_target=after_target, timeout_s=timeout_s, on_progress=on_progress,
+                     validation=os.fspath(validation) if validation else None)
 
 
 def _shifted_ports(plan) -> tuple[str, ...]:
@@ -408,22 +411,10 @@ def bench_recipe(recipe: str | os.PathLike, *, local: bool = False, overrides: S
                  on_launch: Callable[[RunRecord], None] | None = None, **bench_kwargs) -> dict[str, Any]:
     """Launch RECIPE fail-fast, benchmark it, stop it (always). With baseline "aggregated" the deployment is
     stopped once measured, and the aggregated one is launched on the GPUs it freed. Same result as bench()."""
-    from toolkit.bench import find_aiperf, limits_for_plan, resolve_tokenizer
-    from toolkit.bench.sla import parse_sla
-    from toolkit.bench.workload import build_workload
-
     plan = load_plan(recipe, (*overrides, "supervision.policy=fail-fast"))
     # Everything that can be refused is refused before GPUs are allocated: the SLA, the workload against the
     # plan's limits, the tokenizer, aiperf itself.
-    parse_sla(bench_kwargs.get("sla"))
-    build_workload(bench_kwargs.get("workload", "fixed"), isl=bench_kwargs.get("isl", 1024),
-                   osl=bench_kwargs.get("osl", 128),
-                   concurrency=tuple(bench_kwargs["concurrency"]) if bench_kwargs.get("concurrency") else None,
-                   request_rate=tuple(bench_kwargs["request_rate"]) if bench_kwargs.get("request_rate") else None,
-                   requests=bench_kwargs.get("requests"), turns=bench_kwargs.get("turns", 3),
-                   limits=limits_for_plan(plan))
-    resolve_tokenizer(bench_kwargs.get("tokenizer"), plan, plan.engine.name)
-    find_aiperf()
+    bench_recipe_checks(plan, bench_kwargs)
     run = launch(plan, local=local, run_dir=run_dir)
     if on_launch is not None:
         on_launch(run)
@@ -439,6 +430,73 @@ def bench_recipe(recipe: str | os.PathLike, *, local: bool = False, overrides: S
     finally:
         if not stopped:
             stop(run)
+
+
+def bench_compare(recipe: str | os.PathLike, compare: Sequence[str], *, local: bool = False,
+                  overrides: Sequence[str] = (), run_dir: str | os.PathLike | None = None,
+                  on_launch: Callable[[RunRecord], None] | None = None,
+                  on_variant: Callable[[Any, dict | None, str | None], None] | None = None,
+                  **bench_kwargs) -> dict[str, Any]:
+    """The same workload on every variant of RECIPE (``compare``: ``KEY=V1,V2`` axes, toolkit.bench.variants), one
+    after another: launch fail-fast, benchmark, stop. Every variant's plan is checked before the first launch.
+    Writes DIR/compare.json, compare.md and compare_turns.png (DIR: ``run_dir``, else
+    $TK_RUNS_DIR/compare-NAME-TIME, each variant's run inside it) and returns the comparison (``recommendation``,
+    ``variants``, ``compare_dir``). A variant that fails is reported and the others still run."""
+    import time
+
+    from toolkit.bench.variants import build_variants, recommend, summarise, write_comparison
+    from toolkit.errors import TkError
+    from toolkit.runtime.rundir import runs_root
+
+    variants = build_variants(compare)
+    plans = [load_plan(recipe, (*overrides, *v.overrides, "supervision.policy=fail-fast")) for v in variants]
+    bench_recipe_checks(plans[0], bench_kwargs)
+    base = Path(run_dir) if run_dir else runs_root() / f"compare-{plans[0].name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if base.exists():
+        raise TkError(f"{base} exists: give another --run-dir for the comparison")
+    base.mkdir(parents=True)
+    lines = []
+    prefix = bench_kwargs.pop("name", None) or "compare"
+    for v in variants:
+        doc = err = None
+        try:
+            doc = bench_recipe(recipe, local=local, overrides=(*overrides, *v.overrides), run_dir=base / v.slug,
+                               on_launch=on_launch, name=f"{prefix}-{v.slug}", **bench_kwargs)
+        except TkError as exc:
+            err = str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__
+        lines.append(summarise(v, doc, err))
+        if on_variant is not None:
+            on_variant(v, doc, err)
+    wl = bench_kwargs.get("workload", "fixed")
+    shape = (f"trace {bench_kwargs['trace']}" if bench_kwargs.get("trace") else
+             f"{wl}, ISL {bench_kwargs.get('isl', 1024)}, OSL {bench_kwargs.get('osl', 128)}"
+             + (f", {bench_kwargs.get('turns', 3)} turns" if wl == "multi-turn" else ""))
+    out = {"recipe": plans[0].name, "workload": shape, "compare_dir": str(base),
+           "axes": list(compare), "variants": lines, "recommendation": recommend(lines)}
+    write_comparison(base, out)
+    return out
+
+
+def bench_recipe_checks(plan: Plan, bench_kwargs: dict) -> None:
+    """What tk bench RECIPE refuses before it allocates anything: the SLA, the workload against the plan's limits,
+    the tokenizer, aiperf, a validation report."""
+    from toolkit.bench import find_aiperf, limits_for_plan, resolve_tokenizer
+    from toolkit.bench.sla import parse_sla
+    from toolkit.bench.workload import build_workload
+
+    parse_sla(bench_kwargs.get("sla"))
+    build_workload(bench_kwargs.get("workload", "fixed"), isl=bench_kwargs.get("isl", 1024),
+                   osl=bench_kwargs.get("osl", 128),
+                   concurrency=tuple(bench_kwargs["concurrency"]) if bench_kwargs.get("concurrency") else None,
+                   request_rate=tuple(bench_kwargs["request_rate"]) if bench_kwargs.get("request_rate") else None,
+                   requests=bench_kwargs.get("requests"), turns=bench_kwargs.get("turns", 3),
+                   limits=limits_for_plan(plan), turn_delay_ms=bench_kwargs.get("turn_delay_ms", 0.0),
+                   trace=bench_kwargs.get("trace"))
+    resolve_tokenizer(bench_kwargs.get("tokenizer"), plan, plan.engine.name)
+    find_aiperf()
+    if bench_kwargs.get("validation"):
+        from toolkit.bench import reverse_bandwidth_for
+        reverse_bandwidth_for(os.fspath(bench_kwargs["validation"]), plan)
 
 
 def _refresh_run(run: RunRecord) -> RunRecord:

@@ -506,6 +506,16 @@ def _float_list(ctx, param, value):
 @click.option("--request-rate", callback=_float_list, metavar="R,R,...", help="Requests/s instead of concurrency.")
 @click.option("--requests", type=click.IntRange(1, 10_000_000), help="Profiled requests per cell (default 10 x load, >= 32).")
 @click.option("--turns", type=click.IntRange(1, 100), default=3, show_default=True, help="multi-turn: turns per conversation.")
+@click.option("--turn-delay", "turn_delay_ms", type=_Finite(min=0.0, max=600_000.0), default=0.0, show_default=True,
+              metavar="MS", help="multi-turn: think time between an answer and the next turn.")
+@click.option("--trace", metavar="NAME|FILE", help="multi-turn from a mooncake_trace JSONL (session_id, input_length, "
+              "output_length, delay, hash_ids); shipped: multiturn-small.")
+@click.option("--compare", "compare", multiple=True, metavar="KEY=V1,V2",
+              help="With a RECIPE: the same workload on every variant (router=..., conditional=off|N, or a recipe "
+                   "field path), one after another; a table, a plot and a recommendation. Repeat for more axes.")
+@click.option("--validation", type=click.Path(), metavar="RUN_DIR",
+              help="multi-turn: a `tk validate cluster` run whose generation->context bandwidth the pull-back "
+                   "projection uses (default: the transport's nominal GB/s).")
 @click.option("--sla", metavar="KEY=V,...", help="e.g. ttft_p99_ms=500,itl_p99_ms=30,output_tokens_per_s_per_gpu_min=100.")
 @click.option("--tokenizer", type=click.Path(), help="Tokenizer directory for aiperf (default: the model's).")
 @click.option("--baseline", type=click.Choice(["aggregated"]), help="Also benchmark an aggregated deployment on the same GPUs.")
@@ -519,8 +529,9 @@ def _float_list(ctx, param, value):
 @click.option("--run-dir", type=click.Path(file_okay=False), help="With a RECIPE: its run directory.")
 @set_option
 @json_option
-def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns, sla, tokenizer, baseline,
-          baseline_url, max_error_rate, seed, timeout, name, local, run_dir, overrides, as_json):
+def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns, turn_delay_ms, trace, compare,
+          validation, sla, tokenizer, baseline, baseline_url, max_error_rate, seed, timeout, name, local, run_dir,
+          overrides, as_json):
     """Benchmark a serving RUN (or launch RECIPE, benchmark it, stop it) with aiperf.
 
     \b
@@ -540,7 +551,8 @@ def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns
     parse_sla(sla)  # an unknown key is exit 2 before anything is looked up or started
     kwargs = dict(workload=workload, isl=isl, osl=osl, concurrency=concurrency, request_rate=request_rate,
                   requests=requests, turns=turns, sla=sla, tokenizer=tokenizer, baseline_url=baseline_url,
-                  max_error_rate=max_error_rate, seed=seed, timeout_s=timeout, name=name)
+                  max_error_rate=max_error_rate, seed=seed, timeout_s=timeout, name=name,
+                  turn_delay_ms=turn_delay_ms, trace=trace, validation=validation)
     state = {"cell": ""}
 
     def on_progress(kind, **kw):
@@ -555,6 +567,14 @@ def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns
     except TkError as exc:
         if target is None or not __import__("pathlib").Path(api.recipe_path(target)).is_file():
             raise BenchInputError(f"{exc}; tk bench takes a serving run (tk runs) or a recipe") from None
+    if compare:
+        if run is not None:
+            raise click.UsageError("--compare launches every variant: give the recipe (tk bench RECIPE --compare ...), "
+                                   "not a run")
+        if baseline or baseline_url:
+            raise click.UsageError("--compare and --baseline exclude each other")
+        _bench_compare(target, compare, local, overrides, run_dir, kwargs, on_progress, as_json)
+        return
     if run is not None:
         if local or overrides or run_dir:
             raise click.UsageError("--local, --set and --run-dir are for tk bench RECIPE (a deployment it launches)")
@@ -575,6 +595,49 @@ def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns
     code = doc["verdict"]["exit_code"]
     if code:
         raise SystemExit(code)
+
+
+def _bench_compare(target, compare, local, overrides, run_dir, kwargs, on_progress, as_json) -> None:
+    from toolkit.bench.report import print_summary
+
+    def launched(record):
+        if not as_json:
+            _say(f"{record.name} is serving at {record.endpoint} (a variant, fail-fast; tk bench stops it)")
+
+    def variant_done(variant, doc, error):
+        if as_json:
+            return
+        if error:
+            _say(f"variant {variant.label}: failed: {error}")
+        else:
+            print_summary(doc)
+
+    out = api.bench_compare(target, compare, local=local, overrides=overrides, run_dir=run_dir, on_launch=launched,
+                            on_variant=variant_done, on_progress=on_progress, **kwargs)
+    if as_json:
+        _emit_json(out)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(stderr=True)
+    t = Table(title=f"tk bench --compare {out['recipe']} ({out['workload']})", title_justify="left")
+    for col in ("variant", "valid", "TTFT p50 turn>=2", "recomputed turn>=2", "history reused", "req/s"):
+        t.add_column(col, justify="left" if col == "variant" else "right", no_wrap=True)
+    for ln in out["variants"]:
+        if ln.get("error"):
+            t.add_row(ln["variant"], "failed", "-", "-", "-", "-")
+            continue
+        share = f"{100 * ln['reuse_share']:.0f} %" if ln.get("reuse_share") is not None else "-"
+        fmt = (lambda v: "-" if v is None else f"{v:.4g}")  # noqa: E731
+        t.add_row(ln["variant"], "yes" if ln["valid"] else "no", fmt(ln["ttft_p50_later_ms"]),
+                  fmt(ln["recomputed_later"]), share, fmt(ln["request_throughput"]))
+    con.print(t)
+    rec = out["recommendation"]
+    con.print(f"recommendation: [bold]{rec['variant'] or 'none'}[/bold]: {rec['reason']}", highlight=False)
+    con.print(f"comparison: {out['compare_dir']}/compare.md")
+    if all(ln.get("error") for ln in out["variants"]):
+        raise SystemExit(2)
 
 
 def main(argv=None) -> int:

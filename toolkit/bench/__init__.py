@@ -44,6 +44,7 @@ class Target:
     gpus: int | None = None
     run: dict = field(default_factory=dict)  # the run record's public fields (for the report)
     urls: tuple[str, ...] = ()  # an aggregated run's instances (no proxy): aiperf round-robins over them
+    workers: dict = field(default_factory=dict)  # server name -> URL (the servers' own counters, multi-turn)
 
 
 def _server_urls(run) -> dict[str, str]:
@@ -65,14 +66,14 @@ def target_for_run(run, plan=None, *, name: str = "disaggregated", aggregated: b
                               f"{', ' + run.reason if run.reason else ''}); start it with tk launch, "
                               f"then check it with tk status {run.name}")
     gpus = plan.gpu_count if plan is not None else None
+    servers = {k: v for k, v in _server_urls(run).items() if k != "proxy"}
     if aggregated:
         pr = probes.AggregatedProbe()
     else:
-        urls = _server_urls(run)
-        pr = probes.probe_for(run.endpoint, {k: v for k, v in urls.items() if k != "proxy"})
+        pr = probes.probe_for(run.endpoint, servers)
     urls = tuple(getattr(run, "endpoints", None) or ()) if aggregated else ()
     return Target(name=name, endpoint=run.endpoint, model=run.model, probe=pr, gpus=gpus, run=run.public(),
-                  urls=urls)
+                  urls=urls, workers=servers)
 
 
 def target_for_url(url: str, model: str, *, gpus: int | None = None, name: str = "aggregated") -> Target:
@@ -163,16 +164,39 @@ def measure(target: Target, workload: Workload, *, aiperf: str, tokenizer: str, 
     results: dict[str, CellResult] = {}
     for i, cell in enumerate(workload.cells):
         cell_dir = out / "aiperf" / f"{prefix}{cell.name}"
-        argv = aiperf_argv(cell, aiperf=aiperf, url=target.urls or target.endpoint, model=target.model, tokenizer=tokenizer,
-                           out_dir=str(cell_dir), seed=workload.seed)
+        common = dict(aiperf=aiperf, url=target.urls or target.endpoint, model=target.model, tokenizer=tokenizer,
+                      seed=workload.seed)
         if on_progress:
             on_progress("cell", target=target.name, cell=cell.name, index=i, total=len(workload.cells))
+        warm = None
+        if cell.warmup_separately:
+            # other conversations than the profiled ones (aiperf's own warm-up would replay those and leave their
+            # KV in the servers' caches); its records are kept as the cell's warm-up
+            warm_dir = out / "aiperf" / f"{prefix}{cell.name}-warmup"
+            rc = run_aiperf(aiperf_argv(cell, out_dir=str(warm_dir), warmup_run=True, **common), log, timeout_s,
+                            on_line=(lambda line: on_progress("line", line=line)) if on_progress else None)
+            try:
+                warm = read_export(warm_dir, cell.name)
+            except ExportError as exc:
+                raise AiperfFailed(rc, f"{exc}\n{log_tail(log)}") from None
+        argv = aiperf_argv(cell, out_dir=str(cell_dir), **common)
+        counter = None
+        if cell.multi_turn and target.workers:
+            from toolkit.bench.reuseprobe import ReuseProbe
+            counter = ReuseProbe(None if target.urls else target.endpoint, target.workers)
+            counts_before = counter.snapshot()
         rc = run_aiperf(argv, log, timeout_s,
                         on_line=(lambda line: on_progress("line", line=line)) if on_progress else None)
         try:
             res = read_export(cell_dir, cell.name)
         except ExportError as exc:
             raise AiperfFailed(rc, f"{exc}\n{log_tail(log)}") from None
+        if warm is not None:
+            from dataclasses import replace
+            res.records = [replace(r, phase="warmup") for r in warm.records] + res.records
+        if counter is not None:
+            from toolkit.bench.reuse import server_counts
+            res.servers = server_counts(counts_before, counter.snapshot())
         results[cell.name] = res  # rc 1 with records (every request failed) is judged by the verdict
     if before is None:
         proof = probes.unavailable(proof_err)
@@ -202,10 +226,45 @@ def _estimates(plan, workload: Workload, results: dict[str, CellResult]) -> list
                      f"transfer {transfer:.3g} ms over {est.transport}); measured TTFT includes queueing and HTTP"}]
 
 
+def reverse_bandwidth_for(validation: str | None, plan):
+    """The generation->context bandwidth for the pull-back projection: a validation report's reverse pairs, else the
+    plan's transport at its nominal GB/s (labelled so). BenchInputError for a report that cannot be read."""
+    from toolkit.bench.pullback import Bandwidth, ReportError, reverse_bandwidth
+    if validation:
+        try:
+            return reverse_bandwidth(validation)
+        except ReportError as exc:
+            raise BenchInputError(f"--validation: {exc}") from None
+    if plan is None:
+        return None
+    est = plan.estimates
+    return Bandwidth(est.nominal_gbps, "nominal",
+                     f"the {est.transport} transport's nominal {est.nominal_gbps:g} GB/s (an assumption: no "
+                     f"validation report given; pass --validation RUN_DIR of a `tk validate cluster` run)")
+
+
+def _multi_turn(workload: Workload, results: dict, plan, proof, reverse, verdict) -> dict:
+    """Per multi-turn cell: the per-turn reuse table, the pull-back projection; the reuse findings join the
+    verdict as the stage "reuse" (they never change its exit code)."""
+    from toolkit.bench import reuse
+    out = {}
+    for cell in workload.cells:
+        res = results.get(cell.name)
+        if not cell.multi_turn or res is None:
+            continue
+        section, checks = reuse.analyse(cell, res, plan=plan, proof=proof, counts=res.servers, bandwidth=reverse)
+        out[cell.name] = section
+        verdict.checks.extend(checks)
+    bad = [c for c in verdict.checks if c.stage == reuse.STAGE and not c.ok and not c.skipped]
+    if bad:
+        verdict.summary += f" (reuse: {len(bad)} finding(s): " + "; ".join(c.name for c in bad) + ")"
+    return out
+
+
 def run_bench(target: Target, workload: Workload, *, tokenizer: str, bench_root: Path,
               objectives: tuple[Objective, ...] = (), bounds: Bounds = Bounds(), plan=None, name: str | None = None,
               baseline=None, after_target: Callable[[], None] | None = None, timeout_s: float = 1800.0,
-              on_progress: Callable[..., None] | None = None) -> dict:
+              on_progress: Callable[..., None] | None = None, validation: str | None = None) -> dict:
     """Benchmark target, then (if given) a baseline with the same workload; write the bench directory; return its
     document (with "verdict" and "bench_dir"). Raises BenchInputError / TkError, leaving nothing behind.
 
@@ -218,6 +277,7 @@ def run_bench(target: Target, workload: Workload, *, tokenizer: str, bench_root:
     from toolkit.bench.compare import answers_agree, compare, greedy_answers
 
     aiperf = find_aiperf()
+    reverse = reverse_bandwidth_for(validation, plan) if any(c.multi_turn for c in workload.cells) else None
     _check_serving(target)
     if isinstance(baseline, Target):
         _check_serving(baseline)
@@ -227,6 +287,7 @@ def run_bench(target: Target, workload: Workload, *, tokenizer: str, bench_root:
         results, proof = measure(target, workload, aiperf=aiperf, tokenizer=tokenizer, out=staging, log=log,
                                  timeout_s=timeout_s, on_progress=on_progress)
         verdict = decide(workload, results, proof, objectives, gpus=target.gpus, bounds=bounds)
+        multi_turn = _multi_turn(workload, results, plan, proof, reverse, verdict)
         rows = [report.cell_row(target.name, c, results.get(c.name), target.gpus) for c in workload.cells]
         cells_dirs = [c.name for c in workload.cells]
         doc = {"name": final.name, "bench_dir": str(final), "created": time.time(), "run": target.run,
@@ -236,6 +297,10 @@ def run_bench(target: Target, workload: Workload, *, tokenizer: str, bench_root:
                "bounds": bounds.to_dict(), "proof": proof.to_dict(),
                "cells": {k: v.to_dict() for k, v in results.items()}, "verdict": verdict.to_dict(),
                "estimates": _estimates(plan, workload, results), "rows": rows, "cells_dirs": cells_dirs}
+        if multi_turn:
+            # per cell; the first multi-turn cell's turns and projection also at the top (one cell is the usual)
+            first = next(iter(multi_turn.values()))
+            doc.update(multi_turn=multi_turn, turns=first["turns"], pullback_projection=first["pullback_projection"])
         if baseline is not None:
             mine = greedy_answers(target.endpoint, target.model)
             if after_target is not None:

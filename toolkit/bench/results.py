@@ -60,6 +60,7 @@ class CellResult:
     input_config: dict = field(default_factory=dict)
     was_cancelled: bool = False
     errors: list = field(default_factory=list)  # aiperf's error_summary
+    servers: object = None  # multi-turn: the servers' own counters over the cell (toolkit.bench.reuse.ServerCounts)
 
     @property
     def profiled(self) -> list[Record]:
