@@ -429,8 +429,9 @@ class Proxy:
         if isinstance(params, dict) and params.get("conversation_id") is not None:
             cid = str(params["conversation_id"])
         else:
+            lower = {str(k).lower(): v for k, v in headers.items()}
             for name in CONVERSATION_ID_HEADERS:
-                value = str(headers.get(name, "")).strip()
+                value = str(lower.get(name, "")).strip()
                 if value:
                     cid = value
                     break
