@@ -15,8 +15,8 @@ import, so a function of the same name here would be replaced. Call them as `too
 
 __version__ = "0.1.0"
 
-from toolkit.api import (baseline_plan, bench_recipe, check_config, diff, launch_baseline, find_run, list_models, list_recipes, load_plan, logs,  # noqa: E402
-                         plan_summary, predict, prepare, recipe_path, runs, status, stop)
+from toolkit.api import (baseline_plan, bench_compare, bench_recipe, check_config, diff, launch_baseline, find_run, list_models, list_recipes, load_plan, logs,  # noqa: E402
+                         multi_turn_share, plan_summary, predict, prepare, recipe_path, runs, size_multi_turn, status, stop)
 from toolkit.errors import RecipeError, TkError, Violation  # noqa: E402
 
 __all__ = [
@@ -25,6 +25,7 @@ __all__ = [
     "Violation",
     "__version__",
     "baseline_plan",
+    "bench_compare",
     "bench_recipe",
     "check_config",
     "diff",
@@ -34,11 +35,13 @@ __all__ = [
     "list_recipes",
     "load_plan",
     "logs",
+    "multi_turn_share",
     "plan_summary",
     "predict",
     "prepare",
     "recipe_path",
     "runs",
+    "size_multi_turn",
     "status",
     "stop",
 ]

@@ -94,15 +94,26 @@ def recipes(as_json: bool, models: bool):
 @click.argument("recipe")
 @click.option("--predict", is_flag=True, help="Add aiconfigurator's predicted TTFT, TPOT and tokens/s/GPU for this "
               "exact configuration, with the KV-transfer term (needs the size extra).")
+@click.option("--turns", type=click.IntRange(1, 1000), help="Multi-turn traffic: turns per conversation; shows what "
+              "the context servers recompute each turn (with --predict, at aiconfigurator's prefill cost).")
+@click.option("--answer-len", type=click.IntRange(1, 1 << 20), help="Multi-turn: tokens per answer (default "
+              "traffic.max_output_len).")
+@click.option("--message-len", type=click.IntRange(1, 1 << 21), help="Multi-turn: new tokens per turn (default: "
+              "the plan's input length split over the turns).")
 @set_option
 @json_option
 @aggregated_option
-def plan(recipe: str, predict: bool, overrides: tuple[str, ...], as_json: bool, aggregated: bool):
+def plan(recipe: str, predict: bool, turns: int | None, answer_len: int | None, message_len: int | None,
+         overrides: tuple[str, ...], as_json: bool, aggregated: bool):
     """Show the resolved deployment of RECIPE; writes nothing."""
+    if (answer_len or message_len) and not turns:
+        raise click.UsageError("--answer-len and --message-len describe a multi-turn shape: add --turns N")
     p = api.load_plan(recipe, overrides, aggregated=aggregated)
     prediction = api.predict(p) if predict else None
+    multi = api.multi_turn_share(p, turns, answer_len, message_len, prediction) if turns else None
     if as_json:
-        _emit_json({**api.plan_summary(p), **({"prediction": prediction} if predict else {})})
+        _emit_json({**api.plan_summary(p), **({"prediction": prediction} if predict else {}),
+                    **({"multi_turn": multi} if multi else {})})
         return
     from toolkit.report import print_plan
 
@@ -111,6 +122,10 @@ def plan(recipe: str, predict: bool, overrides: tuple[str, ...], as_json: bool, 
         from toolkit.size.report import print_prediction
 
         print_prediction(prediction)
+    if multi:
+        from toolkit.size.multiturn import print_recompute
+
+        print_recompute(multi)
 
 
 # --- size ----------------------------------------------------------------------------------------
@@ -136,9 +151,12 @@ def plan(recipe: str, predict: bool, overrides: tuple[str, ...], as_json: bool, 
 @click.option("--name", help="Recipe name (default: model-NpMd-system).")
 @click.option("--top", type=click.IntRange(1, 1000), default=15, show_default=True, help="Rows of the table.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the chosen recipe here.")
+@click.option("--turns", type=click.IntRange(1, 1000), help="Multi-turn traffic: turns per conversation (ISL new "
+              "tokens each); shows what the chosen configuration's context servers recompute each turn.")
+@click.option("--answer-len", type=click.IntRange(1, 1 << 20), help="Multi-turn: tokens per answer (default OSL).")
 @json_option
 def size(model, system, gpus, isl, osl, ttft, tpot, transport, measured, measured_pick, gpus_per_node, name, top,
-         output, as_json):
+         output, turns, answer_len, as_json):
     """Size a deployment: aiconfigurator ranks aggregated and disaggregated configurations for the SLA, tk adds
     the KV transfer to each disaggregated TTFT, marks the ones that meet it and writes the best as a recipe.
 
@@ -154,11 +172,20 @@ def size(model, system, gpus, isl, osl, ttft, tpot, transport, measured, measure
         from toolkit.size.recipe import write_file
 
         write_file(output, result.recipe_text)
+    if answer_len and not turns:
+        raise click.UsageError("--answer-len describes a multi-turn shape: add --turns N")
     doc = {**result.to_dict(), "output": output}
+    multi = api.size_multi_turn(result, turns, answer_len) if turns else None
+    if multi:
+        doc["multi_turn"] = multi
     if as_json:
         _emit_json(doc)
     else:
         print_size(result, top=top)
+        if multi:
+            from toolkit.size.multiturn import print_recompute
+
+            print_recompute(multi)
         if output:
             _say(f"wrote {output}" if result.recheck.get("errors") == [] else f"did NOT write {output}")
         else:

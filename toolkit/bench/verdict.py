@@ -100,7 +100,8 @@ def _validity(workload: Workload, results: dict[str, CellResult], b: Bounds) -> 
                                         "bound": b.max_error_rate}))
         bad_isl = [r for r in ok_recs if r.isl is None or (cell.expected_isl(r.turn) is not None
                                                            and not _within(r.isl, cell.expected_isl(r.turn), b))]
-        bad_osl = [r for r in ok_recs if r.osl is None or not _within(r.osl, cell.osl, b)]
+        bad_osl = [r for r in ok_recs if r.osl is None or (cell.expected_osl is not None
+                                                           and not _within(r.osl, cell.expected_osl, b))]
         bad_usage_out = [r for r in ok_recs if r.completion_tokens is not None and r.osl is not None
                          and not _within(r.completion_tokens, r.osl, b)]
         bad_usage_in = [r for r in ok_recs if r.prompt_tokens is not None and r.isl is not None

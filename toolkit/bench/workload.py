@@ -60,6 +60,11 @@ class Cell:
         return (turn + 1) * self.isl + turn * self.osl
 
     @property
+    def expected_osl(self) -> int | None:
+        """Every answer's length (ignore_eos); None for a trace (its turns differ)."""
+        return None if self.trace is not None else self.osl
+
+    @property
     def longest_input(self) -> int:
         return self.expected_isl(self.turns - 1)
 
@@ -276,7 +281,8 @@ def aiperf_argv(cell: Cell, *, aiperf: str, url: str | Sequence[str], model: str
         argv += ["--request-rate", f"{cell.request_rate:g}"]
     trace = cell.trace if not warmup_run else None
     if trace is not None:
-        argv += ["--input-file", trace, "--custom-dataset-type", "mooncake_trace", "--no-fixed-schedule"]
+        argv += ["--input-file", trace, "--custom-dataset-type", "mooncake_trace", "--no-fixed-schedule",
+                 "--conversation-num", str(cell.conversations)]  # every session (aiperf's default: 10 requests)
         if cell.trace_block_size:
             argv += ["--isl-block-size", str(cell.trace_block_size)]
     elif warmup_run:
