@@ -106,12 +106,20 @@ def _token_mix(token: int) -> int:
     return ((((v >> 16) ^ v) & _M32) + _GOLDEN) & _M32
 
 
+_MIXED: list[int] = []  # _token_mix of every token id below 2**16, built on first use (a table lookup is cheaper)
+_TABLE = 1 << 16
+
+
 def block_key_hash(tokens, parent_hash: int = 0) -> int:
     """The v1 hash of one block key (``tokens`` of one block, 1..tokens_per_block of them) under its parent block
     (0 for the first block): what TensorRT-LLM's KV-cache events and its kv_cache_aware router call a block."""
+    if not _MIXED:
+        _MIXED.extend(_token_mix(t) for t in range(_TABLE))
+    mixed = _MIXED
     seed = (len(tokens) ^ ((parent_hash * _PARENT) & _M64)) & _M64
     for t in tokens:
-        seed ^= (_token_mix(t) + ((seed << 6) & _M64) + (seed >> 2)) & _M64
+        m = mixed[t] if 0 <= t < _TABLE else _token_mix(t)
+        seed ^= (m + ((seed << 6) & _M64) + (seed >> 2)) & _M64
     return seed
 
 

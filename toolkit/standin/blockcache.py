@@ -28,6 +28,7 @@ kvCacheManager.cpp``: a radix tree of blocks keyed by their tokens, ``loadOrAllo
 
 from __future__ import annotations
 
+import json
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 from itertools import count
@@ -35,19 +36,29 @@ from itertools import count
 from toolkit.facts.kvreuse import block_key_hash, block_keys
 
 EVENT_PRIORITY_DEFAULT = 35  # KvCacheRetentionConfig's default priority, as TensorRT-LLM's stored events carry it
+_TOKEN = '{"type":"unique_token","token_id":%d,"token_extra_id":0}'
+_TOKENS_JSON: list[str] = []  # _TOKEN of every id below _TOKENS_TABLE, built on first use
+_TOKENS_TABLE = 1 << 16
 
 
 class _Block:
-    __slots__ = ("id", "key", "hash", "parent", "children", "pins", "lru")
+    __slots__ = ("id", "key", "_hash", "parent", "children", "pins", "lru")
 
     def __init__(self, bid: int, key: tuple, parent: _Block | None):
         self.id = bid
         self.key = key
         self.parent = parent
-        self.hash = block_key_hash(key, parent.hash if parent is not None else 0) if parent is not None or key else 0
+        self._hash: int | None = 0 if parent is None else None
         self.children: dict[tuple, _Block] = {}
         self.pins = 0
         self.lru = 0
+
+    @property
+    def hash(self) -> int:
+        """The v1 block hash, computed when an event first needs it (a cache without events never does)."""
+        if self._hash is None:
+            self._hash = block_key_hash(self.key, self.parent.hash)
+        return self._hash
 
 
 @dataclass
@@ -129,7 +140,12 @@ class BlockCache:
                 "generated_blocks_reusable": self.store_generated, **self.stats.to_dict()}
 
     def drain_events(self) -> list[dict]:
-        out = list(self.events)
+        return json.loads(self.drain_events_json())
+
+    def drain_events_json(self) -> bytes:
+        """The buffered events as the JSON array ``/kv_cache_events`` answers, drained. Each event is serialized
+        once, when it happens (the token lists of stored blocks make these the bulk of the bookkeeping)."""
+        out = b"[" + b",".join(self.events) + b"]"
         self.events.clear()
         return out
 
@@ -190,7 +206,7 @@ class BlockCache:
                 self._pin(child, now)
                 lease.pinned[child.id] = child
             node = child
-        if stored:
+        if stored and self.event_max:
             self._event({"type": "stored", "parent_hash": stored[0].parent.hash if stored[0].parent is not self.root
                          else None, "blocks": [self._stored_block(b) for b in stored]})
         self._make_room()
@@ -266,27 +282,34 @@ class BlockCache:
             del parent.children[b.key]
             self.tree_blocks -= 1
             self.stats.evicted_blocks += 1
-            removed.append(b.hash)
+            removed.append(b)
             n -= 1
             if parent is not self.root and parent.pins == 0 and not parent.children:
                 self.evictable[parent.id] = parent
                 self.evictable.move_to_end(parent.id, last=False)  # an orphaned parent is as old as its child
-        if removed:
-            self._event({"type": "removed", "block_hashes": removed})
+        if removed and self.event_max:
+            self._event({"type": "removed", "block_hashes": [b.hash for b in removed]})
 
-    def _stored_block(self, b: _Block) -> dict:
-        return {"type": "stored_block", "block_hash": b.hash,
-                "tokens": [{"type": "unique_token", "token_id": t, "token_extra_id": 0} for t in b.key],
-                "lora_id": None, "cache_level": 0, "priority": EVENT_PRIORITY_DEFAULT}
+    def _stored_block(self, b: _Block) -> str:
+        if not _TOKENS_JSON:
+            _TOKENS_JSON.extend(_TOKEN % t for t in range(_TOKENS_TABLE))
+        table = _TOKENS_JSON
+        tokens = ",".join(table[t] if 0 <= t < _TOKENS_TABLE else _TOKEN % t for t in b.key)
+        return (f'{{"type":"stored_block","block_hash":{b.hash},"tokens":[{tokens}],"lora_id":null,'
+                f'"cache_level":0,"priority":{EVENT_PRIORITY_DEFAULT}}}')
 
     def _event(self, data: dict) -> None:
+        """Buffer one event, serialized now: ``{"event_id", "data", "window_size"}`` (TensorRT-LLM's
+        KVCacheEventSerializer shape; a stored event's ``blocks`` arrive as JSON text from _stored_block)."""
         if not self.event_max:
             return
         self.stats.events += 1
         if len(self.events) >= self.event_max:
             self.events.popleft()
             self.stats.events_dropped += 1
-        ev = {"event_id": next(self._event_ids), "data": data}
-        if self.window_size:
-            ev["window_size"] = self.window_size
-        self.events.append(ev)
+        blocks = data.pop("blocks", None)
+        body = json.dumps(data)
+        if blocks is not None:
+            body = body[:-1] + ',"blocks":[' + ",".join(blocks) + "]}"
+        window = f',"window_size":{self.window_size}' if self.window_size else ""
+        self.events.append(f'{{"event_id":{next(self._event_ids)},"data":{body}{window}}}'.encode())

@@ -152,7 +152,7 @@ class Worker:
         """TensorRT-LLM's ``/kv_cache_events``: the block events since the last call (created / stored / removed,
         ``toolkit.standin.blockcache``), drained; always ``[]`` with ``kv_cache_config.event_buffer_max_size: 0``
         (TensorRT-LLM's default), which is what leaves a kv_cache_aware router blind (#14882)."""
-        return web.json_response(self.cache.drain_events())
+        return web.Response(body=self.cache.drain_events_json(), content_type="application/json")
 
     async def kv_release(self, request):
         """Free the send slot of a context leg whose generation leg failed (a stand-in endpoint; see proxy.py)."""
