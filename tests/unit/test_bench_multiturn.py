@@ -282,3 +282,19 @@ def test_bad_traces_are_refused_with_the_line(tmp_path):
     from toolkit.bench.workload import Limits
     with pytest.raises(BenchInputError, match="admits 100"):
         build_workload("multi-turn", trace="multiturn-small", limits=Limits(max_input_len=100))
+
+
+def test_requests_prefilled_on_the_generation_server_are_by_design_under_conditional_disaggregation():
+    from toolkit.bench.probe import Proof
+    from toolkit.bench.results import CellResult
+    from toolkit.bench.verdict import _disaggregation
+
+    res = {"c": CellResult(name="c", records=conversation("s", 4, 100, 20, STICKY))}
+    proof = Proof(kind="standin-stats", available=True, requests=4, context_legs=1, generation_legs=1,
+                  kv_transfers=1, local_prefill=3)
+    assert not _disaggregation(res, proof)[0].ok  # a deployment that only looks disaggregated
+    check = _disaggregation(res, proof, conditional=True)[0]
+    assert check.ok and "3 prefilled on the generation server (conditional disaggregation)" in check.reason
+    short = Proof(kind="standin-stats", available=True, requests=4, context_legs=0, generation_legs=1,
+                  kv_transfers=1, local_prefill=3)
+    assert not _disaggregation(res, short, conditional=True)[0].ok

@@ -286,7 +286,10 @@ def run_bench(target: Target, workload: Workload, *, tokenizer: str, bench_root:
         log = staging / "aiperf.log"
         results, proof = measure(target, workload, aiperf=aiperf, tokenizer=tokenizer, out=staging, log=log,
                                  timeout_s=timeout_s, on_progress=on_progress)
-        verdict = decide(workload, results, proof, objectives, gpus=target.gpus, bounds=bounds)
+        conditional = bool(plan is not None and plan.proxy is not None
+                           and (plan.proxy.config.get("conditional_disagg_config") or {}))
+        verdict = decide(workload, results, proof, objectives, gpus=target.gpus, bounds=bounds,
+                         conditional=conditional)
         multi_turn = _multi_turn(workload, results, plan, proof, reverse, verdict)
         rows = [report.cell_row(target.name, c, results.get(c.name), target.gpus) for c in workload.cells]
         cells_dirs = [c.name for c in workload.cells]

@@ -142,7 +142,7 @@ def _validity(workload: Workload, results: dict[str, CellResult], b: Bounds) -> 
     return checks
 
 
-def _disaggregation(results: dict[str, CellResult], proof: Proof | None) -> list[Check]:
+def _disaggregation(results: dict[str, CellResult], proof: Proof | None, conditional: bool = False) -> list[Check]:
     if proof is None or proof.kind == "aggregated":
         return [Check("disaggregated", "disaggregation", True, "aggregated baseline: not applicable", skipped=True)]
     sent = sum(len(r.records) for r in results.values())  # warm-up included: it went through the proxy too
@@ -159,17 +159,23 @@ def _disaggregation(results: dict[str, CellResult], proof: Proof | None) -> list
         need = proof.requests
     else:
         need = ok
-    if proof.local_prefill:
+    local = 0
+    if proof.local_prefill and not conditional:
         problems.append(f"{proof.local_prefill} requests were prefilled on the generation server (no context leg)")
-    if proof.context_legs < need:
+    elif proof.local_prefill:
+        # conditional disaggregation (the plan asks for it): a request whose uncached part is short goes to the
+        # generation server whole, by design; it needs no context leg and moves no KV
+        local = proof.local_prefill
+    if proof.context_legs + local < need:
         problems.append(f"{proof.context_legs} context legs for {need} successful requests")
-    if proof.generation_legs < need:
+    if proof.generation_legs + local < need:
         problems.append(f"{proof.generation_legs} generation legs for {need} successful requests")
-    if proof.kv_transfers < need:
+    if proof.kv_transfers + local < need:
         problems.append(f"{proof.kv_transfers} KV transfers for {need} successful requests")
     reason = "; ".join(problems) or (
         f"{need} successful requests; {proof.context_legs} context legs, {proof.generation_legs} generation "
-        f"legs, {proof.kv_transfers} KV transfers" + (f" ({proof.kv_bytes} bytes)" if proof.kv_bytes else ""))
+        f"legs, {proof.kv_transfers} KV transfers" + (f" ({proof.kv_bytes} bytes)" if proof.kv_bytes else "")
+        + (f"; {local} prefilled on the generation server (conditional disaggregation)" if local else ""))
     return [Check("disaggregated", "disaggregation", not problems, reason, numbers=numbers)]
 
 
@@ -198,9 +204,12 @@ def _sla(workload: Workload, results: dict[str, CellResult], objectives: tuple[O
 
 
 def decide(workload: Workload, results: dict[str, CellResult], proof: Proof | None,
-           objectives: tuple[Objective, ...] = (), *, gpus: int | None = None, bounds: Bounds = Bounds()) -> Verdict:
+           objectives: tuple[Objective, ...] = (), *, gpus: int | None = None, bounds: Bounds = Bounds(),
+           conditional: bool = False) -> Verdict:
+    """``conditional``: the deployment uses conditional disaggregation, so requests prefilled on a generation
+    server (no context leg, no KV moved) are by design, not a deployment that only looks disaggregated."""
     checks = _validity(workload, results, bounds)
-    checks += _disaggregation(results, proof)
+    checks += _disaggregation(results, proof, conditional)
     checks += _sla(workload, results, objectives, gpus)
     failed = [c for c in checks if not c.ok and not c.skipped]
     invalid = [c for c in failed if c.stage in ("validity", "disaggregation")]
