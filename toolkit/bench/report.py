@@ -117,9 +117,13 @@ def write_turn_plot(path: Path, series: dict[str, list[dict]], title: str) -> bo
     ax2.set_title("recomputed tokens per request")
     ax2.set_xlabel("turn")
     ax2.set_ylabel("tokens")
+    if not ax2.lines:
+        ax2.text(0.5, 0.5, "cached_tokens not usable:\nsee the reuse checks", ha="center", va="center",
+                 transform=ax2.transAxes, fontsize=9)
     for ax in (ax1, ax2):
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
+        if ax.lines:
+            ax.legend(fontsize=7)
         ax.xaxis.get_major_locator().set_params(integer=True)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
