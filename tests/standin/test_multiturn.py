@@ -148,3 +148,39 @@ def test_kv_cache_events_have_tensorrt_llm_shape(workers):
         kv = metrics[-1]["kvCacheStats"]
         assert {"maxNumBlocks", "freeNumBlocks", "usedNumBlocks", "tokensPerBlock", "reusedBlocks",
                 "missedBlocks", "cacheHitRate"} <= set(kv)
+
+
+def _line_13():
+    from toolkit.facts import trtllm
+    if "1.3" not in trtllm.SUPPORTED:
+        pytest.skip("the 1.3 line is not in this tk")
+
+
+def test_on_1_3_the_client_sees_the_context_servers_cached_tokens(launcher, workers):
+    """PR #13620: the proxy hands the context leg's usage to the generation leg (ctx_usage); before it, the client
+    saw the generation worker's count, the whole prompt."""
+    _line_13()
+    ctx = [workers["ctx_a"], workers["ctx_b"]]
+    kv = {"context_servers": {"router": {"type": "kv_cache_aware", "tokens_per_block": TPB}}}
+    old = launcher.proxy("mt_proxy_12", ctx, [workers["gen"]], extra=kv)
+    assert all(t["prompt_tokens_details"]["cached_tokens"] == t["prompt_tokens"]
+               for t in converse(old.url, "v12", 2))
+    new = launcher.proxy("mt_proxy_13", ctx, [workers["gen"]], extra=kv,
+                         env=worker_env(TK_STANDIN_TRTLLM_VERSION="1.3"))
+    turns = converse(new.url, "v13", 3, servers=ctx)
+    for t in turns:
+        assert t["prompt_tokens_details"]["cached_tokens"] == t["reused"]
+    assert turns[1]["reused"] == turns[0]["prompt_tokens"]
+
+
+def test_the_conversation_router_keeps_a_conversation_on_one_context_server(launcher, workers):
+    _line_13()
+    ctx = [workers["ctx_a"], workers["ctx_b"]]
+    proxy = launcher.proxy("mt_proxy_conv", ctx, [workers["gen"]],
+                           extra={"context_servers": {"router": {"type": "conversation"}}},
+                           env=worker_env(TK_STANDIN_TRTLLM_VERSION="1.3"))
+    for conv in range(2):
+        turns = converse(proxy.url, f"conv{conv}", 3, conversation=f"session-{conv}", servers=ctx)
+        assert [t["reused"] for t in turns[1:]] == [turns[0]["prompt_tokens"], turns[1]["prompt_tokens"]]
+    router = stats(proxy)["routers"]["context"]
+    assert router["sticky"] == 4 and router["fallback"] == 2
