@@ -13,6 +13,7 @@
     diff(run_a, run_b)                  what differs between two runs or render directories
     validate(plan, ...)                 NIXL transfers between every context and generation node -> report
     size(model, system, gpus, ...)      aiconfigurator's search + the KV-transfer term -> a sized recipe
+    import_config(source, ...)          an srt-slurm / TensorRT-LLM disaggregated config -> a tk recipe (and its plan)
     predict(plan)                       aiconfigurator's TTFT/TPOT/tokens/s/GPU for a plan's exact configuration
     bench(run, workload=..., sla=...)   aiperf against a serving run -> results, verdict (exit 0/1/2), report
     bench_recipe(recipe, ...)           launch, bench, stop (the lead fills the launching)
@@ -50,6 +51,7 @@ __all__ = [
     "diff",
     "doctor",
     "find_run",
+    "import_config",
     "launch",
     "launch_baseline",
     "list_models",
@@ -612,3 +614,45 @@ def launch_baseline(run: RunRecord | str | os.PathLike, *, local: bool | None = 
                   startup_timeout_s=startup_timeout_s, on_progress=on_progress)
 
 
+
+
+def import_config(source: str | os.PathLike, *, kind: str | None = None, name: str | None = None,
+                  output: str | os.PathLike | None = None, force: bool = False):
+    """Convert an existing disaggregated deployment config into a tk recipe (toolkit.importer): NVIDIA srt-slurm
+    TensorRT-LLM recipes ("srt-slurm"), TensorRT-LLM's Slurm benchmark config.yaml ("trtllm-bench") or a
+    `trtllm-serve disaggregated` config with the servers' options ("trtllm-disagg"); ``kind`` None detects it.
+    The recipe is planned at once: the result lists what was not carried, what tk renders differently, and the
+    plan's violations (TensorRT-LLM's rules) if any. With ``output`` the recipe is written there atomically (an
+    existing file only with ``force``). Raises RecipeError when the source cannot be read or converted."""
+    import tempfile
+
+    from toolkit.errors import RecipeError, TkError, Violation
+    from toolkit.importer import import_config as convert
+
+    result = convert(source, kind=kind, name=name)
+    if output is None:
+        return result
+    out = Path(output)
+    if out.exists() and not force:
+        raise RecipeError([Violation(str(out), None, "(output)", "exists already; tk import does not overwrite it",
+                                     "choose another -o path, or pass --force")])
+    try:  # a whole file or none: written beside the target, then linked (or, with force, renamed) into place
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(result.text)
+            os.chmod(tmp, 0o644)
+            if force:
+                os.replace(tmp, out)
+            else:
+                os.link(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except FileExistsError:
+        raise RecipeError([Violation(str(out), None, "(output)", "exists already; tk import does not overwrite it",
+                                     "choose another -o path, or pass --force")]) from None
+    except OSError as exc:
+        raise TkError(f"{out}: cannot write the recipe ({exc.strerror or exc})") from None
+    return result

@@ -66,6 +66,7 @@ def cli():
     tk doctor [RUN]                 why a run failed: cause, fix, evidence
     tk diff RUN_A RUN_B             what differs between two runs or renders
     tk validate cluster RECIPE      NIXL transfers between every context and generation node
+    tk import CONFIG -o RECIPE      an srt-slurm / TensorRT-LLM disaggregated config as a tk recipe
     """
 
 
@@ -126,6 +127,41 @@ def plan(recipe: str, predict: bool, turns: int | None, answer_len: int | None, 
         from toolkit.size.multiturn import print_recompute
 
         print_recompute(multi)
+
+
+# --- import --------------------------------------------------------------------------------------
+
+@cli.command(name="import")
+@click.argument("source", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the recipe here (default: stdout).")
+@click.option("--kind", type=click.Choice(["srt-slurm", "trtllm-bench", "trtllm-disagg"]),
+              help="The source's format (default: detected).")
+@click.option("--name", help="The recipe's name (default: the source's).")
+@click.option("--force", is_flag=True, help="Overwrite an existing -o file.")
+@json_option
+def import_(source, output, kind, name, force, as_json):
+    """Turn an existing disaggregated config into a tk recipe: an NVIDIA srt-slurm TensorRT-LLM recipe, TensorRT-LLM's
+    examples/disaggregated/slurm/benchmark config.yaml, or a `trtllm-serve disaggregated` config carrying the
+    servers' options. Lists what tk could not carry and what it renders differently, and plans the recipe: exit 0
+    when it plans, 1 when tk refuses it (TensorRT-LLM's own rules; the recipe is still written), 2 on a source it
+    cannot read."""
+    result = api.import_config(source, kind=kind, name=name, output=output, force=force)
+    if as_json:
+        _emit_json({"ok": result.ok, "kind": result.kind, "source": result.source, "output": output,
+                    "recipe": result.recipe if output is None else None,
+                    "not_carried": [{"path": d.path, "value": d.value, "why": d.why} for d in result.ledger.dropped],
+                    "notes": result.ledger.notes,
+                    "changed": [{"path": p, "source": a, "tk": b} for p, a, b in result.changed],
+                    "added": [{"path": p, "tk": v} for p, v in result.added],
+                    "errors": [v.to_dict() for v in result.violations], "warnings": result.warnings})
+    else:
+        if output is None:
+            click.echo(result.text, nl=False)
+        from toolkit.report import print_import
+
+        print_import(result, output)
+    if not result.ok:
+        raise SystemExit(1)
 
 
 # --- size ----------------------------------------------------------------------------------------

@@ -21,7 +21,8 @@ def print_plan(plan: Plan) -> None:
     console = Console(stderr=True, highlight=False)
     if not console.is_terminal:
         console.width = 120
-    console.print(f"[bold]{esc(plan.name)}[/]  {esc(plan.engine.label)} {plan.trtllm_version}  model "
+    console.print(f"[bold]{esc(plan.name)}[/]  {esc(plan.engine.label)} {plan.target_release or plan.trtllm_version}"
+                  f"  model "
                   f"{esc(plan.model.name)}  {plan.node_count} node(s) x {plan.slurm.gpus_per_node} GPU")
 
     roles = Table(title="Roles", title_justify="left")
@@ -52,7 +53,11 @@ def print_plan(plan: Plan) -> None:
     t.add_row("per TP rank", f"context {kv.ctx_bytes_per_token_per_rank:,} B, "
                              f"generation {kv.gen_bytes_per_token_per_rank:,} B")
     t.add_row("tokens_per_block", str(kv.tokens_per_block))
-    t.add_row("max_tokens_in_buffer", f"{plan.buffer.max_tokens_in_buffer}  ({esc(plan.buffer.reason)})")
+    buf = plan.buffer
+    gen_buf = f", generation {buf.generation_max_tokens_in_buffer}" if buf.generation_max_tokens_in_buffer else ""
+    t.add_row("max_tokens_in_buffer", f"{buf.max_tokens_in_buffer}{gen_buf}  ({esc(buf.reason)})")
+    tls = plan.kv_transfer.transport.ucx_tls(plan.engine.kv_memory)
+    t.add_row("UCX_TLS", f"{tls or 'unset'}  ({esc(plan.kv_transfer.transport.ucx_tls_reason)})")
     t.add_row("largest request", f"{kv.largest_request_tokens:,} tokens = {human_bytes(kv.largest_request_bytes)} of KV")
     t.add_row("its transfer", f"{est.largest_request_transfer_ms:.1f} ms at {est.nominal_gbps:g} GB/s per GPU "
                               f"({est.transport}, nominal)")
@@ -64,3 +69,35 @@ def print_plan(plan: Plan) -> None:
     console.print(t)
     for w in plan.warnings:
         console.print(f"[yellow]warning:[/] {esc(w)}")
+
+
+def print_import(result, output) -> None:
+    """What `tk import` did: where the recipe went, what was not carried, what tk renders differently, the plan."""
+    from rich.console import Console
+    from rich.markup import escape as esc
+
+    console = Console(stderr=True, highlight=False)
+    if not console.is_terminal:
+        console.width = 120
+    led = result.ledger
+    console.print(f"[bold]{esc(result.source)}[/] ({led.kind}) -> "
+                  f"{esc(str(output)) if output else 'stdout'}: {len(led.carried)} value(s) carried")
+    for d in led.dropped:
+        console.print(f"[yellow]not carried:[/] {esc(d.path)}: {esc(d.why)}")
+    for n in led.notes:
+        console.print(f"[cyan]check:[/] {esc(n)}")
+    for path, theirs, mine in result.changed:
+        shown = "left out" if mine is None else f"{mine!r}"
+        console.print(f"[yellow]tk renders differently:[/] {esc(path)}: {esc(repr(theirs))} -> {esc(shown)}")
+    if result.added:
+        console.print("tk adds: " + esc(", ".join(f"{p}={v!r}" for p, v in result.added)))
+    for w in result.warnings:
+        console.print(f"[yellow]warning:[/] {esc(w)}")
+    for v in result.violations:
+        console.print(f"[red]error:[/] {esc(str(v))}")
+    if result.ok:
+        console.print(f"[green]the recipe plans[/] ({result.plan.trtllm_version}, {result.plan.node_count} node(s)); "
+                      f"next: tk plan {esc(str(output)) if output else 'RECIPE'}")
+    else:
+        console.print(f"[red]{len(result.violations)} problem(s)[/]: the recipe is written as imported; fix them "
+                      "there (each names its field)")

@@ -11,7 +11,7 @@ import dataclasses
 
 from toolkit import __version__
 from toolkit.errors import RecipeError
-from toolkit.facts import trtllm
+from toolkit.facts import llm_args, trtllm
 from toolkit.facts.engines import ENGINES, emulated_label
 from toolkit.facts.hardware import TRANSPORT_PROFILES
 from toolkit.facts.models import ModelError, resolve_model
@@ -38,6 +38,7 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
     c = rules.Collector(loaded)
     c.warnings.extend(loaded.warnings)  # e.g. an image tag tk cannot read (toolkit.recipe.loader.resolve_version)
     version = trtllm.get(r.trtllm_version)
+    target = llm_args.Target(version.line, loaded.release)
     engine = ENGINES[r.engine]
 
     try:
@@ -48,19 +49,22 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
         raise RecipeError(c.violations) from None
 
     transport = TRANSPORT_PROFILES[r.kv_transfer.transport]
-    rules.check_version_features(r, version, engine, transport, c)
+    rules.check_version_features(r, version, engine, transport, c, target)
+    rules.check_speculative(r, target, model, c)
+    rules.check_proxy(r, version, c)
     rules.check_parallelism(r, model, c)
     emulated_model = rules.check_emulation(r, engine, c)
     buffer = sizing.size_buffer(r, c)
 
     merged = {}
     for title, spec in (("context", r.context), ("generation", r.generation)):
-        derived = options.derived_options(r, title, spec, model, version, buffer)
-        rules.check_extra_options(r, title, spec, derived, version, c)
+        derived = options.derived_options(r, title, spec, model, version, buffer, target)
+        rules.check_extra_options(r, title, spec, derived, version, c, target)
         rules.check_extra_serve_args(title, spec, version, c)
         merged[title] = options.deep_merge(derived, spec.extra_options)
     ctx_opts, gen_opts = merged["context"], merged["generation"]
     rules.check_unverified_options(version, merged, c)
+    rules.check_transceiver(r, target, merged, c)
     rules.check_role_options(r, ctx_opts, gen_opts, c)
     rules.check_agreement(r, ctx_opts, gen_opts, c)
 
@@ -86,7 +90,7 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
     rules.check_supervision(r, c)
     membership = rules.check_membership(r, version, servers, c)
 
-    env_base = options.worker_env(r, version, engine, transport)
+    env_base = options.worker_env(r, version, engine, transport, target)
     if emulated_model is not None:
         env_base.update(options.emulation_env(r, engine, transport, emulated_model))
         emu = r.standin.emulate
@@ -114,7 +118,8 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
                         nodes_per_instance=span, node_count=nodes, instances=instances,
                         model_path=spec.model_path or r.model_path or r.model, llm_api_options=opts,
                         serve_args=options.serve_args(spec, opts, model), env=env,
-                        kv=sizing.role_kv(model, dtype, spec, extra_layers))
+                        kv=sizing.role_kv(model, dtype, spec, extra_layers),
+                        launcher_prefix=tuple(spec.launcher_prefix))
 
     ctx_plan = role_plan("ctx", "context", r.context, ctx_span, ctx_nodes, ctx_instances, ctx_opts, ctx_env)
     gen_plan = role_plan("gen", "generation", r.generation, gen_span, gen_nodes, gen_instances, gen_opts, gen_env)
@@ -140,6 +145,7 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
                             max_output_len=t.max_output_len, typical_input_len=t.typical_input_len),
         buffer=buffer, estimates=estimates, context=ctx_plan, generation=gen_plan, proxy=proxy, slurm=slurm,
         supervision=supervision, membership=membership,
-        node_count=node_count, recipe=r.manifest_doc(), warnings=tuple(c.warnings),
+        node_count=node_count, recipe=r.manifest_doc(), warnings=tuple(dict.fromkeys(c.warnings)),
+        target_release=loaded.release,
     )
 

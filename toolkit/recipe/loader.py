@@ -7,6 +7,7 @@ so later stages can point a user at the line to change.
 from __future__ import annotations
 
 import difflib
+import re
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,9 @@ class LoadedRecipe:
     # cluster.container_image) or "default" (trtllm.LATEST: no version written and no readable image tag).
     version_source: str = "recipe"
     warnings: tuple = ()  # found while loading (an unreadable image tag); the plan lists them with its own
+    # The exact TensorRT-LLM release the recipe runs where it says (trtllm_version "1.3.0rc23", or the tag of
+    # cluster.container_image), else None: only the line is known (facts.llm_args.Target).
+    release: str | None = None
 
     def line_of(self, path: Path_) -> int | None:
         """The line of a field, or of its nearest written parent."""
@@ -423,10 +427,24 @@ def load_recipe_text(text: str, file: str, overrides=()) -> LoadedRecipe:
     except ValidationError as exc:
         raise RecipeError(_violations(exc, proto)) from None
     line, source, warnings = resolve_version(recipe, proto)
+    release = _release(recipe)
     if recipe.trtllm_version is None:
         recipe = recipe.model_copy(update={"trtllm_version": line})
     return LoadedRecipe(recipe=recipe, file=file, raw=data, lines=lines, overrides=overrides,
-                        version_source=source, warnings=tuple(warnings))
+                        version_source=source, warnings=tuple(warnings), release=release)
+
+
+def _release(recipe: Recipe) -> str | None:
+    """The exact release: a trtllm_version with more than the line ("1.2.0rc6.post1"), else a readable image tag."""
+    given = recipe.trtllm_version
+    if given and not re.fullmatch(r"[0-9]+\.[0-9]+", given):
+        return given
+    image = recipe.cluster.container_image
+    if image and ENGINES[recipe.engine].image_holds_trtllm:
+        found = trtllm.image_version(image)
+        if found.version is not None and (not given or trtllm.get(given).line == found.version.line):
+            return found.version.text
+    return None
 
 
 def resolve_version(recipe: Recipe, loaded: LoadedRecipe) -> tuple[str, str, list[str]]:
@@ -462,8 +480,15 @@ def resolve_version(recipe: Recipe, loaded: LoadedRecipe) -> tuple[str, str, lis
             f"{trtllm.get(trtllm.LATEST).release.lstrip('v')}")])
     warnings = []
     if version.prerelease:
-        warnings.append(f"cluster.container_image {shown} is a pre-release ({version.text}); tk's facts for line "
-                        f"{version.line} were read for its release ({trtllm.get(version.line).release})")
+        from toolkit.facts import llm_args
+
+        ev = llm_args.evidence(llm_args.Target(version.line, version.text))
+        if not any(llm_args.version_key(s.first) <= llm_args.version_key(version.text) <= llm_args.version_key(s.last)
+                   for s in ev):
+            warnings.append(
+                f"cluster.container_image {shown} is a pre-release ({version.text}); tk has no facts read at it: "
+                f"its options are checked against {' and '.join(s.cite for s in ev)}, and a key only one of them "
+                "has is a warning")
     if not given:
         return version.line, "image", warnings
     line = trtllm.get(given).line

@@ -34,7 +34,7 @@ def worker_command(plan: Plan, role_name: str, port: int) -> list[str]:
     """argv of one server, up to (not including) the options-file flag and path."""
     role = plan.role(role_name)
     flag = trtllm.SERVE_FLAG
-    return [*plan.engine.launcher, *plan.engine.serve_command, role.model_path, flag["host"],
+    return [*role.launcher_prefix, *plan.engine.launcher, *plan.engine.serve_command, role.model_path, flag["host"],
             worker_host(plan, role_name, port), flag["port"], str(port), *membership_args(plan, role_name),
             *role.serve_args]
 
@@ -103,6 +103,16 @@ def check_script_text() -> str:
     return (templates_dir() / CHECK_SCRIPT).read_text()
 
 
+def ucx_tls_note(plan: Plan, env: dict) -> str:
+    """Why this env file sets UCX_TLS as it does (or leaves it to UCX): the transport profile's reason, or that the
+    recipe's own value overrides the profile."""
+    transport = plan.kv_transfer.transport
+    mine = env.get("UCX_TLS")
+    if mine is not None and mine != transport.ucx_tls(plan.engine.kv_memory):
+        return f"set by the recipe's env; it overrides transport profile {transport.name}"
+    return transport.ucx_tls_reason
+
+
 def render_files(plan: Plan) -> dict[str, str]:
     """Every file of the deployment, name -> text, manifest included. Pure: writes nothing."""
     env = environment()
@@ -113,10 +123,11 @@ def render_files(plan: Plan) -> dict[str, str]:
     if plan.proxy is not None:
         files["disagg.yaml"] = env.get_template("disagg.yaml.j2").render(**common)
     for role in plan.roles:
-        files[f"{role.role}.env"] = env.get_template("role.env.j2").render(env=role.env, title=f"{role.title} servers",
-                                                                          **common)
+        files[f"{role.role}.env"] = env.get_template("role.env.j2").render(
+            env=role.env, title=f"{role.title} servers", ucx_tls_note=ucx_tls_note(plan, role.env), **common)
     if plan.proxy is not None:
-        files["proxy.env"] = env.get_template("role.env.j2").render(env=plan.proxy.env, title="proxy", **common)
+        files["proxy.env"] = env.get_template("role.env.j2").render(
+            env=plan.proxy.env, title="proxy", ucx_tls_note=ucx_tls_note(plan, plan.proxy.env), **common)
     files.update({
         "launch.sbatch": env.get_template("launch.sbatch.j2").render(
             worker_commands={s.name: worker_command(plan, s.role, s.port) for s in plan.servers},
