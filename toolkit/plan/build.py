@@ -123,7 +123,7 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
 
     ctx_plan = role_plan("ctx", "context", r.context, ctx_span, ctx_nodes, ctx_instances, ctx_opts, ctx_env)
     gen_plan = role_plan("gen", "generation", r.generation, gen_span, gen_nodes, gen_instances, gen_opts, gen_env)
-    proxy = options.proxy_plan(r, ctx_instances, gen_instances, transport, engine, membership)
+    proxy = options.proxy_plan(r, ctx_instances, gen_instances, transport, engine, membership, version)
     slurm = SlurmPlan(job_name=f"tk-{r.name}", nodes=node_count, gpus_per_node=gpn,
                       partition=r.cluster.partition, account=r.cluster.account, time_limit=r.cluster.time_limit,
                       container_image=r.cluster.container_image, container_mounts=tuple(r.cluster.container_mounts),

@@ -184,7 +184,8 @@ def emulation_env(r: Recipe, engine: EngineProfile, transport: TransportProfile,
 
 
 def proxy_plan(r: Recipe, ctx: tuple[ServerInstance, ...], gen: tuple[ServerInstance, ...],
-               transport: TransportProfile, engine: EngineProfile, membership=None) -> ProxyPlan:
+               transport: TransportProfile, engine: EngineProfile, membership=None,
+               version: trtllm.TrtllmVersion | None = None) -> ProxyPlan:
     def section(instances, router: str, tpb: int, args: dict) -> dict:
         router_cfg: dict = {"type": router}
         if router == "kv_cache_aware":
@@ -226,6 +227,10 @@ def proxy_plan(r: Recipe, ctx: tuple[ServerInstance, ...], gen: tuple[ServerInst
     env = {trtllm.LOG_LEVEL_ENV: "INFO"}
     if transport.ucx_tls(engine.kv_memory):
         env["UCX_TLS"] = transport.ucx_tls(engine.kv_memory)
+    if engine.version_env and version is not None:
+        # the engine imitates a line (the CPU stand-in): its proxy must speak the same one as the workers (which
+        # keys it accepts, ctx_usage on the generation leg, the conversation router)
+        env[engine.version_env] = version.line
     env.update(r.proxy.env)
     return ProxyPlan(node=0, port=r.proxy.port, config=cfg, args=args, env=env,
                      request_timeout_s=r.proxy.request_timeout_s)
