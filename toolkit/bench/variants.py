@@ -131,7 +131,10 @@ def recommend(lines: list[dict]) -> dict:
         rel = d / o["ttft_p50_later_ms"] if o["ttft_p50_later_ms"] else 0
         rec = ""
         if o.get("recomputed_later") is not None and best.get("recomputed_later") is not None:
-            rec = f", {o['recomputed_later'] - best['recomputed_later']:.0f} fewer tokens recomputed per request"
+            fewer = o["recomputed_later"] - best["recomputed_later"]
+            rec = (f", {fewer:.0f} fewer tokens recomputed per request" if fewer >= 1 else
+                   ", as many tokens recomputed" if fewer > -1 else
+                   f", though {-fewer:.0f} more tokens recomputed per request")
         parts.append(f"vs {o['variant']}: {d:.3g} ms ({100 * rel:.0f} %) faster{rec}")
     return {"variant": best["variant"], "reason": "; ".join(parts)}
 
