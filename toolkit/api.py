@@ -47,6 +47,7 @@ __all__ = [
     "bench",
     "bench_compare",
     "bench_recipe",
+    "bench_target",
     "check_config",
     "diff",
     "doctor",
@@ -126,7 +127,9 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     from toolkit.render import derived_numbers
 
     doc = {"name": plan.name, "engine": plan.engine.name, "trtllm_version": plan.trtllm_version,
-           "recipe_file": plan.recipe_file, **derived_numbers(plan)}
+           "recipe_file": plan.recipe_file, "site_file": plan.site_file,
+           "value_sources": {field: {"value": value, "from": source} for field, value, source in plan.value_sources},
+           **derived_numbers(plan)}
     doc["bytes_per_token"] = plan.kv.bytes_per_token
     return doc
 
@@ -146,7 +149,9 @@ def render(plan: Plan, out_dir: str | os.PathLike | None = None) -> tuple[Path, 
 def check_config(plan: Plan, out_dir: str | os.PathLike) -> tuple[str, str]:
     """Check the files rendered into out_dir with the engine's own parsers, here (TensorRT-LLM's classes where
     tensorrt_llm is importable by this Python; the stand-in's tables for a stand-in plan).
-    Returns ("ok" | "failed" | "skipped", message); starts nothing, uses no GPU."""
+    Returns ("ok" | "failed" | "skipped" | "error", message): "skipped" when nothing here can check (no
+    tensorrt_llm), "error" when the check could not run; neither means the files were checked. Starts nothing,
+    uses no GPU."""
     from toolkit.render import check_rendered
 
     return check_rendered(plan, out_dir)
@@ -192,6 +197,37 @@ def find_run(ref: str | os.PathLike | None = None) -> RunRecord:
     from toolkit.launch.run import find_run as find
 
     return find(os.fspath(ref) if ref is not None else None)
+
+
+def bench_target(ref: str | os.PathLike | None) -> RunRecord | str:
+    """What `tk bench REF` measures: a run (RunRecord) or a recipe to launch (its path).
+
+    A run directory or an exact run name selects that run; a shipped recipe's name or a recipe file selects the
+    recipe; a name that is a recipe and also the prefix of runs (standin-2p2d and standin-2p2d-20261125-160608)
+    is refused as ambiguous, naming both; any other prefix of one run's name selects it; None: the last run."""
+    from toolkit.errors import TkError
+    from toolkit.launch.run import RUN_RECORD
+
+    if ref is None:
+        return find_run(None)
+    text = os.fspath(ref)
+    if (Path(text) / RUN_RECORD).is_file():
+        return find_run(text)
+    every = runs()
+    exact = [r for r in every if r.name == text]
+    if exact:
+        return exact[-1]
+    path = recipe_path(text)
+    is_recipe = Path(path).is_file()
+    prefixed = [r for r in every if r.name.startswith(text)]
+    if is_recipe and prefixed:
+        names = ", ".join(r.name for r in prefixed[-3:]) + (f" (and {len(prefixed) - 3} more)" if len(prefixed) > 3
+                                                              else "")
+        raise TkError(f"{text!r} is ambiguous: the recipe {path} and run(s) {names}; give the recipe's path "
+                      f"to launch it, or a run's full name (tk runs) to measure that run")
+    if is_recipe:
+        return path
+    return find_run(text)
 
 
 def _record(run: RunRecord | str | os.PathLike | None) -> RunRecord:
@@ -399,8 +435,8 @@ def _launched_plan(record: RunRecord, overrides: Sequence[str] = (), *, aggregat
 _BASELINE_PORT_SHIFT = 100  # tk bench RUN --baseline aggregated: the baseline's ports, beside the serving run's
 
 
-def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "fixed", isl: int = 1024,
-          osl: int = 128, concurrency: Sequence[int] | None = None, request_rate: Sequence[float] | None = None,
+def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "fixed", isl: int | None = None,
+          osl: int | None = None, concurrency: Sequence[int] | None = None, request_rate: Sequence[float] | None = None,
           requests: int | None = None, turns: int = 3, sla: str | None = None, tokenizer: str | None = None,
           baseline: str | RunRecord | None = None, baseline_url: str | None = None, max_error_rate: float = 0.01,
           seed: int = 100, timeout_s: float = 1800.0, name: str | None = None,
@@ -551,7 +587,7 @@ def bench_compare(recipe: str | os.PathLike, compare: Sequence[str], *, local: b
             on_variant(v, doc, err)
     wl = bench_kwargs.get("workload", "fixed")
     shape = (f"trace {bench_kwargs['trace']}" if bench_kwargs.get("trace") else
-             f"{wl}, ISL {bench_kwargs.get('isl', 1024)}, OSL {bench_kwargs.get('osl', 128)}"
+             f"{wl}, ISL {bench_kwargs.get('isl') or 'default'}, OSL {bench_kwargs.get('osl') or 'default'}"
              + (f", {bench_kwargs.get('turns', 3)} turns" if wl == "multi-turn" else ""))
     out = {"recipe": plans[0].name, "workload": shape, "compare_dir": str(base),
            "axes": list(compare), "variants": lines, "recommendation": recommend(lines)}
@@ -567,8 +603,8 @@ def _bench_recipe_checks(plan: Plan, bench_kwargs: dict) -> None:
     from toolkit.bench.workload import build_workload
 
     parse_sla(bench_kwargs.get("sla"))
-    build_workload(bench_kwargs.get("workload", "fixed"), isl=bench_kwargs.get("isl", 1024),
-                   osl=bench_kwargs.get("osl", 128),
+    build_workload(bench_kwargs.get("workload", "fixed"), isl=bench_kwargs.get("isl"),
+                   osl=bench_kwargs.get("osl"),
                    concurrency=tuple(bench_kwargs["concurrency"]) if bench_kwargs.get("concurrency") else None,
                    request_rate=tuple(bench_kwargs["request_rate"]) if bench_kwargs.get("request_rate") else None,
                    requests=bench_kwargs.get("requests"), turns=bench_kwargs.get("turns", 3),

@@ -24,6 +24,26 @@ def print_plan(plan: Plan) -> None:
     console.print(f"[bold]{esc(plan.name)}[/]  {esc(plan.engine.label)} {plan.target_release or plan.trtllm_version}"
                   f"  model "
                   f"{esc(plan.model.name)}  {plan.node_count} node(s) x {plan.slurm.gpus_per_node} GPU")
+    console.print(f"recipe {esc(plan.recipe_file)}" + (f"; site defaults {esc(plan.site_file)}" if plan.site_file
+                                                        else ""), soft_wrap=True)
+    if plan.model.source != "built-in":
+        console.print(f"model config {esc(plan.model.source)}", soft_wrap=True)
+    if plan.slurm.container_image:
+        console.print(f"image {esc(plan.slurm.container_image)}" +
+                      (f"  ({esc(plan.slurm.image_note)})" if plan.slurm.image_note else ""), soft_wrap=True)
+    if plan.roles[0].llm_api_options.get("trust_remote_code"):
+        console.print("trust_remote_code: true (the servers run Python code shipped with the checkpoint)")
+    if plan.value_sources:
+        sources = Table(title="Values from outside the recipe", title_justify="left")
+        for col in ("field", "value", "from"):
+            sources.add_column(col)
+        import os
+
+        for dotted, value, source in plan.value_sources:
+            if plan.site_file and source.startswith(plan.site_file + ":"):  # the header names the whole path
+                source = os.path.basename(plan.site_file) + source[len(plan.site_file):]
+            sources.add_row(esc(dotted), esc(value), esc(source))
+        console.print(sources)
 
     roles = Table(title="Roles", title_justify="left")
     for col in ("role", "instances", "tp", "pp", "ep", "attn DP", "GPUs/inst", "GPUs", "nodes",

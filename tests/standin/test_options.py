@@ -106,7 +106,7 @@ def test_unknown_cli_flag_exits_2(tmp_path):
 
 def test_unknown_model_exits_2():
     proc = run_standin("no/such-model", "--port", "19000")
-    assert proc.returncode == 2 and "unknown model" in proc.stderr
+    assert proc.returncode == 2 and "model 'no/such-model' is not built in" in proc.stderr
 
 
 def test_every_rendered_standin_file_is_accepted_by_every_version(tmp_path, monkeypatch):

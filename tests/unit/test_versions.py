@@ -13,6 +13,7 @@ from toolkit.recipe import load_recipe, load_recipe_text
 from tests.conftest import RECIPES
 
 IMG = "nvcr.io/nvidia/tensorrt-llm/release"
+PYXIS_IMG = "nvcr.io#nvidia/tensorrt-llm/release"  # as the fixes spell it, and as launch.sbatch renders it
 RECIPE = """\
 schema_version: 1
 name: t
@@ -104,7 +105,7 @@ def test_a_version_written_in_the_file_that_contradicts_the_image_is_refused_at_
     v = refused(f"{IMG}:1.0.0", version="1.2")
     assert (v.file, v.line, v.field) == ("r.yaml", 7, "trtllm_version")
     assert "contradicts" in v.message and "1.0.0" in v.message
-    assert f"{IMG}:1.2.0" in v.fix and "remove trtllm_version" in v.fix
+    assert f"{PYXIS_IMG}:1.2.0" in v.fix and "remove trtllm_version" in v.fix
 
 
 def test_set_trtllm_version_on_a_shipped_recipe_needs_the_image_too():
@@ -113,9 +114,9 @@ def test_set_trtllm_version_on_a_shipped_recipe_needs_the_image_too():
         build_plan(load_recipe(path, ["trtllm_version=1.0"]))
     [v] = info.value.violations
     assert (v.file, v.field) == ("--set trtllm_version=1.0", "trtllm_version")
-    assert f"--set cluster.container_image={IMG}:1.0.0" in v.fix and "drop --set trtllm_version" in v.fix
+    assert f"--set cluster.container_image={PYXIS_IMG}:1.0.0" in v.fix and "drop --set trtllm_version" in v.fix
     plan = build_plan(load_recipe(path, ["trtllm_version=1.0", f"cluster.container_image={IMG}:1.0.0"]))
-    assert plan.trtllm_version == "1.0" and plan.slurm.container_image == f"{IMG}:1.0.0"
+    assert plan.trtllm_version == "1.0" and plan.slurm.container_image == f"{PYXIS_IMG}:1.0.0"
 
 
 def test_set_image_alone_that_contradicts_the_files_version_blames_the_image():
@@ -127,7 +128,7 @@ def test_set_image_alone_that_contradicts_the_files_version_blames_the_image():
 def test_an_image_of_a_line_tk_has_no_facts_for_is_refused():
     v = refused(f"{IMG}:1.4.0rc1")
     assert v.field == "cluster.container_image" and "1.4.0rc1" in v.message
-    assert f"{IMG}:1.2.0" in v.fix
+    assert f"{PYXIS_IMG}:1.2.0" in v.fix
 
 
 def test_a_1_3_pre_release_image_selects_the_1_3_line_and_its_release():

@@ -60,7 +60,7 @@ EMULATED_GPUS = tuple(name for name in GPU_FIGURES if name != "CPU")
 # - prefill: dense-model prefill GEMMs at a few thousand tokens reach 40-60% of dense peak in published
 #   TensorRT-LLM / vLLM benchmarks; tk takes the low end (0.4), as `tk plan`'s estimate always has.
 # - decode: each step streams the weights and the KV once at 60-85% of peak HBM bandwidth; 0.7 is close to what
-#   the seed lab's real H100 figure implies (/work/shared/seeds/002: Llama-3.1-8B BF16 TP=1, ITL 7.2 ms at 2 req/s;
+#   the P/D lab's real H100 figure implies (benchmarks/pd_lab.py SEED: Llama-3.1-8B BF16 TP=1, ITL 7.2 ms at 2 req/s;
 #   16.06 GB / 3.35 TB/s = 4.8 ms at 100%, i.e. 0.67 with the engine's own overheads included).
 PREFILL_EFFICIENCY = 0.4  # compute-bound phase: achieved / dense peak FLOP/s
 DECODE_EFFICIENCY = 0.7  # memory-bound phase: achieved / peak HBM bandwidth

@@ -176,7 +176,7 @@ ROUTERS = ("round_robin", "load_balancing", "kv_cache_aware", "conversation")
 # --extra_llm_api_options) and a few more; spot-checked in stored tensorrt_llm/commands/serve.py versions
 # (early 2025 and newest), not at the tags.
 _SERVE_FLAGS = {*SERVE_FLAG.values(), "--gpus_per_node", "--log_level", "--trust_remote_code"}
-# Further `trtllm-serve serve` flags a recipe's extra_serve_args may pass (reference: trtllm-disagg.md §6; the
+# Further `trtllm-serve serve` flags a recipe's extra_serve_args may pass (from tensorrt_llm/commands/serve.py; the
 # stand-in accepts the same): True = takes a value, False = a switch. Not checked per release line.
 SERVE_FLAGS_MORE = {
     "--tensor_parallel_size": True, "--pipeline_parallel_size": True, "--context_parallel_size": True,

@@ -206,7 +206,7 @@ class SlurmPlan:
     partition: str | None
     account: str | None
     time_limit: str
-    container_image: str | None
+    container_image: str | None  # as pyxis takes it (facts.containers.pyxis_image): registry images as REGISTRY#IMAGE
     container_mounts: tuple[str, ...]
     pending_timeout_s: int
     startup_timeout_s: int
@@ -214,6 +214,10 @@ class SlurmPlan:
     exclusive: bool = False
     sbatch_args: tuple[str, ...] = ()  # extra #SBATCH arguments, checked by the rules
     srun_args: tuple[str, ...] = ()  # extra arguments of every server step (and the config check)
+    image_note: str = ""  # how and why container_image differs from the recipe's spelling ("" when it does not)
+    # `srun --mpi=` of every server step (cluster.mpi, else the engine's default: pmix for TensorRT-LLM's MPI
+    # ranks); None: no --mpi (an engine that starts one process per server)
+    mpi: str | None = None
 
     @property
     def gpu_directives(self) -> tuple[str, ...]:
@@ -252,6 +256,11 @@ class Plan:
     # no membership; `context` and `generation` stay the disaggregated roles it was derived from.
     mode: str = "disaggregated"
     aggregated: RolePlan | None = None
+    # Where values came from when the recipe file did not write them: the site defaults file merged under the
+    # recipe (toolkit.recipe.site), and (dotted field, value as text, "SITE_FILE:LINE" | "--set EXPR") for each
+    # such value.
+    site_file: str | None = None
+    value_sources: tuple[tuple[str, str, str], ...] = ()
     # The exact TensorRT-LLM release the options were checked for ("1.3.0rc23"), where the recipe or its image says;
     # None: the line (trtllm_version), any release of it.
     target_release: str | None = None

@@ -48,7 +48,8 @@ def derived_options(r: Recipe, title: str, role: RoleSpec, model: ModelSpec, ver
     opts["max_seq_len"] = role.max_seq_len or default_max_seq_len(r)
     opts["disable_overlap_scheduler"] = True if is_ctx else False
     opts["print_iter_log"] = True
-    opts["trust_remote_code"] = True
+    if r.trust_remote_code:  # TensorRT-LLM's default is False: written only when the recipe asks
+        opts["trust_remote_code"] = True
     if is_ctx or role.cuda_graph is False:
         opts["cuda_graph_config"] = None
     else:

@@ -220,7 +220,7 @@ SBATCH_OWNED = {
 SRUN_OWNED = {
     "nodes": "the plan", "ntasks": "the plan", "ntasks-per-node": "the plan", "nodelist": "the plan",
     "output": "tk (logs/NAME.log)", "error": "tk (logs/NAME.log)", "open-mode": "tk", "overlap": "tk",
-    "kill-on-bad-exit": "tk", "mpi": "engine (tk passes --mpi=pmix for TensorRT-LLM)",
+    "kill-on-bad-exit": "tk", "mpi": "cluster.mpi",
     "container-image": "cluster.container_image", "container-mounts": "cluster.container_mounts",
     "no-container-mount-home": "tk", "gres": "cluster.gpu_request", "gpus": "cluster.gpu_request",
     "gpus-per-node": "cluster.gpu_request", "exclusive": "cluster.exclusive", "chdir": "tk",

@@ -29,6 +29,7 @@ TIME_LIMIT = re.compile(r"([0-9]{1,3}-)?[0-9]{1,3}:[0-9]{2}(:[0-9]{2})?|[0-9]{1,
 SLURM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}", re.ASCII)
 HOST_PORT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}:[0-9]{1,5}", re.ASCII)
 NET_DEVICES = re.compile(r"[A-Za-z0-9_.:,-]{1,512}", re.ASCII)
+MPI_PLUGIN = re.compile(r"[a-z][a-z0-9_]{0,31}", re.ASCII)
 
 # One extra sbatch/srun argument: the long form `--option` or `--option=value`, value in the characters an
 # #SBATCH line carries safely (toolkit/render/escape.py `sbatch`). Short options and separate values are
@@ -200,11 +201,16 @@ class ClusterSpec(Section):
     # First internal port (per instance, where the TensorRT-LLM line has a knob for it); None: worker_base_port
     # + 1000.
     internal_base_port: Optional[int] = Field(None, ge=1024, le=65000)
+    # Slurm's MPI plugin for the ranks of each server step (`srun --mpi=TYPE`; `srun --mpi=list` shows what a
+    # cluster has): None is the engine's default (pmix for TensorRT-LLM), "none" passes --mpi=none.
+    mpi: Optional[str] = None
 
     _time_limit = field_validator("time_limit")(classmethod(lambda cls, v: _text_pattern(
         TIME_LIMIT, "time_limit must be Slurm's [D-]HH:MM[:SS] or minutes, e.g. 02:00:00 (ASCII digits)")(v)))
     _slurm_name = field_validator("partition", "account")(classmethod(lambda cls, v: _text_pattern(
         SLURM_NAME, "must be 1-128 letters, digits, '_', '.' and '-'")(v)))
+    _mpi = field_validator("mpi")(classmethod(lambda cls, v: _text_pattern(
+        MPI_PLUGIN, "mpi must be a Slurm MPI plugin type such as pmix, pmix_v4, pmi2 or none (`srun --mpi=list`)")(v)))
 
     @field_validator("sbatch_args", "srun_args")
     @classmethod
@@ -417,6 +423,10 @@ class Recipe(Section):
     model: PathText
     model_path: Optional[PathText] = None
     quantization: Optional[Text] = None
+    # Let TensorRT-LLM run Python shipped with the checkpoint (its config.json `auto_map`: custom configuration,
+    # model or tokenizer code). Off by default, as in TensorRT-LLM's own LLM API (TorchLlmArgs.trust_remote_code
+    # defaults to False); rendered into ctx.yaml / gen.yaml only when true.
+    trust_remote_code: bool = False
     # None (not written, or null): the loader derives the line from cluster.container_image's tag where tk can
     # read it, else takes trtllm.LATEST; LoadedRecipe.version_source says which. After loading it is a str.
     trtllm_version: Optional[str] = None

@@ -108,10 +108,10 @@ def print_recompute(doc: dict) -> None:
         t.add_row(str(r["turn"]), f"{r['prompt_tokens']:,}", cell("no_reuse"), cell("reuse"), cell("pullback"))
     con.print(t)
     shares = ", ".join(f"{k.replace('_', ' ')} {100 * v['recompute_share']:.0f} %" for k, v in doc["totals"].items())
-    con.print(f"recompute share of the prefill: {shares}", highlight=False)
-    con.print(doc["summary"], highlight=False)
+    con.print(f"recompute share of the prefill: {shares}", highlight=False, soft_wrap=True)
+    con.print(doc["summary"], highlight=False, soft_wrap=True)
     inp = doc["inputs"]
     if timed:
         con.print(f"prefill: {inp['prefill_ms_per_token'] * 1e3:.3g} us/token ({inp['prefill_source']})"
                   + (f"; pull-back at {inp['gbps']:g} GB/s ({inp['bandwidth_source']})" if inp.get("gbps") else ""),
-                  highlight=False)
+                  highlight=False, soft_wrap=True)
