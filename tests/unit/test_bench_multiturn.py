@@ -29,8 +29,8 @@ def conversation(session: str, turns: int, isl: int, osl: int, cached, ttft=(50.
     return recs
 
 
-STICKY = lambda t, prompt, prev: prev  # noqa: E731 - the context server that computed the previous prompt
-NOTHING = lambda t, prompt, prev: 0  # noqa: E731 - round robin: another server every turn
+STICKY = lambda t, prompt, prev: prev
+NOTHING = lambda t, prompt, prev: 0
 
 
 def test_with_a_reuse_preserving_router_only_the_previous_answer_is_recomputed():
@@ -61,7 +61,7 @@ def test_cached_beyond_the_history_is_counted_apart_and_sessions_are_told_apart(
                                                                              lambda t, p, prev: p - 1)]
     reqs = MT.request_reuse(first + again)
     assert len({r.session for r in reqs}) == 2
-    turn1 = [r for r in reqs if r.session == "b" and r.turn == 1][0]
+    turn1 = next(r for r in reqs if r.session == "b" and r.turn == 1)
     assert turn1.reusable_tokens == 0 and turn1.cached_outside_history == turn1.prompt_tokens - 1
 
 

@@ -17,7 +17,6 @@ from toolkit.standin.routers import (
     create_router,
 )
 
-
 # --- block keys and hashes -------------------------------------------------------------------------------------
 
 def test_block_keys_leave_out_the_last_token_and_keep_a_partial_last_block():
@@ -188,7 +187,7 @@ def test_round_robin_and_load_balancing_as_tensorrt_llm():
 
 def test_conversation_router_sticks_to_a_conversation_id_whatever_the_load():
     r = ConversationRouter(["a", "b"])
-    first, info = r.get_next_server([1, 2, 3], request=RouteRequest(text="user:hello", conversation_id="c1"))
+    first, _ = r.get_next_server([1, 2, 3], request=RouteRequest(text="user:hello", conversation_id="c1"))
     for i in range(3):
         assert r.get_next_server([1, 2, 3, i], request=RouteRequest(text=f"user:hello {i}",
                                                                      conversation_id="c1"))[0] == first

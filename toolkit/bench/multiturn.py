@@ -133,7 +133,7 @@ def turn_table(reqs: list[RequestReuse], *, cached_trusted: bool = True, kv_byte
     for turn in sorted({r.turn for r in reqs}):
         rs = [r for r in reqs if r.turn == turn]
 
-        def col(attr, trusted=True):
+        def col(attr, trusted=True, rs=rs):
             if not trusted:
                 return []
             return [getattr(r, attr) for r in rs]

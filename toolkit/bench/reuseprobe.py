@@ -44,8 +44,8 @@ class ReuseProbe:
                 stats = _get(url + "/standin/stats", self.timeout_s)
                 if isinstance(stats, dict) and isinstance(stats.get("kv_cache"), dict):
                     entry["kv_cache"] = stats["kv_cache"]
-            except Exception:  # noqa: BLE001 - TensorRT-LLM has no such endpoint
-                pass
+            except Exception as exc:  # noqa: BLE001 - TensorRT-LLM has no such endpoint
+                entry["kv_cache_unread"] = type(exc).__name__
             out["workers"][name] = entry
         if self.proxy_url:
             try:
@@ -53,6 +53,6 @@ class ReuseProbe:
                 routers = stats.get("routers") if isinstance(stats, dict) else None
                 if isinstance(routers, dict):
                     out["routers"] = routers
-            except Exception:  # noqa: BLE001
-                pass
+            except Exception as exc:  # noqa: BLE001 - TensorRT-LLM's proxy has no such endpoint
+                out["routers_unread"] = type(exc).__name__
         return out

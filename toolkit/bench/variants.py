@@ -143,8 +143,8 @@ def comparison_markdown(doc: dict, plot: str | None) -> str:
     lines = [f"# tk bench --compare: {doc['recipe']}", "",
              f"Workload: {doc['workload']}; each variant launched, measured and stopped in turn.", "",
              f"**Recommendation: {doc['recommendation']['variant'] or 'none'}** — {doc['recommendation']['reason']}",
-             "", "| variant | valid | TTFT p50 turn>=2 ms | recomputed/request turn>=2 | history reused | req/s | "
-             "findings |", "|---|---|---|---|---|---|---|"]
+             "", ("| variant | valid | TTFT p50 turn>=2 ms | recomputed/request turn>=2 | history reused | req/s | "
+                  "findings |"), "|---|---|---|---|---|---|---|"]
 
     def f(v, nd=4):
         return "–" if v is None else (f"{v:.{nd}g}" if isinstance(v, float) else str(v))
@@ -156,15 +156,15 @@ def comparison_markdown(doc: dict, plot: str | None) -> str:
         lines.append(f"| {ln['variant']} | {'yes' if ln['valid'] else '**no**'} | {f(ln['ttft_p50_later_ms'])} | "
                      f"{f(ln['recomputed_later'])} | {share} | {f(ln['request_throughput'])} | "
                      f"{', '.join(ln['findings']) or '-'} |")
-    lines += ["", "## Per turn", "", "| variant | turn | TTFT p50 | TTFT p99 | prompt | cached | recomputed | "
-              "recomputed answers |", "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "## Per turn", "", ("| variant | turn | TTFT p50 | TTFT p99 | prompt | cached | recomputed | "
+                                      "recomputed answers |"), "|---|---|---|---|---|---|---|---|"]
     for ln in doc["variants"]:
         for t in ln.get("turns") or []:
             lines.append(f"| {ln['variant']} | {t['turn']} | {f(t['ttft_p50_ms'])} | {f(t['ttft_p99_ms'])} | "
                          f"{f(t['prompt_tokens'])} | {f(t['cached_tokens'])} | {f(t['recomputed_tokens'])} | "
                          f"{f(t['recomputed_answer_tokens'])} |")
-    lines += ["", "Tokens are means per request; TTFT in ms. Each variant's own report (verdict, checks, pull-back "
-              "projection) is in its bench directory:", ""]
+    lines += ["", ("Tokens are means per request; TTFT in ms. Each variant's own report (verdict, checks, pull-back "
+                   "projection) is in its bench directory:"), ""]
     for ln in doc["variants"]:
         if ln.get("bench_dir"):
             lines.append(f"- {ln['variant']}: `{ln['bench_dir']}/report.md`")

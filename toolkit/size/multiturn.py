@@ -97,7 +97,7 @@ def print_recompute(doc: dict) -> None:
     for col in ("turn", "prompt", "no reuse", "reuse", "pull-back"):
         t.add_column(col, justify="right")
     for r in doc["turns"]:
-        def cell(w):
+        def cell(w, r=r):
             v = r[w]
             text = f"{v['computed']:,} ({v['recomputed']:,})"
             if timed:

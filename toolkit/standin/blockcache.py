@@ -42,7 +42,7 @@ _TOKENS_TABLE = 1 << 16
 
 
 class _Block:
-    __slots__ = ("id", "key", "_hash", "parent", "children", "pins", "lru")
+    __slots__ = ("_hash", "children", "id", "key", "lru", "parent", "pins")
 
     def __init__(self, bid: int, key: tuple, parent: _Block | None):
         self.id = bid
@@ -187,7 +187,7 @@ class BlockCache:
         """Put the blocks of ``token_ids[:-1]`` in the tree (a context phase's prompt, or a finished sequence)."""
         if not self.reuse or lease.released:
             return
-        node, parent_hash, stored = self.root, 0, []
+        node, stored = self.root, []
         now = next(self._clock)
         for key in block_keys(token_ids, self.tpb):
             child = node.children.get(key)

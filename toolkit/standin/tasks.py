@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Callable, Coroutine
+from collections.abc import Callable, Coroutine
 
 log = logging.getLogger("toolkit.standin")
 _RUNNING: set[asyncio.Task] = set()

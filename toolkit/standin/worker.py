@@ -252,8 +252,8 @@ class Worker:
 
     async def _generate_emulated(self, request, req: P.Request, n: int, count: int, state) -> web.StreamResponse:
         """The request through the emulated engine: the scheduler decides when its prefill and tokens happen."""
-        from toolkit.standin.kv import TransferError
         from toolkit.standin.emulate import EngineStopped
+        from toolkit.standin.kv import TransferError
         from toolkit.standin.scheduler import CONTEXT_ONLY, FULL, GENERATION_ONLY
         self.counters["requests"][req.request_type] += 1
         self.active += 1
