@@ -40,13 +40,6 @@ def test_reuse_facts_by_line():
     assert F.reuse_facts("1.9").line == "1.3"  # a newer line gets the newest row
 
 
-def test_kv_pool_from_gpu_memory_weights_and_fraction():
-    # Llama-3.1-8B BF16 on an H100: 80 GB - 16 GB of weights, 0.9 of it, 128 KiB per token
-    tokens = F.kv_pool_tokens("H100", 16.06e9, 131072, 0.9)
-    assert tokens == int((80e9 - 16.06e9) * 0.9 // 131072)
-    assert F.kv_pool_tokens("H100", 16.06e9, 131072, 0.9, max_tokens=1000) == 1000
-
-
 # --- the block cache ---------------------------------------------------------------------------------------------
 
 def test_a_stored_prompt_is_reused_by_the_next_turn_up_to_its_stored_tokens():

@@ -128,20 +128,3 @@ def block_keys(token_ids, tokens_per_block: int) -> list:
     shorter (the engine never reuses a prompt's last token: at least one is computed)."""
     n = len(token_ids) - 1
     return [tuple(token_ids[i:min(i + tokens_per_block, n)]) for i in range(0, max(n, 0), tokens_per_block)]
-
-
-# --- GPU memory for the KV pool (the emulated GPU's) --------------------------------------------------------------
-# Capacity per GPU as sold, GB (1e9 bytes): H100 SXM5 80GB, H200 SXM 141GB, HGX B200 1.44 TB / 8, GB200 NVL72
-# 13.4 TB / 72, A100 SXM 80GB, L40S 48GB (each product's datasheet). Used by the stand-in's emulated KV pool
-# until the plan carries a memory plan of its own.
-GPU_MEMORY_GB = {"H100": 80.0, "H200": 141.0, "B200": 180.0, "GB200": 186.0, "A100": 80.0, "L40S": 48.0}
-
-
-def kv_pool_tokens(gpu: str, weight_bytes_per_rank: float, kv_bytes_per_token_per_rank: float,
-                   free_gpu_memory_fraction: float, max_tokens: int | None = None) -> int:
-    """Tokens of KV one rank's pool holds: ``free_gpu_memory_fraction`` of the memory the weights leave
-    (activations, CUDA graphs and the runtime's own reserve are left out: an upper bound), capped by
-    ``kv_cache_config.max_tokens`` when given (TensorRT-LLM takes the smaller of the two)."""
-    free = GPU_MEMORY_GB[gpu] * 1e9 - weight_bytes_per_rank
-    tokens = int(max(0.0, free) * free_gpu_memory_fraction // max(kv_bytes_per_token_per_rank, 1e-9))
-    return min(tokens, max_tokens) if max_tokens else tokens

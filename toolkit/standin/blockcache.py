@@ -15,7 +15,8 @@ kvCacheManager.cpp``: a radix tree of blocks keyed by their tokens, ``loadOrAllo
   its context phase ends (``per_request``: after the last chunk; ``all_reusable`` commits every chunk, which only
   matters to requests running at the same time), and the whole sequence's (prompt + generated tokens) when it
   ends, except under KV cache manager V2, whose generated blocks are not reusable (PR #18711, closed);
-- **capacity** is a number of blocks (``toolkit.facts.kvreuse.kv_pool_tokens``); a request's new blocks come from
+- **capacity** is a number of blocks (the worker sizes it: ``toolkit.standin.worker.create_block_cache``); a request's
+  new blocks come from
   free ones, else by **evicting** the least recently used unpinned leaf blocks of the tree (a block's children go
   first, so the tree stays a tree); a request that cannot get its blocks still runs (the stand-in's scheduler has
   no capacity model) and is counted as ``over_capacity``;

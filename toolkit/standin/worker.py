@@ -469,21 +469,27 @@ DEFAULT_POOL_TOKENS = 262144  # without emulated timing: the pool when kv_cache_
 
 
 def create_block_cache(s: WorkerSettings):
-    """The block cache of this server and where its capacity comes from: with emulated timing,
-    ``free_gpu_memory_fraction`` of the emulated GPU's memory after the emulated model's weights, per rank
-    (``toolkit.facts.kvreuse.kv_pool_tokens``), capped by ``kv_cache_config.max_tokens``; without it (no GPU to
-    size from), ``max_tokens`` or DEFAULT_POOL_TOKENS."""
-    from toolkit.facts.kvreuse import kv_pool_tokens
+    """The block cache of this server and where its capacity comes from: with emulated timing, the KV pool of tk's
+    memory plan for the emulated model on one emulated GPU with this server's options (toolkit.plan.memory:
+    free_gpu_memory_fraction of what the weights, the profiled activations, CUDA graphs and the runtime leave, as
+    TensorRT-LLM's KvCacheCreator sizes it; kv_cache_config.max_tokens caps it); without it (no GPU to size from),
+    ``max_tokens`` or DEFAULT_POOL_TOKENS."""
     from toolkit.standin.blockcache import BlockCache
     kv = s.kv
     if s.emulate is not None:
-        r = s.emulate.roofline(s.tp, s.kv_dtype)
-        tokens = kv_pool_tokens(s.emulate.gpu, r.weight_bytes_per_rank, r.kv_bytes_per_token,
-                                kv.free_gpu_memory_fraction, kv.max_tokens)
-        source = (f"free_gpu_memory_fraction {kv.free_gpu_memory_fraction:g} of the emulated {s.emulate.gpu}'s "
-                  f"memory after {r.weight_bytes_per_rank / 1e9:.1f} GB of {r.model.name} weights per rank, "
-                  f"{r.kv_bytes_per_token:.0f} KV bytes per token per rank"
-                  + (f", capped by max_tokens {kv.max_tokens}" if kv.max_tokens else ""))
+        from toolkit.facts.hardware import GPU_FIGURES
+        from toolkit.plan.memory import role_memory, sharding_of, weights_quant
+        e = s.emulate
+        quant, _ = weights_quant(e.model, "fp8" if e.precision == "fp8" else None, False)
+        opts = {**s.options, "tensor_parallel_size": s.tp, "pipeline_parallel_size": s.pp,
+                "max_batch_size": s.max_batch_size, "max_num_tokens": s.max_num_tokens}
+        m = role_memory(e.model, GPU_FIGURES[e.gpu], quant, sharding_of(e.model, opts), opts=opts,
+                        sequence_tokens=s.max_seq_len, kv_extra_layers=0)
+        tokens = max(s.tokens_per_block, m.kv_pool_tokens)
+        source = (f"tk's memory plan for {e.model.name} on one emulated {e.gpu}: {m.free_gpu_memory_fraction:g} of "
+                  f"{(m.gpu_memory_bytes - m.weights_bytes - m.activation_bytes - m.cuda_graph_bytes - m.runtime_bytes) / 2**30:.1f} "
+                  f"GiB left after weights, activations, CUDA graphs and runtime; {m.kv_bytes_per_token} KV bytes "
+                  f"per token" + (f"; {'; '.join(m.notes)}" if m.notes else ""))
     else:
         tokens = kv.max_tokens or DEFAULT_POOL_TOKENS
         source = (f"kv_cache_config.max_tokens {kv.max_tokens}" if kv.max_tokens else
