@@ -117,6 +117,31 @@ def test_a_correct_transfer_verifies_every_byte(mode):
     assert verify_untouched(dst, wl_d, bd, k_stale) == 14 * wl_d.lay["block_bytes"]
 
 
+def test_requests_spanning_several_check_chunks_of_unequal_block_sizes_verify():
+    """Blocks of ~200-400 KiB: the check works a few blocks at a time (its scratch is sized per side), and
+    the context side's chunks hold fewer blocks than the generation side's."""
+    g = {"mode": "fragment", "kv_factor": 2, "layers": 3, "slot_bytes_per_token": {"ctx": 4096, "gen": 2048},
+         "frag_bytes_per_token": 2048}
+    ls, ld = side_layout(g, "ctx", 16), side_layout(g, "gen", 16)
+    src = np.zeros(20 * ls["block_bytes"] // 8, dtype=np.uint64)
+    dst = np.zeros(20 * ld["block_bytes"] // 8, dtype=np.uint64)
+    wl_s, wl_d = WordLayout(ls, src.nbytes), WordLayout(ld, dst.nbytes)
+    assert wl_s.chunk < wl_d.chunk < 11
+    bs, bd = block_table("s", 20, 11), block_table("d", 20, 11)
+    k_src, k_stale = key_of("src"), key_of("stale")
+    for data_src, data_dst, wl_from, wl_to, b_from, b_to in ((src, dst, wl_s, wl_d, bs, bd),
+                                                            (dst, src, wl_d, wl_s, bd, bs)):  # both directions
+        fill_blocks(data_src, wl_from, b_from, k_src)
+        fill_blocks(data_dst, wl_to, np.arange(20), k_stale)
+        _transfer(wl_from, wl_to, data_src, data_dst, b_from, b_to)
+        assert verify_blocks(data_dst, wl_to, b_to, wl_from, b_from, k_src, k_stale) == 11 * wl_to.lay["block_bytes"]
+        assert verify_untouched(data_dst, wl_to, b_to, k_stale) == 9 * wl_to.lay["block_bytes"]
+        data_dst.view(np.uint8)[b_to[7] * wl_to.lay["block_bytes"] + wl_to.lay["frags"][3][0] + 5] ^= 1
+        with pytest.raises(Mismatch) as info:
+            verify_blocks(data_dst, wl_to, b_to, wl_from, b_from, k_src, k_stale)
+        assert info.value.detail["request_block"] == 7 and info.value.detail["where"].startswith("layer 1 V")
+
+
 def test_a_transfer_that_did_not_happen_is_caught_as_stale():
     wl_s, wl_d, src, dst = _pools()
     bs, bd = [1, 2], [3, 4]
