@@ -117,12 +117,14 @@ def _gather(view, blocks, wl: WordLayout):
 
 
 def verify_blocks(pool64, wl_dst: WordLayout, dst_blocks, wl_src: WordLayout, src_blocks,
-                  key_src: int, key_stale: int) -> int:
+                  key_src: int, key_stale: int, key_before: int | None = None) -> int:
     """Check every byte of the destination blocks of a request; return the bytes checked.
 
     The moved fragments must hold the source pattern of the matching source block and offset; the rest
     of each destination block must still hold the destination's own stale pattern. Raises Mismatch with
-    the first bad block and byte and the count of bad words.
+    the first bad block and byte and the count of bad words, and whether that word still holds what was
+    there before the transfer: the stale pattern, or, given key_before, the source pattern of that key
+    (an earlier burst's transfer into the same blocks).
     """
     view = wl_dst.view(pool64)
     bd = np.asarray(dst_blocks, dtype=np.int64)
@@ -150,6 +152,9 @@ def verify_blocks(pool64, wl_dst: WordLayout, dst_blocks, wl_src: WordLayout, sr
                 x = e ^ g
                 byte = (x & -x).bit_length() - 1
                 stale = (key_stale + int(cd[j]) * A_MUL + w * B_MUL) & MASK64
+                moved = np.flatnonzero(wl_dst.pos == w)
+                if key_before is not None and moved.size:
+                    stale = (key_before + int(cs[j]) * A_MUL + int(wl_src.pos[moved[0]]) * B_MUL) & MASK64
                 first = {"request_block": i + j, "pool_block": int(cd[j]), "word": w,
                          "offset": w * 8 + byte // 8, "expected": f"{e:#018x}", "got": f"{g:#018x}",
                          "stale": g == stale}
