@@ -274,13 +274,13 @@ def recommend(rows: list, current: int, ops: list, shared_host: bool) -> dict | 
     basis = trusted[0] if trusted else None
     row = next((r for r in rows if r["tokens_per_block"] == pick), None)
     gbps = row["ops"][basis]["gbps_median"] if row and basis else None
-    lead = {"change": f"{pick} is faster than the recipe's {current} in every pass",
-            "keep": f"keep the recipe's {current}: no block size is measurably faster",
-            "withheld": "no recommendation"}[status]
+    lead = {"change": f"{pick} is faster than the recipe's {current} in every pass of every trusted op",
+            "keep": f"no block size is measurably faster than the recipe's {current}",
+            "withheld": "the sweep cannot tell"}[status]
     return {"tokens_per_block": pick, "recipe_tokens_per_block": current, "matches_recipe": pick == current,
             "status": status, "gbps_median": gbps, "ops": trusted, "excluded": excluded,
             "passes": max((len(r["ops"].get(basis, {}).get("passes", [])) for r in rows), default=0) if basis else 0,
-            "reason": f"{lead}; " + "; ".join(reasons)}
+            "reason": f"{lead}: " + "; ".join(reasons)}
 
 
 def largest_request(plan_info: dict, pairs: list) -> dict:
@@ -515,10 +515,10 @@ def print_report(report: dict) -> None:
         if status == "change" and not rec["matches_recipe"]:
             head = f"recommended tokens_per_block: [bold]{rec['tokens_per_block']}[/] (recipe: {rec['recipe_tokens_per_block']})"
         elif status == "withheld":
-            head = "tokens_per_block: [bold]no recommendation[/]"
+            head = f"tokens_per_block: [bold]no recommendation[/] (recipe: {rec['recipe_tokens_per_block']})"
         else:
             head = f"tokens_per_block: keep the recipe's [bold]{rec['recipe_tokens_per_block']}[/]"
-        console.print(f"{head}. {esc(rec['reason'])}")
+        console.print(f"{head}. {esc(rec['reason'][:1].upper() + rec['reason'][1:])}")
     for caveat in report.get("timing", {}).get("caveats", []):
         console.print(f"[yellow]note:[/] {esc(caveat)}")
     lr = report["largest_request"]
