@@ -23,7 +23,8 @@ it); each round gives a paired ratio validator / raw; the median of the rounds' 
 their spread (the first round is discarded: first touch of the pools, lazy connections). Target:
 validator >= 95 % of raw, both ops, both directions.
 
-On a shared machine run it alone: /work/bin/tk-serial python benchmarks/bench_validate.py
+On a shared machine run it alone (no deployment, test suite or other benchmark at the same time): the
+control ratio shows how much noise is left.
 
 Usage: python benchmarks/bench_validate.py [--tokens 8192] [--tokens-per-block 128] [--iterations 10]
        [--warmup 2] [--rounds 9] [--json FILE]
