@@ -1,4 +1,5 @@
-"""The P/D lab (/work/shared/seeds/002) on the CPU stand-in with emulated timing, not TensorRT-LLM.
+"""The P/D lab (a course lab measuring TTFT against input length on 2x H100) on the CPU stand-in with emulated
+timing, not TensorRT-LLM.
 
     PYTHONPATH=. python3 benchmarks/pd_lab.py [--out DIR] [--quick]
 
@@ -54,7 +55,7 @@ from toolkit import api  # noqa: E402
 RECIPE = ROOT / "recipes" / "standin-lab-1p1d.yaml"
 SERVED_MODEL = "tk/standin-tiny"
 LENGTHS = (128, 256, 512, 1024, 2048)
-# The seed's real H100 figures (/work/shared/seeds/002_34738cf625a939c3.txt), vLLM, Llama-3.1-8B-Instruct BF16.
+# The lab's real H100 figures (its handout: vLLM with P2pNcclConnector, 2x H100 80GB, Llama-3.1-8B-Instruct BF16).
 SEED = {
     "standalone_ms": {128: 120.69, 256: 118.06, 512: 120.10, 1024: 155.77, 2048: 127.58},
     "tp1_2rps": {"ttft_p50_ms": 923.94, "itl_p50_ms": 7.22},

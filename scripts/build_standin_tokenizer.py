@@ -4,7 +4,7 @@
 The stand-in tokenizes by splitting on whitespace (toolkit/standin/model.py `encode`), so this tokenizer is a
 `tokenizers` WordLevel model with a WhitespaceSplit pre-tokenizer (one token per whitespace-separated word; a word
 outside the vocabulary is `[UNK]`, still one token) and a WordPiece decoder (tokens joined by single spaces): the
-recipe that gave aiperf 0.13 exact ISL/OSL (/work/shared/reference/client-findings.md §2). Its vocabulary:
+recipe that gave aiperf 0.13 exact ISL/OSL (tests/unit/test_standin_tokenizer.py holds it). Its vocabulary:
 
 - `[UNK]`, `[PAD]` and the chat template's role markers (`<|system|>`, `<|user|>`, `<|assistant|>`, `<|tool|>`);
 - every word the stand-in generates (`model.decode_token(i)` for its 32000 ids);

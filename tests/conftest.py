@@ -7,17 +7,20 @@ RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
 
 
 def pytest_configure(config):
-    """No test writes the user's run index: module- and session-scoped fixtures included."""
+    """No test writes the user's run index or reads the user's site defaults (~/.config/tk/site.yaml):
+    module- and session-scoped fixtures included."""
     import os
     import tempfile
 
     os.environ["TK_STATE_DIR"] = tempfile.mkdtemp(prefix="tk-test-state-")
+    os.environ["TK_SITE"] = "none"
 
 
 @pytest.fixture(autouse=True)
 def _run_index(tmp_path_factory, monkeypatch):
     """Every test gets its own run index (toolkit.runtime.rundir.index_path), never the user's."""
     monkeypatch.setenv("TK_STATE_DIR", str(tmp_path_factory.mktemp("tk-state")))
+    monkeypatch.setenv("TK_SITE", "none")
 
 
 @pytest.fixture

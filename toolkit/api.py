@@ -13,6 +13,7 @@
     diff(run_a, run_b)                  what differs between two runs or render directories
     validate(plan, ...)                 NIXL transfers between every context and generation node -> report
     size(model, system, gpus, ...)      aiconfigurator's search + the KV-transfer term -> a sized recipe
+    import_config(source, ...)          an srt-slurm / TensorRT-LLM disaggregated config -> a tk recipe (and its plan)
     predict(plan)                       aiconfigurator's TTFT/TPOT/tokens/s/GPU for a plan's exact configuration
     bench(run, workload=..., sla=...)   aiperf against a serving run -> results, verdict (exit 0/1/2), report
     bench_recipe(recipe, ...)           launch, bench, stop (the lead fills the launching)
@@ -42,10 +43,12 @@ __all__ = [
     "baseline_plan",
     "bench",
     "bench_recipe",
+    "bench_target",
     "check_config",
     "diff",
     "doctor",
     "find_run",
+    "import_config",
     "launch",
     "launch_baseline",
     "list_models",
@@ -118,7 +121,9 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     from toolkit.render import derived_numbers
 
     doc = {"name": plan.name, "engine": plan.engine.name, "trtllm_version": plan.trtllm_version,
-           "recipe_file": plan.recipe_file, **derived_numbers(plan)}
+           "recipe_file": plan.recipe_file, "site_file": plan.site_file,
+           "value_sources": {field: {"value": value, "from": source} for field, value, source in plan.value_sources},
+           **derived_numbers(plan)}
     doc["bytes_per_token"] = plan.kv.bytes_per_token
     return doc
 
@@ -138,7 +143,9 @@ def render(plan: Plan, out_dir: str | os.PathLike | None = None) -> tuple[Path, 
 def check_config(plan: Plan, out_dir: str | os.PathLike) -> tuple[str, str]:
     """Check the files rendered into out_dir with the engine's own parsers, here (TensorRT-LLM's classes where
     tensorrt_llm is importable by this Python; the stand-in's tables for a stand-in plan).
-    Returns ("ok" | "failed" | "skipped", message); starts nothing, uses no GPU."""
+    Returns ("ok" | "failed" | "skipped" | "error", message): "skipped" when nothing here can check (no
+    tensorrt_llm), "error" when the check could not run; neither means the files were checked. Starts nothing,
+    uses no GPU."""
     from toolkit.render import check_rendered
 
     return check_rendered(plan, out_dir)
@@ -184,6 +191,37 @@ def find_run(ref: str | os.PathLike | None = None) -> RunRecord:
     from toolkit.launch.run import find_run as find
 
     return find(os.fspath(ref) if ref is not None else None)
+
+
+def bench_target(ref: str | os.PathLike | None) -> RunRecord | str:
+    """What `tk bench REF` measures: a run (RunRecord) or a recipe to launch (its path).
+
+    A run directory or an exact run name selects that run; a shipped recipe's name or a recipe file selects the
+    recipe; a name that is a recipe and also the prefix of runs (standin-2p2d and standin-2p2d-20261125-160608)
+    is refused as ambiguous, naming both; any other prefix of one run's name selects it; None: the last run."""
+    from toolkit.errors import TkError
+    from toolkit.launch.run import RUN_RECORD
+
+    if ref is None:
+        return find_run(None)
+    text = os.fspath(ref)
+    if (Path(text) / RUN_RECORD).is_file():
+        return find_run(text)
+    every = runs()
+    exact = [r for r in every if r.name == text]
+    if exact:
+        return exact[-1]
+    path = recipe_path(text)
+    is_recipe = Path(path).is_file()
+    prefixed = [r for r in every if r.name.startswith(text)]
+    if is_recipe and prefixed:
+        names = ", ".join(r.name for r in prefixed[-3:]) + (f" (and {len(prefixed) - 3} more)" if len(prefixed) > 3
+                                                              else "")
+        raise TkError(f"{text!r} is ambiguous: the recipe {path} and run(s) {names}; give the recipe's path "
+                      f"to launch it, or a run's full name (tk runs) to measure that run")
+    if is_recipe:
+        return path
+    return find_run(text)
 
 
 def _record(run: RunRecord | str | os.PathLike | None) -> RunRecord:
@@ -334,8 +372,8 @@ def _launched_plan(record: RunRecord, overrides: Sequence[str] = (), *, aggregat
 _BASELINE_PORT_SHIFT = 100  # tk bench RUN --baseline aggregated: the baseline's ports, beside the serving run's
 
 
-def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "fixed", isl: int = 1024,
-          osl: int = 128, concurrency: Sequence[int] | None = None, request_rate: Sequence[float] | None = None,
+def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "fixed", isl: int | None = None,
+          osl: int | None = None, concurrency: Sequence[int] | None = None, request_rate: Sequence[float] | None = None,
           requests: int | None = None, turns: int = 3, sla: str | None = None, tokenizer: str | None = None,
           baseline: str | RunRecord | None = None, baseline_url: str | None = None, max_error_rate: float = 0.01,
           seed: int = 100, timeout_s: float = 1800.0, name: str | None = None,
@@ -416,8 +454,8 @@ def bench_recipe(recipe: str | os.PathLike, *, local: bool = False, overrides: S
     # Everything that can be refused is refused before GPUs are allocated: the SLA, the workload against the
     # plan's limits, the tokenizer, aiperf itself.
     parse_sla(bench_kwargs.get("sla"))
-    build_workload(bench_kwargs.get("workload", "fixed"), isl=bench_kwargs.get("isl", 1024),
-                   osl=bench_kwargs.get("osl", 128),
+    build_workload(bench_kwargs.get("workload", "fixed"), isl=bench_kwargs.get("isl"),
+                   osl=bench_kwargs.get("osl"),
                    concurrency=tuple(bench_kwargs["concurrency"]) if bench_kwargs.get("concurrency") else None,
                    request_rate=tuple(bench_kwargs["request_rate"]) if bench_kwargs.get("request_rate") else None,
                    requests=bench_kwargs.get("requests"), turns=bench_kwargs.get("turns", 3),
@@ -474,3 +512,45 @@ def launch_baseline(run: RunRecord | str | os.PathLike, *, local: bool | None = 
                   startup_timeout_s=startup_timeout_s, on_progress=on_progress)
 
 
+
+
+def import_config(source: str | os.PathLike, *, kind: str | None = None, name: str | None = None,
+                  output: str | os.PathLike | None = None, force: bool = False):
+    """Convert an existing disaggregated deployment config into a tk recipe (toolkit.importer): NVIDIA srt-slurm
+    TensorRT-LLM recipes ("srt-slurm"), TensorRT-LLM's Slurm benchmark config.yaml ("trtllm-bench") or a
+    `trtllm-serve disaggregated` config with the servers' options ("trtllm-disagg"); ``kind`` None detects it.
+    The recipe is planned at once: the result lists what was not carried, what tk renders differently, and the
+    plan's violations (TensorRT-LLM's rules) if any. With ``output`` the recipe is written there atomically (an
+    existing file only with ``force``). Raises RecipeError when the source cannot be read or converted."""
+    import tempfile
+
+    from toolkit.errors import RecipeError, TkError, Violation
+    from toolkit.importer import import_config as convert
+
+    result = convert(source, kind=kind, name=name)
+    if output is None:
+        return result
+    out = Path(output)
+    if out.exists() and not force:
+        raise RecipeError([Violation(str(out), None, "(output)", "exists already; tk import does not overwrite it",
+                                     "choose another -o path, or pass --force")])
+    try:  # a whole file or none: written beside the target, then linked (or, with force, renamed) into place
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(result.text)
+            os.chmod(tmp, 0o644)
+            if force:
+                os.replace(tmp, out)
+            else:
+                os.link(tmp, out)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    except FileExistsError:
+        raise RecipeError([Violation(str(out), None, "(output)", "exists already; tk import does not overwrite it",
+                                     "choose another -o path, or pass --force")]) from None
+    except OSError as exc:
+        raise TkError(f"{out}: cannot write the recipe ({exc.strerror or exc})") from None
+    return result

@@ -66,6 +66,10 @@ def cli():
     tk doctor [RUN]                 why a run failed: cause, fix, evidence
     tk diff RUN_A RUN_B             what differs between two runs or renders
     tk validate cluster RECIPE      NIXL transfers between every context and generation node
+    tk import CONFIG -o RECIPE      an srt-slurm / TensorRT-LLM disaggregated config as a tk recipe
+
+    Site defaults (partition, account, image, mounts, ...) for every recipe: ~/.config/tk/site.yaml, or the file
+    $TK_SITE names (TK_SITE=none: none); `tk plan` shows which values came from it.
     """
 
 
@@ -111,6 +115,41 @@ def plan(recipe: str, predict: bool, overrides: tuple[str, ...], as_json: bool, 
         from toolkit.size.report import print_prediction
 
         print_prediction(prediction)
+
+
+# --- import --------------------------------------------------------------------------------------
+
+@cli.command(name="import")
+@click.argument("source", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the recipe here (default: stdout).")
+@click.option("--kind", type=click.Choice(["srt-slurm", "trtllm-bench", "trtllm-disagg"]),
+              help="The source's format (default: detected).")
+@click.option("--name", help="The recipe's name (default: the source's).")
+@click.option("--force", is_flag=True, help="Overwrite an existing -o file.")
+@json_option
+def import_(source, output, kind, name, force, as_json):
+    """Turn an existing disaggregated config into a tk recipe: an NVIDIA srt-slurm TensorRT-LLM recipe, TensorRT-LLM's
+    examples/disaggregated/slurm/benchmark config.yaml, or a `trtllm-serve disaggregated` config carrying the
+    servers' options. Lists what tk could not carry and what it renders differently, and plans the recipe: exit 0
+    when it plans, 1 when tk refuses it (TensorRT-LLM's own rules; the recipe is still written), 2 on a source it
+    cannot read."""
+    result = api.import_config(source, kind=kind, name=name, output=output, force=force)
+    if as_json:
+        _emit_json({"ok": result.ok, "kind": result.kind, "source": result.source, "output": output,
+                    "recipe": result.recipe if output is None else None,
+                    "not_carried": [{"path": d.path, "value": d.value, "why": d.why} for d in result.ledger.dropped],
+                    "notes": result.ledger.notes,
+                    "changed": [{"path": p, "source": a, "tk": b} for p, a, b in result.changed],
+                    "added": [{"path": p, "tk": v} for p, v in result.added],
+                    "errors": [v.to_dict() for v in result.violations], "warnings": result.warnings})
+    else:
+        if output is None:
+            click.echo(result.text, nl=False)
+        from toolkit.report import print_import
+
+        print_import(result, output)
+    if not result.ok:
+        raise SystemExit(1)
 
 
 # --- size ----------------------------------------------------------------------------------------
@@ -173,7 +212,8 @@ def size(model, system, gpus, isl, osl, ttft, tpot, transport, measured, measure
               help="Output directory (default: render/<recipe name>).")
 @click.option("--check", is_flag=True,
               help="Then parse the rendered files with TensorRT-LLM's own classes where tensorrt_llm is installed "
-                   "here (the stand-in's tables for a stand-in recipe); says so when it skipped.")
+                   "here (the stand-in's tables for a stand-in recipe). Exit 1 when they are refused or the check "
+                   "could not run; 'NOT checked' (exit 0) where nothing here can check.")
 @set_option
 @json_option
 @aggregated_option
@@ -186,7 +226,7 @@ def render(recipe: str, out_dir: str | None, check: bool, overrides: tuple[str, 
     if as_json:
         doc = {"name": p.name, "output": str(out), "files": sorted(files), "warnings": list(p.warnings)}
         if verdict:
-            doc["check"] = {"status": verdict[0], "message": verdict[1]}
+            doc["check"] = {"status": verdict[0], "checked": verdict[0] in ("ok", "failed"), "message": verdict[1]}
         _emit_json(doc)
     else:
         for w in p.warnings:
@@ -196,8 +236,9 @@ def render(recipe: str, out_dir: str | None, check: bool, overrides: tuple[str, 
             _say(f"  {name}")
         if verdict:
             _say({"ok": "config check: ", "failed": "config check FAILED: ",
-                  "skipped": "config check skipped: "}[verdict[0]] + verdict[1])
-    if verdict and verdict[0] == "failed":
+                  "skipped": "config NOT checked: ",
+                  "error": "config NOT checked (the check itself failed): "}[verdict[0]] + verdict[1])
+    if verdict and verdict[0] in ("failed", "error"):
         raise SystemExit(1)
 
 
@@ -264,8 +305,15 @@ def runs(as_json):
         return
     if not records:
         _say("no runs yet; start one with `tk launch RECIPE`")
-    for r in records:
-        click.echo(f"{r.name:<40} {r.backend:<6} {r.job_id or '-':<8} {r.state:<10} {r.endpoint or '-'}")
+        return
+    import time
+
+    rows = [(r.name, r.backend, r.job_id or "-", "dry run" if r.state == "rendered" else r.state,
+             time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created)), r.endpoint or "-") for r in records]
+    header = ("RUN", "BACKEND", "JOB", "STATE", "CREATED", "ENDPOINT")
+    widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header) - 1)]
+    for row in (header, *rows):
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(row, widths)) + "  " + row[-1])
 
 
 @cli.command()
@@ -312,7 +360,7 @@ def status(run, as_json):
 @click.option("--instance", type=int, help="Only this instance of the role.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends (Ctrl-C stops).")
 @click.option("--lines", "-n", type=click.IntRange(0, 1_000_000), default=50, show_default=True,
-              help="Lines of each log to show (0: none).")
+              help="Lines of each log to show (0: none); with --follow, shown before the new ones.")
 def logs(run, role, instance, follow, lines):
     """Show the logs of RUN's servers."""
     from toolkit.launch.logs import follow_logs, show_logs
@@ -320,7 +368,7 @@ def logs(run, role, instance, follow, lines):
     record = api.find_run(run)
     paths = api.logs(record, role, instance)
     if follow:
-        follow_logs(record, paths)
+        follow_logs(record, paths, lines)
     else:
         show_logs(paths, lines)
 
@@ -509,8 +557,10 @@ def _float_list(ctx, param, value):
 @click.argument("target", required=False)
 @click.option("--workload", default="fixed", show_default=True, metavar="fixed|isl-sweep|concurrency-sweep|multi-turn",
               help="What load: one ISL/OSL; ISL 128..2048 (clipped to the plan); concurrencies; growing conversations.")
-@click.option("--isl", type=click.IntRange(1, 1 << 20), default=1024, show_default=True, help="Input tokens.")
-@click.option("--osl", type=click.IntRange(1, 1 << 20), default=128, show_default=True, help="Output tokens.")
+@click.option("--isl", type=click.IntRange(1, 1 << 20), default=None,
+              help="Input tokens (default 1024, clipped to the deployment's traffic.max_input_len).")
+@click.option("--osl", type=click.IntRange(1, 1 << 20), default=None,
+              help="Output tokens (default 128, clipped to the deployment's traffic.max_output_len).")
 @click.option("--concurrency", callback=_int_list, metavar="N,N,...", help="Concurrencies (default 4; sweep 1,4,16,64).")
 @click.option("--request-rate", callback=_float_list, metavar="R,R,...", help="Requests/s instead of concurrency.")
 @click.option("--requests", type=click.IntRange(1, 10_000_000), help="Profiled requests per cell (default 10 x load, >= 32).")
@@ -558,12 +608,11 @@ def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns
         if kind == "cell":
             state["cell"] = kw["cell"]
             _say(f"[{kw['index'] + 1}/{kw['total']}] {kw['target']} {kw['cell']}: aiperf running")
-    run = None
     try:
-        run = api.find_run(target)
+        chosen = api.bench_target(target)
     except TkError as exc:
-        if target is None or not __import__("pathlib").Path(api.recipe_path(target)).is_file():
-            raise BenchInputError(f"{exc}; tk bench takes a serving run (tk runs) or a recipe") from None
+        raise BenchInputError(f"{exc}; tk bench takes a serving run (tk runs) or a recipe") from None
+    run = None if isinstance(chosen, str) else chosen
     if run is not None:
         if local or overrides or run_dir:
             raise click.UsageError("--local, --set and --run-dir are for tk bench RECIPE (a deployment it launches)")
@@ -573,7 +622,7 @@ def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns
             if not as_json:
                 _say(f"{record.name} is serving at {record.endpoint} (launched for this benchmark, fail-fast; "
                      "tk bench stops it)")
-        doc = api.bench_recipe(target, local=local, overrides=overrides, run_dir=run_dir, baseline=baseline,
+        doc = api.bench_recipe(chosen, local=local, overrides=overrides, run_dir=run_dir, baseline=baseline,
                                on_launch=launched, on_progress=on_progress, **kwargs)
     if as_json:
         _emit_json({k: v for k, v in doc.items() if k != "cells"})

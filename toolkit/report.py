@@ -21,8 +21,29 @@ def print_plan(plan: Plan) -> None:
     console = Console(stderr=True, highlight=False)
     if not console.is_terminal:
         console.width = 120
-    console.print(f"[bold]{esc(plan.name)}[/]  {esc(plan.engine.label)} {plan.trtllm_version}  model "
+    console.print(f"[bold]{esc(plan.name)}[/]  {esc(plan.engine.label)} {plan.target_release or plan.trtllm_version}"
+                  f"  model "
                   f"{esc(plan.model.name)}  {plan.node_count} node(s) x {plan.slurm.gpus_per_node} GPU")
+    console.print(f"recipe {esc(plan.recipe_file)}" + (f"; site defaults {esc(plan.site_file)}" if plan.site_file
+                                                        else ""), soft_wrap=True)
+    if plan.model.source != "built-in":
+        console.print(f"model config {esc(plan.model.source)}", soft_wrap=True)
+    if plan.slurm.container_image:
+        console.print(f"image {esc(plan.slurm.container_image)}" +
+                      (f"  ({esc(plan.slurm.image_note)})" if plan.slurm.image_note else ""), soft_wrap=True)
+    if plan.roles[0].llm_api_options.get("trust_remote_code"):
+        console.print("trust_remote_code: true (the servers run Python code shipped with the checkpoint)")
+    if plan.value_sources:
+        sources = Table(title="Values from outside the recipe", title_justify="left")
+        for col in ("field", "value", "from"):
+            sources.add_column(col)
+        import os
+
+        for dotted, value, source in plan.value_sources:
+            if plan.site_file and source.startswith(plan.site_file + ":"):  # the header names the whole path
+                source = os.path.basename(plan.site_file) + source[len(plan.site_file):]
+            sources.add_row(esc(dotted), esc(value), esc(source))
+        console.print(sources)
 
     roles = Table(title="Roles", title_justify="left")
     for col in ("role", "instances", "tp", "pp", "ep", "attn DP", "GPUs/inst", "GPUs", "nodes",
@@ -52,7 +73,11 @@ def print_plan(plan: Plan) -> None:
     t.add_row("per TP rank", f"context {kv.ctx_bytes_per_token_per_rank:,} B, "
                              f"generation {kv.gen_bytes_per_token_per_rank:,} B")
     t.add_row("tokens_per_block", str(kv.tokens_per_block))
-    t.add_row("max_tokens_in_buffer", f"{plan.buffer.max_tokens_in_buffer}  ({esc(plan.buffer.reason)})")
+    buf = plan.buffer
+    gen_buf = f", generation {buf.generation_max_tokens_in_buffer}" if buf.generation_max_tokens_in_buffer else ""
+    t.add_row("max_tokens_in_buffer", f"{buf.max_tokens_in_buffer}{gen_buf}  ({esc(buf.reason)})")
+    tls = plan.kv_transfer.transport.ucx_tls(plan.engine.kv_memory)
+    t.add_row("UCX_TLS", f"{tls or 'unset'}  ({esc(plan.kv_transfer.transport.ucx_tls_reason)})")
     t.add_row("largest request", f"{kv.largest_request_tokens:,} tokens = {human_bytes(kv.largest_request_bytes)} of KV")
     t.add_row("its transfer", f"{est.largest_request_transfer_ms:.1f} ms at {est.nominal_gbps:g} GB/s per GPU "
                               f"({est.transport}, nominal)")
@@ -64,3 +89,35 @@ def print_plan(plan: Plan) -> None:
     console.print(t)
     for w in plan.warnings:
         console.print(f"[yellow]warning:[/] {esc(w)}")
+
+
+def print_import(result, output) -> None:
+    """What `tk import` did: where the recipe went, what was not carried, what tk renders differently, the plan."""
+    from rich.console import Console
+    from rich.markup import escape as esc
+
+    console = Console(stderr=True, highlight=False)
+    if not console.is_terminal:
+        console.width = 120
+    led = result.ledger
+    console.print(f"[bold]{esc(result.source)}[/] ({led.kind}) -> "
+                  f"{esc(str(output)) if output else 'stdout'}: {len(led.carried)} value(s) carried")
+    for d in led.dropped:
+        console.print(f"[yellow]not carried:[/] {esc(d.path)}: {esc(d.why)}")
+    for n in led.notes:
+        console.print(f"[cyan]check:[/] {esc(n)}")
+    for path, theirs, mine in result.changed:
+        shown = "left out" if mine is None else f"{mine!r}"
+        console.print(f"[yellow]tk renders differently:[/] {esc(path)}: {esc(repr(theirs))} -> {esc(shown)}")
+    if result.added:
+        console.print("tk adds: " + esc(", ".join(f"{p}={v!r}" for p, v in result.added)))
+    for w in result.warnings:
+        console.print(f"[yellow]warning:[/] {esc(w)}")
+    for v in result.violations:
+        console.print(f"[red]error:[/] {esc(str(v))}")
+    if result.ok:
+        console.print(f"[green]the recipe plans[/] ({result.plan.trtllm_version}, {result.plan.node_count} node(s)); "
+                      f"next: tk plan {esc(str(output)) if output else 'RECIPE'}")
+    else:
+        console.print(f"[red]{len(result.violations)} problem(s)[/]: the recipe is written as imported; fix them "
+                      "there (each names its field)")

@@ -1,7 +1,7 @@
 """Spec: a new user's real client, the official `openai` SDK, against a `tk launch --local` deployment of the
 stand-in with emulated timing (recipes/standin-lab-1p1d.yaml): completions and chat, plain and streamed,
 through the proxy; usage counts are right and streamed tokens arrive at the emulated cadence, one by one,
-not in one burst (client-findings.md: before emulation, every stream arrived at once)."""
+not in one burst (before emulation, every stream arrived at once)."""
 
 from __future__ import annotations
 

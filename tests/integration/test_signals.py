@@ -1,6 +1,6 @@
 """Spec: every signal a user or a scheduler sends to `tk launch` or `tk validate cluster` ends in a released
 job and no process left; two runs whose directories share a prefix never touch each other.
-(hostile-findings.md bugs 4, 7, 8 and 10, on the real dev Slurm cluster and locally.)"""
+(a hostile-input audit's bugs 4, 7, 8 and 10, on the real dev Slurm cluster and locally.)"""
 
 from __future__ import annotations
 
@@ -117,7 +117,7 @@ def test_sigterm_to_a_launch_whose_job_pends_cancels_the_job(dev_slurm, tmp_path
 
 @pytest.mark.slurm
 def test_a_launch_rides_out_a_slurm_controller_that_stops_answering_for_a_while(dev_slurm, tmp_path):
-    # hostile-findings.md bug 15: slurmctld stopped right after submission was reported as "the job ended".
+    # the audit's bug 15: slurmctld stopped right after submission was reported as "the job ended".
     pidfile = Path(dev_slurm.conf).parent / "run" / "slurmctld.pid"
     assert pidfile.is_file(), f"no slurmctld pid file at {pidfile}"
     run_dir = tmp_path / "run"

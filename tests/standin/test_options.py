@@ -58,8 +58,23 @@ def test_accepted_keys_follow_the_target_version(tmp_path, monkeypatch):
     path = write(tmp_path, GOOD)
     s = settings(path, monkeypatch, "1.2")
     assert s.transceiver.kv_transfer_timeout_ms == 5000 and s.transceiver.max_tokens_in_buffer == 256
-    msg = refused(path, monkeypatch, "1.1")  # no kv_transfer_timeout_ms before 1.2 (toolkit.facts.trtllm)
+    msg = refused(path, monkeypatch, "1.0")  # no kv_transfer_timeout_ms on 1.0 (toolkit.facts.llm_args)
     assert "cache_transceiver_config.kv_transfer_timeout_ms" in msg and str(path) in msg
+    assert settings(path, monkeypatch, "1.1").transceiver.kv_transfer_timeout_ms == 5000  # 1.1: may have it
+
+
+def test_the_1_3_transceiver_fields_are_checked_as_tensorrt_llm_checks_them(tmp_path, monkeypatch):
+    ct = {"backend": "NIXL", "max_tokens_in_buffer": 256, "transceiver_runtime": "PYTHON",
+          "kv_transfer_poll_interval_ms": 100, "kv_cache_bounce_size_mb": 0, "enable_pipelined_transfer": True}
+    path = write(tmp_path, {**GOOD, "enable_chunked_prefill": True, "cache_transceiver_config": ct})
+    s = settings(path, monkeypatch, "1.3.0rc26")
+    assert (s.transceiver.runtime, s.transceiver.pipelined) == ("PYTHON", True)
+    assert "enable_pipelined_transfer" in refused(path, monkeypatch, "1.2")  # a 1.3 key
+    path = write(tmp_path, {**GOOD, "cache_transceiver_config": ct})
+    assert "enable_chunked_prefill is required" in refused(path, monkeypatch, "1.3.0rc26")
+    path = write(tmp_path, {**GOOD, "enable_chunked_prefill": True,
+                            "cache_transceiver_config": {**ct, "backend": "UCX"}})
+    assert "only supports NIXL backend" in refused(path, monkeypatch, "1.3.0rc26")
 
 
 def test_max_tokens_in_buffer_must_be_a_multiple_of_tokens_per_block(tmp_path, monkeypatch):
@@ -91,18 +106,18 @@ def test_unknown_cli_flag_exits_2(tmp_path):
 
 def test_unknown_model_exits_2():
     proc = run_standin("no/such-model", "--port", "19000")
-    assert proc.returncode == 2 and "unknown model" in proc.stderr
+    assert proc.returncode == 2 and "model 'no/such-model' is not built in" in proc.stderr
 
 
 def test_every_rendered_standin_file_is_accepted_by_every_version(tmp_path, monkeypatch):
-    """What `tk render` writes for the stand-in recipe starts, for 1.0, 1.1 and 1.2."""
+    """What `tk render` writes for the stand-in recipe starts, for every line."""
     from tests.conftest import ROOT
     from toolkit.plan import build_plan
     from toolkit.recipe import load_recipe
     from toolkit.render import render, worker_command
-    for line in ("1.0", "1.1", "1.2"):
+    for line in ("1.0", "1.1", "1.2", "1.3.0rc23"):
         overrides = [f"trtllm_version={line}"]
-        if line != "1.2":  # no kv_transfer_timeout_ms before 1.2
+        if line == "1.0":  # no kv_transfer_timeout_ms on 1.0
             overrides.append("kv_transfer.kv_transfer_timeout_ms=null")
         plan = build_plan(load_recipe(ROOT / "recipes" / "standin-2p2d.yaml", overrides))
         out = tmp_path / line
@@ -121,7 +136,7 @@ def test_every_rendered_standin_file_is_accepted_by_every_version(tmp_path, monk
         cfg = parse_config(str(resolved))
         if plan.membership is None:
             assert len(cfg.ctx_urls) == 2 and len(cfg.gen_urls) == 2
-        else:  # 1.2: the workers register into the proxy's cluster storage; no static urls
+        else:  # 1.2, 1.3: the workers register into the proxy's cluster storage; no static urls
             assert cfg.ctx_urls == [] and cfg.gen_urls == [] and cfg.cluster is not None
         with pytest.raises(ConfigError, match="placeholder"):
             parse_config(str(out / "disagg.yaml"))

@@ -140,8 +140,10 @@ def test_errors_above_the_bound_are_exit_2():
 
 def test_report_writes_valid_pngs_and_links_that_exist(tmp_path):
     v, res, wl = _verdict(sla="ttft_p99_ms=10000")
-    rows = [cell_row("disaggregated", wl.cells[0], res, 2),
-            {**cell_row("disaggregated", wl.cells[0], res, 2), "cell": "b", "isl": 512, "concurrency": 16}]
+    # the fixture's streams arrived in one chunk (the plain stand-in), so its tok/s/user is not measurable: give the
+    # rows one, as a deployment with real token timing has
+    row = {**cell_row("disaggregated", wl.cells[0], res, 2), "output_tokens_per_s_per_user": 140.0}
+    rows = [row, {**row, "cell": "b", "isl": 512, "concurrency": 16}]
     (tmp_path / "aiperf" / wl.cells[0].name).mkdir(parents=True)
     (tmp_path / "aiperf" / wl.cells[0].name / "profile_export_aiperf.json").write_text("{}")
     (tmp_path / "aiperf.log").write_text("")
@@ -196,3 +198,52 @@ def test_aiperf_missing_is_a_clear_error_with_the_fix(tmp_path, monkeypatch):
         runner.find_aiperf()
     assert "aiperf is not installed" in str(exc.value) and "bench" in str(exc.value)
     assert getattr(exc.value, "exit_code", 2) == 2
+
+
+# --- streams that arrive in one chunk (the plain stand-in): token timing is not measurable --------------------
+
+def test_itl_is_not_judged_when_the_streams_arrived_in_one_chunk():
+    v, res, wl = _verdict(sla="ttft_p99_ms=10000,itl_p99_ms=50,tpot_p99_ms=50")
+    assert res.one_chunk_streams and res.one_chunk_count == (39, 40)
+    assert v.exit_code == 0
+    sla = {c.name: c for c in v.checks if c.stage == "sla"}
+    assert not sla["ttft_p99_ms"].skipped
+    assert sla["itl_p99_ms"].skipped and "not judged" in sla["itl_p99_ms"].reason
+    assert sla["tpot_p99_ms"].skipped
+    assert "1 SLA objective(s) met" in v.summary and "itl_p99_ms, tpot_p99_ms not judged" in v.summary
+    note = next(c for c in v.checks if c.name == "token_timing")
+    assert "39 of 40 streams arrived in one chunk" in note.reason and "not measurable" in note.reason
+
+
+def test_a_one_chunk_cell_shows_no_itl_rather_than_zero():
+    _, res, wl = _verdict()
+    row = cell_row("disaggregated", wl.cells[0], res, 2)
+    assert row["itl_p99_ms"] is None and row["tpot_p99_ms"] is None and row["output_tokens_per_s_per_user"] is None
+    assert row["ttft_p99_ms"] > 0 and row["request_throughput"] > 0
+
+
+def test_streams_with_token_gaps_are_judged():
+    wl = build_workload("fixed", isl=128, osl=16, concurrency=(4,))
+    res = read_export(FIX / "fixed", wl.cells[0].name)
+    res.records = [Record(**{**r.__dict__, "latency_ms": (r.ttft_ms or 0) + 30.0}) for r in res.records]
+    proof = probes.standin_proof(_standin_stats(0), _standin_stats(len(res.records)))
+    v = decide(wl, {wl.cells[0].name: res}, proof, parse_sla("itl_p99_ms=50"), gpus=2)
+    assert not res.one_chunk_streams
+    assert not any(c.skipped for c in v.checks if c.stage == "sla")
+
+
+# --- defaults clipped to the deployment, given values never -----------------------------------------------
+
+def test_default_lengths_are_clipped_to_what_the_deployment_admits_with_a_note():
+    wl = build_workload("fixed", limits=Limits(max_input_len=1024, max_output_len=64))
+    assert (wl.cells[0].isl, wl.cells[0].osl) == (1024, 64)
+    assert any("OSL 64: the default 128 clipped" in n for n in wl.notes)
+    wl = build_workload("fixed", limits=Limits(max_input_len=512, max_output_len=64))
+    assert wl.cells[0].isl == 512 and any("ISL 512: the default 1024 clipped" in n for n in wl.notes)
+
+
+def test_given_lengths_over_the_limits_are_refused_naming_the_flag_isl_first():
+    with pytest.raises(BenchInputError, match=r"--osl 128 is more than the deployment admits"):
+        build_workload("fixed", isl=100, osl=128, limits=Limits(max_input_len=1024, max_output_len=64))
+    with pytest.raises(BenchInputError, match=r"--isl 5000 is more than the deployment admits"):
+        build_workload("fixed", isl=5000, osl=128, limits=Limits(max_input_len=1024, max_output_len=64))

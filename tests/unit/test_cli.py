@@ -88,7 +88,7 @@ def test_render_check_uses_the_engines_own_parsers_or_says_it_skipped(tmp_path):
     try:
         import tensorrt_llm  # noqa: F401
     except ImportError:
-        assert "config check skipped: tensorrt_llm is not importable" in proc.stderr
+        assert "config NOT checked: tensorrt_llm is not importable" in proc.stderr
 
 
 def test_render_check_fails_naming_the_file_and_key(tmp_path):

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
+from toolkit.errors import TkError
 from toolkit.doctor import diagnose, format_diagnosis, read_bounded, scan
 from toolkit.doctor.signatures import BY_ID, SIGNATURES
 
@@ -138,6 +139,9 @@ def test_runs_are_found_from_another_directory_through_the_index(tmp_path, monke
     monkeypatch.chdir(elsewhere)
     assert [r.name for r in api.runs()] == [run.name]
     assert api.find_run(run.name).run_dir == run.run_dir
+    with pytest.raises(TkError, match="only dry runs"):  # a dry run (prepare) is found by name, never as "the last"
+        api.find_run()
+    run.set_state("failed", "launched, then failed")
     assert api.find_run().run_dir == run.run_dir
     assert api.doctor(run.name)["run"] == run.name
     # TK_RUNS_DIR is still honoured, and the union is taken once per directory
@@ -222,3 +226,58 @@ def test_every_fixture_is_claimed_by_exactly_its_signature():
     for path in sorted(FIXTURES.glob("*.log")):
         sig_id, source = path.name.split(".")[0], path.name.split(".")[-2]
         assert scan(path.read_text().splitlines(), source) == [sig_id], path.name
+
+
+# --- first-hour failures: a missing model, no serving command, Ctrl-C, and requests a client got refused ----------
+
+def _run_dir(tmp_path: Path, phases: str, logs: dict[str, str]) -> Path:
+    run = tmp_path / "r"
+    (run / "logs").mkdir(parents=True)
+    (run / "state").mkdir()
+    (run / "state" / "phases.tsv").write_text(phases)
+    for name, text in logs.items():
+        (run / "logs" / name).write_text(text)
+    return run
+
+
+def test_a_missing_model_path_found_by_the_config_check_is_diagnosed(tmp_path):
+    message = "MODEL: model directory /nonexistent/model does not exist (nor does /nonexistent)"
+    run = _run_dir(tmp_path, f"1\tchecking\toptions\n2\tfailed\tconfig check: {message} (log: logs/config-check.log)\n",
+                   {"config-check.log": f"tk-standin-serve: {message}\n", "job.log": "[tk] failed\n"})
+    doc = diagnose(run, state="failed")
+    assert doc["findings"][0]["id"] == "model-path"
+    assert {e["file"] for e in doc["findings"][0]["evidence"]} >= {"logs/config-check.log"}
+    assert format_diagnosis(doc).count("Llama") == 0  # no list of built-in models, let alone three
+
+
+def test_a_serving_command_that_is_not_there_is_diagnosed(tmp_path):
+    run = _run_dir(tmp_path, "1\tfailed\tproxy exited with code 127 (log: logs/proxy.log)\n",
+                   {"proxy.log": "tk-proxy: line 2: exec: trtllm-serve: not found\n", "job.log": "[tk] started\n"})
+    doc = diagnose(run, state="failed")
+    assert doc["findings"][0]["id"] == "engine-not-found"
+    assert "cluster.container_image" in doc["findings"][0]["fix"]
+    assert doc["first_error"]["file"] == "logs/proxy.log"  # the log that says why, not the job's
+
+
+def test_an_interrupted_launch_says_so(tmp_path):
+    run = _run_dir(tmp_path, "1\tstarted\tctx-0 on n0\n2\tfailed\tsignal received\n", {"ctx-0.log": "loading\n"})
+    doc = diagnose(run, state="failed", reason="interrupted; cleanup: none")
+    assert [f["id"] for f in doc["findings"]] == ["interrupted"]
+    assert "launch again" in doc["findings"][0]["fix"]
+
+
+def test_a_request_the_servers_refused_is_not_the_run_s_diagnosis(tmp_path):
+    refused = (FIXTURES / "prompt-exceeds-max-num-tokens.proxy.log").read_text()
+    run = _run_dir(tmp_path, "1\tready\thttp://127.0.0.1:8000\n", {"proxy.log": "serving\n" + refused})
+    doc = diagnose(run, state="ready")
+    assert doc["findings"] == []
+    assert [f["id"] for f in doc["refused_requests"]] == ["prompt-exceeds-max-num-tokens"]
+    text = format_diagnosis(doc)
+    assert "diagnosis [" not in text and "not a failure of the run" in text
+
+
+def test_signature_sources_cite_upstream_links_not_files_outside_the_repository():
+    for s in SIGNATURES:
+        assert ".md" not in s.source and not s.source.startswith(("/", "../")), (s.id, s.source)
+        for number in re.findall(r"#[0-9]+", s.source):
+            raise AssertionError(f"{s.id}: {number} in {s.source!r} is not a link")

@@ -24,10 +24,20 @@ def env_lines(text: str) -> dict:
 
 @pytest.mark.parametrize("transport", sorted(TRANSPORT_PROFILES))
 def test_trtllm_servers_and_proxy_get_the_gpu_ucx_tls(transport):
+    profile = TRANSPORT_PROFILES[transport]
+    gpu = [f"cluster.gpu={profile.gpus[0]}"] if profile.gpus else []
     files = render_files(plan_of(BASE, f"kv_transfer.transport={transport}", "cluster.share_nodes=true",
-                                 "trtllm_version=1.2", "kv_transfer.backend=NIXL"))
+                                 "trtllm_version=1.2", "kv_transfer.backend=NIXL", *gpu))
     for name in ("ctx.env", "gen.env", "proxy.env"):
-        assert env_lines(files[name])["UCX_TLS"] == TRANSPORT_PROFILES[transport].ucx_tls_gpu, name
+        # "" = the profile leaves UCX to choose (NVIDIA's GB200/GB300 recipes do): no UCX_TLS line at all
+        assert env_lines(files[name]).get("UCX_TLS", "") == profile.ucx_tls_gpu, name
+
+
+def test_a_fabric_of_some_gpus_only_is_refused_on_others():
+    [v] = violations_of(BASE, "kv_transfer.transport=nvlink-multi-node")
+    assert v.field == "kv_transfer.transport" and "GB200 and GB300" in v.message and "cluster.gpu" in v.fix
+    p = plan_of(BASE, "kv_transfer.transport=nvlink-multi-node", "cluster.gpu=GB300")
+    assert "UCX_TLS" not in p.context.env and "UCX_CUDA_IPC_ENABLE_MNNVL" not in p.context.env
 
 
 @pytest.mark.parametrize("transport", sorted(TRANSPORT_PROFILES))

@@ -3,7 +3,7 @@ name, the output or run directory — nothing in it ever runs as a command. Ever
 executed for real by bash under recording stand-ins for srun/scontrol/scancel and the server, every env
 file is sourced the way the job sources it, and the validation batch script is executed too; a marker file
 that any injected command would create must never appear. Loading either refuses with a RecipeError
-(exit 2) or the render succeeds; no other exception, ever. (issue 9, class 1; hostile-findings.md bugs 1-3.)"""
+(exit 2) or the render succeeds; no other exception, ever. (issue 9, class 1; the audit's bugs 1-3.)"""
 
 from __future__ import annotations
 

@@ -110,8 +110,8 @@ def test_model_error_is_a_value_error_with_a_fix(tmp_path):
     assert isinstance(info.value, ValueError) and "num_attention_heads" in info.value.fix
 
 
-def test_a_model_name_the_os_cannot_take_is_an_unknown_model():
-    with pytest.raises(ModelError, match="unknown model"):
+def test_a_model_name_the_os_cannot_take_is_a_directory_that_does_not_exist():
+    with pytest.raises(ModelError, match="does not exist"):
         resolve_model("./a\0b")
 
 

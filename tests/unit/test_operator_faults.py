@@ -1,5 +1,5 @@
 """Spec: what an operator types or leaves behind never ends in a traceback, a wrong answer or an unbounded
-wait (hostile-findings.md bugs 4, 12, 13, 14 and 20: numbers, damaged run records, rich markup in paths,
+wait (a hostile-input audit's bugs 4, 12, 13, 14 and 20: numbers, damaged run records, rich markup in paths,
 exact run names, `tk logs --lines`)."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Spec: an output directory holds the old render or the new one, whole — under SIGKILL at any moment,
 concurrent renders of the same target, and write errors — and what the user put there is kept.
-(hostile-findings.md bug 6.)"""
+(a hostile-input audit's bug 6.)"""
 
 from __future__ import annotations
 

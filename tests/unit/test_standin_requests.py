@@ -95,7 +95,7 @@ def _stream_text(stream, kind):
 
 MSGS = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "tell me a story"}]
 
-# client-findings.md §1, "What breaks or differs": each case through the proxy and an aggregated server
+# what a client audit found breaks or differs: each case through the proxy and an aggregated server
 REFUSED = [  # (kind, kwargs, status on the proxy, status on the aggregated server, text in the error)
     ("completion", {"prompt": "a b", "max_tokens": 0}, 400, 400, "max_tokens must be a positive integer"),
     ("completion", {"prompt": "a b", "max_tokens": -1}, 400, 400, "max_tokens must be a positive integer"),

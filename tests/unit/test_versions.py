@@ -13,6 +13,7 @@ from toolkit.recipe import load_recipe, load_recipe_text
 from tests.conftest import RECIPES
 
 IMG = "nvcr.io/nvidia/tensorrt-llm/release"
+PYXIS_IMG = "nvcr.io#nvidia/tensorrt-llm/release"  # as the fixes spell it, and as launch.sbatch renders it
 RECIPE = """\
 schema_version: 1
 name: t
@@ -104,7 +105,7 @@ def test_a_version_written_in_the_file_that_contradicts_the_image_is_refused_at_
     v = refused(f"{IMG}:1.0.0", version="1.2")
     assert (v.file, v.line, v.field) == ("r.yaml", 7, "trtllm_version")
     assert "contradicts" in v.message and "1.0.0" in v.message
-    assert f"{IMG}:1.2.0" in v.fix and "remove trtllm_version" in v.fix
+    assert f"{PYXIS_IMG}:1.2.0" in v.fix and "remove trtllm_version" in v.fix
 
 
 def test_set_trtllm_version_on_a_shipped_recipe_needs_the_image_too():
@@ -113,9 +114,9 @@ def test_set_trtllm_version_on_a_shipped_recipe_needs_the_image_too():
         build_plan(load_recipe(path, ["trtllm_version=1.0"]))
     [v] = info.value.violations
     assert (v.file, v.field) == ("--set trtllm_version=1.0", "trtllm_version")
-    assert f"--set cluster.container_image={IMG}:1.0.0" in v.fix and "drop --set trtllm_version" in v.fix
+    assert f"--set cluster.container_image={PYXIS_IMG}:1.0.0" in v.fix and "drop --set trtllm_version" in v.fix
     plan = build_plan(load_recipe(path, ["trtllm_version=1.0", f"cluster.container_image={IMG}:1.0.0"]))
-    assert plan.trtllm_version == "1.0" and plan.slurm.container_image == f"{IMG}:1.0.0"
+    assert plan.trtllm_version == "1.0" and plan.slurm.container_image == f"{PYXIS_IMG}:1.0.0"
 
 
 def test_set_image_alone_that_contradicts_the_files_version_blames_the_image():
@@ -125,9 +126,18 @@ def test_set_image_alone_that_contradicts_the_files_version_blames_the_image():
 
 
 def test_an_image_of_a_line_tk_has_no_facts_for_is_refused():
-    v = refused(f"{IMG}:1.3.0rc2")
-    assert v.field == "cluster.container_image" and "1.3.0rc2" in v.message
-    assert f"{IMG}:1.2.0" in v.fix
+    v = refused(f"{IMG}:1.4.0rc1")
+    assert v.field == "cluster.container_image" and "1.4.0rc1" in v.message
+    assert f"{PYXIS_IMG}:1.2.0" in v.fix
+
+
+def test_a_1_3_pre_release_image_selects_the_1_3_line_and_its_release():
+    lr = loaded(f"{IMG}:1.3.0rc23")
+    assert (lr.recipe.trtllm_version, lr.version_source, lr.release) == ("1.3", "image", "1.3.0rc23")
+    plan = build_plan(lr)
+    assert (plan.trtllm_version, plan.target_release) == ("1.3", "1.3.0rc23")
+    # rc23 lies between the facts' 1.3 snapshots: the warning names both
+    assert any("pre-release (1.3.0rc23)" in w and "1.3.0rc18..1.3.0rc20" in w for w in plan.warnings)
 
 
 @pytest.mark.parametrize("version", [None, "1.1"])
@@ -169,10 +179,12 @@ def test_every_shipped_recipe_is_coherent(path):
 
 def test_every_unverified_key_has_one_facts_row_with_a_default_and_a_source():
     for fact in trtllm.OPTION_FACTS:
-        assert set(fact.acceptance) == set(trtllm.SUPPORTED) and fact.source
-        assert set(fact.acceptance.values()) <= {trtllm.VERIFIED, trtllm.UNVERIFIED}
+        assert fact.source and fact.default is not None
+        for line in trtllm.SUPPORTED:
+            assert trtllm.acceptance(trtllm.get(line), fact) in (trtllm.VERIFIED, trtllm.UNVERIFIED)
     [tpb] = [f for f in trtllm.OPTION_FACTS if f.dotted == "kv_cache_config.tokens_per_block"]
-    assert tpb.default == 32 and tpb.acceptance["1.0"] == trtllm.UNVERIFIED
+    assert tpb.default == 32 and trtllm.acceptance(trtllm.get("1.0"), tpb) == trtllm.UNVERIFIED
+    assert trtllm.acceptance(trtllm.get("1.2"), tpb) == trtllm.VERIFIED
 
 
 @pytest.mark.parametrize("tag,written", [("1.0.0", False), ("1.1.0", True), ("1.2.0", True)])
@@ -206,10 +218,16 @@ def _deepseek(*overrides):
     return build_plan(load_recipe(path, list(overrides)))
 
 
-@pytest.mark.parametrize("line", trtllm.SUPPORTED)
-def test_every_supported_line_allocates_one_kv_layer_per_mtp_layer(line):
+@pytest.mark.parametrize("line", ["1.0", "1.1", "1.2"])
+def test_released_lines_allocate_one_kv_layer_per_mtp_layer(line):
     v = trtllm.get(line)
     assert [trtllm.mtp_kv_layers(v, n) for n in (0, 1, 3)] == [0, 1, 3]
+
+
+def test_the_1_3_line_allocates_one_kv_layer_for_mtp_eagle_one_model():
+    # speculative/utils.py @ 011d0933 (2026): get_num_spec_layers returns 1 for MTP-Eagle one-model
+    v = trtllm.get("1.3")
+    assert [trtllm.mtp_kv_layers(v, n) for n in (0, 1, 3)] == [0, 1, 1]
 
 
 def test_deepseek_r1_with_mtp3_moves_64_layers_of_576_bytes_in_fp8():

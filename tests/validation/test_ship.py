@@ -34,8 +34,9 @@ class Forbidden:
 sys.meta_path.insert(0, Forbidden())
 archive, site = sys.argv[1], sys.argv[2]
 sys.path.append(site)
-assert not any("wt-" in p or "/work/main" in p for p in sys.path), sys.path
-"""
+checkout = @CHECKOUT@
+assert not any(p == checkout or p.startswith(checkout + "/") for p in sys.path), sys.path
+""".replace("@CHECKOUT@", repr(str(ROOT)))  # nothing on the path is this checkout
 RUN_ARCHIVE = ISOLATED + r"""
 import runpy
 sys.argv = [archive, *sys.argv[3:]]

@@ -14,7 +14,13 @@ CSV_COLUMNS = ["target", "cell", "isl", "osl", "turns", "concurrency", "request_
 
 
 def cell_row(target: str, cell, res, gpus: int | None) -> dict:
-    s = res.stat if res else (lambda *a: None)
+    from toolkit.bench.results import TOKEN_TIMING_METRICS
+
+    def s(metric: str, stat: str = "avg"):
+        if res is None or (metric in TOKEN_TIMING_METRICS and res.one_chunk_streams):
+            return None  # not measured, or not measurable (every stream in one chunk): shown as "-", never 0
+        return res.stat(metric, stat)
+
     out_tps = s("output_token_throughput")
     prof = res.profiled if res else []
     return {"target": target, "cell": cell.name, "isl": cell.isl, "osl": cell.osl, "turns": cell.turns,
@@ -181,6 +187,8 @@ def print_summary(doc: dict) -> None:
                   _fmt(r["ttft_p99_ms"]), _fmt(r["itl_p99_ms"]), _fmt(r["request_throughput"]),
                   _fmt(r["output_tokens_per_s_per_gpu"]), _fmt(r["output_tokens_per_s_per_user"]))
     con.print(t)
+    for note in (doc.get("workload") or {}).get("notes", []):
+        con.print(f"workload: {escape(note)}", highlight=False)
     if doc.get("baseline_error"):
         con.print(f"[red]no aggregated baseline:[/red] {escape(doc['baseline_error'])}")
     base = doc.get("baseline")
@@ -206,9 +214,14 @@ def print_summary(doc: dict) -> None:
         for c in bad:
             where = escape(f" [{c['cell']}]") if c.get("cell") else ""
             con.print(f"  [red]x[/red] {escape(c['name'])}{where}: {escape(c['reason'])}", highlight=False)
+    one_chunk = [c["cell"] for c in v["checks"] if c["name"] == "token_timing"]
+    if one_chunk:
+        con.print(f"note: the streams arrived in one chunk in {len(one_chunk)} cell(s): ITL, TPOT and tokens/s per "
+                  "user are not measurable there (shown as -), and no SLA objective on them was judged",
+                  highlight=False)
     style = "green" if v["exit_code"] == 0 else "red"
-    con.print(f"[{style}]{v['summary']}[/{style}]")
-    con.print(f"report: {doc['bench_dir']}/report.md")
+    con.print(f"[{style}]{v['summary']}[/{style}]", soft_wrap=True)  # one line, whatever its length (grep-able)
+    con.print(f"report: {doc['bench_dir']}/report.md", soft_wrap=True)  # a path is never split across lines
 
 
 def _ratio_text(x) -> str:

@@ -23,6 +23,10 @@ from pathlib import Path
 SUMMARY = "profile_export_aiperf.json"
 SUMMARY_CSV = "profile_export_aiperf.csv"
 RECORDS = "profile_export.jsonl"
+# Metrics that need the gaps between a stream's tokens (aiperf: inter_chunk_latency is ITL, inter_token_latency is
+# TPOT, and tokens/s per user is 1000 / TPOT): not measurable when a stream arrives in one chunk.
+TOKEN_TIMING_METRICS = ("inter_chunk_latency", "inter_token_latency", "output_token_throughput_per_user")
+ONE_CHUNK_MS = 0.001  # request latency within 1 us of TTFT: the stream's tokens came in one chunk
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,22 @@ class CellResult:
     @property
     def warmup(self) -> list[Record]:
         return [r for r in self.records if r.phase == "warmup"]
+
+    @property
+    def one_chunk_count(self) -> tuple[int, int]:
+        """(streams whose tokens all arrived in one chunk, streams): successful profiled streams of more than one
+        token whose last token came with the first (request latency = TTFT), as from a server that answers at once
+        (the plain CPU stand-in)."""
+        streams = [r for r in self.profiled if r.ok and (r.osl or 0) > 1 and r.ttft_ms is not None
+                   and r.latency_ms is not None]
+        return sum(r.latency_ms - r.ttft_ms < ONE_CHUNK_MS for r in streams), len(streams)
+
+    @property
+    def one_chunk_streams(self) -> bool:
+        """Most streams (at least half) arrived in one chunk: the gaps between tokens were mostly never seen, so
+        ITL, TPOT and tokens/s per user are not measurable (their percentiles would be the zeros of those)."""
+        one, streams = self.one_chunk_count
+        return streams > 0 and 2 * one >= streams
 
     def stat(self, metric: str, stat: str = "avg") -> float | None:
         value = (self.summary.get(metric) or {}).get(stat)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from toolkit.bench.probe import Proof
-from toolkit.bench.results import CellResult
+from toolkit.bench.results import TOKEN_TIMING_METRICS, CellResult
 from toolkit.bench.sla import Objective
 from toolkit.bench.workload import Workload
 
@@ -128,6 +128,13 @@ def _validity(workload: Workload, results: dict[str, CellResult], b: Bounds) -> 
                             f"tokens exceed ISL by {overhead[:4]} (chat template)", cell.name,
                             {"isl": isl_vals[:8], "osl": osl_vals[:8], "template_overhead": overhead[:8],
                              "expected_isl": cell.isl, "expected_osl": cell.osl, "turns": cell.turns}))
+        if res.one_chunk_streams:
+            one, streams = res.one_chunk_count
+            checks.append(Check("token_timing", "validity", True,
+                                f"{one} of {streams} streams arrived in one chunk (the server answers at once, e.g. "
+                                "the plain CPU stand-in without emulated timing): ITL, TPOT and tokens/s per user are "
+                                "not measurable; TTFT, latency and throughput are", cell.name,
+                                {"one_chunk_streams": one, "streams": streams}))
         counted = res.stat("request_count")
         warm_in_summary = counted is not None and int(counted) != len(ok_recs)
         checks.append(Check("warmup_excluded", "validity", bool(res.warmup) and not warm_in_summary,
@@ -177,6 +184,11 @@ def _sla(workload: Workload, results: dict[str, CellResult], objectives: tuple[O
     for obj in objectives:
         for cell in workload.cells:
             res = results.get(cell.name)
+            if res is not None and obj.metric in TOKEN_TIMING_METRICS and res.one_chunk_streams:
+                checks.append(Check(obj.key, "sla", True, f"{obj.key} not judged at {cell.name}: most streams "
+                                    "arrived in one chunk, so the gaps between tokens were never seen", cell.name,
+                                    {"limit": obj.limit, "metric": obj.metric, "stat": obj.stat}, skipped=True))
+                continue
             value = res.stat(obj.metric, obj.stat) if res else None
             if value is not None and obj.per_gpu:
                 value = value / gpus if gpus else None
@@ -209,6 +221,13 @@ def decide(workload: Workload, results: dict[str, CellResult], proof: Proof | No
     missed = [c for c in failed if c.stage == "sla"]
     if missed:
         return Verdict(SLA_MISSED, "SLA MISSED: " + "; ".join(c.reason for c in missed[:4]), checks)
-    n_sla = len(objectives)
+    unjudged = sorted({c.name for c in checks if c.stage == "sla" and c.skipped})
+    judged = [o for o in objectives if o.key not in unjudged or
+              any(c.name == o.key and c.stage == "sla" and not c.skipped for c in checks)]
+    n_sla = len(judged)
+    sla_text = (f", {n_sla} SLA objective(s) met in every cell" if n_sla else
+                ", no SLA declared" if not objectives else ", no SLA objective could be judged")
+    if unjudged:
+        sla_text += f" ({', '.join(unjudged)} not judged: the streams arrived in one chunk)"
     return Verdict(PASS, "PASS: valid" + (", disaggregated" if proof and proof.kind != "aggregated" else "")
-                   + (f", {n_sla} SLA objective(s) met in every cell" if n_sla else ", no SLA declared"), checks)
+                   + sla_text, checks)

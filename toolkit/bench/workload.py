@@ -16,6 +16,7 @@ WORKLOADS = ("fixed", "isl-sweep", "concurrency-sweep", "multi-turn")
 ISL_SWEEP = (128, 512, 1024, 2048)
 DEFAULT_CONCURRENCY = {"fixed": (4,), "isl-sweep": (4,), "concurrency-sweep": (1, 4, 16, 64), "multi-turn": (4,)}
 DEFAULT_SEED = 100
+DEFAULT_ISL, DEFAULT_OSL = 1024, 128  # when --isl / --osl are not given (clipped to what the deployment admits)
 
 
 class BenchInputError(TkError):
@@ -86,13 +87,30 @@ def _warmup_for(concurrency: int | None, warmup: int | None) -> int:
     return max(1, min(2 * (concurrency or 1), 32))
 
 
-def build_workload(kind: str, *, isl: int = 1024, osl: int = 128, concurrency: tuple[int, ...] | None = None,
+def build_workload(kind: str, *, isl: int | None = None, osl: int | None = None,
+                   concurrency: tuple[int, ...] | None = None,
                    request_rate: tuple[float, ...] | None = None, requests: int | None = None,
                    warmup: int | None = None, turns: int = 3, conversations: int | None = None,
                    seed: int = DEFAULT_SEED, limits: Limits | None = None) -> Workload:
-    """The cells of a workload, clipped to what the deployment admits (each clip is a note)."""
+    """The cells of a workload, clipped to what the deployment admits (each clip is a note). isl / osl None: the
+    defaults (DEFAULT_ISL, DEFAULT_OSL), clipped to the deployment's limits; a value given is never clipped, and
+    one over a limit is refused naming the flag."""
     if kind not in WORKLOADS:
         raise BenchInputError(f"unknown workload {kind!r}; valid: {', '.join(WORKLOADS)}")
+    limits = limits or Limits()
+    notes: list[str] = []
+    if isl is None:
+        isl = DEFAULT_ISL
+        if kind != "isl-sweep" and limits.max_input_len is not None and isl > limits.max_input_len:
+            isl = limits.max_input_len
+            notes.append(f"ISL {isl}: the default {DEFAULT_ISL} clipped to what the deployment admits "
+                         f"({limits.source})")
+    if osl is None:
+        osl = DEFAULT_OSL
+        if limits.max_output_len is not None and osl > limits.max_output_len:
+            osl = limits.max_output_len
+            notes.append(f"OSL {osl}: the default {DEFAULT_OSL} clipped to what the deployment admits "
+                         f"({limits.source})")
     if isl < 1 or osl < 1:
         raise BenchInputError("--isl and --osl must be >= 1")
     if concurrency and request_rate:
@@ -101,8 +119,6 @@ def build_workload(kind: str, *, isl: int = 1024, osl: int = 128, concurrency: t
         raise BenchInputError("multi-turn runs at a concurrency (conversations in flight), not a request rate")
     if turns < 1:
         raise BenchInputError("--turns must be >= 1")
-    limits = limits or Limits()
-    notes: list[str] = []
     if request_rate:
         loads: list[tuple[int | None, float | None]] = [(None, r) for r in request_rate]
     else:
@@ -114,6 +130,9 @@ def build_workload(kind: str, *, isl: int = 1024, osl: int = 128, concurrency: t
 
     isls = list(ISL_SWEEP) if kind == "isl-sweep" else [isl]
     n_turns = turns if kind == "multi-turn" else 1
+    if kind not in ("isl-sweep", "multi-turn") and limits.max_input_len is not None and isl > limits.max_input_len:
+        raise BenchInputError(f"--isl {isl} is more than the deployment admits ({limits.max_input_len} input "
+                              f"tokens, {limits.source}); use --isl {limits.max_input_len} or less")
     if limits.max_output_len is not None and osl > limits.max_output_len:
         raise BenchInputError(f"--osl {osl} is more than the deployment admits ({limits.max_output_len} output "
                               f"tokens, {limits.source}); use --osl {limits.max_output_len} or less")

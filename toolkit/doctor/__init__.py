@@ -30,7 +30,8 @@ TAIL_LINES = 20
 MAX_LOGS = 512  # log files looked at per run
 
 ERROR_LINE = re.compile(r"\bERROR\b|\w*Error\b|\berror:|Traceback \(most recent call last\)|\w*Exception\b"
-                        r"|\bFATAL\b|Assertion failed|\bKilled\b|exited with code [1-9]|\bfailed\b")
+                        r"|\bFATAL\b|Assertion failed|\bKilled\b|exited with code [1-9]|\bfailed\b"
+                        r"|: (command )?not found\b")
 _NOT_ERROR = re.compile(r"\b(0|no) errors?\b|errors?=0\b|\"errors\": 0")
 
 
@@ -168,21 +169,25 @@ def diagnose(run_dir: str | os.PathLike, *, name: str | None = None, state: str 
     texts = _texts(run_dir, reason)
     if failing is None:
         failing = failing_component(run_dir)
-    findings = []
+    findings, refused = [], []
     for index, sig in enumerate(SIGNATURES):
         evidence = match(sig, texts)
         if not evidence:
             continue
         own = failing is not None and any(Path(e["file"]).stem == failing for e in evidence)
-        findings.append((sig.secondary, not own, index, {
-            "id": sig.id, "title": sig.title, "cause": sig.cause, "fix": sig.fix, "source": sig.source,
-            "secondary": sig.secondary, "matches": len(evidence), "evidence": evidence[:MAX_EVIDENCE]}))
+        finding = {"id": sig.id, "title": sig.title, "cause": sig.cause, "fix": sig.fix, "source": sig.source,
+                   "secondary": sig.secondary, "matches": len(evidence), "evidence": evidence[:MAX_EVIDENCE]}
+        if sig.per_request:  # a client's request the servers refused: not why a run failed
+            refused.append(finding)
+        else:
+            findings.append((sig.secondary, not own, index, finding))
     findings.sort(key=lambda f: f[:3])
     doc = {
         "run": name or run_dir.name, "run_dir": str(run_dir), "state": state, "reason": reason, "job": job,
         "failing": failing,
         "phases": [line for _, line in texts[0].lines[-8:]],
         "findings": [f[3] for f in findings],
+        "refused_requests": refused,
         "logs": [{"file": t.file, "bytes": t.size, "truncated": t.truncated} for t in texts if t.source != PHASES],
         "first_error": first_error(texts, failing),
         "tail": None,
@@ -224,6 +229,12 @@ def format_diagnosis(doc: dict, *, brief: bool = False) -> str:
         out.append(f"  source: {f['source']}")
     if brief and len(doc["findings"]) > 1:
         out.append(f"  ({len(doc['findings']) - 1} more finding(s): tk doctor {doc['run_dir']})")
+    for f in [] if brief else doc.get("refused_requests", []):
+        out.append(f"refused requests [{f['id']}]: {f['title']} ({f['matches']} line(s)); not a failure of the run, "
+                   "which went on serving")
+        out.append(f"  fix:   {f['fix']}")
+        for e in f["evidence"][:1]:
+            out.append(f"  seen:  {e['where']}: {e['text']}")
     if not doc["findings"]:
         out.append("no known failure signature matched")
         if doc["first_error"]:

@@ -11,9 +11,11 @@ and print the cause and the fix. A row names:
               (state/phases.tsv and the run record's reason: tk's own account of the job)
     cause     why it happens
     fix       what to change, in recipe terms where tk owns the setting
-    source    where the error string and the explanation come from (../shared/reference/peers.md, late-2026 §3,
-              quotes them from these issues and pull requests)
+    source    where the error string and the explanation come from: upstream issues and pull requests (links),
+              or the tool whose message it is
     secondary a consequence of an earlier failure, not a cause: shown after the others ("look further up")
+    per_request  one client request the servers refused (a prompt too long, ...): the deployment is fine and keeps
+              serving, so it is reported apart from the run's failures ("refused requests"), never as its diagnosis
 
 A new signature is one row here plus one log excerpt under tests/fixtures/doctor/ (tests/unit/test_doctor.py
 checks that every row has one, that its excerpt matches it, and that no other row claims it).
@@ -44,6 +46,7 @@ class Signature:
     fix: str
     source: str
     secondary: bool = False
+    per_request: bool = False
 
     def compiled(self) -> tuple[re.Pattern, ...]:
         return _compiled(self)
@@ -70,7 +73,7 @@ SIGNATURES: tuple[Signature, ...] = (
         fix="give both roles the same buffer: set kv_transfer.max_tokens_in_buffer once in the recipe (tk writes it "
             "to ctx.yaml and gen.yaml alike), drop per-role overrides and TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE "
             "from the role env, re-render and relaunch",
-        source="ai-dynamo/dynamo PR #1572; NVIDIA/TensorRT-LLM PR #9782 (peers.md late-2026 §3.2)",
+        source="https://github.com/ai-dynamo/dynamo/pull/1572, https://github.com/NVIDIA/TensorRT-LLM/pull/9782",
     ),
     Signature(
         id="transceiver-disabled",
@@ -81,7 +84,7 @@ SIGNATURES: tuple[Signature, ...] = (
               "requests only and refuses the proxy's context_only / generation_only requests",
         fix="set an explicit cache_transceiver_config.backend on both roles (tk writes kv_transfer.backend into "
             "ctx.yaml and gen.yaml; check that an edited or hand-written options file kept it)",
-        source="ai-dynamo/dynamo PR #2278; TensorRT-LLM >= 1.0.0rc4 (peers.md late-2026 §3.1)",
+        source="https://github.com/ai-dynamo/dynamo/pull/2278 (TensorRT-LLM >= 1.0.0rc4)",
     ),
     Signature(
         id="transceiver-buffer-misaligned",
@@ -92,7 +95,7 @@ SIGNATURES: tuple[Signature, ...] = (
               "the transfer buffer asserts at start-up (cacheTransBuffer.cpp)",
         fix="make kv_transfer.max_tokens_in_buffer a multiple of kv_transfer.tokens_per_block, or leave it unset "
             "and let tk derive an aligned value",
-        source="ai-dynamo/aiconfigurator PR #375 / #459 (peers.md late-2026 §3.1)",
+        source="https://github.com/ai-dynamo/aiconfigurator/pull/375, https://github.com/ai-dynamo/aiconfigurator/pull/459",
     ),
     Signature(
         id="transceiver-buffer-too-small",
@@ -105,7 +108,7 @@ SIGNATURES: tuple[Signature, ...] = (
         fix="raise kv_transfer.max_tokens_in_buffer to at least traffic.max_input_len (rounded up to "
             "tokens_per_block), or leave it unset so tk derives it; mind its GPU memory next to "
             "free_gpu_memory_fraction",
-        source="ai-dynamo/dynamo PR #5523; NVIDIA/TensorRT-LLM #13506 (peers.md late-2026 §3.2)",
+        source="https://github.com/ai-dynamo/dynamo/pull/5523, https://github.com/NVIDIA/TensorRT-LLM/issues/13506",
     ),
     Signature(
         id="kv-layout-mismatch",
@@ -116,7 +119,7 @@ SIGNATURES: tuple[Signature, ...] = (
               "count), so the generation side cannot take the context side's blocks",
         fix="give both roles the same kv_cache_config (tk writes kv_transfer.tokens_per_block and kv_transfer.dtype "
             "to both; remove per-role kv_cache_config overrides from extra_options)",
-        source="NVIDIA/srt-slurm #429; TensorRT-LLM CacheFormatter::inquireSupport (peers.md late-2026 §3.1)",
+        source="https://github.com/NVIDIA/srt-slurm/issues/429; TensorRT-LLM CacheFormatter::inquireSupport",
     ),
     Signature(
         id="unknown-option-key",
@@ -132,8 +135,7 @@ SIGNATURES: tuple[Signature, ...] = (
         fix="make container_image and trtllm_version agree (tk renders keys for trtllm_version), then check the "
             "named key in ctx.yaml / gen.yaml: rename or remove it in the role's extra_options; `tk render --check` "
             "parses the files with the installed TensorRT-LLM",
-        source="TensorRT-LLM CacheTransceiverConfig extra=\"forbid\"; PR #6887 (backend casing); "
-               "trtllm-fidelity.md W1 (peers.md late-2026 §3.1)",
+        source="TensorRT-LLM CacheTransceiverConfig extra=\"forbid\"; https://github.com/NVIDIA/TensorRT-LLM/pull/6887 (backend casing)",
     ),
     Signature(
         id="prompt-exceeds-max-num-tokens",
@@ -141,9 +143,11 @@ SIGNATURES: tuple[Signature, ...] = (
         patterns=(r"should not exceed max_num_tokens",),
         where=(SERVER, PROXY),
         cause="a request's prompt is longer than the context server's max_num_tokens and chunked prefill is off",
-        fix="raise context.max_num_tokens to at least traffic.max_input_len, or enable chunked prefill in "
-            "context.extra_options; keep clients within traffic.max_input_len",
-        source="NVIDIA/TensorRT-LLM #3937 (peers.md late-2026 §3.1)",
+        fix="keep clients within traffic.max_input_len; to admit longer prompts raise traffic.max_input_len (tk "
+            "sizes context.max_num_tokens and the transfer buffer from it) or enable chunked prefill in "
+            "context.extra_options",
+        source="https://github.com/NVIDIA/TensorRT-LLM/issues/3937",
+        per_request=True,
     ),
     # --- ports, processes, launchers ----------------------------------------------------------------------
     Signature(
@@ -157,7 +161,7 @@ SIGNATURES: tuple[Signature, ...] = (
               "server's bind found it",
         fix="`tk runs` and `tk stop RUN` for a run left behind; otherwise move cluster.worker_base_port and "
             "proxy.port to a free range (every instance gets its own ports from the plan)",
-        source="NVIDIA/TensorRT-LLM PR #17460 (port races); tk launch.sbatch port check (peers.md late-2026 §3.7)",
+        source="https://github.com/NVIDIA/TensorRT-LLM/pull/17460 (port races); tk launch.sbatch port check",
     ),
     Signature(
         id="mpi-spawn",
@@ -167,10 +171,11 @@ SIGNATURES: tuple[Signature, ...] = (
         where=(SERVER, JOB),
         cause="the MPI launcher could not start or connect the ranks under Slurm (PMIx mismatch, or MPI spawn "
               "confused by the Slurm environment)",
-        fix="one srun per instance with exactly tp*pp tasks and --mpi=pmix (what tk renders); check that the "
-            "cluster's srun supports pmix (`srun --mpi=list`); Dynamo's workaround for spawn errors is to unset "
-            "SLURM_JOBID SLURM_JOB_ID SLURM_NODELIST in the worker",
-        source="ai-dynamo/dynamo PR #992; NVIDIA/TensorRT-LLM #8961, PR #17334 (peers.md late-2026 §3.7)",
+        fix="one srun per instance with exactly tp*pp tasks and --mpi=pmix (what tk renders by default); check "
+            "that the cluster's srun has that plugin (`srun --mpi=list`) and set cluster.mpi to one it lists "
+            "(pmix_v4, pmi2, ...); Dynamo's workaround for spawn errors is to unset SLURM_JOBID SLURM_JOB_ID "
+            "SLURM_NODELIST in the worker",
+        source="https://github.com/ai-dynamo/dynamo/pull/992, https://github.com/NVIDIA/TensorRT-LLM/issues/8961, https://github.com/NVIDIA/TensorRT-LLM/pull/17334",
     ),
     Signature(
         id="health-timeout",
@@ -181,7 +186,7 @@ SIGNATURES: tuple[Signature, ...] = (
               "start-up (MPI, NCCL) when the startup deadline passed",
         fix="read the named server's log tail below: if it was still loading, raise cluster.startup_timeout_s "
             "(or --startup-timeout); if it stopped printing, look for an MPI/NCCL hang",
-        source="NVIDIA/TensorRT-LLM PR #18372, PR #17881; NVIDIA/srt-slurm #180 (peers.md late-2026 §3.7)",
+        source="https://github.com/NVIDIA/TensorRT-LLM/pull/18372, https://github.com/NVIDIA/TensorRT-LLM/pull/17881, https://github.com/NVIDIA/srt-slurm/issues/180",
     ),
     Signature(
         id="slurm-pending",
@@ -202,22 +207,65 @@ SIGNATURES: tuple[Signature, ...] = (
         where=(JOB, SERVER),
         cause="pyxis/enroot could not pull or start cluster.container_image (wrong tag, no registry credentials, "
               "no space for the squashfs)",
-        fix="check the image tag against trtllm_version, `enroot import docker://IMAGE` on a node, and the "
-            "registry credentials in ~/.config/enroot/.credentials",
-        source="NVIDIA/pyxis and enroot error output",
+        fix="write a registry image as REGISTRY#IMAGE:TAG (nvcr.io#nvidia/tensorrt-llm/release:1.2.0; tk renders "
+            "either spelling so, but a hand-edited launch.sbatch may not): enroot before 4.0 reads "
+            "nvcr.io/nvidia/... as a Docker Hub image and asks registry-1.docker.io for it; check the tag against "
+            "trtllm_version, run `enroot import docker://IMAGE` on a node, and the registry credentials in "
+            "~/.config/enroot/.credentials",
+        source="NVIDIA/pyxis and enroot error output; enroot's URI [USER@][REGISTRY#]IMAGE[:TAG] "
+               "(https://github.com/NVIDIA/enroot/blob/v3.5.0/src/docker.sh, https://github.com/NVIDIA/pyxis "
+               "args.c)",
     ),
     Signature(
         id="model-path",
         title="the model path or name cannot be found",
         patterns=(r"does not appear to have a file named config\.json", r"HFValidationError",
                   r"Repo id must be in the form", r"(?i)model path .* (does not exist|not found)",
-                  r"MODEL: .*(not a directory|no such|unknown model|not found)"),
-        where=(SERVER,),
-        cause="the servers cannot read the model: model_path is not visible inside the container (missing "
-              "container_mounts), or a Hub name without network access",
+                  r"MODEL: .*(not a directory|no such|unknown model|not found|does not exist)"),
+        where=(SERVER, JOB, PHASES),
+        cause="the servers (or the config check before them) cannot read the model: model_path is not visible "
+              "inside the container (missing container_mounts), a mistyped path, or a Hub name without network "
+              "access",
         fix="set model_path (or context/generation.model_path) to a directory every node sees, and mount it with "
             "cluster.container_mounts",
-        source="transformers / huggingface_hub error messages (peers.md late-2026 §1)",
+        source="transformers / huggingface_hub error messages; tk's and the stand-in's model checks",
+    ),
+    Signature(
+        id="engine-not-found",
+        title="the serving command is not there (exit 127)",
+        patterns=(r"exec: \S+: not found", r"\b(trtllm-serve|trtllm-llmapi-launch|tk-standin-serve|python3): "
+                  r"(command )?not found", r"exited with code 127\b"),
+        where=EVERYWHERE,
+        cause="a server's or the proxy's command does not exist where it runs (the shell's exit code 127): no "
+              "cluster.container_image, so the servers run in the node's own environment, which has no "
+              "TensorRT-LLM; or an image without it",
+        fix="set cluster.container_image to a TensorRT-LLM release image (nvcr.io#nvidia/tensorrt-llm/release:TAG, "
+            "in the recipe or the site file ~/.config/tk/site.yaml), or install TensorRT-LLM so that trtllm-serve "
+            "is on the nodes' PATH; rehearse without GPUs with engine: standin",
+        source="POSIX shell: exit status 127 for a command not found; pyxis --container-image",
+    ),
+    Signature(
+        id="remote-code",
+        title="the checkpoint needs its own Python code (trust_remote_code)",
+        patterns=(r"trust_remote_code=True", r"contains custom code which must be executed"),
+        where=(SERVER, JOB),
+        cause="the checkpoint's config.json maps its configuration, model or tokenizer to Python files shipped "
+              "with it (auto_map), and TensorRT-LLM does not run them unless told to",
+        fix="read the checkpoint's code, then set trust_remote_code: true in the recipe (tk writes it into ctx.yaml "
+            "and gen.yaml)",
+        source="transformers' error when auto_map code is not trusted (configuration_auto.py, "
+               "dynamic_module_utils.py); TensorRT-LLM TorchLlmArgs.trust_remote_code (default False)",
+    ),
+    Signature(
+        id="interrupted",
+        title="the launch was interrupted (Ctrl-C or a signal)",
+        patterns=(r"^interrupted\b",),
+        where=(PHASES,),
+        cause="tk launch was stopped by the user (Ctrl-C) or a signal (SIGTERM, SIGHUP) before the deployment "
+              "served; tk released the job, as it does for every failed launch",
+        fix="nothing failed on its own: launch again (tk launch RECIPE); a later finding, if any, is what the "
+            "servers said before the interruption",
+        source="tk launch (signals and Ctrl-C end the launch and release the job)",
     ),
     # --- GPU, memory, NCCL --------------------------------------------------------------------------------
     Signature(
@@ -230,7 +278,7 @@ SIGNATURES: tuple[Signature, ...] = (
               "(max_tokens_in_buffer x send+recv per rank), CUDA graphs and the weights together exceed it",
         fix="lower the role's free_gpu_memory_fraction (e.g. 0.8) or max_batch_size, or kv_transfer."
             "max_tokens_in_buffer; check that no other process uses the GPU (`nvidia-smi`)",
-        source="NVIDIA/TensorRT-LLM #13506 (peers.md late-2026 §3.2)",
+        source="https://github.com/NVIDIA/TensorRT-LLM/issues/13506",
     ),
     Signature(
         id="no-gpu-visible",
@@ -242,7 +290,7 @@ SIGNATURES: tuple[Signature, ...] = (
               "the container lacks the driver",
         fix="request GPUs in the recipe (the cluster section's GPU request: --gres=gpu:N or --gpus-per-node) and "
             "check `srun --gres=gpu:1 nvidia-smi` on the partition",
-        source="trtllm-fidelity.md W3; PyTorch CUDA error messages",
+        source="PyTorch CUDA error messages; Slurm cgroup ConstrainDevices",
     ),
     Signature(
         id="nccl-error",
@@ -266,7 +314,7 @@ SIGNATURES: tuple[Signature, ...] = (
               "loopback path on some DGX B200s); requests hang",
         fix="set an explicit UCX_TLS for the roles (kv_transfer.transport picks one; kv_transfer.env.UCX_TLS "
             "overrides it) and restrict kv_transfer.net_devices to ACTIVE ports",
-        source="NVIDIA/TensorRT-LLM PR #18301 (peers.md late-2026 §3.4)",
+        source="https://github.com/NVIDIA/TensorRT-LLM/pull/18301",
     ),
     Signature(
         id="ucx-tcp-inherited",
@@ -277,7 +325,7 @@ SIGNATURES: tuple[Signature, ...] = (
               "GPU memory and the executor asserts at init",
         fix="do not export UCX_TLS into the job (check `env | grep UCX_` on the login node and the cluster's "
             "module files); tk writes the role's UCX_TLS into ctx.env / gen.env, which must win",
-        source="NVIDIA/TensorRT-LLM PR #18373 (peers.md late-2026 §3.4)",
+        source="https://github.com/NVIDIA/TensorRT-LLM/pull/18373",
     ),
     Signature(
         id="ucx-no-transport",
@@ -290,7 +338,7 @@ SIGNATURES: tuple[Signature, ...] = (
               "(or one without CUDA support), or silently carried the KV over TCP",
         fix="check UCX_TLS and UCX_NET_DEVICES in ctx.env / gen.env against `ucx_info -d` on the nodes; run "
             "`tk validate cluster RECIPE` to see the transport actually selected",
-        source="UCX wire-up errors; ai-dynamo/nixl #791; LMCache #605 (peers.md late-2026 §3.4, §3.5)",
+        source="UCX wire-up errors; https://github.com/ai-dynamo/nixl/issues/791, https://github.com/LMCache/LMCache/issues/605",
     ),
     Signature(
         id="nvlink-domain",
@@ -300,7 +348,7 @@ SIGNATURES: tuple[Signature, ...] = (
         cause="UCX tried CUDA IPC across NVLink (MNNVL) domains that do not share a fabric",
         fix="set UCX_CUDA_IPC_ENABLE_MNNVL=n in kv_transfer.env (tk does when the transport profile says so) "
             "and compare the nodes' Fabric.ClusterUUID (`nvidia-smi -q`)",
-        source="NVIDIA/TensorRT-LLM PR #6085 (peers.md late-2026 §3.4)",
+        source="https://github.com/NVIDIA/TensorRT-LLM/pull/6085",
     ),
     Signature(
         id="ucx-version-skew",
@@ -309,7 +357,7 @@ SIGNATURES: tuple[Signature, ...] = (
         where=(SERVER, JOB),
         cause="LD_LIBRARY_PATH (or a host mount) puts another UCX before the container's",
         fix="remove host UCX paths from the role env and container_mounts; use the container's UCX",
-        source="NVIDIA/TensorRT-LLM #9680 (peers.md late-2026 §3.5)",
+        source="https://github.com/NVIDIA/TensorRT-LLM/issues/9680",
     ),
     Signature(
         id="nixl-unavailable",
@@ -320,7 +368,7 @@ SIGNATURES: tuple[Signature, ...] = (
         cause="the image has no NIXL, or NIXL cannot find its plugin directory / libucp",
         fix="use an image with NIXL (TensorRT-LLM release images have it), set NIXL_PLUGIN_DIR and "
             "LD_LIBRARY_PATH in the role env if the plugins live elsewhere",
-        source="ai-dynamo/dynamo #3054, #1758; ai-dynamo/nixl #1561 (peers.md late-2026 §3.5)",
+        source="https://github.com/ai-dynamo/dynamo/issues/3054, https://github.com/ai-dynamo/dynamo/issues/1758, https://github.com/ai-dynamo/nixl/issues/1561",
     ),
     Signature(
         id="nixl-libfabric-double",
@@ -330,7 +378,7 @@ SIGNATURES: tuple[Signature, ...] = (
         cause="TRTLLM_NIXL_KVCACHE_BACKEND=LIBFABRIC and NIXL_BACKEND=LIBFABRIC are both set; the endpoint "
               "exchange breaks",
         fix="remove NIXL_BACKEND from the role env; set only TRTLLM_NIXL_KVCACHE_BACKEND",
-        source="NVIDIA/TensorRT-LLM #10024 (peers.md late-2026 §3.5)",
+        source="https://github.com/NVIDIA/TensorRT-LLM/issues/10024",
     ),
     Signature(
         id="ib-inactive",
@@ -340,7 +388,7 @@ SIGNATURES: tuple[Signature, ...] = (
         cause="UCX opened HCAs whose ports are not ACTIVE (or without the accelerated verbs), so connection "
               "set-up is retried or falls back",
         fix="restrict kv_transfer.net_devices to ACTIVE ports (`ibstat` / `ibv_devinfo` on the nodes)",
-        source="ai-dynamo/nixl #2084; NVIDIA/srt-slurm #429 (peers.md late-2026 §3.6)",
+        source="https://github.com/ai-dynamo/nixl/issues/2084, https://github.com/NVIDIA/srt-slurm/issues/429",
     ),
     Signature(
         id="gpu-registration",
@@ -352,7 +400,7 @@ SIGNATURES: tuple[Signature, ...] = (
               "available, so GPUDirect RDMA cannot work",
         fix="load nvidia_peermem on the nodes (`lsmod | grep peermem`, `modprobe nvidia_peermem`) or use a "
             "driver/kernel with DMA-BUF; `tk validate cluster --memory vram` checks it before serving",
-        source="ai-dynamo/nixl #1694; NVIDIA/srt-slurm #429 (peers.md late-2026 §3.6)",
+        source="https://github.com/ai-dynamo/nixl/issues/1694, https://github.com/NVIDIA/srt-slurm/issues/429",
     ),
     # --- transfers at run time ----------------------------------------------------------------------------
     Signature(
@@ -365,7 +413,7 @@ SIGNATURES: tuple[Signature, ...] = (
               "blocks); the timeout path gave up",
         fix="run `tk validate cluster RECIPE` on the same nodes; check UCX_TLS / net_devices; upgrade past the "
             "transceiver hang fixes",
-        source="NVIDIA/TensorRT-LLM #17665, PR #16402 / #12313 (peers.md late-2026 §3.3)",
+        source="https://github.com/NVIDIA/TensorRT-LLM/issues/17665, https://github.com/NVIDIA/TensorRT-LLM/pull/16402, https://github.com/NVIDIA/TensorRT-LLM/pull/12313",
     ),
     Signature(
         id="kv-blocks-leaked",
@@ -374,7 +422,7 @@ SIGNATURES: tuple[Signature, ...] = (
         where=(SERVER,),
         cause="leaked KV blocks or stale transfer state: /health answers 200 but nothing is served",
         fix="restart the deployment; upgrade TensorRT-LLM (PR #14633, #16402); keep kv_transfer_timeout_ms set",
-        source="NVIDIA/TensorRT-LLM PR #14633, PR #16402 (peers.md late-2026 §3.3)",
+        source="https://github.com/NVIDIA/TensorRT-LLM/pull/14633, https://github.com/NVIDIA/TensorRT-LLM/pull/16402",
     ),
     Signature(
         id="nixl-remote-disconnect",
@@ -384,7 +432,7 @@ SIGNATURES: tuple[Signature, ...] = (
         cause="the other side of a KV transfer went away (its server exited or the UCX connection died)",
         fix="find the server that exited first (its log below); after long uptimes, restart the deployment: "
             "answers after this error may be corrupt",
-        source="wtdcode/vllm-backport #33 (peers.md late-2026 §3.8)",
+        source="https://github.com/wtdcode/vllm-backport/issues/33",
     ),
     Signature(
         id="llm-shutting-down",
@@ -393,7 +441,7 @@ SIGNATURES: tuple[Signature, ...] = (
         where=(PROXY, SERVER),
         cause="a server was already shutting down after an earlier failure",
         fix="look for the first failure in the servers' logs (the other findings, or the first error line)",
-        source="TensorRT-LLM stress_ab README (peers.md late-2026 §3.3)",
+        source="TensorRT-LLM's executor error text ('LLM is shutting down') once a server stops",
         secondary=True,
     ),
 )

@@ -35,6 +35,14 @@ GPU_FIGURES = {g.name: g for g in (
     GpuFigures("GB200", 2500.0, 5000.0, 8.0,
                "NVIDIA GB200 NVL72 datasheet, per Blackwell GPU (1/72 of the rack): BF16 5 / FP8 10 PFLOPS with "
                "sparsity, HBM3e 8 TB/s"),
+    # Blackwell Ultra. Dense figures per GPU (NVIDIA GB300 NVL72 and HGX B300 datasheet figures as compiled at
+    # glennklockwood.com/garden/processors/B300 and verda.com/blog/gb300-nvl72-architecture): GB300 BF16 2.5 /
+    # FP8 5 PFLOPS, HBM3e 8 TB/s; HGX B300 BF16 2.25 / FP8 4.5 PFLOPS, HBM3e 8 TB/s.
+    GpuFigures("B300", 2250.0, 4500.0, 8.0,
+               "NVIDIA HGX B300, per GPU: BF16 2.25 / FP8 4.5 PFLOPS dense, HBM3e 8 TB/s"),
+    GpuFigures("GB300", 2500.0, 5000.0, 8.0,
+               "NVIDIA GB300 NVL72, per Blackwell Ultra GPU (1/72 of the rack): BF16 2.5 / FP8 5 PFLOPS dense, "
+               "HBM3e 8 TB/s"),
     GpuFigures("A100", 312.0, None, 2.039,
                "NVIDIA A100 Tensor Core GPU datasheet, SXM 80GB: BF16 312 TFLOPS dense, HBM2e 2,039 GB/s; "
                "no FP8"),
@@ -52,12 +60,12 @@ EMULATED_GPUS = tuple(name for name in GPU_FIGURES if name != "CPU")
 # - prefill: dense-model prefill GEMMs at a few thousand tokens reach 40-60% of dense peak in published
 #   TensorRT-LLM / vLLM benchmarks; tk takes the low end (0.4), as `tk plan`'s estimate always has.
 # - decode: each step streams the weights and the KV once at 60-85% of peak HBM bandwidth; 0.7 is close to what
-#   the seed lab's real H100 figure implies (/work/shared/seeds/002: Llama-3.1-8B BF16 TP=1, ITL 7.2 ms at 2 req/s;
+#   the P/D lab's real H100 figure implies (benchmarks/pd_lab.py SEED: Llama-3.1-8B BF16 TP=1, ITL 7.2 ms at 2 req/s;
 #   16.06 GB / 3.35 TB/s = 4.8 ms at 100%, i.e. 0.67 with the engine's own overheads included).
 PREFILL_EFFICIENCY = 0.4  # compute-bound phase: achieved / dense peak FLOP/s
 DECODE_EFFICIENCY = 0.7  # memory-bound phase: achieved / peak HBM bandwidth
-# GPUs whose multi-node NVLink (MNNVL) spans nodes: CUDA IPC between nodes is left on for them.
-MNNVL_GPUS = ("GB200",)
+# GPUs whose multi-node NVLink (MNNVL) spans nodes (the NVL72 racks): CUDA IPC between nodes is left on for them.
+MNNVL_GPUS = ("GB200", "GB300")
 
 
 @dataclass(frozen=True)
@@ -66,15 +74,20 @@ class TransportProfile:
 
     name: str
     nominal_gbps: float  # GB/s per GPU, one direction
-    ucx_tls_gpu: str  # UCX_TLS with GPU memory transports
+    ucx_tls_gpu: str  # UCX_TLS with GPU memory transports; "": left unset, UCX chooses (ucx_tls_reason says why)
     ucx_tls_host: str  # UCX_TLS when the KV cache lives in host memory
     env: dict = field(default_factory=dict)  # further UCX_*/FI_* settings
     nixl_transport: str = "UCX"  # TRTLLM_NIXL_KVCACHE_BACKEND
     multi_node: bool = True
     description: str = ""
+    gpus: tuple[str, ...] = ()  # the GPUs the fabric exists for; () = any
+    # Why tk sets UCX_TLS for this profile (or leaves it unset), for the env files and `tk plan`.
+    ucx_tls_reason: str = ("set so that a host-wide UCX_TLS (e.g. tcp from the site's MPI module) is never "
+                           "inherited; TensorRT-LLM's own Slurm scripts unset it and let UCX choose. Set UCX_TLS in "
+                           "a role's env to use another list (tk then warns that it overrides this profile)")
 
     def ucx_tls(self, kv_memory: str) -> str:
-        """UCX_TLS for an engine whose KV cache lives in ``kv_memory`` ("gpu" or "host")."""
+        """UCX_TLS for an engine whose KV cache lives in ``kv_memory`` ("gpu" or "host"); "" = leave it unset."""
         return {"gpu": self.ucx_tls_gpu, "host": self.ucx_tls_host}[kv_memory]
 
 
@@ -84,6 +97,17 @@ TRANSPORT_PROFILES = {
         TransportProfile(
             "infiniband", 50.0, "rc,cuda_copy,cuda_ipc,gdr_copy,sm,self", "rc,sm,self",
             description="InfiniBand NDR, 400 Gb/s per GPU, GPUDirect RDMA"),
+        TransportProfile(
+            "infiniband-800g", 100.0, "rc,cuda_copy,cuda_ipc,gdr_copy,sm,self", "rc,sm,self",
+            description="InfiniBand XDR, 800 Gb/s per GPU (ConnectX-8 SuperNIC on B300/GB300), GPUDirect RDMA"),
+        TransportProfile(
+            # Context and generation in one NVL72 NVLink domain across nodes: UCX's cuda_ipc reaches the other
+            # nodes' GPUs over MNNVL (UCX_CUDA_IPC_ENABLE_MNNVL, on by default). NVIDIA's GB200/GB300 recipes leave
+            # UCX_TLS unset (NVIDIA/srt-slurm recipes/trtllm/gb200-*, gb300-* @ c88ef731): so does this profile.
+            "nvlink-multi-node", 900.0, "", "sm,self,tcp", gpus=("GB200", "GB300"),
+            description="GB200/GB300 NVL72: multi-node NVLink (MNNVL), 1.8 TB/s per GPU both ways",
+            ucx_tls_reason=("left unset: UCX picks cuda_ipc over MNNVL itself, as in NVIDIA's GB200/GB300 recipes "
+                            "(NVIDIA/srt-slurm @ c88ef731)")),
         TransportProfile(
             "roce", 50.0, "rc,cuda_copy,cuda_ipc,gdr_copy,sm,self", "rc,sm,self",
             env={"UCX_IB_GID_INDEX": "3"},

@@ -129,26 +129,98 @@ def builtin_names() -> list[str]:
     return sorted(BUILTIN_MODELS)
 
 
-def resolve_model(name_or_dir: str, base_dir: str | os.PathLike | None = None) -> ModelSpec:
-    """A built-in name (full or short, case-insensitive) or a directory with config.json."""
+# A Hugging Face model id: ORG/NAME (https://huggingface.co/docs/hub/models-uploading: repo ids are a namespace
+# and a name of letters, digits, '-', '_' and '.').
+HF_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9_.-]{1,96}", re.ASCII)
+
+
+def resolve_model(name_or_dir: str, base_dir: str | os.PathLike | None = None,
+                  config_dirs: tuple[tuple[str, str | os.PathLike], ...] = ()) -> ModelSpec:
+    """A built-in name (full or short, case-insensitive), a directory with config.json, or a Hugging Face id
+    (ORG/NAME) whose config.json tk can read here: in one of ``config_dirs`` ((what, directory) pairs the caller
+    knows the checkpoint is in, e.g. the recipe's model_path), or in the Hugging Face cache
+    (``huggingface-cli download ORG/NAME config.json`` puts it there). Relative paths resolve against base_dir.
+
+    Raises ModelError naming what was looked for: a path that does not exist (resolved), or where an id's
+    config.json was looked for."""
     if name_or_dir in BUILTIN_MODELS:
         return BUILTIN_MODELS[name_or_dir]
     alias = ALIASES.get(name_or_dir.lower()) or ALIASES.get(name_or_dir.split("/")[-1].lower())
     if alias and not _looks_like_path(name_or_dir):
         return BUILTIN_MODELS[alias]
-    path = Path(name_or_dir).expanduser()
+    path = _resolved(name_or_dir, base_dir)
+    if _is_dir(path):
+        return from_config_json(path / "config.json")
+    hf_id = HF_ID.fullmatch(name_or_dir) is not None and not _looks_like_path(name_or_dir)
+    if "/" not in name_or_dir and not _looks_like_path(name_or_dir):
+        import difflib
+
+        known = {**ALIASES, **{n.lower(): n for n in BUILTIN_MODELS}}
+        guess = difflib.get_close_matches(name_or_dir.lower(), list(known), 1, 0.6)
+        raise ModelError(f"unknown model {name_or_dir!r}: not a built-in name, and no directory {path} here",
+                         (f"did you mean {known[guess[0]]!r}? " if guess else "") +
+                         "`tk recipes --models` lists the built-in models; or give a Hugging Face id (ORG/NAME) or a "
+                         "directory with config.json")
+    if not hf_id or _is_dir(path.parent):
+        # Written as a path (or its parent directory exists here): a mistyped or missing directory.
+        raise ModelError(f"model directory {path} does not exist" + ("" if path.parent.exists() else
+                                                                      f" (nor does {path.parent})"),
+                         f"correct the path (relative paths are read from the recipe's directory, "
+                         f"{base_dir or os.getcwd()}), or use a built-in name (tk recipes --models)")
+    looked = []
+    for what, directory in config_dirs:
+        candidate = _resolved(os.fspath(directory), base_dir)
+        looked.append(f"{candidate}/config.json ({what})")
+        if (candidate / "config.json").is_file():
+            return from_config_json(candidate / "config.json", name=name_or_dir)
+    cached, where = hf_cache_config(name_or_dir)
+    looked.append(f"{where} (the Hugging Face cache)")
+    if cached is not None:
+        return from_config_json(cached, name=name_or_dir)
+    raise ModelError(
+        f"model {name_or_dir!r} is not built in (tk recipes --models) and no config.json for it was found here: "
+        f"looked in {'; '.join(looked)}",
+        f"fetch its config.json into the Hugging Face cache on this machine (`huggingface-cli download "
+        f"{name_or_dir} config.json`), or set model_path to the checkpoint directory where this machine sees it, "
+        "or point model at a directory holding its config.json")
+
+
+def hf_cache_config(repo_id: str) -> tuple[Path | None, str]:
+    """config.json of ``repo_id`` in the Hugging Face cache ($HF_HUB_CACHE, else $HF_HOME/hub, else
+    ~/.cache/huggingface/hub: models--ORG--NAME/snapshots/REVISION/), the snapshot refs/main names first, and
+    where it was looked for."""
+    env = os.environ
+    try:
+        hub = Path(env["HF_HUB_CACHE"]) if env.get("HF_HUB_CACHE") else \
+            Path(env["HF_HOME"]) / "hub" if env.get("HF_HOME") else Path.home() / ".cache" / "huggingface" / "hub"
+    except RuntimeError:  # no home directory
+        return None, "the Hugging Face cache (no home directory)"
+    repo = hub / ("models--" + repo_id.replace("/", "--"))
+    where = f"{repo}/snapshots/*/config.json"
+    try:
+        main = (repo / "refs" / "main").read_text().strip()[:64] if (repo / "refs" / "main").is_file() else ""
+        snapshots = sorted((p for p in (repo / "snapshots").iterdir() if p.is_dir()),
+                           key=lambda p: (p.name != main, -p.stat().st_mtime))[:64]
+    except OSError:
+        return None, where
+    for snapshot in snapshots:
+        if (snapshot / "config.json").is_file():
+            return snapshot / "config.json", where
+    return None, where
+
+
+def _resolved(text: str, base_dir: str | os.PathLike | None) -> Path:
+    path = Path(text).expanduser()
     if not path.is_absolute() and base_dir is not None:
         path = Path(base_dir) / path
+    return Path(os.path.normpath(path))
+
+
+def _is_dir(path: Path) -> bool:
     try:
-        is_dir = path.is_dir()
+        return path.is_dir()
     except (OSError, ValueError):  # a name the OS cannot take (NUL byte, too long)
-        is_dir = False
-    if is_dir:
-        return from_config_json(path / "config.json")
-    raise ModelError(
-        f"unknown model {name_or_dir!r}: use a built-in name ({', '.join(builtin_names())}) "
-        f"or a local directory holding a Hugging Face config.json"
-    )
+        return False
 
 
 def _looks_like_path(s: str) -> bool:
@@ -206,8 +278,9 @@ def _read_config(path: Path) -> dict:
     return cfg
 
 
-def from_config_json(path: Path) -> ModelSpec:
-    """Read the attention geometry from a Hugging Face config.json; every number tk uses is checked."""
+def from_config_json(path: Path, name: str | None = None) -> ModelSpec:
+    """Read the attention geometry from a Hugging Face config.json; every number tk uses is checked. The model is
+    named ``name`` (a Hugging Face id), else its directory."""
     cfg = _read_config(path)
 
     def bad(key: str, value, what: str, fix: str = "") -> ModelError:
@@ -256,7 +329,7 @@ def from_config_json(path: Path) -> ModelSpec:
     if not isinstance(dtype, str) or not re.fullmatch(r"[A-Za-z0-9_.]{1,32}", dtype):
         raise bad("torch_dtype", dtype, "is not a dtype name",
                   f"set torch_dtype in {path} to the checkpoint's dtype, e.g. \"bfloat16\"")
-    name = str(path.parent)
+    name = name or os.path.normpath(path.parent)
 
     def spec(hidden_for_estimate: int, **attention) -> ModelSpec:
         params = _estimate_params(layers, hidden_for_estimate, ffn, vocab, experts)

@@ -81,7 +81,8 @@ NIXL_BACKEND_ENV = "TRTLLM_NIXL_KVCACHE_BACKEND"  # which NIXL backend (UCX, LIB
 BACKEND_SELECTORS = {"NIXL": "TRTLLM_USE_NIXL_KVCACHE", "UCX": "TRTLLM_USE_UCX_KVCACHE",
                      "MPI": "TRTLLM_USE_MPI_KVCACHE", "MOONCAKE": "TRTLLM_USE_MOONCAKE_KVCACHE"}
 # Environment variables a recipe may not set because tk owns them: name -> the recipe field tk derives it from.
-TK_OWNED_ENV = {"UCX_TLS": "kv_transfer.transport", NIXL_BACKEND_ENV: "kv_transfer.transport",
+# UCX_TLS is not among them: a role's UCX_TLS is honoured, with a warning that it overrides the transport profile.
+TK_OWNED_ENV = {NIXL_BACKEND_ENV: "kv_transfer.transport",
                 "UCX_NET_DEVICES": "kv_transfer.net_devices",
                 "TLLM_SPAWN_PROXY_PROCESS_IPC_PORT": "cluster.internal_base_port"}
 # LLM-API option keys tk writes from the recipe: dotted path in the options file -> the recipe field that sets it
@@ -98,14 +99,14 @@ TK_OWNED_OPTIONS = {
     "enable_attention_dp": "{role}.attention_dp",
     "max_batch_size": "{role}.max_batch_size",
     "max_num_tokens": "{role}.max_num_tokens",
-    "max_seq_len": "traffic.max_input_len / prefix_len / max_output_len",
+    "max_seq_len": "{role}.max_seq_len (or traffic.max_input_len / prefix_len / max_output_len)",
     "kv_cache_config.tokens_per_block": "kv_transfer.tokens_per_block",
     "kv_cache_config.dtype": "kv_transfer.dtype",
     "kv_cache_config.free_gpu_memory_fraction": "{role}.free_gpu_memory_fraction",
     "cache_transceiver_config.backend": "kv_transfer.backend",
-    "cache_transceiver_config.max_tokens_in_buffer": "kv_transfer.max_tokens_in_buffer",
+    "cache_transceiver_config.max_tokens_in_buffer": "{role}.max_tokens_in_buffer (or kv_transfer.max_tokens_in_buffer)",
     "cache_transceiver_config.kv_transfer_timeout_ms": "kv_transfer.kv_transfer_timeout_ms",
-    "speculative_config": "speculative.mtp_layers",
+    "speculative_config": "speculative (mtp_layers, or decoding_type / model / max_draft_len / options)",
 }
 # Owned keys tk passes on the command line rather than in the options file, with the value it passes there
 # (None: the plan supplies it, e.g. the role's model path).
@@ -142,8 +143,6 @@ CTX_GEN_MUST_AGREE = (
     ("KV dtype", ("kv_cache_config", "dtype"), "kv_transfer.dtype"),
     ("tokens_per_block", ("kv_cache_config", "tokens_per_block"), "kv_transfer.tokens_per_block"),
     ("speculative config", ("speculative_config",), "speculative"),
-    ("max_tokens_in_buffer", ("cache_transceiver_config", "max_tokens_in_buffer"),
-     "kv_transfer.max_tokens_in_buffer"),
     ("cache transceiver backend", ("cache_transceiver_config", "backend"), "kv_transfer.backend"),
 )
 
@@ -168,94 +167,16 @@ CTX_GEN_MUST_AGREE = (
 #   DISAGG_NEWEST   = tensorrt_llm/llmapi/disagg_utils.py@0228a71223416496ff056a157936bad2e42c762f
 # ---------------------------------------------------------------------------------------------------
 
-# Top-level TorchLlmArgs/BaseLlmArgs fields (pytorch backend, extra="forbid"): MID25_LLM_ARGS (a main-branch
-# file from before release/1.0 branched). tk renders only a subset of these; that subset is also present in
-# later stored llm_args.py versions and official 2025-26 disagg configs. The rest are assumed not removed.
-# Deliberately absent: enable_prompt_adapter / max_prompt_adapter_token (TrtLlmArgs-only fields),
-# quant_config (a TorchLlmArgs property, not a field), and fields whose first release line is unknown
-# (sampler_type, kv_connector_config, mm_encoder_only, orchestrator_type, enable_sleep, return_perf_metrics).
-_LLM_API_CORE = {
-    # BaseLlmArgs (MID25_LLM_ARGS)
-    "model", "tokenizer", "tokenizer_mode", "skip_tokenizer_init", "trust_remote_code",
-    "tensor_parallel_size", "dtype", "revision", "tokenizer_revision", "pipeline_parallel_size",
-    "context_parallel_size", "gpus_per_node", "moe_cluster_parallel_size", "moe_tensor_parallel_size",
-    "moe_expert_parallel_size", "enable_attention_dp", "cp_config", "load_format", "enable_lora", "lora_config",
-    "kv_cache_config", "enable_chunked_prefill", "guided_decoding_backend", "batched_logits_processor",
-    "iter_stats_max_iterations", "request_stats_max_iterations", "peft_cache_config", "scheduler_config",
-    "cache_transceiver_config", "speculative_config", "max_batch_size", "max_input_len", "max_seq_len",
-    "max_beam_width", "max_num_tokens", "gather_generation_logits", "num_postprocess_workers",
-    "postprocess_tokenizer_dir", "reasoning_parser", "backend",
-    # TorchLlmArgs (MID25_LLM_ARGS)
-    "garbage_collection_gen0_threshold", "cuda_graph_config", "disable_overlap_scheduler", "moe_config",
-    "attn_backend", "enable_iter_perf_stats", "enable_iter_req_stats", "print_iter_log", "torch_compile_config",
-    "enable_autotuner", "enable_layerwise_nvtx_marker", "enable_min_latency", "stream_interval",
-    "force_dynamic_quantization", "allreduce_strategy", "checkpoint_loader", "checkpoint_format",
-}
-
-# KvCacheConfig: MID25_LLM_ARGS has exactly these (dtype is a python-only field for the pytorch backend).
-_KV_CACHE_BASE = {
-    "enable_block_reuse", "max_tokens", "max_attention_window", "sink_token_length",
-    "free_gpu_memory_fraction", "host_cache_size", "onboard_blocks", "cross_kv_cache_fraction",
-    "secondary_offload_min_priority", "event_buffer_max_size", "enable_partial_reuse",
-    "copy_on_partial_reuse", "use_uvm", "dtype",
-}
-# tokens_per_block moved into KvCacheConfig by PR #5911 ("expose tokens_per_block into KvCacheConfig",
-# opened 2025-07-10, merged); present in every later stored llm_args.py. Its presence at v1.0.0 is
-# unverified at tag (see the 1.0 notes). max_gpu_total_bytes / mamba_ssm_cache_dtype: in a late-2025 main
-# version (llm_args.py, 121,745 chars, uppercase backend Literal + kv_transfer_timeout_ms, no MOONCAKE);
-# absent from MID25_LLM_ARGS and, per a third-party read of the 1.0.0 wheel, absent at 1.0.0.
-_KV_CACHE_LATER = {"max_gpu_total_bytes", "mamba_ssm_cache_dtype"}
-
-# Env variables read by the C++ transceiver (envUtils.cpp): every name below is read both in MID25_ENVUTILS
-# and in NEWEST_ENVUTILS, so it is taken as read by all three lines.
-_ENV_COMMON = {
-    BACKEND_SELECTORS["UCX"], BACKEND_SELECTORS["MPI"], BACKEND_SELECTORS["NIXL"],
-    "TRTLLM_UCX_INTERFACE", "TRTLLM_NIXL_INTERFACE", "TRTLLM_NIXL_PORT", "TRTLLM_DISAGG_LAYERWISE",
-    "TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE", "TRTLLM_KVCACHE_TRANSFER_USE_ASYNC_BUFFER",
-    "TRTLLM_KVCACHE_TRANSFER_USE_SYNC_BUFFER", "TRTLLM_KVCACHE_RECV_BUFFER_COUNT",
-    "TRTLLM_REQUEST_KV_CACHE_CONCURRENT", "TRTLLM_KVCACHE_SEND_MAX_CONCURRENCY_NUM",
-    "TRTLLM_DISABLE_KV_CACHE_TRANSFER_OVERLAP", "TRTLLM_ENABLE_KVCACHE_RECEIVE_PARALLEL",
-    "TRTLLM_TRY_ZCOPY_FOR_KVCACHE_TRANSFER", "TRTLLM_KVCACHE_TIME_OUTPUT_PATH",
-    "TRTLLM_DISAGG_BENCHMARK_GEN_ONLY", "TRTLLM_ENABLE_PDL",
-    # Python-side (tensorrt_llm/commands/serve.py); names taken from the reference summary, NOT checked
-    # against source here. Kept so tk does not refuse them.
-    "TRTLLM_SERVER_DISABLE_GC", "TRTLLM_WORKER_DISABLE_GC", "TRTLLM_DISAGG_SERVER_DISABLE_GC",
-}
-# TRTLLM_NIXL_KVCACHE_BACKEND: added by PR #9075 (review 2025-11-11..14; getEnvNixlBackend(), default "UCX",
-# NEWEST_ENVUTILS). Not in MID25_ENVUTILS. Issue #10024 uses it with LIBFABRIC on 1.2.0rc5 (2025-12-16).
-_ENV_NIXL_BACKEND = {NIXL_BACKEND_ENV}
-# Mooncake: PR #8309 ("Support Mooncake transfer engine as a cache transceiver backend", reviewed
-# 2025-10-13..11-06, merged); getEnvUseMooncakeKvCache / getEnvMooncakeInterface in NEWEST_ENVUTILS.
-_ENV_MOONCAKE = {BACKEND_SELECTORS["MOONCAKE"], "TRTLLM_MOONCAKE_INTERFACE"}
-
-# Top level of the `trtllm-serve disaggregated -c` YAML: the named parameters of extract_disagg_cfg().
-# Any OTHER top-level key (e.g. `backend: pytorch`) is accepted too: it is copied into both server sections
-# (**kwargs in DISAGG_MID and DISAGG_NEWEST) and ignored by the HTTP proxy.
-_DISAGG_TOP = {  # all in DISAGG_MID and DISAGG_NEWEST
-    "hostname", "port", "backend", "context_servers", "generation_servers", "max_retries",
-    "perf_metrics_max_requests", "conditional_disagg_config",
-}
-
-# Keys under context_servers/generation_servers that tk writes: extract_ctx_gen_cfgs(num_instances, urls)
-# and extract_router_config(router) in DISAGG_MID and DISAGG_NEWEST.
-_DISAGG_SERVER = {"num_instances", "urls", "router"}
-# Router types: tensorrt_llm/serve/router.py create_router(); KvCacheAwareRouter(..., tokens_per_block=32,
-# **kwargs) in both an early-2025 stored router.py (no metadata server) and a later one (with it).
-ROUTERS = ("round_robin", "load_balancing", "kv_cache_aware")
-
-# MTPDecodingConfig fields (MID25_LLM_ARGS) plus the `decoding_type` dispatch key.
-_MTP = {"decoding_type", "num_nextn_predict_layers", "use_relaxed_acceptance_for_thinking", "relaxed_topk",
-        "relaxed_delta", "use_mtp_vanilla"}
-# CudaGraphConfig (MID25_LLM_ARGS and newest BaseCudaGraphConfig); MoeConfig fields as read by
-# TorchLlmArgs.get_pytorch_backend_config (moe_config.backend/.max_num_tokens/.load_balancer, MID25_LLM_ARGS).
-_CUDA_GRAPH = {"batch_sizes", "max_batch_size", "enable_padding"}
-_MOE = {"backend", "max_num_tokens", "load_balancer"}
+# Router types the recipe may name (the union over every line; each line's own list is in the data file, and the plan
+# checks the recipe's against it): tensorrt_llm/serve/router.py create_router(); "conversation" from PR #12526
+# (2026-03-25, router.py @ 00895e31dc5f9865c6bdfd2dd0508a9d6d964e9d).
+ROUTERS = ("round_robin", "load_balancing", "kv_cache_aware", "conversation")
 
 # `trtllm-serve MODEL` flags tk passes (--host, --port, --backend, --tp_size, --pp_size, --ep_size,
 # --extra_llm_api_options) and a few more; spot-checked in stored tensorrt_llm/commands/serve.py versions
 # (early 2025 and newest), not at the tags.
 _SERVE_FLAGS = {*SERVE_FLAG.values(), "--gpus_per_node", "--log_level", "--trust_remote_code"}
-# Further `trtllm-serve serve` flags a recipe's extra_serve_args may pass (reference: trtllm-disagg.md §6; the
+# Further `trtllm-serve serve` flags a recipe's extra_serve_args may pass (from tensorrt_llm/commands/serve.py; the
 # stand-in accepts the same): True = takes a value, False = a switch. Not checked per release line.
 SERVE_FLAGS_MORE = {
     "--tensor_parallel_size": True, "--pipeline_parallel_size": True, "--context_parallel_size": True,
@@ -285,7 +206,7 @@ TK_OWNED_SERVE_FLAGS = {
     SERVE_FLAG["tp"]: "{role}.tp", SERVE_FLAG["pp"]: "{role}.pp", SERVE_FLAG["ep"]: "{role}.ep",
     OPTIONS_FILE_FLAG: "{role}.extra_options",
     "--max_batch_size": "{role}.max_batch_size", "--max_num_tokens": "{role}.max_num_tokens",
-    "--max_seq_len": "traffic.max_input_len / max_output_len",
+    "--max_seq_len": "{role}.max_seq_len",
     "--free_gpu_memory_fraction": "{role}.free_gpu_memory_fraction",
     "--disagg_cluster_uri": "membership (tk passes the proxy's cluster storage)",
 }
@@ -325,90 +246,58 @@ def _register(v: TrtllmVersion) -> None:
     _VERSIONS[v.line] = v
 
 
-_register(TrtllmVersion(
-    line="1.0",
-    release="v1.0.0",  # tag commit ae8270b713446948246f16fadf4e2a32e35d0f62 (tensorrtllm_backend v1.0.0)
-    llm_api_keys=frozenset(_LLM_API_CORE),
-    # PR #5911 (tokens_per_block) vs the release/1.0 branch point: unverified at tag, see notes.
-    kv_cache_config_keys=frozenset(_KV_CACHE_BASE | {"tokens_per_block"}),
-    # backend + max_tokens_in_buffer only: MID25_LLM_ARGS; a third-party read of the 1.0.0 wheel agrees
-    # ("1.0.0 has only backend + max_tokens_in_buffer"); kv_transfer_timeout_ms PR #6801 (2025-08) was closed.
-    cache_transceiver_keys=frozenset({"backend", "max_tokens_in_buffer"}),
-    # Four values, no MOONCAKE (MID25_LLM_ARGS; PR #8309 added MOONCAKE in late 2025). Spelling: see notes.
-    cache_transceiver_backends=("DEFAULT", "UCX", "NIXL", "MPI"),
-    cuda_graph_config_keys=frozenset(_CUDA_GRAPH),
-    mtp_config_keys=frozenset(_MTP),
-    moe_config_keys=frozenset(_MOE),
-    disagg_keys=frozenset(_DISAGG_TOP),
-    disagg_server_keys=frozenset(_DISAGG_SERVER),
-    routers=ROUTERS,
-    # No TRTLLM_NIXL_KVCACHE_BACKEND (PR #9075, Nov 2025) and no Mooncake variables.
-    env_vars=frozenset(_ENV_COMMON),
+def _from_data(line: str, release: str, **hand) -> TrtllmVersion:
+    """A line's table: option keys, backends, env names and proxy keys from the generated data file
+    (toolkit/facts/llm_args.py, scripts/trtllm_facts.py); CLI flags and the rest (``hand``) as read by hand."""
+    from toolkit.facts import llm_args
+
+    def keys(section: str) -> frozenset[str]:
+        return llm_args.section_keys(line, section)
+
+    env = llm_args.env_names(line)
+    proxy = llm_args.proxy(line)
+    return TrtllmVersion(
+        line=line, release=release,
+        llm_api_keys=keys(""), kv_cache_config_keys=keys("kv_cache_config"),
+        cache_transceiver_keys=keys("cache_transceiver_config"),
+        cache_transceiver_backends=llm_args.line_choices(line, "cache_transceiver_config.backend"),
+        cuda_graph_config_keys=keys("cuda_graph_config"), mtp_config_keys=keys("speculative_config"),
+        moe_config_keys=keys("moe_config"),
+        # tk writes `backend: pytorch` at the top of the proxy config: extract_disagg_cfg takes unknown top-level keys
+        # as **kwargs and copies them into both server sections (DISAGG_MID, DISAGG_NEWEST), so it is accepted.
+        disagg_keys=frozenset(proxy["top"]) | {"backend"}, disagg_server_keys=frozenset(proxy["server"]),
+        routers=tuple(proxy["routers"]), env_vars=env["cpp"] | env["python"], **hand)
+
+
+_register(_from_data(
+    "1.0", "v1.0.0",  # tag commit ae8270b713446948246f16fadf4e2a32e35d0f62 (tensorrtllm_backend v1.0.0)
     # NIXL runs over UCX only; there is no variable to pick another NIXL backend before PR #9075.
     nixl_transports=("UCX",),
     serve_flags=frozenset(_SERVE_FLAGS),
     disaggregated_flags=frozenset(_DISAGG_FLAGS_BASE),
     notes=(
         ("cache_transceiver_config.backend spelling at v1.0.0 is unverified: main accepted only lowercase "
-        "'default|ucx|nixl|mpi' from PR #5234 (2025-06) until the uppercase switch around 2025-08-14 "
-        "(PR #6583 of 2025-08-04 still aligned examples to lowercase; PR #6887 of 2025-08-14 describes the "
-        "uppercase-only change). tk renders uppercase."),
-        ("kv_cache_config.tokens_per_block at v1.0.0 is unverified: added by PR #5911 (opened 2025-07-10), "
-        "absent from the June/July 2025 llm_args.py."),
+         "'default|ucx|nixl|mpi' from PR #5234 (2025-06) until the uppercase switch around 2025-08-14 "
+         "(PR #6583 of 2025-08-04 still aligned examples to lowercase; PR #6887 of 2025-08-14 describes the "
+         "uppercase-only change). tk renders uppercase."),
         ("backend DEFAULT: PR #5234 (2025-06) made the C++ factory fall back to UCX when no "
-        "TRTLLM_USE_*_KVCACHE selector is set; the v1.0.0 behaviour itself is unverified."),
+         "TRTLLM_USE_*_KVCACHE selector is set; the v1.0.0 behaviour itself is unverified."),
     ),
 ))
 
-_register(TrtllmVersion(
-    line="1.1",
-    release="v1.1.0",  # tag commit 48b7b5d8b7ed1e6bff57aecc6ff7d1533288bed8 (tensorrtllm_backend v1.1.0)
-    llm_api_keys=frozenset(_LLM_API_CORE),
-    kv_cache_config_keys=frozenset(_KV_CACHE_BASE | {"tokens_per_block"} | _KV_CACHE_LATER),
-    # kv_transfer_timeout_ms was still not merged on 2025-10-03 (PR #7575 thread), after main had moved to
-    # 1.2.0rc0 (2025-09-30, tensorrtllm_backend): not in release/1.1 unless back-ported (unverified at tag).
-    cache_transceiver_keys=frozenset({"backend", "max_tokens_in_buffer"}),
-    cache_transceiver_backends=("DEFAULT", "UCX", "NIXL", "MPI"),
-    cuda_graph_config_keys=frozenset(_CUDA_GRAPH),
-    mtp_config_keys=frozenset(_MTP),
-    moe_config_keys=frozenset(_MOE),
-    # otlp_config: not in DISAGG_MID, in DISAGG_NEWEST; which line first has it is unverified at tag (kept as
-    # before; tk does not write it). disagg_cluster: not on 1.1, it came with PR #7869 (under review 2025-09-26,
-    # after main had moved past release/1.1; see MEMBERSHIP_* below).
-    disagg_keys=frozenset(_DISAGG_TOP | {"otlp_config"}),
-    disagg_server_keys=frozenset(_DISAGG_SERVER),
-    routers=ROUTERS,
-    env_vars=frozenset(_ENV_COMMON),  # TRTLLM_NIXL_KVCACHE_BACKEND landed after release/1.1 branched
-    nixl_transports=("UCX",),
+_register(_from_data(
+    "1.1", "v1.1.0",  # tag commit 48b7b5d8b7ed1e6bff57aecc6ff7d1533288bed8 (tensorrtllm_backend v1.1.0)
+    nixl_transports=("UCX",),  # TRTLLM_NIXL_KVCACHE_BACKEND landed after release/1.1 branched
     serve_flags=frozenset(_SERVE_FLAGS),
     disaggregated_flags=frozenset(_DISAGG_FLAGS_BASE | {"-m"}),
     notes=(
-        ("kv_transfer_timeout_ms and TRTLLM_NIXL_KVCACHE_BACKEND are treated as absent: both landed on main "
-        "after release/1.1 branched (Oct/Nov 2025); a back-port into v1.1.0 could not be ruled out."),
+        ("kv_transfer_timeout_ms and TRTLLM_NIXL_KVCACHE_BACKEND are unverified on 1.1: both landed on main "
+         "after release/1.1 branched (Oct/Nov 2025); a back-port into v1.1.0 could not be ruled out."),
     ),
 ))
 
-_register(TrtllmVersion(
-    line="1.2",
-    release="v1.2.0",  # tag commit not pinned (tensorrtllm_backend only pins a triton fork for 1.2)
-    llm_api_keys=frozenset(_LLM_API_CORE),
-    kv_cache_config_keys=frozenset(_KV_CACHE_BASE | {"tokens_per_block"} | _KV_CACHE_LATER),
-    # kv_transfer_timeout_ms: in the README context of PR #9155 (2025-11-14) and the late-2025 llm_args.py;
-    # kv_transfer_sender_future_timeout_ms: added by PR #9155 (merged, Nov 2025). Default of
-    # kv_transfer_timeout_ms became 60000 only in PR #12249 (2026-03, after 1.2).
-    cache_transceiver_keys=frozenset({"backend", "max_tokens_in_buffer", "kv_transfer_timeout_ms",
-                                      "kv_transfer_sender_future_timeout_ms"}),
-    cache_transceiver_backends=("DEFAULT", "UCX", "NIXL", "MPI", "MOONCAKE"),  # MOONCAKE: PR #8309
-    cuda_graph_config_keys=frozenset(_CUDA_GRAPH),
-    mtp_config_keys=frozenset(_MTP),
-    moe_config_keys=frozenset(_MOE),
-    # node_id: in DISAGG_NEWEST, line of introduction unverified (kept as before; tk does not write it).
-    # disagg_cluster: PR #7869 (HTTP cluster storage, 2025-09/10) and PR #8602 (etcd tests, docs, 2025-10-23), on
-    # main = the 1.2 line (1.2.0rc0 by 2025-09-30); DisaggClusterConfig in DISAGG_MID.
-    disagg_keys=frozenset(_DISAGG_TOP | {MEMBERSHIP_KEY, "otlp_config", "node_id"}),
-    disagg_server_keys=frozenset(_DISAGG_SERVER),
-    routers=ROUTERS,
-    env_vars=frozenset(_ENV_COMMON | _ENV_NIXL_BACKEND | _ENV_MOONCAKE),
+_register(_from_data(
+    "1.2", "v1.2.0",  # tag 51f5ef3 (2026-03-12; full commit not pinned: tensorrtllm_backend pins a triton fork)
     # UCX (default) and LIBFABRIC: PR #9075 review (LIBFABRIC once NIXL >= 0.6.1), issue #10024 (1.2.0rc5
     # with TRTLLM_NIXL_KVCACHE_BACKEND=LIBFABRIC); value set at v1.2.0 itself unverified.
     nixl_transports=("UCX", "LIBFABRIC"),
@@ -417,7 +306,29 @@ _register(TrtllmVersion(
     disaggregated_flags=frozenset(_DISAGG_FLAGS_BASE | {"-m"}),
     notes=(
         ("backend DEFAULT: kv_cache_transceiver.py on main (PR #9352 context, 2025-11-21) maps DEFAULT to the "
-        "TRTLLM_USE_*_KVCACHE selectors, else NIXL; PR #9352 (revert to UCX) was closed unmerged."),
+         "TRTLLM_USE_*_KVCACHE selectors, else NIXL; PR #9352 (revert to UCX) was closed unmerged."),
+    ),
+))
+
+# The 1.3 line: weekly pre-releases all 2026 (1.3.0rc0 2026-01-22 .. rc29 2026-09-29 on PyPI; no 1.3.0 final).
+# Option keys from two golden manifests (1.3.0rc18..rc20 and rc24..rc26, scripts/trtllm_sources.yaml); proxy keys
+# from disagg_utils.py @ 0228a712, routers from serve/router.py @ 00895e31; env from envUtils.cpp @ 02734d9e and the
+# Python registry tensorrt_llm/envs.py @ 0fccc5b9. serve/disaggregated flags as on 1.2 (srt-slurm's trtllm-serve path
+# is verified on 1.3.0rc15/rc17 with --config, src/srtctl/backends/trtllm.py @ c88ef731).
+_register(_from_data(
+    "1.3", "1.3.0rc26",
+    nixl_transports=("UCX", "LIBFABRIC"),
+    serve_flags=frozenset(_SERVE_FLAGS | {MEMBERSHIP_FLAG["uri"], MEMBERSHIP_FLAG["role"]}),
+    cluster_storages=MEMBERSHIP_STORAGES,
+    disaggregated_flags=frozenset(_DISAGG_FLAGS_BASE | {"-m"}),
+    kv_dtypes=("auto", "fp8", "nvfp4"),  # kv_cache_config.dtype's allow-list in both 1.3 manifests has nvfp4
+    # speculative/utils.py @ 011d0933dcb5e592f5fa2626beaf42a96324c578 (2026 main, with the usage telemetry of
+    # PR #12384, 2026-03-20): get_num_spec_layers returns 1 for MTP-Eagle one-model. Early 1.3 rcs unverified.
+    mtp_kv_layers="one",
+    notes=(
+        "a pre-release line: facts from main between 1.3.0rc18 and rc26; other rcs bracket between snapshots",
+        ("backend DEFAULT resolves to NIXL unless a TRTLLM_USE_*_KVCACHE selector is 1 "
+         "(tensorrt_llm/_torch/pyexecutor/kv_cache_transceiver.py, resolve_cache_transceiver_config)."),
     ),
 ))
 
@@ -448,7 +359,7 @@ LAUNCHER_FIRST_IPC_PORT = 10012  # where the launcher's own search starts (1.0/1
 LAUNCHER_STAGGER_S = 120  # bound on waiting for one co-located launcher before starting the next
 # Release line -> the environment variables that give one instance its own internal port (each a port number
 # tk allocates per instance, like the HTTP ports). A line absent here or with () has none: stagger instead.
-INTERNAL_PORT_ENVS = {"1.0": (), "1.1": (), "1.2": (LAUNCHER_IPC_PORT_ENV,)}
+INTERNAL_PORT_ENVS = {"1.0": (), "1.1": (), "1.2": (LAUNCHER_IPC_PORT_ENV,), "1.3": (LAUNCHER_IPC_PORT_ENV,)}
 
 
 def internal_port_envs(version: "TrtllmVersion") -> tuple[str, ...]:
@@ -475,11 +386,9 @@ SUPPORTED = tuple(_VERSIONS)
 
 
 # ---------------------------------------------------------------------------------------------------
-# Option keys whose acceptance is unverified on some line, one row per key (dotted path in the options file).
-# Where a line's acceptance is "unverified", tk omits the key when its value is TensorRT-LLM's default (the
-# engine then uses that same value), and keeps it with a plan warning when it differs. "verified" = present
-# on main before that line's release branch was cut (see the provenance block above); "unverified" = could
-# not be established for the tag.
+# Option keys tk writes whose acceptance by a line can be unverified (facts.llm_args.status is UNSURE for it), with
+# TensorRT-LLM's default. Where a line's acceptance is unverified, tk omits the key when its value is the default (the
+# engine then uses that same value), and keeps it with a plan warning when it differs.
 # ---------------------------------------------------------------------------------------------------
 VERIFIED, UNVERIFIED = "verified", "unverified"
 
@@ -488,8 +397,7 @@ VERIFIED, UNVERIFIED = "verified", "unverified"
 class OptionFact:
     path: tuple[str, ...]  # ("kv_cache_config", "tokens_per_block")
     default: object  # TensorRT-LLM's default when the key is absent
-    acceptance: dict  # line -> VERIFIED | UNVERIFIED
-    source: str  # why, with citations
+    source: str  # where the default comes from
 
     @property
     def dotted(self) -> str:
@@ -497,24 +405,28 @@ class OptionFact:
 
 
 OPTION_FACTS: tuple[OptionFact, ...] = (
-    OptionFact(
-        path=("kv_cache_config", "tokens_per_block"),
-        # KvCacheConfig.tokens_per_block: int = Field(default=32) in LATE25_LLM_ARGS (llm_args.py, late-2025
-        # main) and in the newest stored llm_args.py; 32 is also the router's default (router.py) and the
-        # value every line used before the key existed (the audit, trtllm-fidelity.md W4).
-        default=32,
-        acceptance={"1.0": UNVERIFIED, "1.1": VERIFIED, "1.2": VERIFIED},
-        source=("added to KvCacheConfig by PR #5911 (opened 2025-07-10), absent from the June/July 2025 "
-                "llm_args.py; whether it reached release/1.0 (branched ~2025-08-14) is unverified; on main by "
-                "2025-09-02 (PR #7372 thread), before release/1.1"),
-    ),
+    # KvCacheConfig.tokens_per_block: int = Field(default=32) in llm_args.py @ 3e906a0e and every later file; 32 is
+    # also the router's default (router.py) and the value every line used before the key existed.
+    OptionFact(("kv_cache_config", "tokens_per_block"), 32,
+               "KvCacheConfig.tokens_per_block default 32 (llm_args.py @ 3e906a0e); PR #5911 (opened 2025-07-10) "
+               "added it, absent from the June/July 2025 llm_args.py tk's 1.0 table was read from"),
 )
 
 
-def unverified_options(version: TrtllmVersion) -> tuple[OptionFact, ...]:
+def acceptance(version: "TrtllmVersion", fact: OptionFact) -> str:
+    from toolkit.facts import llm_args
+
+    known = llm_args.status(llm_args.Target(version.line), fact.dotted).verdict is llm_args.Verdict.KNOWN
+    return VERIFIED if known else UNVERIFIED
+
+
+def unverified_options(version: "TrtllmVersion") -> tuple[OptionFact, ...]:
     """The rows whose acceptance by this line is unverified."""
-    return tuple(f for f in OPTION_FACTS if f.acceptance.get(version.line, UNVERIFIED) == UNVERIFIED)
-LATEST = SUPPORTED[-1]  # the recipe default when neither trtllm_version nor a readable image tag names a line
+    return tuple(f for f in OPTION_FACTS if acceptance(version, f) == UNVERIFIED)
+
+
+LATEST = "1.2"
+PRERELEASE_LINES = ("1.3",)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import uuid
 from pathlib import Path
 from typing import Protocol
@@ -24,7 +23,8 @@ from typing import Protocol
 from toolkit.errors import TkError
 from toolkit.launch.run import RunRecord
 from toolkit.plan.model import Plan
-from toolkit.runtime import procs, signals, slurm
+from toolkit.runtime import ports, procs, signals, slurm
+from toolkit.runtime.rundir import wait_until
 from toolkit.runtime.slurm import JobState
 
 SHIM = Path(__file__).resolve().parent / "local_shim"
@@ -32,8 +32,22 @@ SHIM_COMMANDS = ("srun", "scontrol", "scancel", "squeue", "hostname")
 LOCAL_JOB_LOG = "job"  # logs/job.log: the local job's own output (Slurm's is slurm-JOBID.out)
 
 
+PORT_WAIT_S = 5.0  # how long the local preflight waits for a port held by a connection (not a listener) to free
+
+
 class LaunchError(TkError):
     pass
+
+
+def _run_holding(port: int) -> str | None:
+    """The name of a tk run that is (or was, as last recorded) serving on ``port``, if any."""
+    from toolkit.launch.run import all_runs
+
+    for run in reversed(all_runs()):
+        if run.state in ("submitted", "pending", "starting", "ready", "degraded") and \
+                any(s.port == port for s in run.servers):
+            return run.name
+    return None
 
 
 class Backend(Protocol):
@@ -85,17 +99,26 @@ class LocalBackend:
     def preflight(self, plan: Plan) -> None:
         internal = [(f"{s.name} {env}", port) for s in plan.servers for env, port in s.internal_ports]
         front = [("proxy", plan.proxy.port)] if plan.proxy is not None else []
-        for name, port in [*((s.name, s.port) for s in plan.servers), *front, *internal]:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                # Servers bind with SO_REUSEADDR, so a port whose last connections linger in TIME_WAIT is free
-                # for them; only a listening or bound socket makes it busy.
-                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-                try:
-                    sock.bind(("0.0.0.0", port))
-                except OSError:
-                    raise LaunchError(f"port {port} ({name}) is already in use on this machine; stop what holds "
-                                      "it or move cluster.worker_base_port / proxy.port / "
-                                      "cluster.internal_base_port") from None
+        wanted = [*((s.name, s.port) for s in plan.servers), *front, *internal]
+        listening = ports.listening_ports()
+        move = "move cluster.worker_base_port / proxy.port / cluster.internal_base_port"
+        for name, port in wanted:
+            if port in listening:
+                holder = _run_holding(port)
+                raise LaunchError(f"port {port} ({name}) is already in use on this machine: something listens on "
+                                  "it" + (f" (the tk run {holder}: `tk stop {holder}`)" if holder else
+                                          f"; stop what holds it (`ss -ltnp 'sport = :{port}'`)") + f", or {move}")
+        for name, port in wanted:
+            # Servers bind with SO_REUSEADDR, so a port whose last connections linger in TIME_WAIT is free for them.
+            # Nothing listens here; a bind can still fail while a live connection's local end holds the port (a
+            # client's ephemeral source port): wait for it to close, bounded, then say what it is.
+            if not wait_until(lambda: ports.bindable(port), PORT_WAIT_S, 0.2):
+                span = ports.ephemeral_range()
+                where = (f" (this machine's ephemeral ports are {span[0]}-{span[1]}: outgoing connections take "
+                         "their source ports there)" if span else "")
+                raise LaunchError(f"port {port} ({name}) is held on this machine by the local end of a connection, "
+                                  f"not by a listener{where}; a server cannot bind it until that connection "
+                                  f"closes: {move}" + (" outside that range" if span else ""))
         if shutil.which("bash") is None:
             raise LaunchError("bash not found: the local backend runs launch.sbatch with bash")
 

@@ -26,11 +26,13 @@ def show_logs(paths: list[Path], lines: int) -> None:
         click.echo(log_tail(path, lines))
 
 
-def follow_logs(run: RunRecord, paths: list[Path], poll_s: float = 0.5) -> None:
-    """Print new lines as they come; ends when the run's job has ended (or on Ctrl-C)."""
+def follow_logs(run: RunRecord, paths: list[Path], lines: int = 10, poll_s: float = 0.5) -> None:
+    """The last `lines` lines of each log, then new lines as they come; ends when the run's job has ended (or on
+    Ctrl-C)."""
     backend = backend_for(run.backend)
     offsets = {p: (p.stat().st_size if p.exists() else 0) for p in paths}
-    show_logs(paths, 10)
+    if lines > 0:
+        show_logs(paths, lines)
     last_check = 0.0
     while True:
         for p in paths:

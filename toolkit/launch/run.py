@@ -205,7 +205,8 @@ def all_runs() -> list[RunRecord]:
 
 
 def find_run(ref: str | None) -> RunRecord:
-    """A run by directory, by name, or (None) the most recent one."""
+    """A run by directory, by name (or a unique prefix of one), or (None) the most recent run that was launched
+    (dry runs are found by name only)."""
     if ref:
         p = Path(ref)
         if (p / RUN_RECORD).is_file():
@@ -220,10 +221,12 @@ def find_run(ref: str | None) -> RunRecord:
         raise TkError(f"no run {ref!r} (a run directory or a name from `tk runs`: runs under {runs_root()}/ "
                       f"and in the run index {rundir.index_path()})")
     runs = all_runs()
-    if not runs:
-        raise TkError(f"no runs under {runs_root()}/ or in the run index {rundir.index_path()}; "
-                      "start one with `tk launch RECIPE`")
-    return runs[-1]
+    launched = [r for r in runs if r.state != "rendered"]  # a dry run (tk launch --dry-run) is never "the last run"
+    if not launched:
+        dry = f" (only dry runs: {runs[-1].name}...)" if runs else ""
+        raise TkError(f"no launched runs under {runs_root()}/ or in the run index {rundir.index_path()}{dry}; "
+                      "start one with `tk launch RECIPE`, or name a run")
+    return launched[-1]
 
 
 def read_phases(run: RunRecord) -> list[tuple[float, str, str]]:

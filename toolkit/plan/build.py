@@ -11,7 +11,8 @@ import dataclasses
 
 from toolkit import __version__
 from toolkit.errors import RecipeError
-from toolkit.facts import trtllm
+from toolkit.facts import llm_args, trtllm
+from toolkit.facts.containers import pyxis_image
 from toolkit.facts.engines import ENGINES, emulated_label
 from toolkit.facts.hardware import TRANSPORT_PROFILES
 from toolkit.facts.models import ModelError, resolve_model
@@ -19,6 +20,10 @@ from toolkit.plan import options, placement, rules, sizing
 from toolkit.plan.model import KvTransferPlan, Plan, RolePlan, SlurmPlan, SupervisionPlan, TrafficPlan
 
 HEALTH_INTERVAL_S = 2  # how often launch.sbatch probes every component once the deployment serves
+# srun's MPI plugin for an engine's MPI ranks when the recipe names none (cluster.mpi): PMIx, as NVIDIA's own Slurm
+# script runs every step (NVIDIA/TensorRT-LLM examples/disaggregated/slurm/benchmark/disaggr_torch.slurm @ 051087cd,
+# `srun ... --mpi=pmix`). Clusters whose Slurm has no PMIx plugin (`srun --mpi=list`) set cluster.mpi.
+DEFAULT_MPI = "pmix"
 from toolkit.recipe.loader import LoadedRecipe
 
 
@@ -33,34 +38,53 @@ def build_plan(loaded: LoadedRecipe, aggregated: bool = False) -> Plan:
     return plan
 
 
+def model_config_dirs(r) -> tuple[tuple[str, str], ...]:
+    """Where a model given by its Hugging Face id may have its config.json on this machine: the checkpoint
+    directories the recipe names (model_path, per role too), as written and, where a container mount maps one
+    into the container, at its source on the host (a login node sees /lustre/models/X, the servers /models/X)."""
+    out: list[tuple[str, str]] = []
+    for path in dict.fromkeys(p for p in (r.model_path, r.context.model_path, r.generation.model_path) if p):
+        out.append(("model_path", path))
+        for mount in r.cluster.container_mounts:
+            src, dst = mount.split(":")[:2]
+            dst = dst.rstrip("/") or "/"
+            if path == dst or path.startswith(dst.rstrip("/") + "/"):
+                out.append((f"model_path through the mount {mount}", src.rstrip("/") + path[len(dst.rstrip("/")):]))
+    return tuple(out)
+
+
 def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
     r = loaded.recipe
     c = rules.Collector(loaded)
     c.warnings.extend(loaded.warnings)  # e.g. an image tag tk cannot read (toolkit.recipe.loader.resolve_version)
     version = trtllm.get(r.trtllm_version)
+    target = llm_args.Target(version.line, loaded.release)
     engine = ENGINES[r.engine]
 
     try:
-        model = resolve_model(r.model, base_dir=loaded.base_dir)
+        model = resolve_model(r.model, base_dir=loaded.base_dir, config_dirs=model_config_dirs(r))
     except ModelError as exc:
         c.add("model", str(exc),
               exc.fix or "use a name from `tk recipes --models` or a directory with config.json")
         raise RecipeError(c.violations) from None
 
     transport = TRANSPORT_PROFILES[r.kv_transfer.transport]
-    rules.check_version_features(r, version, engine, transport, c)
+    rules.check_version_features(r, version, engine, transport, c, target)
+    rules.check_speculative(r, target, model, c)
+    rules.check_proxy(r, version, c)
     rules.check_parallelism(r, model, c)
     emulated_model = rules.check_emulation(r, engine, c)
     buffer = sizing.size_buffer(r, c)
 
     merged = {}
     for title, spec in (("context", r.context), ("generation", r.generation)):
-        derived = options.derived_options(r, title, spec, model, version, buffer)
-        rules.check_extra_options(r, title, spec, derived, version, c)
+        derived = options.derived_options(r, title, spec, model, version, buffer, target)
+        rules.check_extra_options(r, title, spec, derived, version, c, target)
         rules.check_extra_serve_args(title, spec, version, c)
         merged[title] = options.deep_merge(derived, spec.extra_options)
     ctx_opts, gen_opts = merged["context"], merged["generation"]
     rules.check_unverified_options(version, merged, c)
+    rules.check_transceiver(r, target, merged, c)
     rules.check_role_options(r, ctx_opts, gen_opts, c)
     rules.check_agreement(r, ctx_opts, gen_opts, c)
 
@@ -86,7 +110,7 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
     rules.check_supervision(r, c)
     membership = rules.check_membership(r, version, servers, c)
 
-    env_base = options.worker_env(r, version, engine, transport)
+    env_base = options.worker_env(r, version, engine, transport, target)
     if emulated_model is not None:
         env_base.update(options.emulation_env(r, engine, transport, emulated_model))
         emu = r.standin.emulate
@@ -114,14 +138,23 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
                         nodes_per_instance=span, node_count=nodes, instances=instances,
                         model_path=spec.model_path or r.model_path or r.model, llm_api_options=opts,
                         serve_args=options.serve_args(spec, opts, model), env=env,
-                        kv=sizing.role_kv(model, dtype, spec, extra_layers))
+                        kv=sizing.role_kv(model, dtype, spec, extra_layers),
+                        launcher_prefix=tuple(spec.launcher_prefix))
 
     ctx_plan = role_plan("ctx", "context", r.context, ctx_span, ctx_nodes, ctx_instances, ctx_opts, ctx_env)
     gen_plan = role_plan("gen", "generation", r.generation, gen_span, gen_nodes, gen_instances, gen_opts, gen_env)
     proxy = options.proxy_plan(r, ctx_instances, gen_instances, transport, engine, membership)
+    if r.cluster.mpi and not engine.uses_mpi:
+        c.warnings.append(f"cluster.mpi {r.cluster.mpi} is not used: the {engine.label} starts one process per "
+                          "server, without MPI")
+    image = pyxis_image(r.cluster.container_image) if r.cluster.container_image else None
+    if image is not None and image.warning:
+        c.warnings.append(image.warning)
     slurm = SlurmPlan(job_name=f"tk-{r.name}", nodes=node_count, gpus_per_node=gpn,
                       partition=r.cluster.partition, account=r.cluster.account, time_limit=r.cluster.time_limit,
-                      container_image=r.cluster.container_image, container_mounts=tuple(r.cluster.container_mounts),
+                      container_image=image.rendered if image else None,
+                      image_note=image.note if image else "", container_mounts=tuple(r.cluster.container_mounts),
+                      mpi=(r.cluster.mpi or DEFAULT_MPI) if engine.uses_mpi else None,
                       pending_timeout_s=r.cluster.pending_timeout_s, startup_timeout_s=r.cluster.startup_timeout_s,
                       gpu_request=r.cluster.gpu_request, exclusive=r.cluster.exclusive,
                       sbatch_args=tuple(r.cluster.sbatch_args), srun_args=tuple(r.cluster.srun_args))
@@ -140,6 +173,7 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
                             max_output_len=t.max_output_len, typical_input_len=t.typical_input_len),
         buffer=buffer, estimates=estimates, context=ctx_plan, generation=gen_plan, proxy=proxy, slurm=slurm,
         supervision=supervision, membership=membership,
-        node_count=node_count, recipe=r.manifest_doc(), warnings=tuple(c.warnings),
+        node_count=node_count, recipe=r.manifest_doc(), warnings=tuple(dict.fromkeys(c.warnings)),
+        target_release=loaded.release, site_file=loaded.site_file, value_sources=loaded.outside_sources(),
     )
 

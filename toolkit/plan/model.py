@@ -74,9 +74,19 @@ class Estimates:
 
 @dataclass(frozen=True)
 class BufferSizing:
-    max_tokens_in_buffer: int
+    """cache_transceiver_config.max_tokens_in_buffer: the context servers' and, where a recipe gives the generation
+    role its own, the generation servers'. TensorRT-LLM sizes each server's pre-allocated transfer buffer from its
+    own value (cacheTransBuffer.cpp); a request larger than a side's buffer moves through dynamic buffers there."""
+
+    max_tokens_in_buffer: int  # the context servers'
     reason: str
     user_given: bool
+    generation_max_tokens_in_buffer: int | None = None  # None: the same as the context servers'
+
+    def for_role(self, title: str) -> int:
+        if title == "generation" and self.generation_max_tokens_in_buffer is not None:
+            return self.generation_max_tokens_in_buffer
+        return self.max_tokens_in_buffer
 
 
 @dataclass(frozen=True)
@@ -123,6 +133,9 @@ class RolePlan:
     serve_args: tuple[str, ...]  # `trtllm-serve` flags besides host/port/options file
     env: dict  # the exact content of ctx.env / gen.env
     kv: RoleKv
+    # Words before each server's command on its nodes (recipe {role}.launcher_prefix, e.g. numactl -m 0,1): the
+    # server runs as PREFIX... [engine launcher] serve_command MODEL ...
+    launcher_prefix: tuple[str, ...] = ()
 
     @property
     def gpu_count(self) -> int:
@@ -193,7 +206,7 @@ class SlurmPlan:
     partition: str | None
     account: str | None
     time_limit: str
-    container_image: str | None
+    container_image: str | None  # as pyxis takes it (facts.containers.pyxis_image): registry images as REGISTRY#IMAGE
     container_mounts: tuple[str, ...]
     pending_timeout_s: int
     startup_timeout_s: int
@@ -201,6 +214,10 @@ class SlurmPlan:
     exclusive: bool = False
     sbatch_args: tuple[str, ...] = ()  # extra #SBATCH arguments, checked by the rules
     srun_args: tuple[str, ...] = ()  # extra arguments of every server step (and the config check)
+    image_note: str = ""  # how and why container_image differs from the recipe's spelling ("" when it does not)
+    # `srun --mpi=` of every server step (cluster.mpi, else the engine's default: pmix for TensorRT-LLM's MPI
+    # ranks); None: no --mpi (an engine that starts one process per server)
+    mpi: str | None = None
 
     @property
     def gpu_directives(self) -> tuple[str, ...]:
@@ -239,6 +256,14 @@ class Plan:
     # no membership; `context` and `generation` stay the disaggregated roles it was derived from.
     mode: str = "disaggregated"
     aggregated: RolePlan | None = None
+    # Where values came from when the recipe file did not write them: the site defaults file merged under the
+    # recipe (toolkit.recipe.site), and (dotted field, value as text, "SITE_FILE:LINE" | "--set EXPR") for each
+    # such value.
+    site_file: str | None = None
+    value_sources: tuple[tuple[str, str, str], ...] = ()
+    # The exact TensorRT-LLM release the options were checked for ("1.3.0rc23"), where the recipe or its image says;
+    # None: the line (trtllm_version), any release of it.
+    target_release: str | None = None
 
     @property
     def is_aggregated(self) -> bool:

@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 from toolkit.errors import Violation
-from toolkit.facts import trtllm
-from toolkit.facts.engines import EngineProfile
-from toolkit.facts.hardware import GPU_FIGURES, TransportProfile
+from toolkit.facts import llm_args, trtllm
+from toolkit.facts.engines import ENGINES, EngineProfile
+from toolkit.facts.hardware import GPU_FIGURES, TRANSPORT_PROFILES, TransportProfile
 from toolkit.facts.models import BUILTIN_MODELS, ModelError, ModelSpec, resolve_model
 from toolkit.plan.sizing import ceil_to, longest_input
 from toolkit.recipe.loader import LoadedRecipe
@@ -26,24 +26,34 @@ class Collector:
         self.warnings: list[str] = []
 
     def add(self, path, message: str, fix: str = "") -> None:
-        self.violations.append(self.loaded.violation(path, message, fix))
+        v = self.loaded.violation(path, message, fix)
+        if v not in self.violations:  # the same field and message reached from both roles is said once
+            self.violations.append(v)
 
 
 def check_version_features(r: Recipe, version: trtllm.TrtllmVersion, engine: EngineProfile,
-                           transport: TransportProfile, c: Collector) -> None:
+                           transport: TransportProfile, c: Collector, target: llm_args.Target | None = None) -> None:
+    target = target or llm_args.Target(version.line)
     kv = r.kv_transfer
-    if kv.backend not in version.cache_transceiver_backends:
-        c.add("kv_transfer.backend",
-              f"backend {kv.backend} is not accepted by TensorRT-LLM {version.line}",
-              f"use one of {', '.join(version.cache_transceiver_backends)} or a newer trtllm_version")
+    backend = llm_args.value_status(target, "cache_transceiver_config.backend", kv.backend)
+    if backend is not None and backend.verdict is llm_args.Verdict.ABSENT:
+        c.add("kv_transfer.backend", backend.reason, backend.fix + " or a newer trtllm_version")
+    elif backend is not None:
+        c.warnings.append(backend.reason)
     if kv.dtype not in version.kv_dtypes:
         c.add("kv_transfer.dtype", f"kv dtype {kv.dtype} is not accepted by TensorRT-LLM {version.line}",
               f"use one of {', '.join(version.kv_dtypes)}")
-    if "kv_transfer_timeout_ms" in kv.model_fields_set and kv.kv_transfer_timeout_ms is not None \
-            and "kv_transfer_timeout_ms" not in version.cache_transceiver_keys:
-        c.add("kv_transfer.kv_transfer_timeout_ms",
-              f"TensorRT-LLM {version.line} has no kv_transfer_timeout_ms in cache_transceiver_config",
-              "remove the field, or target a newer trtllm_version")
+    if "kv_transfer_timeout_ms" in kv.model_fields_set and kv.kv_transfer_timeout_ms is not None:
+        timeout = llm_args.status(target, "cache_transceiver_config.kv_transfer_timeout_ms")
+        if timeout.verdict is llm_args.Verdict.ABSENT:
+            c.add("kv_transfer.kv_transfer_timeout_ms", timeout.reason,
+                  "remove the field, or target a newer trtllm_version")
+        elif timeout.verdict is llm_args.Verdict.UNSURE:
+            c.warnings.append(f"kv_transfer.kv_transfer_timeout_ms is written as you set it: {timeout.reason}")
+    if transport.gpus and r.cluster.gpu not in transport.gpus and engine.gpu_fabric_env:
+        c.add("kv_transfer.transport", f"transport {transport.name} ({transport.description}) exists only between "
+              f"{' and '.join(transport.gpus)} GPUs; cluster.gpu is {r.cluster.gpu}",
+              f"use another kv_transfer.transport, or set cluster.gpu to one of {', '.join(transport.gpus)}")
     if transport.nixl_transport != "UCX":
         if kv.backend != "NIXL":
             c.add("kv_transfer.backend",
@@ -125,14 +135,13 @@ def check_parallelism(r: Recipe, model: ModelSpec, c: Collector) -> None:
             elif model.num_experts % role.ep:
                 c.add(f"{title}.ep", f"ep={role.ep} must divide the model's {model.num_experts} experts",
                       "use a divisor of the expert count")
-        if role.attention_dp:
+        if role.attention_dp:  # TensorRT-LLM accepts both (its own tests run attention DP at tp 1): warnings
             if not model.is_moe:
-                c.add(f"{title}.attention_dp",
-                      f"attention data parallelism applies to MoE models; {model.name} is dense",
-                      "set attention_dp: false")
+                c.warnings.append(f"{title}.attention_dp: attention data parallelism is meant for MoE models; "
+                                  f"{model.name} is dense")
             elif role.tp < 2:
-                c.add(f"{title}.attention_dp", "attention data parallelism needs tp >= 2 (one rank per DP group)",
-                      "raise tp or set attention_dp: false")
+                c.warnings.append(f"{title}.attention_dp with tp={role.tp}: one rank per DP group, so attention DP "
+                                  "changes nothing")
         if r.kv_transfer.dtype == "auto" and model.attention == "mla" and role.tp > 1 and not role.attention_dp:
             c.warnings.append(f"{title}: MLA with tp={role.tp} and no attention DP replicates the KV cache "
                               "on every rank")
@@ -151,11 +160,14 @@ def check_parallelism(r: Recipe, model: ModelSpec, c: Collector) -> None:
               "(TensorRT-LLM asserts this at start-up)", "set proxy.generation_router: kv_cache_aware")
     if local_prefill is not None and r.generation.max_num_tokens is not None \
             and r.generation.max_num_tokens < local_prefill:
-        c.add("generation.max_num_tokens",
-              f"generation servers prefill prompts of up to {local_prefill} tokens themselves under conditional "
-              f"disaggregation, but max_num_tokens is {r.generation.max_num_tokens}, so such prompts are refused",
-              f"raise generation.max_num_tokens to at least {ceil_to(r.kv_transfer.tokens_per_block, local_prefill)}"
-              " or lower proxy.conditional_max_local_prefill_length")
+        # TensorRT-LLM starts with it and refuses the longer prompts when they come (as for the context role's
+        # max_num_tokens, check_role_options): a warning, not a refusal.
+        c.warnings.append(
+            f"generation.max_num_tokens: generation servers prefill prompts of up to {local_prefill} tokens "
+            f"themselves under conditional disaggregation, but max_num_tokens is {r.generation.max_num_tokens}: "
+            f"TensorRT-LLM refuses such prompts at run time; raise it to at least "
+            f"{ceil_to(r.kv_transfer.tokens_per_block, local_prefill)} or lower "
+            "proxy.conditional_max_local_prefill_length")
 
 
 def check_placement(r: Recipe, transport: TransportProfile, servers, node_count: int, ctx_nodes: int,
@@ -208,7 +220,7 @@ SBATCH_OWNED = {
 SRUN_OWNED = {
     "nodes": "the plan", "ntasks": "the plan", "ntasks-per-node": "the plan", "nodelist": "the plan",
     "output": "tk (logs/NAME.log)", "error": "tk (logs/NAME.log)", "open-mode": "tk", "overlap": "tk",
-    "kill-on-bad-exit": "tk", "mpi": "engine (tk passes --mpi=pmix for TensorRT-LLM)",
+    "kill-on-bad-exit": "tk", "mpi": "cluster.mpi",
     "container-image": "cluster.container_image", "container-mounts": "cluster.container_mounts",
     "no-container-mount-home": "tk", "gres": "cluster.gpu_request", "gpus": "cluster.gpu_request",
     "gpus-per-node": "cluster.gpu_request", "exclusive": "cluster.exclusive", "chdir": "tk",
@@ -239,13 +251,23 @@ def check_role_options(r: Recipe, ctx_opts: dict, gen_opts: dict, c: Collector) 
         mnt = opts["max_num_tokens"]
         if not _is_kind(mnt, "positive integer", None):
             continue  # reported by check_extra_options
-        if mnt % tpb:
-            c.add(f"{title}.max_num_tokens", f"{mnt} is not a multiple of tokens_per_block={tpb}",
-                  f"use {ceil_to(tpb, mnt)}")
+        # No rule ties max_num_tokens to tokens_per_block: TensorRT-LLM has none (llm_args.py only warns when
+        # max_batch_size > max_num_tokens, validate_runtime_args @ 3e906a0e); NVIDIA runs generation servers with
+        # max_num_tokens 1, 4, 16... (NVIDIA/srt-slurm recipes/trtllm @ c88ef731).
+        msl = opts.get("max_seq_len")
+        need = longest + (1 if title == "context" else r.traffic.max_output_len)
+        if _is_kind(msl, "positive integer", None) and msl < need:
+            c.warnings.append(
+                f"{title} servers' max_seq_len is {msl}, below the {need} tokens the recipe's longest request takes "
+                f"there ({longest} input + prefix{' + the first token' if title == 'context' else ' + output'}): "
+                "TensorRT-LLM refuses such requests at run time")
         if title == "context" and mnt < longest and not opts.get("enable_chunked_prefill"):
-            c.add("context.max_num_tokens",
-                  f"{mnt} tokens cannot hold the longest admitted input ({longest} tokens) in one prefill",
-                  f"use at least {ceil_to(tpb, longest)}, or enable chunked prefill in context.extra_options")
+            # TensorRT-LLM starts with it and refuses the longer prompts when they come: a warning.
+            c.warnings.append(
+                f"context.max_num_tokens = {mnt} cannot hold the longest admitted input ({longest} tokens) in one "
+                f"prefill without chunked prefill: TensorRT-LLM refuses such requests at run time; use at least "
+                f"{ceil_to(tpb, longest)}, lower traffic.max_input_len, or enable chunked prefill in "
+                "context.extra_options")
 
 
 def check_agreement(r: Recipe, ctx: dict, gen: dict, c: Collector) -> None:
@@ -281,18 +303,27 @@ def _dig(d: dict, path):
 
 
 def check_env(r: Recipe, role: str, env: dict, version: trtllm.TrtllmVersion, c: Collector) -> None:
+    """A role's environment: any POSIX name (the schema); what tk derives itself is refused with the field to set;
+    UCX_TLS is honoured with a warning; a TRTLLM_/TLLM_ name TensorRT-LLM does not read (as far as tk knows: C++
+    envUtils.cpp and the Python side, facts.llm_args.env_reader) is a warning, not a refusal."""
     user = {**r.kv_transfer.env, **getattr(r, role).env}
     owned = trtllm.TK_OWNED_ENV
     for name in user:
+        src = "kv_transfer.env" if name in r.kv_transfer.env and name not in getattr(r, role).env else f"{role}.env"
         if name in owned:
-            src = "kv_transfer.env" if name in r.kv_transfer.env else f"{role}.env"
             c.add(f"{src}.{name}", f"tk sets {name} from {owned[name]}",
                   f"change {owned[name]} instead of setting {name}")
-        elif name.startswith("TRTLLM_") and name not in version.env_vars:
-            src = "kv_transfer.env" if name in r.kv_transfer.env else f"{role}.env"
-            c.add(f"{src}.{name}", f"TensorRT-LLM {version.line} does not read {name}",
-                  "check the name (tk knows: " + ", ".join(sorted(v for v in version.env_vars
-                                                                   if v[:12] == name[:12])[:4]) + ")")
+        elif name == "UCX_TLS":
+            profile = TRANSPORT_PROFILES[r.kv_transfer.transport]
+            mine = profile.ucx_tls(ENGINES[r.engine].kv_memory) or "unset (UCX chooses)"
+            c.warnings.append(f"{src}.UCX_TLS = {user[name]} overrides transport {profile.name}'s UCX_TLS ({mine}) "
+                              f"on the {role} servers; tk's validation measures with it too")
+        elif name.startswith(("TRTLLM_", "TLLM_")) and llm_args.env_reader(version.line, name) is None:
+            others = llm_args.env_lines(name)
+            c.warnings.append(
+                f"{src}.{name}: TensorRT-LLM {version.line} does not read {name} as far as tk knows (C++ envUtils.cpp"
+                f" and the Python side: docs/trtllm-versions.md)" + (f"; TensorRT-LLM {', '.join(others)} does"
+                                                                     if others else "") + "; it is set anyway")
     if "NIXL_BACKEND" in env and trtllm.NIXL_BACKEND_ENV in env:
         c.add(f"{role}.env.NIXL_BACKEND",
               f"NIXL_BACKEND together with {trtllm.NIXL_BACKEND_ENV} breaks NIXL endpoint exchange "
@@ -366,28 +397,27 @@ def _same(a, b) -> bool:
 
 
 def check_extra_options(r: Recipe, title: str, role, derived: dict, version: trtllm.TrtllmVersion,
-                        c: Collector) -> None:
-    """A role's extra_options: keys the version accepts, values of the right kind, nothing tk owns overridden.
+                        c: Collector, target: llm_args.Target | None = None) -> None:
+    """A role's extra_options, every key at every depth: one TensorRT-LLM accepts (facts.llm_args: refused only
+    where every snapshot that speaks for the target lists the section whole and lacks the key, else a warning),
+    values of the kind tk reads, a fixed-choice value TensorRT-LLM has, nothing tk owns overridden.
 
-    ``derived`` is what tk writes before extra_options are merged in. One violation per key at most.
+    ``derived`` is what tk writes before extra_options are merged in. One violation per key at most, and none for
+    the keys below a refused one.
     """
+    target = target or llm_args.Target(version.line)
     implied = {**trtllm.TK_IMPLIED_OPTIONS, "model": role.model_path or r.model_path or r.model}
-
-    def check(path: tuple, value, allowed, what: str) -> None:
-        key = path[-1]
-        dotted = ".".join(str(p) for p in path)
+    stopped: list[str] = []
+    for dotted, key, value in llm_args.walk_options(role.extra_options):
+        if any(dotted == s or dotted.startswith(s + ".") for s in stopped):
+            continue
+        path = tuple(dotted.split("."))
         field = (title, "extra_options", *path)
         where = f"{title}.extra_options.{dotted}"
         if not isinstance(key, str):
             c.add(field, f"option name {_show(key)} is not a string", "write the option name as text")
-            return
-        if key not in allowed:
-            close = difflib.get_close_matches(key, sorted(allowed), n=1)
-            hint = f"; did you mean {close[0]!r}?" if close else ""
-            c.add(field, f"TensorRT-LLM {version.line} has no {what} {key!r}: it refuses unknown keys at "
-                  f"start-up{hint}", f"rename it to {close[0]!r}" if close else
-                  f"remove {where}, or use a trtllm_version that has it")
-            return
+            stopped.append(dotted)
+            continue
         owner = trtllm.TK_OWNED_OPTIONS.get(dotted)
         owner = owner.replace("{role}", title) if owner else None
         instead = f"set {owner} instead and remove {where}" if owner else ""
@@ -395,8 +425,10 @@ def check_extra_options(r: Recipe, title: str, role, derived: dict, version: trt
         if kind and not _is_kind(value, kind, version):
             c.add(field, f"{_show(value)} is not {_kind_text(kind, version)}",
                   instead or f"give {dotted} {_kind_text(kind, version)}")
-            return
+            stopped.append(dotted)
+            continue
         if owner:
+            stopped.append(dotted)  # tk's value stands for the whole subtree
             tk_value = implied[key] if key in implied and len(path) == 1 else _dig_or_absent(derived, path)
             if not _same(value, tk_value):
                 omitted = tk_value is _ABSENT and any(f.dotted == dotted for f in trtllm.unverified_options(version))
@@ -405,16 +437,22 @@ def check_extra_options(r: Recipe, title: str, role, derived: dict, version: trt
                                 "default, and whether that line accepts the key is unverified" if omitted
                            else f"tk writes no {dotted} for this recipe (it follows {owner})")
                 c.add(field, f"{what_tk}; extra_options would change it to {_show(value)}", instead)
-                return
-        section = trtllm.OPTION_SECTIONS.get(dotted)
-        if section and isinstance(value, dict) and not owner:
-            if key == "speculative_config" and value.get("decoding_type") != "MTP":
-                return
-            for sub, sub_value in value.items():
-                check((*path, sub), sub_value, getattr(version, section), f"{key} field")
-
-    for key, value in role.extra_options.items():
-        check((key,), value, version.llm_api_keys, "LLM-API option")
+            continue
+        st = llm_args.status(target, dotted)
+        if st.verdict is llm_args.Verdict.ABSENT:
+            c.add(field, st.reason, st.fix.replace(dotted, where, 1) if st.fix.startswith("remove") else st.fix)
+            stopped.append(dotted)
+            continue
+        if st.verdict is llm_args.Verdict.UNSURE:
+            c.warnings.append(f"{where}: {st.reason}")
+        if st.below_opaque:
+            stopped.append(dotted)  # TensorRT-LLM takes any keys below it
+            continue
+        bad = llm_args.value_status(target, dotted, value)
+        if bad is not None and bad.verdict is llm_args.Verdict.ABSENT:
+            c.add(field, bad.reason, bad.fix)
+        elif bad is not None:
+            c.warnings.append(f"{where}: {bad.reason}")
 
 
 def _dig_or_absent(d: dict, path):
@@ -535,3 +573,182 @@ def check_membership(r: Recipe, version: trtllm.TrtllmVersion, servers, c: Colle
                           minimal_context=minimal["ctx"], minimal_generation=minimal["gen"],
                           worker_key_prefix=trtllm.MEMBERSHIP_KEY_PREFIX.format(cluster_name=m.cluster_name),
                           etcd=etcd)
+
+
+# --- speculative decoding, the 1.3 transceiver, the proxy ---------------------------------------------------------
+
+# What TensorRT-LLM's LLM args require of a speculative method that drafts with its own weights (llm_args.py
+# @ 3e906a0ed7c66ed4df90aa4856bf1a6c98ca7df6: EagleDecodingConfig.__init__ "max_draft_len is required for Eagle",
+# validate() "Draft model must be provided for EAGLE"; BaseLlmArgs.validate_speculative_config asserts
+# speculative_model_dir for Eagle ("Path to EAGLE3 weights must be specified.") and DraftTarget ("Path to draft model
+# must be specified.") and max_draft_len > 0 for both).
+DRAFT_WEIGHTS_METHODS = ("Eagle", "Eagle3", "Draft_Target", "DraftTarget")
+
+
+def check_speculative(r: Recipe, target: llm_args.Target, model: ModelSpec, c: Collector) -> None:
+    sp = r.speculative
+    other = sp.decoding_type is not None or sp.model is not None or sp.max_draft_len is not None
+    if sp.mtp_layers and other:
+        c.add("speculative.decoding_type", "speculative.mtp_layers and another method's fields are both set; "
+              "TensorRT-LLM runs one speculative_config", "keep mtp_layers (MTP) or the other method's fields")
+        return
+    if not other and not sp.options:
+        return
+    if sp.decoding_type is None and not sp.mtp_layers:
+        c.add("speculative.decoding_type", "speculative.model, max_draft_len or options need a decoding_type",
+              "set speculative.decoding_type, e.g. Eagle3")
+        return
+    if sp.decoding_type == "MTP":
+        c.add("speculative.decoding_type", "MTP is set with speculative.mtp_layers (tk sizes the KV of the MTP "
+              "layers from it)", "remove decoding_type and set speculative.mtp_layers")
+        return
+    bad = llm_args.value_status(target, "speculative_config.decoding_type", sp.decoding_type)
+    if bad is not None and bad.verdict is llm_args.Verdict.ABSENT:
+        c.add("speculative.decoding_type", bad.reason, bad.fix)
+    elif bad is not None:
+        c.warnings.append(f"speculative.decoding_type: {bad.reason}")
+    _check_speculative_options(sp, target, c)
+    if sp.mtp_layers:
+        return
+    if sp.decoding_type in DRAFT_WEIGHTS_METHODS:
+        if sp.model is None:
+            c.add("speculative.model", f"{sp.decoding_type} drafts with its own weights, and TensorRT-LLM refuses a "
+                  "speculative_config without them (llm_args.py: \"Path to EAGLE3 weights must be specified.\" / "
+                  "\"Path to draft model must be specified.\")", "set speculative.model to the draft weights")
+        if sp.max_draft_len is None and "max_draft_len" not in sp.options:
+            c.add("speculative.max_draft_len", f"TensorRT-LLM requires max_draft_len for {sp.decoding_type} "
+                  "(llm_args.py: \"max_draft_len is required for Eagle\"; max_draft_len > 0)",
+                  "set speculative.max_draft_len, e.g. 3")
+    c.warnings.append(f"speculative decoding {sp.decoding_type}: tk sizes the KV transfer for {model.name}'s own "
+                      "layers; a draft layer kept in the same KV cache (Eagle3 one-model) is not counted in tk's "
+                      "KV bytes or validation payloads")
+
+
+def _check_speculative_options(sp, target: llm_args.Target, c: Collector) -> None:
+    stopped: list[str] = []
+    for dotted, key, value in llm_args.walk_options(sp.options, "speculative_config"):
+        rel = dotted.removeprefix("speculative_config.")
+        if any(dotted.startswith(s + ".") for s in stopped):
+            continue
+        field = ("speculative", "options", *rel.split("."))
+        if rel in ("decoding_type", "speculative_model", "speculative_model_dir", "num_nextn_predict_layers"):
+            c.add(field, f"speculative.options.{rel} is written from the speculative section itself",
+                  "use speculative.decoding_type / model / mtp_layers")
+            continue
+        st = llm_args.status(target, dotted)
+        if st.verdict is llm_args.Verdict.ABSENT:
+            c.add(field, st.reason, st.fix)
+            stopped.append(dotted)
+        elif st.verdict is llm_args.Verdict.UNSURE:
+            c.warnings.append(f"speculative.options.{rel}: {st.reason}")
+
+
+# cache_transceiver_config keys the recipe's kv_transfer section writes to both roles (a role's extra_options may set
+# them too, for that role only): key -> kv_transfer field. The backend and buffer are tk's own (TK_OWNED_OPTIONS).
+TRANSCEIVER_FIELDS = {"transceiver_runtime": "runtime", "kv_transfer_poll_interval_ms": "poll_interval_ms",
+                      "kv_cache_bounce_size_mb": "bounce_size_mb", "enable_pipelined_transfer": "pipelined"}
+
+
+def check_transceiver(r: Recipe, target: llm_args.Target, merged: dict[str, dict], c: Collector) -> None:
+    """cache_transceiver_config of each role, after extra_options are merged: the 1.3 fields' values and
+    enable_pipelined_transfer's preconditions, each the check TensorRT-LLM makes at start-up:
+      - tensorrt_llm/_torch/pyexecutor/kv_cache_transceiver.py (resolve_cache_transceiver_config and
+        create_kv_cache_transceiver of the stored version with enable_pipelined_transfer; the Python-transceiver
+        NIXL rule also @ 00620eb025e7c24895986e1042380bd1be4426d9): pipelined with transceiver_runtime CPP, or with
+        a backend other than NIXL; transceiver_runtime PYTHON with a backend other than NIXL; pipelined with
+        kv_cache_bounce_size_mb > 0; pipelined without enable_chunked_prefill; pipelined on a context server with
+        pipeline_parallel_size != 1;
+      - tensorrt_llm/_torch/disaggregation/transceiver.py (KvCacheTransceiverV2._resolve_pipelined_transfer):
+        context parallelism; block reuse with a block_reuse_config.policy other than all_reusable."""
+    selectors = trtllm.BACKEND_SELECTORS
+    for title, opts in merged.items():
+        ct = opts.get("cache_transceiver_config")
+        if not isinstance(ct, dict):
+            continue
+
+        def blame(key: str) -> tuple:
+            in_extra = key in (getattr(r, title).extra_options.get("cache_transceiver_config") or {})
+            if key in TRANSCEIVER_FIELDS and not in_extra:
+                return ("kv_transfer", TRANSCEIVER_FIELDS[key])
+            return (title, "extra_options", "cache_transceiver_config", key)
+
+        for key, recipe_field in TRANSCEIVER_FIELDS.items():
+            if getattr(r.kv_transfer, recipe_field) is None or blame(key)[0] != "kv_transfer":
+                continue  # set in extra_options (check_extra_options looked at it) or not at all
+            st = llm_args.status(target, f"cache_transceiver_config.{key}")
+            if st.verdict is llm_args.Verdict.ABSENT:
+                c.add(blame(key), st.reason, st.fix)
+            elif st.verdict is llm_args.Verdict.UNSURE:
+                c.warnings.append(f"{title} cache_transceiver_config.{key}: {st.reason}")
+            bad = llm_args.value_status(target, f"cache_transceiver_config.{key}", ct[key])
+            if bad is not None and bad.verdict is llm_args.Verdict.ABSENT:
+                c.add(blame(key), bad.reason, bad.fix)
+            elif bad is not None:
+                c.warnings.append(f"{title} cache_transceiver_config.{key}: {bad.reason}")
+        backend = ct.get("backend")
+        env = {**r.kv_transfer.env, **getattr(r, title).env}
+        if backend == "DEFAULT":  # resolve_cache_transceiver_config: NIXL unless a legacy selector says otherwise
+            backend = next((b for b, var in selectors.items() if env.get(var) == "1"), "NIXL")
+        runtime = ct.get("transceiver_runtime")
+        where = "tensorrt_llm/_torch/pyexecutor/kv_cache_transceiver.py"
+        if runtime == "PYTHON" and backend not in (None, "NIXL"):
+            c.add(blame("transceiver_runtime"), f"the Python transceiver (transceiver_runtime PYTHON) supports only "
+                  f"the NIXL backend, and the {title} servers' is {backend}: TensorRT-LLM refuses it at start-up "
+                  f"(\"Python transceiver currently only supports the NIXL backend\", {where})",
+                  "set kv_transfer.backend: NIXL, or transceiver_runtime CPP")
+        if ct.get("enable_pipelined_transfer") is not True or llm_args.status(
+                target, "cache_transceiver_config.enable_pipelined_transfer").verdict is llm_args.Verdict.ABSENT:
+            continue
+        reasons = []
+        if runtime == "CPP":
+            reasons.append(("transceiver_runtime", "transceiver_runtime is CPP, which has no pipelined transfer",
+                            "set kv_transfer.runtime: PYTHON (or leave it unset)"))
+        elif backend != "NIXL":
+            reasons.append(("enable_pipelined_transfer", f"the backend is {backend}; pipelined transfer runs on the "
+                            "Python transceiver, which needs NIXL", "set kv_transfer.backend: NIXL"))
+        if (ct.get("kv_cache_bounce_size_mb") or 0) > 0:
+            reasons.append(("kv_cache_bounce_size_mb", "kv_cache_bounce_size_mb must be 0 with pipelined transfer",
+                            "set kv_transfer.bounce_size_mb: 0"))
+        if opts.get("enable_chunked_prefill") is not True:
+            reasons.append(("enable_pipelined_transfer", "pipelined transfer needs enable_chunked_prefill",
+                            f"set {title}.extra_options.enable_chunked_prefill: true"))
+        if title == "context" and opts.get("pipeline_parallel_size", 1) != 1:
+            reasons.append(("enable_pipelined_transfer", "pipelined transfer needs pipeline_parallel_size 1 on the "
+                            "context servers", "set context.pp: 1"))
+        if (opts.get("context_parallel_size") or 1) > 1:
+            reasons.append(("enable_pipelined_transfer", "pipelined transfer does not support context parallelism",
+                            f"remove {title}.extra_options.context_parallel_size"))
+        kvc = opts.get("kv_cache_config") or {}
+        policy = _dig(kvc, ("block_reuse_config", "policy")) if isinstance(kvc, dict) else None
+        if isinstance(kvc, dict) and kvc.get("enable_block_reuse") and policy not in (None, "all_reusable"):
+            reasons.append(("enable_pipelined_transfer", f"block reuse with policy {policy} defers commits that "
+                            "pipelined chunks race (only all_reusable is supported)",
+                            "use block_reuse_config.policy: all_reusable or turn block reuse off"))
+        for key, why, fix in reasons:
+            c.add(blame(key), f"{title} servers: enable_pipelined_transfer is refused by TensorRT-LLM at start-up: "
+                  f"{why} ({where}; tensorrt_llm/_torch/disaggregation/transceiver.py)", fix)
+
+
+def check_proxy(r: Recipe, version: trtllm.TrtllmVersion, c: Collector) -> None:
+    """Routers the line's create_router knows (an unknown type raises "Unsupported router type", serve/router.py),
+    router arguments, the proxy's environment."""
+    for field, router in (("proxy.context_router", r.proxy.context_router),
+                          ("proxy.generation_router", r.proxy.generation_router)):
+        if router not in version.routers:
+            c.add(field, f"TensorRT-LLM {version.line}'s create_router has no router {router!r} and raises "
+                  "\"Unsupported router type\" at start-up (tensorrt_llm/serve/router.py)",
+                  f"use one of {', '.join(version.routers)}, or target a TensorRT-LLM line that has it")
+    tpb = r.kv_transfer.tokens_per_block
+    for field, args in (("proxy.context_router_args", r.proxy.context_router_args),
+                        ("proxy.generation_router_args", r.proxy.generation_router_args)):
+        if "type" in args:
+            c.add(f"{field}.type", "the router type is proxy.context_router / generation_router",
+                  f"remove {field}.type")
+        if "tokens_per_block" in args and args["tokens_per_block"] != tpb:
+            c.warnings.append(f"{field}.tokens_per_block = {args['tokens_per_block']} differs from "
+                              f"kv_transfer.tokens_per_block = {tpb}: the cache-aware router hashes blocks of another "
+                              "size than the servers', so its block hashes never match (disagg_utils.py @ 0228a712)")
+    for name in r.proxy.env:
+        if name.startswith(("TRTLLM_", "TLLM_")) and llm_args.env_reader(version.line, name) is None:
+            c.warnings.append(f"proxy.env.{name}: TensorRT-LLM {version.line} does not read {name} as far as tk "
+                              "knows; it is set anyway")

@@ -20,26 +20,47 @@ def longest_input(r: Recipe) -> int:
 
 
 def size_buffer(r: Recipe, c) -> BufferSizing:
-    """cache_transceiver_config.max_tokens_in_buffer: derived, or the recipe's value checked (violations to c)."""
+    """cache_transceiver_config.max_tokens_in_buffer per role: the role's own (context.max_tokens_in_buffer,
+    generation.max_tokens_in_buffer), else kv_transfer.max_tokens_in_buffer, else derived. Checked (violations to c):
+    a multiple of tokens_per_block, which TensorRT-LLM asserts at start-up (TLLM_CHECK(maxNumTokens.value() %
+    tokensPerBlock == 0) in CacheTransBufferManager's constructor, cpp/tensorrt_llm/batch_manager/
+    cacheTransBuffer.cpp, e.g. @ 012f8ad2031a113485f7485fd9bfb8aaacded4c5). Smaller than the longest input is a
+    warning: TensorRT-LLM accepts it and moves such requests through dynamic buffers."""
     tpb = r.kv_transfer.tokens_per_block
     longest = longest_input(r)
-    given = r.kv_transfer.max_tokens_in_buffer
-    if given is None:
-        value = ceil_to(tpb, longest)
-        return BufferSizing(value, f"longest admitted input ({r.traffic.max_input_len} input + "
-                                   f"{r.traffic.prefix_len} prefix = {longest} tokens) rounded up to a multiple "
-                                   f"of tokens_per_block={tpb}", user_given=False)
-    if given % tpb:
-        c.add("kv_transfer.max_tokens_in_buffer",
-              f"{given} is not a multiple of tokens_per_block={tpb}; TensorRT-LLM aborts at start-up "
-              "(maxNumTokens % tokensPerBlock == 0 in cacheTransBuffer.cpp)",
-              f"use {ceil_to(tpb, given)}, or remove the field and let tk size it")
-    if given < longest:
-        c.add("kv_transfer.max_tokens_in_buffer",
-              f"{given} is smaller than the longest input the recipe admits ({longest} tokens = max_input_len "
-              "+ prefix_len); longer requests fall back to dynamic buffers, which fail with NIXL",
-              f"use at least {ceil_to(tpb, longest)}, or remove the field and let tk size it")
-    return BufferSizing(given, "given in the recipe", user_given=True)
+    common = r.kv_transfer.max_tokens_in_buffer
+    values, given_any = {}, False
+    for title, role in (("context", r.context), ("generation", r.generation)):
+        field = f"{title}.max_tokens_in_buffer" if role.max_tokens_in_buffer is not None \
+            else "kv_transfer.max_tokens_in_buffer"
+        given = role.max_tokens_in_buffer if role.max_tokens_in_buffer is not None else common
+        if given is None:
+            continue
+        given_any = True
+        values[title] = given
+        if given % tpb:
+            c.add(field, f"{given} is not a multiple of tokens_per_block={tpb}; TensorRT-LLM aborts at start-up "
+                  "(TLLM_CHECK(maxNumTokens.value() % tokensPerBlock == 0) in cacheTransBuffer.cpp)",
+                  f"use {ceil_to(tpb, given)}, or remove the field and let tk size it")
+        elif given < longest:
+            c.warnings.append(
+                f"{field} = {given} is smaller than the longest input the recipe admits ({longest} tokens = "
+                "max_input_len + prefix_len): the KV of longer requests goes through dynamic buffers on the "
+                f"{title} servers, which is slower and, with NIXL, registers memory per request")
+    if not given_any:
+        ctx_mnt = r.context.max_num_tokens or ceil_to(tpb, longest)
+        value = ceil_to(tpb, max(longest, ctx_mnt))
+        why = (f"the larger of the longest admitted input ({r.traffic.max_input_len} input + {r.traffic.prefix_len} "
+               f"prefix = {longest} tokens) and the context servers' max_num_tokens ({ctx_mnt}), the most KV one "
+               f"prefill iteration hands to the transceiver, rounded up to tokens_per_block={tpb} (NVIDIA's "
+               "examples/disaggregated/slurm/benchmark/config.yaml sets it to the context max_num_tokens)")
+        return BufferSizing(value, why, user_given=False)
+    ctx = values.get("context")
+    gen = values.get("generation")
+    derived = ceil_to(tpb, max(longest, r.context.max_num_tokens or longest))
+    ctx = ctx if ctx is not None else derived
+    return BufferSizing(ctx, "given in the recipe", user_given=True,
+                        generation_max_tokens_in_buffer=gen if gen is not None and gen != ctx else None)
 
 
 def spec_layers(r: Recipe, version: trtllm.TrtllmVersion) -> int:

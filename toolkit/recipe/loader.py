@@ -7,6 +7,7 @@ so later stages can point a user at the line to change.
 from __future__ import annotations
 
 import difflib
+import re
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,6 +37,14 @@ class LoadedRecipe:
     # cluster.container_image) or "default" (trtllm.LATEST: no version written and no readable image tag).
     version_source: str = "recipe"
     warnings: tuple = ()  # found while loading (an unreadable image tag); the plan lists them with its own
+    # The site defaults merged under the recipe (toolkit.recipe.site): their file, where each of their values is
+    # written, and the field paths whose value is the site's.
+    site_file: str | None = None
+    site_lines: dict = field(default_factory=dict)
+    site_paths: tuple = ()
+    # The exact TensorRT-LLM release the recipe runs where it says (trtllm_version "1.3.0rc23", or the tag of
+    # cluster.container_image), else None: only the line is known (facts.llm_args.Target).
+    release: str | None = None
 
     def line_of(self, path: Path_) -> int | None:
         """The line of a field, or of its nearest written parent."""
@@ -52,6 +61,8 @@ class LoadedRecipe:
             path = tuple(path.split("."))
         path = tuple(path)
         source, line = cut(self.file), self.line_of(path)
+        if self.from_site(path):
+            source, line = cut(self.site_file or ""), _nearest(self.site_lines, path)
         expr = self.override_of(path)
         if expr is not None:
             source, line = f"--set {cut(expr)}", None
@@ -71,9 +82,81 @@ class LoadedRecipe:
                 return expr
         return None
 
+    def from_site(self, path: Path_) -> bool:
+        """The value at ``path`` (or the part of it that is written) comes from the site file, not the recipe:
+        the site writes more of the path than the recipe does."""
+        if not self.site_file:
+            return False
+        path = tuple(path)
+        return _written(self.site_lines, path) > _written(self.lines, path)
+
+    def source_of(self, path: Path_) -> str:
+        """Where the value at ``path`` came from: "--set EXPR", "SITE_FILE:LINE", "RECIPE_FILE:LINE" or
+        "default" (nothing wrote it)."""
+        path = tuple(path)
+        expr = self.override_of(path)
+        if expr is not None:
+            return f"--set {cut(expr)}"
+        if self.from_site(path):
+            return f"{cut(self.site_file or '')}:{_nearest(self.site_lines, path)}"
+        if path in self.lines:
+            return f"{cut(self.file)}:{self.lines[path]}"
+        return "default"
+
+    def outside_sources(self) -> tuple[tuple[str, str, str], ...]:
+        """(dotted field, value as text, source) of every value the recipe file did not write: the site file's
+        values and the --set overrides, in field order; what `tk plan` lists under "values from outside the
+        recipe"."""
+        paths = list(self.site_paths)
+        for expr in self.overrides:
+            target = _set_path(expr)
+            if target not in paths:
+                paths.append(target)
+        out = {}
+        for path in paths:
+            out[".".join(str(p) for p in path)] = (_shown(_lookup(self.raw, path)), self.source_of(path))
+        return tuple((k, v, src) for k, (v, src) in sorted(out.items()))
+
     @property
     def base_dir(self) -> Path:
         return Path(self.file).resolve().parent
+
+
+def _lookup(doc, path: tuple):
+    """The value at a field path of a recipe mapping (None where there is none)."""
+    node = doc
+    for key in path:
+        if isinstance(node, dict) and key in node:
+            node = node[key]
+        elif isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node):
+            node = node[key]
+        else:
+            return None
+    return node
+
+
+def _shown(value, limit: int = 80) -> str:
+    """A value as `tk plan` shows it in one table cell."""
+    import json
+
+    try:
+        text = value if isinstance(value, str) else json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return cut(text, limit)
+
+
+def _written(lines: dict, path: tuple) -> int:
+    """How much of ``path`` a file writes: the length of its longest prefix that has a line."""
+    for n in range(len(path), 0, -1):
+        if path[:n] in lines:
+            return n
+    return 0
+
+
+def _nearest(lines: dict, path: tuple) -> int | None:
+    n = _written(lines, path)
+    return lines[path[:n]] if n else None
 
 
 # Bounds on what a recipe may be: a recipe is a small hand-written file, and a YAML alias "bomb"
@@ -277,6 +360,21 @@ def _yaml_violation(source: str, exc: BaseException) -> Violation:
                      "fix the value, or quote it to make it a string")
 
 
+def parse_site_text(text: str, source: str) -> tuple[Any, dict]:
+    """A site file's YAML, read with a recipe's bounds and rules (toolkit.recipe.site); numbers written for
+    text fields (``trtllm_version: 1.10``) are kept as written, as in a recipe."""
+    data, lines, texts = _parse(text, source)
+    if isinstance(data, dict):
+        _keep_as_written(data, texts)
+    return data, lines
+
+
+def _keep_as_written(data: dict, texts: dict) -> None:
+    for path, written in texts.items():  # `trtllm_version: 1.10` is "1.10", not the float 1.1
+        if len(path) == 1 and isinstance(data.get(path[0]), (int, float)) and not isinstance(data.get(path[0]), bool):
+            data[path[0]] = written
+
+
 def parse_yaml(text: str, file: str) -> tuple[Any, dict]:
     """Parse YAML text within the bounds; any problem becomes a RecipeError pointing at the line."""
     data, lines, _ = _parse(text, file)
@@ -357,8 +455,13 @@ def apply_override(data: dict, expr: str) -> None:
     node[keys[-1]] = value
 
 
-def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> LoadedRecipe:
-    """Read, override and validate a recipe. Raises RecipeError with every violation found."""
+_SITE_AUTO = object()
+
+
+def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = (), site: Any = _SITE_AUTO) -> LoadedRecipe:
+    """Read, override and validate a recipe, with the site defaults (toolkit.recipe.site) merged under it.
+    site: a SiteDefaults, None for none, or (default) the site file of this user / $TK_SITE.
+    Raises RecipeError with every violation found."""
     file = str(path)
     p = Path(path)
 
@@ -387,7 +490,11 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -
     except (OSError, UnicodeDecodeError) as exc:
         raise refuse(f"cannot read the recipe: {cut(str(exc))}",
                      "check the file's permissions and encoding (UTF-8)") from None
-    return load_recipe_text(text, file, overrides)
+    if site is _SITE_AUTO:
+        from toolkit.recipe.site import load_site
+
+        site = load_site()
+    return load_recipe_text(text, file, overrides, site=site)
 
 
 def _builtin_recipe(name: str) -> Path | None:
@@ -400,7 +507,9 @@ def _builtin_recipe(name: str) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def load_recipe_text(text: str, file: str, overrides=()) -> LoadedRecipe:
+def load_recipe_text(text: str, file: str, overrides=(), site=None) -> LoadedRecipe:
+    """Parse, override and validate recipe text. site: a toolkit.recipe.site.SiteDefaults merged under the
+    recipe (None: none; a resolved recipe read back from a manifest must not get the site again)."""
     overrides = tuple(overrides)
     data, lines, texts = _parse(text, cut(file))
     if data is None:
@@ -408,25 +517,45 @@ def load_recipe_text(text: str, file: str, overrides=()) -> LoadedRecipe:
     if not isinstance(data, dict):
         raise RecipeError([Violation(cut(file), 1, "(top level)", "a recipe must be a YAML mapping",
                                      "start from a recipe in recipes/ (see `tk recipes`)")])
-    for path, written in texts.items():  # `trtllm_version: 1.10` is "1.10", not the float 1.1
-        if len(path) == 1 and isinstance(data.get(path[0]), (int, float)) and not isinstance(data.get(path[0]), bool):
-            data[path[0]] = written
+    _keep_as_written(data, texts)
+    site_kw: dict = {}
+    if site is not None:
+        from toolkit.recipe.site import merge_under, site_leaves
+
+        site_kw = {"site_file": site.file, "site_lines": dict(site.lines),
+                   "site_paths": tuple(site_leaves(site.data, data))}
+        data = merge_under(_expand(site.data), data)
     for expr in overrides:
         apply_override(data, expr)
     if overrides and _count_values(data, MAX_NODES) > MAX_NODES:
         raise RecipeError([Violation(f"--set {cut(overrides[-1])}", None, "(size)",
                                      f"with the overrides the recipe holds more than {MAX_NODES} values",
                                      "set fewer or smaller values")])
-    proto = LoadedRecipe(recipe=None, file=file, raw=data, lines=lines, overrides=overrides)  # type: ignore[arg-type]
+    proto = LoadedRecipe(recipe=None, file=file, raw=data, lines=lines, overrides=overrides,  # type: ignore[arg-type]
+                         **site_kw)
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
         raise RecipeError(_violations(exc, proto)) from None
     line, source, warnings = resolve_version(recipe, proto)
+    release = _release(recipe)
     if recipe.trtllm_version is None:
         recipe = recipe.model_copy(update={"trtllm_version": line})
     return LoadedRecipe(recipe=recipe, file=file, raw=data, lines=lines, overrides=overrides,
-                        version_source=source, warnings=tuple(warnings))
+                        version_source=source, warnings=tuple(warnings), release=release, **site_kw)
+
+
+def _release(recipe: Recipe) -> str | None:
+    """The exact release: a trtllm_version with more than the line ("1.2.0rc6.post1"), else a readable image tag."""
+    given = recipe.trtllm_version
+    if given and not re.fullmatch(r"[0-9]+\.[0-9]+", given):
+        return given
+    image = recipe.cluster.container_image
+    if image and ENGINES[recipe.engine].image_holds_trtllm:
+        found = trtllm.image_version(image)
+        if found.version is not None and (not given or trtllm.get(given).line == found.version.line):
+            return found.version.text
+    return None
 
 
 def resolve_version(recipe: Recipe, loaded: LoadedRecipe) -> tuple[str, str, list[str]]:
@@ -452,18 +581,28 @@ def resolve_version(recipe: Recipe, loaded: LoadedRecipe) -> tuple[str, str, lis
             f"tk renders for its newest line, {trtllm.LATEST}: set trtllm_version to the image's line "
             f"({', '.join(trtllm.SUPPORTED)})"]
     version = found.version
-    example = f"{image.rsplit(':', 1)[0]}:{trtllm.get(given).release.lstrip('v')}" if given else ""
+    from toolkit.facts.containers import pyxis_image
+
+    repository = pyxis_image(image).rendered.rsplit(":", 1)[0]  # the fixes show the spelling pyxis needs
+    example = f"{repository}:{trtllm.get(given).release.lstrip('v')}" if given else ""
     if version.line not in trtllm.SUPPORTED:
         blame = ("cluster", "container_image")
         raise RecipeError([loaded.violation(
             blame, f"the image holds TensorRT-LLM {version.text} (line {version.line}); tk has facts only for "
             f"the lines {', '.join(trtllm.SUPPORTED)}, so it cannot render options that image accepts",
-            f"use an image of a supported line, e.g. {image.rsplit(':', 1)[0]}:"
+            f"use an image of a supported line, e.g. {repository}:"
             f"{trtllm.get(trtllm.LATEST).release.lstrip('v')}")])
     warnings = []
     if version.prerelease:
-        warnings.append(f"cluster.container_image {shown} is a pre-release ({version.text}); tk's facts for line "
-                        f"{version.line} were read for its release ({trtllm.get(version.line).release})")
+        from toolkit.facts import llm_args
+
+        ev = llm_args.evidence(llm_args.Target(version.line, version.text))
+        if not any(llm_args.version_key(s.first) <= llm_args.version_key(version.text) <= llm_args.version_key(s.last)
+                   for s in ev):
+            warnings.append(
+                f"cluster.container_image {shown} is a pre-release ({version.text}); tk has no facts read at it: "
+                f"its options are checked against {' and '.join(s.cite for s in ev)}, and a key only one of them "
+                "has is a warning")
     if not given:
         return version.line, "image", warnings
     line = trtllm.get(given).line

@@ -22,12 +22,14 @@ from toolkit.facts.trtllm import ROUTERS
 # (``\d`` matches Arabic-Indic and other Unicode digits, which Slurm and bash do not read).
 # Names end up in file names, Slurm job names and log paths: keep them boring.
 SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", re.ASCII)
-# Environment variable names tk lets a recipe set.
-ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]{0,127}", re.ASCII)
+# Environment variable names tk lets a recipe set: POSIX names (IEEE Std 1003.1, "Environment Variables": letters,
+# digits and underscore, not starting with a digit), any case: Open MPI's OMPI_MCA_coll_ucc_enable is one.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}", re.ASCII)
 TIME_LIMIT = re.compile(r"([0-9]{1,3}-)?[0-9]{1,3}:[0-9]{2}(:[0-9]{2})?|[0-9]{1,7}", re.ASCII)
 SLURM_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}", re.ASCII)
 HOST_PORT = re.compile(r"[A-Za-z0-9][A-Za-z0-9.-]{0,252}:[0-9]{1,5}", re.ASCII)
 NET_DEVICES = re.compile(r"[A-Za-z0-9_.:,-]{1,512}", re.ASCII)
+MPI_PLUGIN = re.compile(r"[a-z][a-z0-9_]{0,31}", re.ASCII)
 
 # One extra sbatch/srun argument: the long form `--option` or `--option=value`, value in the characters an
 # #SBATCH line carries safely (toolkit/render/escape.py `sbatch`). Short options and separate values are
@@ -92,8 +94,8 @@ def _check_env(env) -> dict[str, str]:
     out = {}
     for name, value in env.items():
         if not isinstance(name, str) or not ENV_NAME.fullmatch(name):
-            raise ValueError(f"environment variable name {_cut(repr(name))} is not of the form [A-Z_][A-Z0-9_]* "
-                             "(at most 128 characters)")
+            raise ValueError(f"environment variable name {_cut(repr(name))} is not a POSIX name: letters, digits "
+                             "and '_', not starting with a digit, at most 128 characters")
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise ValueError(f"value of {name} must be a string; quote it, e.g. {name}: \"1\"")
         if isinstance(value, float) and not math.isfinite(value):
@@ -199,11 +201,16 @@ class ClusterSpec(Section):
     # First internal port (per instance, where the TensorRT-LLM line has a knob for it); None: worker_base_port
     # + 1000.
     internal_base_port: Optional[int] = Field(None, ge=1024, le=65000)
+    # Slurm's MPI plugin for the ranks of each server step (`srun --mpi=TYPE`; `srun --mpi=list` shows what a
+    # cluster has): None is the engine's default (pmix for TensorRT-LLM), "none" passes --mpi=none.
+    mpi: Optional[str] = None
 
     _time_limit = field_validator("time_limit")(classmethod(lambda cls, v: _text_pattern(
         TIME_LIMIT, "time_limit must be Slurm's [D-]HH:MM[:SS] or minutes, e.g. 02:00:00 (ASCII digits)")(v)))
     _slurm_name = field_validator("partition", "account")(classmethod(lambda cls, v: _text_pattern(
         SLURM_NAME, "must be 1-128 letters, digits, '_', '.' and '-'")(v)))
+    _mpi = field_validator("mpi")(classmethod(lambda cls, v: _text_pattern(
+        MPI_PLUGIN, "mpi must be a Slurm MPI plugin type such as pmix, pmix_v4, pmi2 or none (`srun --mpi=list`)")(v)))
 
     @field_validator("sbatch_args", "srun_args")
     @classmethod
@@ -224,6 +231,20 @@ class ClusterSpec(Section):
         return v
 
 
+# One word of a launcher prefix: no shell (the words are passed as argv), no control characters.
+LAUNCHER_WORD = re.compile(r"[A-Za-z0-9_./:,=+@%-]{1,256}", re.ASCII)
+
+
+def _check_launcher(v: Any) -> Any:
+    v = _check_list(v, "words")
+    if isinstance(v, list):
+        for word in v:
+            if not isinstance(word, str) or not LAUNCHER_WORD.fullmatch(word):
+                raise ValueError(f"launcher word {_cut(repr(word))} must be letters, digits and _./:,=+@%- only "
+                                 "(each word is one argument; no spaces, no shell)")
+    return v
+
+
 class RoleSpec(Section):
     """One server role (context or generation): how many instances, how each is parallelised."""
 
@@ -234,8 +255,15 @@ class RoleSpec(Section):
     attention_dp: bool = False
     max_batch_size: Optional[int] = Field(None, ge=1, le=65536)
     max_num_tokens: Optional[int] = Field(None, ge=1, le=1 << 20)
+    # max_seq_len of this role's servers; None: tk derives it from traffic (input + prefix + output + MTP layers)
+    max_seq_len: Optional[int] = Field(None, ge=1, le=1 << 22)
+    # cache_transceiver_config.max_tokens_in_buffer of this role's servers; None: kv_transfer.max_tokens_in_buffer
+    max_tokens_in_buffer: Optional[int] = Field(None, ge=1, le=INT32_MAX)
     free_gpu_memory_fraction: Optional[float] = Field(None, gt=0.0, le=1.0)
     cuda_graph: Optional[bool] = None
+    # Words put before each server's command on its nodes, e.g. [numactl, -m, "0,1"] on Grace nodes (NVIDIA's
+    # srt-slurm does so for GB200/GB300); empty: none.
+    launcher_prefix: Annotated[list[str], BeforeValidator(_check_launcher)] = Field(default_factory=list)
     model_path: Optional[PathText] = None
     quantization: Optional[Text] = None
     extra_options: Annotated[dict, BeforeValidator(_check_options)] = Field(default_factory=dict)
@@ -267,6 +295,13 @@ class KvTransferSpec(Section):
     dtype: Literal["auto", "fp8", "nvfp4"] = "auto"
     max_tokens_in_buffer: Optional[int] = Field(None, ge=1, le=INT32_MAX)
     kv_transfer_timeout_ms: Optional[int] = Field(60000, ge=1, le=INT32_MAX)  # a C++ int in TensorRT-LLM
+    # cache_transceiver_config fields of the 1.3 line, written to both roles where set (None: not written, the
+    # engine's default): transceiver_runtime, kv_transfer_poll_interval_ms, kv_cache_bounce_size_mb,
+    # enable_pipelined_transfer (its preconditions: toolkit/plan/rules.py check_transceiver).
+    runtime: Optional[Literal["CPP", "PYTHON", "auto"]] = None
+    poll_interval_ms: Optional[int] = Field(None, ge=1, le=INT32_MAX)
+    bounce_size_mb: Optional[int] = Field(None, ge=0, le=1 << 20)
+    pipelined: Optional[bool] = None
     net_devices: Optional[str] = None
     env: dict[str, str] = Field(default_factory=dict)
 
@@ -285,9 +320,16 @@ class TrafficSpec(Section):
 
 
 class SpeculativeSpec(Section):
-    """Speculative decoding; applied identically to both roles."""
+    """Speculative decoding; applied identically to both roles (TensorRT-LLM's generation servers must run the
+    context servers' draft configuration). MTP: ``mtp_layers``. Another method (Eagle3, a draft model, NGram...):
+    ``decoding_type`` with ``model`` (the draft or Eagle weights), ``max_draft_len`` and further
+    ``speculative_config`` keys in ``options``, each checked against the target line's facts."""
 
     mtp_layers: int = Field(0, ge=0, le=8)
+    decoding_type: Optional[Annotated[str, Field(max_length=64), AfterValidator(check_text)]] = None
+    model: Optional[PathText] = None
+    max_draft_len: Optional[int] = Field(None, ge=1, le=64)
+    options: Annotated[dict, BeforeValidator(_check_options)] = Field(default_factory=dict)
 
 
 class ProxySpec(Section):
@@ -296,14 +338,24 @@ class ProxySpec(Section):
     port: int = Field(8000, ge=1024, le=65535)
     context_router: Literal[ROUTERS] = "round_robin"  # type: ignore[valid-type]
     generation_router: Literal[ROUTERS] = "round_robin"  # type: ignore[valid-type]
+    # Further router arguments, written under the section's `router:` beside `type` (e.g. use_tokens: true of
+    # load_balancing, max_batch_size of kv_cache_aware); TensorRT-LLM passes them to the router's constructor.
+    context_router_args: Annotated[dict, BeforeValidator(_check_options)] = Field(default_factory=dict)
+    generation_router_args: Annotated[dict, BeforeValidator(_check_options)] = Field(default_factory=dict)
     conditional_max_local_prefill_length: Optional[int] = Field(None, ge=0, le=1 << 21)
-    server_start_timeout_s: int = Field(1800, ge=1, le=WEEK_S)
+    # How long `trtllm-serve disaggregated -t` waits for the servers; None: cluster.startup_timeout_s, the time tk
+    # itself gives them (a longer wait would outlive the job's own start-up bound). NVIDIA's disaggregated perf
+    # harness uses 7200 s for DeepSeek-R1; raise cluster.startup_timeout_s for models that load that slowly.
+    server_start_timeout_s: Optional[int] = Field(None, ge=1, le=WEEK_S)
     request_timeout_s: int = Field(7200, ge=1, le=WEEK_S)
     max_retries: int = Field(1, ge=0, le=16)
     # Size of the proxy's /perf_metrics buffer (0: off). tk bench drains it before a run and reads it after, as
     # TensorRT-LLM's proof that every request took the context and the generation leg; keep it above a run's
     # request count.
     perf_metrics_max_requests: int = Field(8192, ge=0, le=1_000_000)
+    env: dict[str, str] = Field(default_factory=dict)  # the proxy's environment (e.g. TRTLLM_SERVER_DISABLE_GC)
+
+    _env = field_validator("env", mode="before")(classmethod(lambda cls, v: _check_env(v)))
 
 
 class SupervisionSpec(Section):
@@ -371,6 +423,10 @@ class Recipe(Section):
     model: PathText
     model_path: Optional[PathText] = None
     quantization: Optional[Text] = None
+    # Let TensorRT-LLM run Python shipped with the checkpoint (its config.json `auto_map`: custom configuration,
+    # model or tokenizer code). Off by default, as in TensorRT-LLM's own LLM API (TorchLlmArgs.trust_remote_code
+    # defaults to False); rendered into ctx.yaml / gen.yaml only when true.
+    trust_remote_code: bool = False
     # None (not written, or null): the loader derives the line from cluster.container_image's tag where tk can
     # read it, else takes trtllm.LATEST; LoadedRecipe.version_source says which. After loading it is a str.
     trtllm_version: Optional[str] = None

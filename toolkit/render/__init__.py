@@ -34,7 +34,7 @@ def worker_command(plan: Plan, role_name: str, port: int) -> list[str]:
     """argv of one server, up to (not including) the options-file flag and path."""
     role = plan.role(role_name)
     flag = trtllm.SERVE_FLAG
-    return [*plan.engine.launcher, *plan.engine.serve_command, role.model_path, flag["host"],
+    return [*role.launcher_prefix, *plan.engine.launcher, *plan.engine.serve_command, role.model_path, flag["host"],
             worker_host(plan, role_name, port), flag["port"], str(port), *membership_args(plan, role_name),
             *role.serve_args]
 
@@ -78,8 +78,8 @@ def container_srun_flags(plan: Plan) -> list[str]:
 
 def _srun_flags(plan: Plan) -> list[str]:
     flags = container_srun_flags(plan)
-    if plan.engine.uses_mpi:
-        flags.append("--mpi=pmix")
+    if plan.slurm.mpi:
+        flags.append(f"--mpi={plan.slurm.mpi}")
     return flags + list(plan.slurm.srun_args)
 
 
@@ -103,6 +103,16 @@ def check_script_text() -> str:
     return (templates_dir() / CHECK_SCRIPT).read_text()
 
 
+def ucx_tls_note(plan: Plan, env: dict) -> str:
+    """Why this env file sets UCX_TLS as it does (or leaves it to UCX): the transport profile's reason, or that the
+    recipe's own value overrides the profile."""
+    transport = plan.kv_transfer.transport
+    mine = env.get("UCX_TLS")
+    if mine is not None and mine != transport.ucx_tls(plan.engine.kv_memory):
+        return f"set by the recipe's env; it overrides transport profile {transport.name}"
+    return transport.ucx_tls_reason
+
+
 def render_files(plan: Plan) -> dict[str, str]:
     """Every file of the deployment, name -> text, manifest included. Pure: writes nothing."""
     env = environment()
@@ -113,10 +123,11 @@ def render_files(plan: Plan) -> dict[str, str]:
     if plan.proxy is not None:
         files["disagg.yaml"] = env.get_template("disagg.yaml.j2").render(**common)
     for role in plan.roles:
-        files[f"{role.role}.env"] = env.get_template("role.env.j2").render(env=role.env, title=f"{role.title} servers",
-                                                                          **common)
+        files[f"{role.role}.env"] = env.get_template("role.env.j2").render(
+            env=role.env, title=f"{role.title} servers", ucx_tls_note=ucx_tls_note(plan, role.env), **common)
     if plan.proxy is not None:
-        files["proxy.env"] = env.get_template("role.env.j2").render(env=plan.proxy.env, title="proxy", **common)
+        files["proxy.env"] = env.get_template("role.env.j2").render(
+            env=plan.proxy.env, title="proxy", ucx_tls_note=ucx_tls_note(plan, plan.proxy.env), **common)
     files.update({
         "launch.sbatch": env.get_template("launch.sbatch.j2").render(
             worker_commands={s.name: worker_command(plan, s.role, s.port) for s in plan.servers},
@@ -149,6 +160,9 @@ def manifest(plan: Plan, files: dict[str, str]) -> dict:
         "engine": plan.engine.name,
         "recipe_file": os.path.basename(plan.recipe_file),
         "recipe": plan.recipe,
+        # values the recipe file did not write (site defaults, --set), and where from; only where there are any
+        **({"value_sources": {field: source for field, _, source in plan.value_sources}}
+           if plan.value_sources else {}),
         "derived": derived_numbers(plan),
         "files": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in sorted(files.items())},
     }
@@ -193,14 +207,22 @@ def render(plan: Plan, out_dir: str | os.PathLike) -> tuple[Path, dict[str, str]
 def check_rendered(plan: Plan, out_dir: str | os.PathLike, python: str | None = None,
                    timeout_s: float = trtllm.CONFIG_CHECK_TIMEOUT_S) -> tuple[str, str]:
     """Run the rendered check_config.py here (`tk render --check`): TensorRT-LLM's own classes where this Python
-    imports tensorrt_llm, the stand-in's tables for a stand-in plan. ("ok" | "failed" | "skipped", message).
-    The proxy config is checked in a copy whose <nodeN> placeholders read nodeN, as the job resolves them."""
+    imports tensorrt_llm, the stand-in's tables for a stand-in plan. The proxy config is checked in a copy whose
+    <nodeN> placeholders read nodeN, as the job resolves them. Returns (status, message):
+
+        ok        every file parsed and was accepted
+        failed    the engine's own parser refused something (message: what)
+        skipped   the check ran and said it cannot check here (tensorrt_llm not importable): NOT checked
+        error     the check could not run or gave no verdict (timeout, missing interpreter, a crash): NOT checked
+
+    The script runs in a scratch directory, so every path it is given is absolute (a relative output directory,
+    `tk render RECIPE --check` with its default render/NAME, must be checked all the same)."""
     import re
     import subprocess
     import sys
     import tempfile
 
-    out = Path(out_dir)
+    out = Path(out_dir).resolve()
     with tempfile.TemporaryDirectory(prefix="tk-check-") as tmp:
         argv = [python or sys.executable, str(out / CHECK_SCRIPT), *check_command(plan)]
         for role in plan.roles:
@@ -213,12 +235,12 @@ def check_rendered(plan: Plan, out_dir: str | os.PathLike, python: str | None = 
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                   text=True, timeout=timeout_s, cwd=tmp)
         except subprocess.TimeoutExpired:
-            return "skipped", f"the check did not finish in {timeout_s:.0f}s"
+            return "error", f"the check did not finish in {timeout_s:.0f}s"
         except OSError as exc:
-            return "skipped", f"the check could not run ({exc})"
+            return "error", f"the check could not run ({exc})"
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith(("OK: ", "FAIL: ", "SKIP: "))]
     if not lines:
         tail = (proc.stderr.strip().splitlines() or [""])[-1]
-        return "skipped", f"the check gave no verdict (exit {proc.returncode}) {tail}".strip()
+        return "error", f"the check gave no verdict (exit {proc.returncode}) {tail}".strip()
     kind, _, message = lines[-1].partition(": ")
-    return {"OK": "ok", "FAIL": "failed"}.get(kind, "skipped"), message
+    return {"OK": "ok", "FAIL": "failed", "SKIP": "skipped"}.get(kind, "error"), message

@@ -2,7 +2,7 @@
 
 Pinned: aiconfigurator==0.12.0 (the `size` extra). Facts taken from its source, not its code
 (aiconfigurator 0.12.0 and aiconfigurator-core 0.12.0 wheels from the package index; upstream
-github.com/ai-dynamo/aiconfigurator, the SDK files cited in ../shared/reference/peers.md at 095f58a):
+github.com/ai-dynamo/aiconfigurator, its SDK files at 095f58a):
 
 - Search: ``aiconfigurator.cli.api.cli_default(model_path, total_gpus, system, isl=, osl=, ttft=, tpot=,
   backend="trtllm", top_n=)`` builds an "agg" and a "disagg" experiment and returns ``CLIResult``:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from toolkit.facts import trtllm
+from toolkit.facts import llm_args, trtllm
 from toolkit.facts.engines import STANDIN
 from toolkit.facts.models import KV_DTYPE_BYTES, ModelError, ModelSpec, resolve_model
 
@@ -102,13 +102,6 @@ def parse_serve_args(argv: list[str], version: trtllm.TrtllmVersion) -> tuple[st
 
 # --- the options file -----------------------------------------------------------------------------------------
 
-def _unknown(where: str, key: str, allowed, what: str) -> ConfigError:
-    close = difflib.get_close_matches(str(key), sorted(allowed), n=1)
-    hint = f"; did you mean {close[0]!r}?" if close else ""
-    return ConfigError(f"{where}: unknown key {key!r} in {what} (TensorRT-LLM forbids extra keys and fails at "
-                       f"start-up){hint}")
-
-
 def _pos_int(where: str, key: str, value, allow_none: bool = True) -> int | None:
     if value is None and allow_none:
         return None
@@ -117,20 +110,18 @@ def _pos_int(where: str, key: str, value, allow_none: bool = True) -> int | None
     return value
 
 
-def _section(where: str, opts: dict, key: str, allowed) -> dict | None:
-    sec = opts.get(key)
-    if sec is None:
-        return None
-    if not isinstance(sec, dict):
-        raise ConfigError(f"{where}: {key}: expected a mapping, got {type(sec).__name__}")
-    for k in sec:
-        if k not in allowed:
-            raise _unknown(where, f"{key}.{k}", {f"{key}.{a}" for a in allowed}, key)
-    return sec
+def target_of(version: trtllm.TrtllmVersion) -> llm_args.Target:
+    """The line, and the exact release where TK_STANDIN_TRTLLM_VERSION names one ("1.3.0rc23")."""
+    text = os.environ.get(VERSION_ENV) or ""
+    parsed = trtllm.parse_version(text)
+    release = text if parsed is not None and text != parsed.line else None
+    return llm_args.Target(version.line, release)
 
 
 def read_options(path: str | os.PathLike, version: trtllm.TrtllmVersion) -> dict:
-    """The options file, every key checked against the version table."""
+    """The options file, every key and fixed-choice value checked against the facts of the target release
+    (toolkit.facts.llm_args): what TensorRT-LLM surely refuses (pydantic extra="forbid", a Literal it lacks) is
+    refused; what it may accept is accepted, as the engine would."""
     where = str(path)
     try:
         text = Path(path).read_text()
@@ -144,22 +135,44 @@ def read_options(path: str | os.PathLike, version: trtllm.TrtllmVersion) -> dict
         opts = {}
     if not isinstance(opts, dict):
         raise ConfigError(f"{where}: expected a mapping of LLM-API options, got {type(opts).__name__}")
-    for key in opts:
-        if key not in version.llm_api_keys:
-            raise _unknown(where, key, version.llm_api_keys, f"the LLM-API options of TensorRT-LLM {version.line}")
-    _section(where, opts, "kv_cache_config", version.kv_cache_config_keys)
-    _section(where, opts, "cache_transceiver_config", version.cache_transceiver_keys)
-    _section(where, opts, "cuda_graph_config", version.cuda_graph_config_keys)
-    _section(where, opts, "moe_config", version.moe_config_keys)
-    spec = opts.get("speculative_config")
-    if spec is not None:
-        if not isinstance(spec, dict):
-            raise ConfigError(f"{where}: speculative_config: expected a mapping")
-        if spec.get("decoding_type") == "MTP":
-            _section(where, opts, "speculative_config", version.mtp_config_keys)
+    target = target_of(version)
+    stopped: list[str] = []
+    for dotted, key, value in llm_args.walk_options(opts):
+        if any(dotted.startswith(s + ".") for s in stopped):
+            continue
+        if not isinstance(key, str):
+            raise ConfigError(f"{where}: option name {key!r} is not a string")
+        st = llm_args.status(target, dotted)
+        if st.verdict is llm_args.Verdict.ABSENT:
+            close = llm_args.did_you_mean(dotted) if not llm_args.where(dotted) else None
+            hint = f"; did you mean {close!r}?" if close else ""
+            raise ConfigError(f"{where}: unknown key {dotted!r} in the LLM-API options of TensorRT-LLM {target} "
+                              f"(TensorRT-LLM forbids extra keys and fails at start-up){hint}")
+        if st.below_opaque:
+            stopped.append(dotted)
+            continue
+        bad = llm_args.value_status(target, dotted, value)
+        if bad is not None and bad.verdict is llm_args.Verdict.ABSENT:
+            raise ConfigError(f"{where}: {dotted}: {value!r} is not accepted by TensorRT-LLM {target} "
+                              f"({bad.fix})")
+        if isinstance(value, dict) or value is None:
+            continue
+        parent = dotted.rpartition(".")[0]
+        if parent and not isinstance(_dig(opts, parent), dict):
+            raise ConfigError(f"{where}: {parent}: expected a mapping")
+    for section in ("kv_cache_config", "cache_transceiver_config", "cuda_graph_config", "moe_config",
+                    "speculative_config"):
+        if opts.get(section) is not None and not isinstance(opts[section], dict):
+            raise ConfigError(f"{where}: {section}: expected a mapping, got {type(opts[section]).__name__}")
     if opts.get("backend") not in (None, "pytorch"):
         raise ConfigError(f"{where}: backend: {opts['backend']!r}; the stand-in emulates the pytorch backend only")
     return opts
+
+
+def _dig(d: dict, dotted: str):
+    for k in dotted.split("."):
+        d = d.get(k) if isinstance(d, dict) else None
+    return d
 
 
 # --- the resolved worker settings -------------------------------------------------------------------------------
@@ -169,6 +182,8 @@ class Transceiver:
     backend: str
     max_tokens_in_buffer: int
     kv_transfer_timeout_ms: int
+    runtime: str | None = None  # transceiver_runtime (1.3): CPP | PYTHON | auto; the stand-in moves KV the same way
+    pipelined: bool = False  # enable_pipelined_transfer (1.3)
 
 
 @dataclass(frozen=True)
@@ -232,6 +247,13 @@ def worker_settings(argv: list[str]) -> WorkerSettings:
                           f"{version.line} (use one of {', '.join(version.kv_dtypes)})")
     transceiver = _transceiver(where, opts.get("cache_transceiver_config"), version, tpb,
                                model, kv_dtype, max_seq_len)
+    if transceiver is not None and transceiver.pipelined:
+        # tensorrt_llm/_torch/pyexecutor/kv_cache_transceiver.py, create_kv_cache_transceiver
+        if not chunked:
+            raise ConfigError(f"{where}: enable_chunked_prefill is required when enable_pipelined_transfer is set.")
+        if os.environ.get("TRTLLM_DISAGG_ROLE") != "generation" and int(pick("pipeline_parallel_size",
+                                                                              "--pp_size", 1)) != 1:
+            raise ConfigError(f"{where}: pipeline_parallel_size=1 is required when enable_pipelined_transfer is set.")
     from toolkit.standin.emulate import EmulationError, from_env
     try:
         emulate = from_env()
@@ -298,5 +320,28 @@ def _transceiver(where, ct, version, tpb, model, kv_dtype, max_seq_len) -> Trans
         cap = -(-max_seq_len // tpb) * tpb
         mtib = max(tpb, min(cap, DEFAULT_TRANSFER_BUFFER_BYTES // bpt // tpb * tpb))
     timeout = _pos_int(where, "cache_transceiver_config.kv_transfer_timeout_ms", ct.get("kv_transfer_timeout_ms"))
+    # resolve_cache_transceiver_config (tensorrt_llm/_torch/pyexecutor/kv_cache_transceiver.py): DEFAULT is NIXL
+    # unless a legacy TRTLLM_USE_*_KVCACHE selector says otherwise; the Python transceiver takes NIXL only.
+    resolved = backend
+    if backend == "DEFAULT":
+        resolved = next((b for b, var in trtllm.BACKEND_SELECTORS.items() if os.environ.get(var) == "1"), "NIXL")
+    runtime = ct.get("transceiver_runtime")
+    pipelined = bool(ct.get("enable_pipelined_transfer"))
+    bounce = ct.get("kv_cache_bounce_size_mb") or 0
+    if pipelined and runtime == "CPP":
+        raise ConfigError(f"{where}: enable_pipelined_transfer is set but transceiver_runtime='CPP' explicitly "
+                          "disables Python auto-selection. Use transceiver_runtime='PYTHON' to enable pipelined "
+                          "transfer.")
+    if pipelined and runtime in (None, "auto") and resolved != "NIXL":
+        raise ConfigError(f"{where}: enable_pipelined_transfer is set but backend '{resolved}' requires the C++ "
+                          "transceiver, which does not support pipelined transfer. Use NIXL backend to enable "
+                          "pipelined transfer.")
+    if pipelined and runtime in (None, "auto"):
+        runtime = "PYTHON"
+    if runtime == "PYTHON" and resolved != "NIXL":
+        raise ConfigError(f"{where}: Python transceiver currently only supports NIXL backend, got {resolved}. "
+                          "Please use transceiver_runtime='CPP' for MPI, UCX, or MOONCAKE backends.")
+    if pipelined and bounce > 0:
+        raise ConfigError(f"{where}: kv_cache_bounce_size_mb must be 0 when enable_pipelined_transfer is set.")
     return Transceiver(backend=backend, max_tokens_in_buffer=mtib,
-                       kv_transfer_timeout_ms=timeout or DEFAULT_TIMEOUT_MS)
+                       kv_transfer_timeout_ms=timeout or DEFAULT_TIMEOUT_MS, runtime=runtime, pipelined=pipelined)

@@ -1,0 +1,210 @@
+"""Spec: `tk import` turns an existing TensorRT-LLM disaggregated config into a tk recipe. Everything tk can carry
+is carried, what it cannot is listed with the reason, the recipe is planned at once, and bad input gets the file,
+line, field and fix, with nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from toolkit import api
+from toolkit.errors import RecipeError
+from toolkit.importer import import_doc
+from toolkit.importer.common import flatten
+from toolkit.recipe import load_recipe
+
+# The shape of an NVIDIA/srt-slurm TensorRT-LLM recipe (recipes/trtllm/gb300-fp4/... @ c88ef731), shortened.
+SRT = """\
+name: "ctx2_gen1_dep8_mtp1"
+model:
+  path: "dsr1"
+  container: "nvcr.io/nvidia/tensorrt-llm/release:1.3.0rc24"
+  precision: "fp4"
+resources:
+  gpu_type: "gb300"
+  prefill_nodes: 1
+  prefill_workers: 2
+  decode_workers: 1
+  decode_nodes: 2
+  gpus_per_node: 4
+backend:
+  type: trtllm
+  prefill_environment:
+    TRTLLM_ENABLE_PDL: "1"
+    NCCL_GRAPH_MIXING_SUPPORT: "0"
+  decode_environment:
+    TRTLLM_ENABLE_PDL: "1"
+  trtllm_config:
+    prefill:
+      max_batch_size: 2
+      max_num_tokens: 16640
+      max_seq_len: 8232
+      tensor_parallel_size: 2
+      moe_expert_parallel_size: 2
+      enable_attention_dp: true
+      cuda_graph_config: null
+      disable_overlap_scheduler: true
+      moe_config: {backend: TRTLLM}
+      kv_cache_config: {enable_block_reuse: false, free_gpu_memory_fraction: 0.6, dtype: fp8}
+      cache_transceiver_config: {max_tokens_in_buffer: 16384, backend: UCX}
+      speculative_config: {decoding_type: MTP, num_nextn_predict_layers: 1}
+    decode:
+      tensor_parallel_size: 8
+      moe_expert_parallel_size: 8
+      enable_attention_dp: true
+      max_batch_size: 64
+      max_num_tokens: 128
+      max_seq_len: 9256
+      cuda_graph_config: {enable_padding: true, max_batch_size: 64}
+      kv_cache_config: {enable_block_reuse: false, free_gpu_memory_fraction: 0.8, dtype: fp8}
+      cache_transceiver_config: {max_tokens_in_buffer: 16384, backend: UCX}
+      stream_interval: 100
+      speculative_config: {decoding_type: MTP, num_nextn_predict_layers: 1}
+benchmark:
+  type: "sa-bench"
+  isl: 8192
+  osl: 1024
+  concurrencies: "64"
+frontend:
+  type: "dynamo"
+"""
+
+
+def tk(*args, cwd=None):
+    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=120)
+
+
+def test_an_srt_slurm_recipe_becomes_a_recipe_that_plans(tmp_path):
+    src = tmp_path / "srt.yaml"
+    src.write_text(SRT)
+    result = api.import_config(src, output=tmp_path / "r.yaml")
+    assert result.ok and result.kind == "srt-slurm", result.violations
+    loaded = load_recipe(tmp_path / "r.yaml")
+    r = loaded.recipe
+    assert loaded.release == "1.3.0rc24" and r.cluster.gpu == "GB300"
+    assert (r.context.instances, r.context.tp, r.context.ep, r.context.attention_dp) == (2, 2, 2, True)
+    assert (r.context.max_seq_len, r.generation.max_seq_len) == (8232, 9256)
+    assert r.context.max_tokens_in_buffer == r.generation.max_tokens_in_buffer == 16384
+    assert r.context.launcher_prefix == ["numactl", "-m", "0,1"]  # srt-slurm binds memory on Grace nodes
+    assert r.kv_transfer.transport == "nvlink-multi-node" and r.kv_transfer.backend == "UCX"
+    assert r.context.env["NCCL_GRAPH_MIXING_SUPPORT"] == "0"
+    assert r.speculative.mtp_layers == 1
+    ctx = result.plan.context.llm_api_options
+    assert ctx["moe_config"] == {"backend": "TRTLLM"} and ctx["cuda_graph_config"] is None
+    # the user's cuda_graph_config.max_batch_size replaces tk's batch_sizes list
+    assert result.plan.generation.llm_api_options["cuda_graph_config"] == {"enable_padding": True,
+                                                                          "max_batch_size": 64}
+
+
+def test_every_source_option_is_rendered_as_given_or_reported(tmp_path):
+    src = tmp_path / "srt.yaml"
+    src.write_text(SRT)
+    result = api.import_config(src)
+    changed = {path for path, _, _ in result.changed}
+    doc = yaml.safe_load(SRT)["backend"]["trtllm_config"]
+    for src_role, plan_role in (("prefill", result.plan.context), ("decode", result.plan.generation)):
+        rendered = flatten(plan_role.llm_api_options)
+        for path, value in flatten(doc[src_role]).items():
+            assert rendered.get(path) == value or f"{plan_role.title}.{path}" in changed, (src_role, path)
+
+
+def test_what_tk_cannot_carry_is_listed_with_the_reason_in_the_recipe_and_the_report(tmp_path):
+    src = tmp_path / "srt.yaml"
+    src.write_text(SRT)
+    proc = tk("import", str(src), "-o", str(tmp_path / "r.yaml"))
+    assert proc.returncode == 0, proc.stderr
+    text = (tmp_path / "r.yaml").read_text()
+    for path in ("benchmark.type", "benchmark.concurrencies", "frontend"):
+        assert f"#   {path}: " in text and f"not carried: {path}" in proc.stderr
+    assert "model.path 'dsr1'" in proc.stderr  # a site alias: the user must name the checkpoint
+    assert "the recipe plans" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_json_output_is_one_document_with_the_recipe(tmp_path):
+    src = tmp_path / "srt.yaml"
+    src.write_text(SRT)
+    proc = tk("import", str(src), "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] and doc["kind"] == "srt-slurm" and doc["recipe"]["context"]["tp"] == 2
+    assert {d["path"] for d in doc["not_carried"]} >= {"benchmark.type", "frontend"}
+
+
+def test_an_existing_output_is_never_overwritten_without_force(tmp_path):
+    src = tmp_path / "srt.yaml"
+    src.write_text(SRT)
+    out = tmp_path / "mine.yaml"
+    out.write_text("my recipe\n")
+    proc = tk("import", str(src), "-o", str(out))
+    assert proc.returncode == 2 and "exists already" in proc.stderr and "--force" in proc.stderr
+    assert out.read_text() == "my recipe\n"
+    assert tk("import", str(src), "-o", str(out), "--force").returncode == 0
+    assert out.read_text().startswith("# Imported by `tk import`")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.yaml", "srt.yaml"]  # no temporary left
+
+
+def test_broken_yaml_is_named_by_file_and_line_and_nothing_is_written(tmp_path):
+    src = tmp_path / "srt.yaml"
+    src.write_text(SRT.replace("  gpus_per_node: 4", "  gpus_per_node: [4"))
+    proc = tk("import", str(src), "-o", str(tmp_path / "r.yaml"))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert re.search(r"srt\.yaml:\d+: \(yaml\): not valid YAML", proc.stderr) and "fix:" in proc.stderr
+    assert not (tmp_path / "r.yaml").exists()
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("just: a mapping\n", "--kind"),
+    ("- a list\n", "not a YAML mapping"),
+])
+def test_a_file_of_no_known_format_says_which_formats_there_are(tmp_path, text, needle):
+    src = tmp_path / "x.yaml"
+    src.write_text(text)
+    proc = tk("import", str(src))
+    assert proc.returncode == 2 and needle in proc.stderr and "srt-slurm" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_missing_source_is_an_error_not_a_traceback(tmp_path):
+    proc = tk("import", str(tmp_path / "nope.yaml"))
+    assert proc.returncode == 2 and "nope.yaml" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_what_tensorrt_llm_refuses_is_refused_with_the_field_and_the_recipe_is_still_written(tmp_path):
+    # the context and generation servers must agree on tokens_per_block (the cache transceiver's block layout)
+    doc = yaml.safe_load(SRT)
+    doc["backend"]["trtllm_config"]["decode"]["kv_cache_config"]["tokens_per_block"] = 64
+    doc["backend"]["trtllm_config"]["prefill"]["kv_cache_config"]["tokens_per_block"] = 32
+    src = tmp_path / "srt.yaml"
+    src.write_text(yaml.safe_dump(doc))
+    proc = tk("import", str(src), "-o", str(tmp_path / "r.yaml"))
+    assert proc.returncode == 1, proc.stderr
+    assert "tokens_per_block" in proc.stderr and (tmp_path / "r.yaml").exists()
+
+
+def test_a_trtllm_serve_disaggregated_config_with_server_options_imports():
+    doc = {"hostname": "localhost", "port": 8000, "backend": "pytorch",
+           "context_servers": {"num_instances": 1, "tensor_parallel_size": 1, "max_num_tokens": 4096,
+                               "cache_transceiver_config": {"backend": "NIXL"},
+                               "urls": ["localhost:8001"]},
+           "generation_servers": {"num_instances": 1, "tensor_parallel_size": 1, "max_batch_size": 32,
+                                  "cache_transceiver_config": {"backend": "NIXL"},
+                                  "urls": ["localhost:8002"]},
+           "model": "Qwen/Qwen3-0.6B"}
+    result = import_doc(doc, "disagg.yaml")
+    assert result.kind == "trtllm-disagg" and result.ok, result.violations
+    assert result.recipe["kv_transfer"]["backend"] == "NIXL"
+    assert result.recipe["generation"]["max_batch_size"] == 32
+
+
+def test_a_source_that_is_not_a_disaggregated_config_of_its_kind_is_refused_with_a_fix():
+    with pytest.raises(RecipeError) as info:
+        import_doc({"backend": {"type": "trtllm", "trtllm_config": {"aggregated": {}}}, "model": {"path": "x"}},
+                   "agg.yaml", kind="srt-slurm")
+    v = info.value.violations[0]
+    assert v.file == "agg.yaml" and v.fix

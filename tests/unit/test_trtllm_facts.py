@@ -1,0 +1,222 @@
+"""scripts/trtllm_facts.py turns TensorRT-LLM's own files into toolkit/facts/trtllm_data.json, and the data file
+names the commit of everything it was generated from."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+
+from toolkit.facts import llm_args
+from toolkit.facts import trtllm as versions
+
+ROOT = Path(__file__).resolve().parents[2]
+DATA = json.loads((ROOT / "toolkit" / "facts" / "trtllm_data.json").read_text())
+SOURCES = yaml.safe_load((ROOT / "scripts" / "trtllm_sources.yaml").read_text())
+COMMIT = re.compile(r"[0-9a-f]{40}")
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("trtllm_facts", ROOT / "scripts" / "trtllm_facts.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gen = _generator()
+
+# --- the committed data file -------------------------------------------------------------------------------------
+
+
+def test_every_snapshot_read_from_a_file_names_its_repository_path_and_commit():
+    assert DATA["repo"] == "NVIDIA/TensorRT-LLM"
+    for snap in DATA["snapshots"]:
+        if snap["kind"] == "hand":  # tk's tables from before the generator: the note says what they are
+            assert snap["note"] and not snap.get("source"), snap["id"]
+            continue
+        src = snap["source"]
+        assert src["repo"] == "NVIDIA/TensorRT-LLM" and COMMIT.fullmatch(src["commit"]), snap["id"]
+        assert src["path"] in ("tensorrt_llm/usage/llm_args_golden_manifest.json", "tensorrt_llm/llmapi/llm_args.py")
+        assert snap["first_release"] and snap["last_release"], snap["id"]
+
+
+def test_env_and_proxy_facts_name_their_sources():
+    for line, sides in DATA["env"].items():
+        for side, block in sides.items():
+            assert block["names"] and block["sources"], (line, side)
+            for src in block["sources"]:
+                assert src["kind"] == "hand" and src["note"] or COMMIT.fullmatch(src["commit"]), (line, side)
+    for line, proxy in DATA["proxy"].items():
+        assert {"context_servers", "generation_servers"} <= set(proxy["top"]), line
+        for src in proxy["sources"]:
+            assert src["kind"] == "hand" and src["note"] or COMMIT.fullmatch(src["commit"]), line
+
+
+def test_the_data_file_is_generated_from_the_sources_file_as_committed():
+    """Someone who edits scripts/trtllm_sources.yaml regenerates the data (python scripts/trtllm_facts.py ...)."""
+    assert [s["id"] for s in DATA["snapshots"]] == [s["id"] for s in SOURCES["snapshots"]]
+    for mine, theirs in zip(DATA["snapshots"], SOURCES["snapshots"]):
+        assert mine["line"] == theirs["line"] and mine.get("source", {}).get("commit") == theirs.get("commit")
+        assert (mine["first_release"], mine["last_release"]) == (theirs["first_release"], theirs["last_release"])
+    assert [(r["old"], r["new"]) for r in DATA["renames"]] == [(r["old"], r["new"]) for r in SOURCES["renames"]]
+    assert set(DATA["env"]) == set(DATA["proxy"]) == set(versions.SUPPORTED)
+
+
+def test_every_supported_line_has_facts_and_the_newest_manifest_lists_the_1_3_transceiver_fields():
+    lines = {s["line"] for s in DATA["snapshots"]}
+    assert set(versions.SUPPORTED) <= lines
+    newest = DATA["snapshots"][-1]
+    assert newest["kind"] == "manifest"
+    for key in ("transceiver_runtime", "kv_transfer_poll_interval_ms", "kv_cache_bounce_size_mb",
+                "enable_pipelined_transfer"):
+        assert f"cache_transceiver_config.{key}" in newest["fields"]
+    assert "kv_cache_config.block_reuse_config.policy" in newest["fields"]
+    assert "kv_cache_config.block_reuse_policy" not in newest["fields"]
+
+
+# --- the generator on small inputs ---------------------------------------------------------------------------------
+
+LLM_ARGS = '''
+from enum import Enum
+from typing import Literal, Optional, Dict
+from pydantic import BaseModel
+
+class Backend(str, Enum):
+    UCX = "UCX"
+    NIXL = "NIXL"
+
+class CacheTransceiverConfig(BaseModel):
+    backend: Optional[Literal["DEFAULT", "UCX", "NIXL"]] = None
+    max_tokens_in_buffer: Optional[int] = None
+
+class KvCacheConfig(BaseModel):
+    enable_block_reuse: bool = True
+    dtype: str = "auto"
+
+class BaseLlmArgs(BaseModel):
+    model: str
+    tensor_parallel_size: int = 1
+    kv_cache_config: KvCacheConfig = KvCacheConfig()
+    _private: int = 0
+
+class TorchLlmArgs(BaseLlmArgs):
+    cache_transceiver_config: Optional[CacheTransceiverConfig] = None
+    moe_config: Dict[str, int] = {}
+    backend_enum: Backend = Backend.UCX
+'''
+
+MANIFEST = {"TorchLlmArgs": [
+    {"path": "tensor_parallel_size", "annotation": "int", "kind": "value"},
+    {"path": "kv_cache_config.enable_block_reuse", "annotation": "bool", "kind": "value"},
+    {"path": "cache_transceiver_config.backend", "annotation": "Optional[Literal]", "kind": "categorical",
+     "allowed_values": ["DEFAULT", "UCX", "NIXL"]},
+    {"path": "cache_transceiver_config.transceiver_runtime", "annotation": "Optional[Literal]",
+     "kind": "categorical", "allowed_values": ["CPP", "PYTHON"]},
+]}
+C1, C2 = "1" * 40, "2" * 40
+
+
+@pytest.fixture
+def small_sources(tmp_path):
+    files = {(C1, "tensorrt_llm/llmapi/llm_args.py"): LLM_ARGS,
+             (C2, "tensorrt_llm/usage/llm_args_golden_manifest.json"): json.dumps(MANIFEST),
+             (C2, "cpp/tensorrt_llm/common/envUtils.cpp"): 'getIntEnv("TRTLLM_A"); std::getenv("TRTLLM_B");',
+             (C2, "tensorrt_llm/envs.py"): 'ENV_SPECS = {"TRTLLM_C": 1, "TLLM_D": 2}\n'}
+    for (commit, path), text in files.items():
+        (tmp_path / "src" / commit / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "src" / commit / path).write_text(text)
+    sources = {
+        "repo": "NVIDIA/TensorRT-LLM", "raw_url": "https://example.invalid/{repo}/{commit}/{path}",
+        "snapshots": [
+            {"id": "old", "line": "9.0", "kind": "llm_args", "path": "tensorrt_llm/llmapi/llm_args.py",
+             "commit": C1, "first_release": "9.0.0", "last_release": "9.0.1", "complete": True},
+            {"id": "new", "line": "9.1", "kind": "manifest",
+             "path": "tensorrt_llm/usage/llm_args_golden_manifest.json", "commit": C2,
+             "first_release": "9.1.0rc0", "last_release": "9.1.0rc3", "complete": False}],
+        "renames": [{"old": "a.b", "new": "a.c.b", "pr": "#1"}],
+        "env": [{"lines": ["9.1"], "side": "cpp", "kind": "envutils", "path": "cpp/tensorrt_llm/common/envUtils.cpp",
+                 "commit": C2},
+                {"lines": ["9.1"], "side": "python", "kind": "envs_registry", "path": "tensorrt_llm/envs.py",
+                 "commit": C2}],
+    }
+    path = tmp_path / "sources.yaml"
+    path.write_text(yaml.safe_dump(sources))
+    return sources, path, tmp_path / "src"
+
+
+def test_llm_args_py_is_read_field_by_field_with_values_and_sections(small_sources):
+    sources, _, src = small_sources
+    data = gen.generate(sources, src)
+    old = data["snapshots"][0]
+    assert old["source"] == {"repo": "NVIDIA/TensorRT-LLM", "path": "tensorrt_llm/llmapi/llm_args.py",
+                             "commit": C1}
+    fields = old["fields"]
+    assert fields["cache_transceiver_config"]["kind"] == "section"
+    assert fields["cache_transceiver_config.backend"]["allowed"] == ["DEFAULT", "UCX", "NIXL"]
+    assert fields["backend_enum"]["allowed"] == ["UCX", "NIXL"]  # an Enum's values
+    assert "opaque" in fields["moe_config"]["flags"]  # a dict: TensorRT-LLM takes any keys below it
+    assert "uncapturable" in fields["model"]["flags"]  # a str: the manifest cannot list it
+    assert "_private" not in fields and "kv_cache_config.dtype" in fields
+    assert old["complete_sections"] == ["*"]
+
+
+def test_a_manifest_snapshot_carries_what_the_manifest_cannot_capture_from_the_complete_llm_args(small_sources):
+    sources, _, src = small_sources
+    new = gen.generate(sources, src)["snapshots"][1]
+    fields = new["fields"]
+    assert fields["cache_transceiver_config.transceiver_runtime"]["allowed"] == ["CPP", "PYTHON"]
+    assert fields["cache_transceiver_config"]["kind"] == "section"  # every captured path's parents are sections
+    assert "carried" in fields["model"]["flags"] and fields["model"]["carried_from"] == "old"
+    # a capturable field the manifest leaves out is absent, not carried: its absence is the news
+    assert "cache_transceiver_config.max_tokens_in_buffer" not in fields
+
+
+def test_env_names_come_from_envutils_and_the_python_registry(small_sources):
+    sources, _, src = small_sources
+    env = gen.generate(sources, src)["env"]["9.1"]
+    assert env["cpp"]["names"] == ["TRTLLM_A", "TRTLLM_B"]
+    assert env["python"]["names"] == ["TLLM_D", "TRTLLM_C"]
+    assert env["cpp"]["sources"][0]["commit"] == C2
+
+
+def test_one_command_writes_the_data_file_and_check_reports_drift(small_sources, tmp_path, capsys):
+    _, sources_path, src = small_sources
+    out = tmp_path / "data.json"
+    args = ["--from-dir", str(src), "--sources", str(sources_path), "--output", str(out)]
+    assert gen.main(args) == 0
+    data = json.loads(out.read_text())
+    assert [s["id"] for s in data["snapshots"]] == ["old", "new"]
+    assert gen.main([*args, "--check"]) == 0
+    out.write_text(out.read_text().replace('"TRTLLM_A"', '"TRTLLM_Z"'))
+    assert gen.main([*args, "--check"]) == 1
+    assert "TRTLLM_A" in capsys.readouterr().out
+
+
+def test_a_missing_source_file_is_named_and_nothing_is_written(small_sources, tmp_path, capsys):
+    _, sources_path, src = small_sources
+    (src / C2 / "tensorrt_llm/envs.py").unlink()
+    out = tmp_path / "data.json"
+    assert gen.main(["--from-dir", str(src), "--sources", str(sources_path), "--output", str(out)]) == 2
+    assert "tensorrt_llm/envs.py" in capsys.readouterr().err and not out.exists()
+
+
+# --- what the option checks make of the data ---------------------------------------------------------------------
+
+
+def test_a_key_of_every_snapshot_of_a_line_is_known_and_one_no_version_has_gets_a_did_you_mean():
+    target = llm_args.Target("1.3", "1.3.0rc26")
+    assert llm_args.status(target, "cache_transceiver_config.enable_pipelined_transfer").verdict \
+        is llm_args.Verdict.KNOWN
+    st = llm_args.status(target, "cache_transceiver_config.max_tokens_in_bufer")
+    assert st.verdict is llm_args.Verdict.ABSENT and "max_tokens_in_buffer" in st.fix
+
+
+def test_a_value_outside_the_manifest_s_allowed_values_is_refused_with_them():
+    target = llm_args.Target("1.3", "1.3.0rc26")
+    st = llm_args.value_status(target, "cache_transceiver_config.transceiver_runtime", "RUST")
+    assert st is not None and st.verdict is llm_args.Verdict.ABSENT and "PYTHON" in st.reason + st.fix
+    assert llm_args.value_status(target, "cache_transceiver_config.transceiver_runtime", "PYTHON") is None

@@ -1,0 +1,146 @@
+"""`tk import`: an existing TensorRT-LLM disaggregated deployment config becomes a tk recipe.
+
+Formats (``KINDS``): NVIDIA/srt-slurm TensorRT-LLM recipes, TensorRT-LLM's own Slurm benchmark config
+(examples/disaggregated/slurm/benchmark/config.yaml) and a `trtllm-serve disaggregated` config that carries the
+servers' options (TensorRT-LLM's disaggregated examples and test configs). The recipe carries everything tk can
+express; what it cannot is listed (``ImportResult.ledger.dropped``), never dropped silently; and the recipe is
+planned at once, so the result also says what tk renders differently from the source (``changed``) and what it adds
+(``added``), and whether the deployment passes tk's checks (TensorRT-LLM's own, facts.llm_args).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from toolkit.errors import RecipeError, Violation
+from toolkit.importer import srtslurm, trtllm_bench, trtllm_disagg
+from toolkit.importer.common import Ledger, flatten
+
+KINDS = {m.KIND: m for m in (srtslurm, trtllm_bench, trtllm_disagg)}
+MAX_SOURCE_BYTES = 1 << 20
+SAFE_NAME = re.compile(r"[^A-Za-z0-9._-]+")
+
+
+@dataclass
+class ImportResult:
+    kind: str
+    source: str
+    recipe: dict  # the recipe as data
+    text: str  # the recipe as YAML, with a header saying where it came from and what was not carried
+    ledger: Ledger
+    violations: list = field(default_factory=list)  # the imported recipe's: schema or plan (TensorRT-LLM's rules)
+    warnings: list = field(default_factory=list)  # the plan's
+    changed: list = field(default_factory=list)  # (source path, source value, value tk renders)
+    added: list = field(default_factory=list)  # (rendered path, value): what tk writes that the source did not
+    plan: object = None  # the Plan, when the recipe plans
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def read_source(path: str | Path) -> dict:
+    from toolkit.recipe.loader import cut, parse_yaml
+
+    p = Path(path)
+    file = cut(str(path))
+    if not p.is_file():
+        raise RecipeError([Violation(file, None, "(file)", "no such file", "give the path of the config to import")])
+    try:
+        with p.open("rb") as f:
+            data = f.read(MAX_SOURCE_BYTES + 1)
+        text = data.decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise RecipeError([Violation(file, None, "(file)", f"cannot read it: {cut(str(exc))}",
+                                     "check the file's permissions and encoding (UTF-8)")]) from None
+    if len(data) > MAX_SOURCE_BYTES:
+        raise RecipeError([Violation(file, None, "(size)", f"larger than {MAX_SOURCE_BYTES} bytes",
+                                     "give the deployment config, not a data file")])
+    doc, _ = parse_yaml(text, file)
+    if not isinstance(doc, dict):
+        raise RecipeError([Violation(file, 1, "(top level)", "not a YAML mapping",
+                                     f"give a config of one of the formats {', '.join(KINDS)}")])
+    return doc
+
+
+def detect(doc: dict) -> str | None:
+    for kind, module in KINDS.items():
+        if module.looks_like(doc):
+            return kind
+    return None
+
+
+def import_config(path: str | Path, kind: str | None = None, name: str | None = None) -> ImportResult:
+    """Convert, write nothing. Raises RecipeError when the source cannot be read or converted at all."""
+    return import_doc(read_source(path), str(path), kind=kind, name=name)
+
+
+def import_doc(doc: dict, file: str, kind: str | None = None, name: str | None = None) -> ImportResult:
+    """Convert a source already read (``file`` names it in messages)."""
+    found = kind or detect(doc)
+    if found is None or found not in KINDS:
+        raise RecipeError([Violation(file, 1, "(format)", "not a config tk can import" if found is None else
+                                     f"unknown format {found!r}", f"give one of: {', '.join(KINDS)} (--kind)")])
+    ledger = Ledger(kind=found, source=file)
+    try:
+        recipe = KINDS[found].convert(doc, ledger)
+    except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        raise RecipeError([Violation(file, None, "(format)", f"cannot import it as {found}: {exc}",
+                                     "import a disaggregated config of this format")]) from None
+    head = {"schema_version": recipe.pop("schema_version", 1),
+            "name": SAFE_NAME.sub("-", str(name or recipe.pop("name", ""))).strip("-._")[:64] or "imported",
+            "description": f"imported by tk import from {Path(file).name} ({found})"[:1000]}
+    recipe.pop("name", None)
+    recipe.pop("description", None)
+    recipe = {**head, **recipe}
+    text = render_text(recipe, ledger)
+    result = ImportResult(kind=found, source=file, recipe=recipe, text=text, ledger=ledger)
+    check(result)
+    return result
+
+
+def render_text(recipe: dict, ledger: Ledger) -> str:
+    head = [f"# Imported by `tk import` from {ledger.source} ({ledger.kind}).",
+            "# Every value tk can carry is here; what it could not carry is listed below (nothing else was dropped)."]
+    if ledger.dropped:
+        head.append("# Not carried:")
+        head += [f"#   {d.path}: {d.why}" for d in ledger.dropped]
+    if ledger.notes:
+        head.append("# To check:")
+        head += [f"#   {n}" for n in ledger.notes]
+    body = yaml.safe_dump(recipe, sort_keys=False, default_flow_style=None, width=120)
+    lines = [re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "?", h) for h in head]
+    return "\n".join(lines) + "\n" + body
+
+
+def check(result: ImportResult) -> None:
+    """Load and plan the imported recipe; compare what tk renders with the source's options."""
+    from toolkit.plan import build_plan
+    from toolkit.recipe import load_recipe_text
+
+    try:
+        loaded = load_recipe_text(result.text, f"{result.recipe['name']}.yaml")
+        plan = build_plan(loaded)
+    except RecipeError as exc:
+        result.violations = list(exc.violations)
+        return
+    result.plan = plan
+    result.warnings = list(plan.warnings)
+    for role in plan.roles:
+        source = result.ledger.role_sources.get(role.title)
+        if source is None:
+            continue
+        mine = flatten(role.llm_api_options)
+        theirs = flatten(source)
+        for path, value in theirs.items():
+            if path in mine and mine[path] != value:
+                result.changed.append((f"{role.title}.{path}", value, mine[path]))
+            elif path not in mine and not any(p.startswith(path + ".") for p in mine) and value is not None:
+                result.changed.append((f"{role.title}.{path}", value, None))
+        for path, value in mine.items():
+            if path not in theirs and not any(t.startswith(path + ".") or path.startswith(t + ".") for t in theirs):
+                result.added.append((f"{role.title}.{path}", value))

@@ -1,0 +1,140 @@
+"""NVIDIA/srt-slurm's TensorRT-LLM recipes (``backend: {type: trtllm}``) as tk recipes.
+
+The format, as srtctl reads it (NVIDIA/srt-slurm @ c88ef731636890ff6385a783e152c1790e15b194,
+src/srtctl/backends/trtllm.py and the recipes under recipes/trtllm/): ``model`` (path, container, precision),
+``resources`` (gpu_type, gpus_per_node, prefill/decode workers and nodes), ``backend`` (prefill_environment,
+decode_environment, trtllm_config.prefill / .decode: the options each worker's --extra-engine-args / --config file
+gets, numa_memory_bind), ``benchmark`` (isl, osl, ...), ``frontend``, ``dynamo``, ``sbatch_directives``,
+``srun_options``. srtctl prefixes gb200/gb300 workers with ``numactl -m 0,1`` (numa_memory_bind None), always
+wraps them in trtllm-llmapi-launch, and serves through Dynamo's frontend or ``trtllm-serve disaggregated``
+(frontend.type trtllm_serve); tk always runs the latter.
+"""
+
+from __future__ import annotations
+
+from toolkit.importer.common import (Ledger, env_mapping, gpu_name, launcher_for, model_name, role_options,
+                                     shared_fields, speculative, transport_for)
+
+KIND = "srt-slurm"
+ROLES = {"prefill": "context", "decode": "generation"}
+
+
+def looks_like(doc: dict) -> bool:
+    backend = doc.get("backend")
+    return isinstance(backend, dict) and backend.get("type") == "trtllm" and "trtllm_config" in backend
+
+
+def convert(doc: dict, ledger: Ledger) -> dict:
+    recipe: dict = {"schema_version": 1, "name": str(doc.get("name") or "imported")}
+    ledger.carry("name")
+    model = doc.get("model") or {}
+    res = doc.get("resources") or {}
+    backend = doc.get("backend") or {}
+    configs = backend.get("trtllm_config") or {}
+    if configs.get("aggregated") or res.get("agg_workers"):
+        raise ValueError("an aggregated-only srt-slurm recipe (resources.agg_workers, trtllm_config.aggregated): tk "
+                         "deploys disaggregated serving, and runs the aggregated baseline of a disaggregated recipe "
+                         "(tk launch --aggregated)")
+    missing = [r for r in ROLES if not isinstance(configs.get(r), dict)]
+    if missing:
+        raise ValueError(f"backend.trtllm_config has no {' / '.join(missing)} section")
+
+    path = str(model.get("path", ""))
+    name, served = model_name(path)
+    recipe["model"] = name
+    if served is not None:
+        recipe["model_path"] = served
+        ledger.notes.append(f"model.path {path!r} is a srt-slurm model alias (srtslurm.yaml model_paths) for "
+                            f"{name}; set model_path to the checkpoint directory the servers load")
+    ledger.carry("model.path")
+    if model.get("precision") is not None:
+        recipe["quantization"] = str(model["precision"])
+        ledger.carry("model.precision")
+
+    cluster: dict = {}
+    gpu = gpu_name(res.get("gpu_type"))
+    if gpu:
+        cluster["gpu"] = gpu
+        ledger.carry("resources.gpu_type")
+    elif res.get("gpu_type") is not None:
+        ledger.drop("resources.gpu_type", res["gpu_type"], "a GPU tk has no facts for")
+    if res.get("gpus_per_node") is not None:
+        cluster["gpus_per_node"] = res["gpus_per_node"]
+        ledger.carry("resources.gpus_per_node")
+    container = model.get("container") or (doc.get("identity") or {}).get("container", {}).get("image")
+    if container:
+        cluster["container_image"] = str(container)
+        ledger.carry("model.container")
+        if "/" not in str(container) and "#" not in str(container):
+            ledger.notes.append(f"model.container {container!r} is a srtctl container alias (srtslurm.yaml "
+                                "containers); set cluster.container_image to the image it names")
+    sbatch = [f"--{k}={v}" if v not in (None, "") else f"--{k}" for k, v in (doc.get("sbatch_directives") or {}).items()]
+    if sbatch:
+        cluster["sbatch_args"] = sbatch
+        ledger.carry("sbatch_directives")
+    srun = [f"--{k}={v}" if v not in (None, "") else f"--{k}" for k, v in (doc.get("srun_options") or {}).items()]
+    if srun:
+        cluster["srun_args"] = srun
+        ledger.carry("srun_options")
+    recipe["cluster"] = cluster
+
+    per_role, roles, where = {}, {}, {}
+    for src_name, title in ROLES.items():
+        where[title] = f"backend.trtllm_config.{src_name}"
+        ledger.role_sources[title] = dict(configs[src_name])
+        role, rest = role_options(configs[src_name], title, where[title], ledger)
+        role["instances"] = res.get(f"{src_name}_workers", 1)
+        ledger.carry(f"resources.{src_name}_workers")
+        env = env_mapping(backend.get(f"{src_name}_environment"), f"backend.{src_name}_environment", ledger)
+        if env:
+            role["env"] = env
+        prefix = launcher_for(gpu, backend.get("numa_memory_bind"))
+        if prefix:
+            role["launcher_prefix"] = prefix
+            ledger.carry("backend.numa_memory_bind" if "numa_memory_bind" in backend else "resources.gpu_type")
+        per_role[title], roles[title] = rest, role
+    kv = shared_fields(per_role, where, ledger)
+    spec = speculative(per_role, where, ledger)
+    for title in ROLES.values():
+        if per_role[title]:
+            roles[title]["extra_options"] = per_role[title]
+            for key in per_role[title]:
+                ledger.carry(f"{where[title]}.{key}")
+        recipe[title] = roles[title]
+    if "kv_transfer_timeout_ms" not in kv:
+        kv["kv_transfer_timeout_ms"] = None  # the source sets none: TensorRT-LLM's default, not tk's 60000
+    kv["transport"] = transport_for(gpu, recipe, ledger)
+    recipe["kv_transfer"] = kv
+    if spec:
+        recipe["speculative"] = spec
+
+    bench = doc.get("benchmark") or {}
+    traffic = {}
+    for key, fld in (("isl", "max_input_len"), ("osl", "max_output_len")):
+        if isinstance(bench.get(key), int) and not isinstance(bench.get(key), bool):
+            traffic[fld] = bench[key]
+            ledger.carry(f"benchmark.{key}")
+    if traffic:
+        recipe["traffic"] = traffic
+    for key, value in bench.items():
+        if key not in ("isl", "osl"):
+            ledger.drop(f"benchmark.{key}", value, "srtctl's benchmark settings: run tk bench with its own options")
+    for key in ("prefill_nodes", "decode_nodes", "gpus_per_prefill", "gpus_per_decode"):
+        if key in res:
+            ledger.notes.append(f"resources.{key} = {res[key]}: tk places the servers itself from tp x pp and "
+                                "gpus_per_node (tk plan shows the nodes)")
+            ledger.carry(f"resources.{key}")
+    frontend = doc.get("frontend") or {}
+    if frontend.get("type") not in (None, "trtllm_serve"):
+        ledger.drop("frontend", frontend, "tk serves through TensorRT-LLM's own proxy (trtllm-serve disaggregated) "
+                    "and trtllm-serve workers, not the Dynamo frontend and dynamo.trtllm workers")
+    elif frontend:
+        ledger.carry("frontend")
+    for key in ("dynamo", "health_check", "infra"):
+        if key in doc:
+            ledger.drop(key, doc[key], "srtctl's own deployment machinery (Dynamo, NATS/etcd, health polling): tk "
+                        "runs and supervises the deployment itself")
+    for key in ("publish_events_and_metrics", "sequential_node_start"):
+        if key in backend:
+            ledger.drop(f"backend.{key}", backend[key], "a srtctl/Dynamo worker setting tk has no counterpart for")
+    return recipe
