@@ -33,6 +33,7 @@ Usage: python benchmarks/bench_validate.py [--tokens 8192] [--tokens-per-block 1
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -161,21 +162,21 @@ def run(args) -> dict:
             os.makedirs(os.path.join(run_dir, sub), exist_ok=True)
         Path(run_dir, "params.json").write_text(json.dumps(params))
         procs = []
-        for a in params["agents"]:
-            log = open(os.path.join(run_dir, "logs", f"{a['id']}.log"), "wb")
-            procs.append((a["id"], log, subprocess.Popen([sys.executable, __file__, "--agent", run_dir, a["id"]],
-                                                         stdout=log, stderr=subprocess.STDOUT,
-                                                         stdin=subprocess.DEVNULL, start_new_session=True)))
-        try:
-            for _, _, p in procs:
-                p.wait(timeout=600)
-        finally:
-            for _, log, p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, 9)
-                    p.wait()
-                log.close()
-        results = {aid: json.loads(Path(run_dir, "results", f"{aid}.json").read_text()) for aid, _, _ in procs}
+        with contextlib.ExitStack() as logs:
+            for a in params["agents"]:
+                log = logs.enter_context(open(os.path.join(run_dir, "logs", f"{a['id']}.log"), "wb"))
+                procs.append((a["id"], subprocess.Popen([sys.executable, __file__, "--agent", run_dir, a["id"]],
+                                                        stdout=log, stderr=subprocess.STDOUT,
+                                                        stdin=subprocess.DEVNULL, start_new_session=True)))
+            try:
+                for _, p in procs:
+                    p.wait(timeout=600)
+            finally:
+                for _, p in procs:  # only the agents this benchmark started, by their process group
+                    if p.poll() is None:
+                        os.killpg(p.pid, 9)
+                        p.wait()
+        results = {aid: json.loads(Path(run_dir, "results", f"{aid}.json").read_text()) for aid, _ in procs}
         for aid, res in results.items():
             if res.get("error") or not res.get("final"):
                 log = Path(run_dir, "logs", f"{aid}.log").read_text()[-3000:]

@@ -151,7 +151,7 @@ def test_corrupted_buffer_fails_naming_the_pair_block_and_offset(tmp_path):
 @pytest.mark.slow
 def test_corruption_moving_back_is_caught_by_the_context_side(tmp_path):
     """generation -> context: the context agent verifies, and names the reverse direction."""
-    report, bad = failed_pairs(validate(tmp_path, "--nodes", "2", "--no-sweep", fault="corrupt:node0"))
+    _, bad = failed_pairs(validate(tmp_path, "--nodes", "2", "--no-sweep", fault="corrupt:node0"))
     assert [(p["src"], p["dst"], p["direction"], p["op"]) for p in bad] == [("node0", "node1", "reverse", "WRITE")]
     assert "data mismatch node1 -> node0 WRITE (reverse: generation -> context)" in bad[0]["error"]
 
