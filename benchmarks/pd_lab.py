@@ -310,7 +310,9 @@ def run_lab(out_dir: Path, quick: bool) -> dict:
 
 
 RATIOS = ((1, 1), (1, 2), (2, 1))
-RATIO_RATE = 8.0  # req/s, 256 in / 200 out: the most a 2-core box serves (1P1D costs ~0.6 ms CPU per emulated token) without the stand-in itself becoming the bottleneck
+# req/s, 256 in / 200 out: the most a 2-core box serves (1P1D costs ~0.6 ms CPU per emulated token) without the
+# stand-in itself becoming the bottleneck
+RATIO_RATE = 8.0
 
 
 def ratio(a: float, b: float) -> str:

@@ -1,3 +1,6 @@
+import importlib.util
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -14,6 +17,30 @@ def pytest_configure(config):
 
     os.environ["TK_STATE_DIR"] = tempfile.mkdtemp(prefix="tk-test-state-")
     os.environ["TK_SITE"] = "none"
+
+
+UNIT_TIMEOUT_S = 60  # a unit spec that takes longer is hung (the layer runs in seconds); others: pyproject's
+
+
+def _capabilities() -> dict:
+    """What this machine can run: markers whose tests need something not every machine has."""
+    return {"nixl": any(importlib.util.find_spec(m) is not None for m in ("nixl", "nixl_cu12", "nixl_cu13")),
+            "slurm": all(shutil.which(c) for c in ("slurmctld", "slurmd", "munged", "sbatch"))}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Unit specs get a tight timeout. A test marked nixl or slurm is skipped, saying why, where that capability is
+    absent; under CI (which installs everything) it runs anyway and fails loudly instead."""
+    have = _capabilities()
+    ci = bool(os.environ.get("CI"))
+    for item in items:
+        if "tests/unit/" in item.nodeid.replace("\\", "/") and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(UNIT_TIMEOUT_S))
+        if ci:
+            continue
+        for marker, present in have.items():
+            if not present and item.get_closest_marker(marker) is not None:
+                item.add_marker(pytest.mark.skip(reason=f"needs {marker} (not installed here; scripts/setup installs it)"))
 
 
 @pytest.fixture(autouse=True)

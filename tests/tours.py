@@ -344,7 +344,7 @@ def run_tour(blocks: list[Block], base: Path | None = None, keep: bool = False, 
             if show:  # what the block printed, each command's output after its `$ ` line (to update the docs)
                 text = re.sub(rf"\n?{_MARK} RC [0-9]+ ([0-9]+)\n", lambda m: f"[exit {m.group(1)}]\n", outcome.output)
                 text = re.sub(rf"\n?{_MARK} CMD ([0-9]+)\n",
-                              lambda m: "$ " + block.commands[int(m.group(1))].text + "\n", text)
+                              lambda m, block=block: "$ " + block.commands[int(m.group(1))].text + "\n", text)
                 print(f"--- {block.where} ---\n{text}", flush=True)
             problems += outcome.problems
             if outcome.problems:

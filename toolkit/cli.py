@@ -181,15 +181,18 @@ def size(model, system, gpus, isl, osl, ttft, tpot, transport, measured, measure
     """Size a deployment: aiconfigurator ranks aggregated and disaggregated configurations for the SLA, tk adds
     the KV transfer to each disaggregated TTFT, marks the ones that meet it and writes the best as a recipe.
 
-    Exit 0 when a recipe was written and tk's plan agrees with it; 1 when tk's plan disagrees (reported);
-    2 for an unsupported model or system, or an SLA nothing meets (with the closest candidate's numbers)."""
+    Candidates tk cannot deploy as sized (a layout a recipe cannot express, or one tk's plan refuses: memory,
+    heads, placement) are marked and skipped. Exit 0 when the recipe, re-checked by tk's plan, deploys exactly the
+    chosen row (GPUs, instances, TP/PP/EP, attention DP, batch); 1 when it would deploy anything else (the
+    differences are reported, nothing is written); 2 for an unsupported model or system, or an SLA no deployable
+    candidate meets (with the closest candidate's numbers)."""
     if transport and measured:
         raise click.UsageError("--transport and --measured exclude each other")
     result = api.size(model, system, gpus, isl, osl, ttft, tpot, transport=transport, measured=measured,
                       measured_pick=measured_pick, gpus_per_node=gpus_per_node, name=name)
     from toolkit.size.report import print_size
 
-    if output and result.recheck.get("errors") == []:
+    if output and result.recheck.get("ok"):
         from toolkit.size.recipe import write_file
 
         write_file(output, result.recipe_text)
@@ -199,8 +202,9 @@ def size(model, system, gpus, isl, osl, ttft, tpot, transport, measured, measure
     else:
         print_size(result, top=top)
         if output:
-            _say(f"wrote {output}" if result.recheck.get("errors") == [] else f"did NOT write {output}")
-        else:
+            _say(f"wrote {output}" if result.recheck.get("ok") else f"did NOT write {output}: the recipe would not "
+                 "deploy what was sized")
+        elif result.recheck.get("ok"):
             click.echo(result.recipe_text, nl=False)
     if not result.recheck.get("ok"):
         raise SystemExit(1)
@@ -224,13 +228,20 @@ def render(recipe: str, out_dir: str | None, check: bool, overrides: tuple[str, 
     out, files = api.render(p, out_dir or None)
     verdict = api.check_config(p, out) if check else None
     if as_json:
-        doc = {"name": p.name, "output": str(out), "files": sorted(files), "warnings": list(p.warnings)}
+        from toolkit.render import memory_numbers
+
+        doc = {"name": p.name, "output": str(out), "files": sorted(files), "warnings": list(p.warnings),
+               "memory": {r.title: memory_numbers(r.memory) for r in p.roles}}
         if verdict:
             doc["check"] = {"status": verdict[0], "checked": verdict[0] in ("ok", "failed"), "message": verdict[1]}
         _emit_json(doc)
     else:
+        from toolkit.report import memory_lines
+
         for w in p.warnings:
             _say(f"warning: {w}")
+        for line in memory_lines(p):
+            _say(line)
         _say(f"rendered {len(files)} files for {p.name} into {out}/")
         for name in files:
             _say(f"  {name}")

@@ -87,8 +87,56 @@ def print_plan(plan: Plan) -> None:
         else "the prefill dominates"
     t.add_row("verdict", verdict)
     console.print(t)
+    print_memory(console, plan)
     for w in plan.warnings:
         console.print(f"[yellow]warning:[/] {esc(w)}")
+
+
+def _gib(n: float) -> str:
+    return f"{n / (1 << 30):.1f}"
+
+
+def print_memory(console, plan: Plan) -> None:
+    """One GPU of each role's servers: weights, activations, the KV pool and what it holds (toolkit/plan/memory.py)."""
+    from rich.markup import escape as esc
+    from rich.table import Table
+
+    roles = [r for r in plan.roles if r.memory is not None]
+    if not roles:
+        return
+    m0 = roles[0].memory
+    t = Table(title=f"Memory per GPU, GiB ({m0.gpu}: {_gib(m0.gpu_memory_bytes)}; weights {m0.quantization})",
+              title_justify="left", caption=f"weights {m0.quantization}: {esc(m0.quantization_source)}",
+              caption_justify="left")
+    for col in ("role", "weights (min)", "activations", "runtime", "KV pool (fraction)", "KV tokens",
+                "a sequence", "batch"):
+        t.add_column(col, justify="right" if col != "role" else "left")
+    for r in roles:
+        m = r.memory
+        seq = f"{m.sequence_tokens:,} " + ("fits" if m.fits_sequence else "[red]no[/]")
+        held = m.kv_pool_tokens // max(1, m.sequence_tokens)
+        batch = f"{m.max_batch_size}" + ("/rank" if r.attention_dp else "") + " " + \
+            ("fits" if m.fits_batch else f"[yellow]{held} fit[/]")
+        t.add_row(r.title, f"{_gib(m.weights_bytes)} ({_gib(m.weights_min_bytes)})",
+                  _gib(m.activation_bytes + m.cuda_graph_bytes), _gib(m.runtime_bytes),
+                  f"{_gib(m.kv_pool_bytes)} ({m.free_gpu_memory_fraction:g})", f"{m.kv_pool_tokens:,}", seq, batch)
+    console.print(t)
+
+
+def memory_lines(plan: Plan) -> list[str]:
+    """One line per role of the memory plan, for commands that print no tables (tk render)."""
+    out = []
+    for r in plan.roles:
+        m = r.memory
+        if m is None:
+            continue
+        held = m.kv_pool_tokens // max(1, m.sequence_tokens)
+        out.append(f"memory per GPU ({r.title}): weights {_gib(m.weights_bytes)} of {_gib(m.gpu_memory_bytes)} GiB "
+                   f"({m.quantization}), KV pool {_gib(m.kv_pool_bytes)} GiB = {m.kv_pool_tokens:,} tokens: a "
+                   f"sequence of {m.sequence_tokens:,} {'fits' if m.fits_sequence else 'does NOT fit'}, max_batch_size "
+                   f"{m.max_batch_size}{'/rank' if r.attention_dp else ''} "
+                   + ("fits" if m.fits_batch else f"does not ({held} fit)"))
+    return out
 
 
 def print_import(result, output) -> None:

@@ -28,7 +28,7 @@ RECIPE = str(ROOT / "recipes" / "standin-2p2d.yaml")
 SMALL = ["--isl", "64", "--osl", "8", "--concurrency", "2", "--requests", "16"]
 
 
-@pytest.fixture(params=["slurm", "local"])
+@pytest.fixture(params=[pytest.param("slurm", marks=pytest.mark.slurm), "local"])
 def backend(request):
     if request.param == "slurm":
         request.getfixturevalue("dev_slurm")

@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.nixl]
 LAUNCH_TIMEOUT_S = 400
 
 
-@pytest.fixture(params=["slurm", "local"])
+@pytest.fixture(params=[pytest.param("slurm", marks=pytest.mark.slurm), "local"])
 def backend(request):
     if request.param == "slurm":
         request.getfixturevalue("dev_slurm")

@@ -37,6 +37,7 @@ def test_without_slurm_commands_it_says_so_and_points_to_local(tmp_path):
     assert not (tmp_path / "runs").exists(), "nothing was rendered or submitted"
 
 
+@pytest.mark.slurm
 def test_a_controller_that_does_not_answer_is_named(dev_slurm, tmp_path):
     conf = Path(dev_slurm.conf).read_text()
     dead = re.sub(r"(?m)^SlurmctldPort=\d+$", "SlurmctldPort=1", conf)  # nobody listens on port 1
@@ -49,6 +50,7 @@ def test_a_controller_that_does_not_answer_is_named(dev_slurm, tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.slurm
 def test_an_unknown_partition_lists_the_real_ones(dev_slurm, tmp_path):
     jobs_before = dev_slurm.jobs()
     message = refused({"TK_RUNS_DIR": str(tmp_path / "runs")}, "--set", "cluster.partition=nosuch")

@@ -5,7 +5,6 @@ import json
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
 import yaml
@@ -16,7 +15,7 @@ from toolkit.errors import RecipeError, TkError
 from toolkit.launch import launch
 from toolkit.plan import build_plan
 from toolkit.recipe import load_recipe
-from toolkit.render import CHECK_SCRIPT, MANIFEST, RENDERED_FILES_AGGREGATED, render_files
+from toolkit.render import CHECK_SCRIPT, JOB_ARCHIVE, MANIFEST, RENDERED_FILES_AGGREGATED, job_archive, render_files
 from toolkit.runtime.slurm import JobState
 from tests.conftest import RECIPES, ROOT
 from tests.unit.test_launch_states import FakeBackend, FakeHttp, fake, write_job_files  # noqa: F401 (fake: a fixture)
@@ -102,11 +101,12 @@ def test_the_aggregated_render_is_its_files_and_launch_sbatch_is_valid_bash(path
     sbatch = tmp_path / "launch.sbatch"
     sbatch.write_text(files["launch.sbatch"])
     subprocess.run(["bash", "-n", str(sbatch)], check=True)
-    text = files["launch.sbatch"]
-    assert "proxy)" not in text and "tk_define proxy" not in text and "--disagg " not in text
-    for s in agg.servers:
-        assert f"tk_launch_server {s.name}\n" in text and f"tk_wait_healthy {s.name}\n" in text
-    assert "--server_role" not in text and "--disagg_cluster_uri" not in text
+    job = json.loads(files["job.json"])  # what the job starts, in order (launch.sbatch only starts the job)
+    assert [c["kind"] for c in job["components"]] == ["worker"] * len(agg.servers)  # no proxy, no etcd
+    assert not job["check"]["disagg"] and job["disagg_config"] is None and job["membership"] is None
+    assert [c["name"] for c in job["components"]] == [s.name for s in agg.servers]  # each started, each waited on
+    argv = [a for c in job["components"] for a in c["argv"] if isinstance(a, str)]
+    assert "--server_role" not in argv and "--disagg_cluster_uri" not in argv
     assert json.loads(files[MANIFEST])["derived"]["mode"] == "aggregated"
 
 
@@ -116,6 +116,10 @@ def test_aggregated_golden_files(stem):
     _, agg = plans(RECIPES_BY[stem])
     files = render_files(agg)
     assert files.pop(CHECK_SCRIPT) == (ROOT / "templates" / CHECK_SCRIPT).read_text()
+    assert files.pop(JOB_ARCHIVE) == job_archive()  # the orchestrator package, compared with its source
+    doc = json.loads(files[MANIFEST])
+    doc["files"][JOB_ARCHIVE] = "<sha256 of job.pyz>"
+    files[MANIFEST] = json.dumps(doc, indent=2) + "\n"
     gold = GOLDEN / stem
     if os.environ.get("TK_UPDATE_GOLDEN") == "1":
         shutil.rmtree(gold, ignore_errors=True)

@@ -247,3 +247,20 @@ def test_given_lengths_over_the_limits_are_refused_naming_the_flag_isl_first():
         build_workload("fixed", isl=100, osl=128, limits=Limits(max_input_len=1024, max_output_len=64))
     with pytest.raises(BenchInputError, match=r"--isl 5000 is more than the deployment admits"):
         build_workload("fixed", isl=5000, osl=128, limits=Limits(max_input_len=1024, max_output_len=64))
+
+
+def test_a_benchmark_records_what_the_jobs_supervision_did_while_it_ran(tmp_path):
+    """From the job's events (fields, not words): a wedge and a restart inside the window, nothing outside it."""
+    from toolkit.bench import Target, supervision_during
+
+    (tmp_path / "state").mkdir()
+    lines = [(5.0, "server-exited", "gen-1"), (12.0, "wedged", "gen-0"), (13.0, "server-exited", "gen-0"),
+             (15.0, "restarted", "gen-0"), (16.0, "started", "gen-0"), (40.0, "lost", "ctx-1")]
+    (tmp_path / "state" / "events.jsonl").write_text("".join(
+        json.dumps({"time": t, "event": e, "component": c, "state": None, "reason": f"{c} {e}", "exit_code": None,
+                    "restarts": None}) + "\n" for t, e, c in lines))
+    target = Target(name="disaggregated", endpoint="http://x", model="m", probe=None, run={"run_dir": str(tmp_path)})
+    got = supervision_during(target, 10.0, 30.0)
+    assert [(e["event"], e["component"]) for e in got] == [("wedged", "gen-0"), ("server-exited", "gen-0"),
+                                                           ("restarted", "gen-0")]
+    assert supervision_during(Target(name="x", endpoint="e", model="m", probe=None), 0, 1e12) == []

@@ -5,11 +5,18 @@ import subprocess
 import sys
 
 from tests.conftest import ROOT
+from tests.unit.helpers import tk_in_process
 
 
 def tk(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True, cwd=cwd,
+    """tk in this process; the installed entry point itself: test_the_module_entry_point_runs_the_command_line."""
+    return tk_in_process(*args, cwd=cwd)
+
+
+def test_the_module_entry_point_runs_the_command_line():
+    proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "recipes", "--json"], capture_output=True, text=True,
                           timeout=60)
+    assert proc.returncode == 0 and json.loads(proc.stdout)["recipes"], proc.stderr
 
 
 def test_help_does_not_import_heavy_modules():

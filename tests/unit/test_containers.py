@@ -55,9 +55,9 @@ def test_the_batch_script_gets_the_rendered_spelling_and_the_plan_says_why():
     plan = plan_of(BASE, "cluster.container_image=nvcr.io/nvidia/tensorrt-llm/release:1.2.0")
     assert plan.slurm.container_image == "nvcr.io#nvidia/tensorrt-llm/release:1.2.0"
     assert "Docker Hub" in plan.slurm.image_note
-    sbatch = render_files(plan)["launch.sbatch"]
-    assert "--container-image=nvcr.io#nvidia/tensorrt-llm/release:1.2.0" in sbatch
-    assert "nvcr.io/nvidia" not in sbatch
+    job = render_files(plan)["job.json"]  # the job's srun flags: what pyxis is given
+    assert "--container-image=nvcr.io#nvidia/tensorrt-llm/release:1.2.0" in job
+    assert "nvcr.io/nvidia" not in job
     # the version is read from either spelling alike
     assert plan.trtllm_version == "1.2"
     assert plan_of(BASE, "cluster.container_image=nvcr.io#nvidia/tensorrt-llm/release:1.0.0").trtllm_version == "1.0"

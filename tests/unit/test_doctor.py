@@ -52,13 +52,21 @@ def test_a_signature_only_looks_where_it_applies():
     assert scan(["failed\tgen-0 not healthy at http://h:1/health after 300s"], "phases") == ["health-timeout"]
 
 
+def _event(t, kind, component, reason) -> str:
+    """One line of state/events.jsonl, as the job writes it."""
+    return json.dumps({"time": t, "event": kind, "component": component, "state": None, "reason": reason,
+                       "exit_code": None, "restarts": None}) + "\n"
+
+
 def _failed_run(tmp_path: Path) -> Path:
     run = tmp_path / "standin-2p2d-20261014-120000"
     (run / "logs").mkdir(parents=True)
     (run / "state").mkdir()
-    (run / "state" / "phases.tsv").write_text(
-        "1760000000\tresolving\tjob 77\n1760000001\tstarted\tctx-0 on n0\n1760000002\tstarted\tgen-0 on n1\n"
-        "1760000009\tfailed\tgen-0 exited with code 1 (log: logs/gen-0.log)\n1760000010\tstopping\texit code 1\n")
+    (run / "state" / "events.jsonl").write_text("".join(_event(*e) for e in (
+        (1760000000, "resolving", None, "job 77"), (1760000001, "started", "ctx-0", "ctx-0 on n0"),
+        (1760000002, "started", "gen-0", "gen-0 on n1"),
+        (1760000009, "failed", "gen-0", "gen-0 exited with code 1 (log: logs/gen-0.log)"),
+        (1760000010, "stopping", None, "exit code 1"))))
     (run / "logs" / "ctx-0.log").write_text("[tk-standin] INFO serving\n" * 5)
     (run / "logs" / "gen-0.log").write_text(
         "[tk-standin] INFO serving\n" * 3 + (FIXTURES / "transceiver-buffer-mismatch.server.log").read_text())
@@ -87,7 +95,8 @@ def test_unknown_failure_shows_the_first_error_line_and_the_tail(tmp_path):
     run = tmp_path / "r"
     (run / "logs").mkdir(parents=True)
     (run / "state").mkdir()
-    (run / "state" / "phases.tsv").write_text("1\tfailed\tctx-0 exited with code 3 (log: logs/ctx-0.log)\n")
+    (run / "state" / "events.jsonl").write_text(_event(1, "failed", "ctx-0", "ctx-0 exited with code 3 (log: "
+                                                                         "logs/ctx-0.log)"))
     (run / "logs" / "ctx-0.log").write_text("loading\nweights 10%\nValueError: something nobody has seen\nbye\n")
     (run / "logs" / "gen-0.log").write_text("ERROR: a later error elsewhere\n")
     doc = diagnose(run)
@@ -118,7 +127,7 @@ def test_a_damaged_or_empty_run_directory_never_crashes_the_doctor(tmp_path):
     (run / "logs").mkdir()
     (run / "logs" / "gen-0.log").write_bytes(b"\xff\xfe\x00garbage\nMessage truncated\n")
     (run / "state").mkdir()
-    (run / "state" / "phases.tsv").write_bytes(b"not\ta\tnumber\n\x00\n")
+    (run / "state" / "events.jsonl").write_bytes(b"not\ta\tnumber\n\x00\n" + b"[" * 100000 + b"\n")
     assert diagnose(run)["findings"][0]["id"] == "transceiver-buffer-mismatch"
 
 
@@ -200,6 +209,25 @@ def test_tk_diff_of_two_renders_shows_the_changed_files_bounded(tmp_path):
     assert doc["versions"]["differ"]["engine"] == {"A": None, "B": ["1.2.0"]}
     assert main(["diff", str(a), str(b)]) == 0
     assert main(["diff", str(a), str(tmp_path / "nothing")]) != 0
+
+
+def test_tk_diff_compares_what_the_jobs_supervision_did_from_its_events(tmp_path):
+    import toolkit.api as api
+    from toolkit.doctor.diff import format_diff
+
+    a, _ = api.render(api.load_plan("standin-2p2d"), tmp_path / "a")
+    b, _ = api.render(api.load_plan("standin-2p2d"), tmp_path / "b")
+    for d in (a, b):
+        (d / "state").mkdir()
+    (b / "state" / "events.jsonl").write_text("".join(_event(*e) for e in (
+        (1, "wedged", "gen-0", "gen-0 wedged: no token for 120s"), (2, "server-exited", "gen-0", "..."),
+        (3, "restarting", "gen-0", "gen-0 (restart 1 of this run)"), (4, "step-not-created", "gen-1", "..."))))
+    doc = api.diff(a, b)
+    assert not doc["same"]
+    assert doc["supervision"]["gen-0"]["B"] == {"exits": 1, "restarts": 1, "wedged": 1, "lost": 0,
+                                                "steps_not_created": 0}
+    assert doc["supervision"]["gen-0"]["A"]["restarts"] == 0 and doc["supervision"]["gen-1"]["B"]["steps_not_created"] == 1
+    assert "supervision of gen-0: A nothing  B 1 exits, 1 restarts, 1 wedged" in format_diff(doc)
 
 
 def test_tk_doctor_command_prints_the_diagnosis_and_json(tmp_path, capsys):

@@ -6,6 +6,8 @@ import ast
 import re
 from pathlib import Path
 
+import json
+
 import pytest
 
 from toolkit.facts.engines import ENGINES, STANDIN, TRTLLM
@@ -69,8 +71,9 @@ def test_rendered_files_name_the_engine_from_its_profile():
     assert STANDIN.script_note in standin["launch.sbatch"] and STANDIN.options_note in standin["ctx.yaml"]
     assert "stand-in" not in trt["launch.sbatch"] and "stand-in" not in trt["ctx.yaml"]
     for (engine, plan), files in zip(plans.items(), (trt, standin)):
-        assert f'{engine.options_file_flag} "$RUN_DIR/ctx.yaml"' in files["launch.sbatch"]
-        assert files["launch.sbatch"].count(engine.options_file_flag) == len(plan.servers)
+        argvs = [c["argv"] for c in json.loads(files["job.json"])["components"] if c["kind"] == "worker"]
+        assert [engine.options_file_flag, {"run_file": "ctx.yaml"}] in [a[-2:] for a in argvs]
+        assert sum(a.count(engine.options_file_flag) for a in argvs) == len(plan.servers)
 
 
 @pytest.mark.parametrize("backend", ["MPI", "MOONCAKE"])

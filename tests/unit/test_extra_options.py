@@ -20,7 +20,8 @@ from toolkit.facts import trtllm
 ROOT = Path(__file__).resolve().parents[2]
 QWEN = (ROOT / "recipes" / "qwen3-smoke.yaml").read_text()
 STANDIN = (ROOT / "recipes" / "standin-2p2d.yaml").read_text()
-MOE = BASE.replace("meta-llama/Llama-3.3-70B-Instruct", "Qwen/Qwen3-235B-A22B")
+MOE = BASE.replace("meta-llama/Llama-3.3-70B-Instruct", "Qwen/Qwen3-235B-A22B") + \
+    "context:\n  tp: 4\ngeneration:\n  tp: 4\n"  # 235B in fp8 needs 4 H100s per server
 
 
 def only(text, *overrides):

@@ -25,7 +25,9 @@ def with_model(model, *extra):
     ("deepseek-ai/DeepSeek-V3", "auto", (512 + 64) * 61 * 2),
 ])
 def test_bytes_per_token(model, dtype, expected):
-    p = with_model(model, f"kv_transfer.dtype={dtype}", "traffic.max_input_len=1024")
+    # eight B200s per server hold every one of these models' weights (the memory plan refuses fewer for the MoEs)
+    p = with_model(model, f"kv_transfer.dtype={dtype}", "traffic.max_input_len=1024", "cluster.gpu=B200",
+                   "context.tp=8", "generation.tp=8")
     assert p.kv.bytes_per_token == expected
 
 
@@ -36,7 +38,8 @@ def test_tensor_parallel_splits_kv_heads_per_rank():
 
 
 def test_mla_latent_is_not_split_across_tp_ranks():
-    p = with_model("deepseek-ai/DeepSeek-R1", "context.tp=8", "kv_transfer.dtype=fp8")
+    p = with_model("deepseek-ai/DeepSeek-R1", "context.tp=8", "generation.tp=8", "cluster.gpu=H200",
+                   "kv_transfer.dtype=fp8")
     assert p.kv.ctx_bytes_per_token_per_rank == p.kv.bytes_per_token
 
 

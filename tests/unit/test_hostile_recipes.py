@@ -21,6 +21,7 @@ from toolkit.errors import RecipeError
 from toolkit.plan import build_plan
 from toolkit.recipe import load_recipe, load_recipe_text
 from toolkit.recipe.loader import MAX_DEPTH, MAX_NODES, MAX_RECIPE_BYTES
+from orchestrator.spec import JobSpec
 from toolkit.render import render_files
 from tests.conftest import ROOT
 
@@ -66,7 +67,10 @@ def outcome(text: str, overrides=()) -> str:
         _check_error(exc)
         return "refused"
     files = render_files(plan)
+    JobSpec.from_dict(json.loads(files["job.json"]))  # the job reads back exactly what was rendered
     for name, body in files.items():
+        if isinstance(body, bytes):
+            continue  # job.pyz: the orchestrator package, the same for every recipe
         body.encode("utf-8")
         assert not (_bad_chars(body) - {"\n"}), f"{name} holds a control character"
     json.loads(files["manifest.json"])  # strict JSON: no NaN/Infinity

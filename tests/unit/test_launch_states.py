@@ -1,7 +1,7 @@
 """Spec: the launch state machine (toolkit.launch), whichever backend runs the job.
 
 A fake backend stands in for Slurm or the local job: the tests write the job's own state files
-(state/phases.tsv, nodes.tsv) as launch.sbatch would, and answer /health and the smoke request through
+(state/events.jsonl, nodes.tsv) as the job's orchestrator would, and answer /health and the smoke request through
 a fake HTTP layer. No process, no port, no sleep."""
 
 from __future__ import annotations
@@ -80,15 +80,22 @@ class _Resp:
 
 
 def write_job_files(run, started=(), failed=None, ready=None):
-    """What launch.sbatch writes: node addresses, then a phase line per step; "ready" once its start-up is over
-    (by default when it started something and nothing failed)."""
+    """What the job writes: node addresses, then an event per step; "ready" once its start-up is over (by default
+    when it started something and nothing failed). `failed` is the failure's reason; the job names the component
+    it is about (here: the reason's first word, where that is a server of the run)."""
+    import json
     (run.path / "nodes.tsv").write_text("".join(f"{i}\tn{i}\t127.0.0.1\n" for i in range(run.nodes)))
-    lines = [f"1\tstarted\t{name} on n0\n" for name in started]
+
+    def event(t, kind, component=None, reason=""):
+        return json.dumps({"time": t, "event": kind, "component": component, "state": None, "reason": reason,
+                           "exit_code": None, "restarts": None}) + "\n"
+    lines = [event(1, "started", name, f"{name} on n0") for name in started]
     if failed:
-        lines.append(f"2\tfailed\t{failed}\n")
+        first = failed.split(" ", 1)[0]
+        lines.append(event(2, "failed", first if first in {s.name for s in run.servers} else None, failed))
     if ready if ready is not None else (started and not failed):
-        lines.append("3\tready\thttp://127.0.0.1\n")
-    (run.path / "state" / "phases.tsv").write_text("".join(lines))
+        lines.append(event(3, "ready", None, "http://127.0.0.1"))
+    (run.path / "state" / "events.jsonl").write_text("".join(lines))
 
 
 @pytest.fixture
@@ -197,6 +204,32 @@ def test_refresh_marks_a_ready_run_degraded_when_a_server_stops_answering(plan, 
     run = refresh(run)
     assert run.state == "degraded" and "gen-0" in run.reason
     assert run.server("gen-0").state == "unhealthy"
+
+
+@pytest.mark.parametrize("left_at", ["submitted", "pending", "starting"])
+def test_a_run_whose_launcher_was_killed_takes_its_state_from_the_jobs_events(plan, fake, tmp_path, left_at):
+    # hostile-findings-3 m2: `kill -9` of tk launch once the job runs; the job goes on and says ready. tk status
+    # must not keep the launcher's last state for ever.
+    from toolkit.launch import prepare
+    fake(FakeBackend([JobState("RUNNING")]), FakeHttp(all_ports(plan)))
+    run = prepare(plan, "fake", str(tmp_path / "run"))
+    run.job_id = "77"
+    run.set_state(left_at, None)  # where the killed launcher left the record
+    write_job_files(run, all_names(plan))  # the job, unaware, got to ready
+    (run.path / "endpoint").write_text(f"http://127.0.0.1:{plan.proxy.port}\n")
+    run = refresh(run)
+    assert run.state == "ready" and run.reason is None
+    assert run.endpoint == f"http://127.0.0.1:{plan.proxy.port}"
+    assert {s.state for s in run.servers} == {"healthy"}
+
+
+def test_a_running_job_that_has_not_said_ready_is_starting_not_pending(plan, fake, tmp_path):
+    from toolkit.launch import prepare
+    fake(FakeBackend([JobState("RUNNING")]), FakeHttp(all_ports(plan)))
+    run = prepare(plan, "fake", str(tmp_path / "run"))
+    run.set_state("pending", "Priority")
+    write_job_files(run, ["ctx-0"], ready=False)
+    assert refresh(run).state == "starting"
 
 
 def test_refresh_of_a_job_that_ended_by_itself_says_failed_and_stops_every_server(plan, fake, tmp_path):

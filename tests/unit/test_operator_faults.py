@@ -11,14 +11,15 @@ import sys
 
 import pytest
 
+from tests.unit.helpers import tk_in_process
 from toolkit.api import load_plan, prepare
 from toolkit.launch.run import find_run, load_run, log_tail
 from toolkit.errors import TkError
 
 
 def tk(*args, env=None, timeout=120):
-    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    """tk in this process (tests/unit/helpers.py); `timeout` is kept for the call sites' reading."""
+    return tk_in_process(*args, env=env)
 
 
 @pytest.mark.parametrize("args", [

@@ -50,7 +50,8 @@ def test_kv_transfer_traffic_and_proxy_timeout_come_from_the_recipe():
 ])
 def test_per_role_kv_per_rank(model, tp, pp):
     m = resolve_model(model)
-    p = with_model(model, f"generation.tp={tp}", f"generation.pp={pp}", "kv_transfer.dtype=fp8")
+    p = with_model(model, f"generation.tp={tp}", f"generation.pp={pp}", "kv_transfer.dtype=fp8", "context.tp=8",
+                   "cluster.gpu=H200")
     kv = p.generation.kv
     assert kv.layers_per_rank == math.ceil(m.num_layers / pp)
     if m.attention == "mla":
@@ -74,7 +75,7 @@ def test_validation_payload_uses_the_plans_per_rank_numbers():
 def test_later_stages_do_not_read_the_raw_recipe_or_model_dicts():
     """Only render's manifest may read Plan.recipe; nobody indexes plan.model like a dict."""
     offenders = []
-    for stage in ("launch", "validate", "render", "report.py"):
+    for stage in ("launch", "validate", "render", "report.py", "size"):
         root = ROOT / "toolkit" / stage
         for path in ([root] if root.is_file() else root.rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):

@@ -3,6 +3,8 @@ NVIDIA's Slurm scripts run TensorRT-LLM); `trust_remote_code` is the recipe's ch
 
 from __future__ import annotations
 
+import json
+
 import yaml
 
 from tests.unit.helpers import BASE, plan_of, violations_of
@@ -20,20 +22,21 @@ cluster:
 """
 
 
-def _server_steps(sbatch: str) -> list[str]:
-    return [line for line in sbatch.splitlines() if "--no-container-mount-home" in line or "--mpi=" in line]
+def _srun_flags(plan) -> list[str]:
+    """The flags of every server's srun step, as the job's orchestrator gets them (job.json)."""
+    return json.loads(render_files(plan)["job.json"])["srun_flags"]
 
 
 def test_trtllm_servers_run_under_srun_mpi_pmix_by_default():
     plan = plan_of(BASE)
     assert plan.slurm.mpi == "pmix"
-    assert "--mpi=pmix" in render_files(plan)["launch.sbatch"]
+    assert "--mpi=pmix" in _srun_flags(plan)
 
 
 def test_cluster_mpi_picks_another_plugin():
     plan = plan_of(BASE, "cluster.mpi=pmi2")
-    sbatch = render_files(plan)["launch.sbatch"]
-    assert plan.slurm.mpi == "pmi2" and "--mpi=pmi2" in sbatch and "--mpi=pmix" not in sbatch
+    flags = _srun_flags(plan)
+    assert plan.slurm.mpi == "pmi2" and "--mpi=pmi2" in flags and "--mpi=pmix" not in flags
 
 
 def test_mpi_in_srun_args_is_refused_with_a_fix_that_names_cluster_mpi():
@@ -49,7 +52,7 @@ def test_cluster_mpi_must_be_a_plugin_name():
 
 def test_the_stand_in_runs_without_mpi_and_says_cluster_mpi_is_unused():
     plan = plan_of(STANDIN)
-    assert plan.slurm.mpi is None and "--mpi=" not in render_files(plan)["launch.sbatch"]
+    assert plan.slurm.mpi is None and not [f for f in _srun_flags(plan) if f.startswith("--mpi")]
     plan = plan_of(STANDIN, "cluster.mpi=pmi2")
     assert plan.slurm.mpi is None and any("cluster.mpi pmi2 is not used" in w for w in plan.warnings)
 

@@ -17,7 +17,7 @@ from toolkit.facts import trtllm as versions
 from toolkit.errors import RecipeError, TkError
 from toolkit.plan import build_plan
 from toolkit.recipe import load_recipe
-from toolkit.render import CHECK_SCRIPT, MANIFEST, MEMBERSHIP_SCRIPT, RENDERED_FILES, render, render_files
+from toolkit.render import CHECK_SCRIPT, JOB_ARCHIVE, MANIFEST, RENDERED_FILES, job_archive, render, render_files
 from tests.conftest import RECIPES, ROOT
 from tests.unit.helpers import BASE, plan_of
 
@@ -130,11 +130,14 @@ def test_golden_files(path):
     """Pinned output of every shipped recipe. After an intended change, or for a new recipe:
     TK_UPDATE_GOLDEN=1 python3 -m pytest tests/unit/test_render.py -k golden   (then review the diff)"""
     files = render_files(plan_for(path))
-    # check_config.py is copied verbatim (templates/check_config.py, the same for every recipe): the manifest's
-    # hash of it is pinned here, the script itself once in the tree.
-    # the two scripts are copied as they are: compared with their source, not pinned once per recipe
-    for script in (CHECK_SCRIPT, MEMBERSHIP_SCRIPT):
-        assert files.pop(script) == (Path(__file__).parents[2] / "templates" / script).read_text()
+    # check_config.py is copied as it is (templates/check_config.py) and job.pyz is the orchestrator package built
+    # as a zipapp: each is compared with its source, not pinned once per recipe; the manifest's hash of job.pyz is
+    # masked (it changes with the orchestrator's code, which its own specs cover).
+    assert files.pop(CHECK_SCRIPT) == (Path(__file__).parents[2] / "templates" / CHECK_SCRIPT).read_text()
+    assert files.pop(JOB_ARCHIVE) == job_archive()
+    doc = json.loads(files[MANIFEST])
+    doc["files"][JOB_ARCHIVE] = "<sha256 of job.pyz>"
+    files[MANIFEST] = json.dumps(doc, indent=2) + "\n"
     gold = GOLDEN / path.stem
     if os.environ.get("TK_UPDATE_GOLDEN") == "1":
         shutil.rmtree(gold, ignore_errors=True)
@@ -200,10 +203,21 @@ def test_disagg_urls_name_nodes_and_ports_from_the_plan():
 
 
 def test_container_and_mpi_flags_in_the_batch_script():
-    sbatch = render_files(plan_for(ROOT / "recipes" / "llama-3.3-70b-h100.yaml"))["launch.sbatch"]
-    assert "--container-image=nvcr.io#nvidia/tensorrt-llm/release:1.2.0" in sbatch
-    assert "--container-mounts=/lustre/models:/models:ro,/lustre/scratch:/scratch" in sbatch
-    assert "--mpi=pmix" in sbatch and "trtllm-llmapi-launch trtllm-serve" in sbatch
+    files = render_files(plan_for(ROOT / "recipes" / "llama-3.3-70b-h100.yaml"))
+    sbatch, job = files["launch.sbatch"], json.loads(files["job.json"])  # the script starts the job, job.json its data
+    assert "--container-image=nvcr.io#nvidia/tensorrt-llm/release:1.2.0" in job["srun_flags"]
+    assert "--container-mounts=/lustre/models:/models:ro,/lustre/scratch:/scratch" in job["srun_flags"]
+    workers = [c for c in job["components"] if c["kind"] == "worker"]
+    assert "--mpi=pmix" in job["srun_flags"] and all(c["argv"][:2] == ["trtllm-llmapi-launch", "trtllm-serve"]
+                                                      for c in workers)
     assert "#SBATCH --nodes=2" in sbatch and "#SBATCH --account" not in sbatch  # the site file gives it
-    standin = render_files(plan_for(ROOT / "recipes" / "standin-2p2d.yaml"))["launch.sbatch"]
-    assert "tk-standin-serve" in standin and "trtllm-llmapi-launch" not in standin
+    standin = json.loads(render_files(plan_for(ROOT / "recipes" / "standin-2p2d.yaml"))["job.json"])
+    argv = [a for c in standin["components"] for a in c["argv"] if isinstance(a, str)]
+    assert "tk-standin-serve" in argv and "trtllm-llmapi-launch" not in argv
+
+
+def test_the_batch_script_fits_one_screen_and_only_starts_the_job():
+    for path in RECIPES:
+        sbatch = render_files(plan_for(path))["launch.sbatch"]
+        assert len(sbatch.splitlines()) < 60, path.stem
+        assert sbatch.rstrip().endswith('exec python3 "$RUN_DIR/job.pyz" "$RUN_DIR/job.json"')

@@ -7,7 +7,8 @@ import pytest
 
 from tests.unit.helpers import BASE, fields, plan_of, violations_of
 
-DEEPSEEK = BASE.replace("meta-llama/Llama-3.3-70B-Instruct", "deepseek-ai/DeepSeek-R1")
+DEEPSEEK = BASE.replace("meta-llama/Llama-3.3-70B-Instruct", "deepseek-ai/DeepSeek-R1").replace(
+    "cluster: {gpus_per_node: 8}", "cluster: {gpus_per_node: 8, gpu: H200}")  # 671B in fp8: 8 H200s per server
 
 
 # --- max_tokens_in_buffer ------------------------------------------------------------------------
@@ -89,7 +90,7 @@ def test_roles_must_agree_on_kv_dtype():
 
 
 def test_roles_must_agree_on_model_and_quantization():
-    text = BASE + "generation:\n  model_path: /other\n  quantization: fp8\n"
+    text = BASE + "generation:\n  model_path: /other\n  quantization: nvfp4\n"
     assert {"generation.model_path", "generation.quantization"} <= fields(violations_of(text))
 
 
@@ -232,13 +233,15 @@ def test_attention_dp_where_it_does_not_apply_is_a_warning():
     # TensorRT-LLM accepts it: its own disaggregated tests run attention DP at tp 1
     # (disagg_config_ctxtp1_gentp1_deepseek_v3_lite_one_mtp.yaml @ b35ac1b6)
     assert any("is dense" in w for w in plan_of(BASE, "context.attention_dp=true", "context.tp=4").warnings)
-    assert any("changes nothing" in w for w in plan_of(DEEPSEEK, "generation.attention_dp=true").warnings)
-    p = plan_of(DEEPSEEK, "generation.tp=8", "generation.attention_dp=true")
+    # (a MoE whose fp8 weights fit one GPU: DeepSeek-R1 on one GPU is refused by the memory plan)
+    mixtral = BASE.replace("meta-llama/Llama-3.3-70B-Instruct", "mistralai/Mixtral-8x7B-Instruct-v0.1")
+    assert any("changes nothing" in w for w in plan_of(mixtral, "generation.attention_dp=true").warnings)
+    p = plan_of(DEEPSEEK, "context.tp=8", "generation.tp=8", "generation.attention_dp=true")
     assert p.generation.llm_api_options["enable_attention_dp"] is True
 
 
 def test_mtp_is_applied_to_both_roles_and_only_for_mtp_models():
-    p = plan_of(DEEPSEEK, "speculative.mtp_layers=3")
+    p = plan_of(DEEPSEEK, "speculative.mtp_layers=3", "context.tp=8", "generation.tp=8")
     for role in p.roles:
         assert role.llm_api_options["speculative_config"] == {"decoding_type": "MTP", "num_nextn_predict_layers": 3}
     assert "speculative.mtp_layers" in fields(violations_of(BASE, "speculative.mtp_layers=1"))

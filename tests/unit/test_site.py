@@ -63,10 +63,11 @@ def test_the_site_file_supplies_partition_account_image_and_mounts_to_a_recipe(s
     assert (plan.slurm.partition, plan.slurm.account) == ("gpu", "team-llm")
     assert plan.slurm.container_mounts == ("/lustre/models:/models:ro",)
     assert plan.kv_transfer.transport.name == "roce"
-    sbatch = render_files(plan)["launch.sbatch"]
+    files = render_files(plan)
+    sbatch, job = files["launch.sbatch"], files["job.json"]  # job.json: every step's srun flags
     assert "#SBATCH --partition=gpu" in sbatch and "#SBATCH --account=team-llm" in sbatch
-    assert "--container-image=nvcr.io#nvidia/tensorrt-llm/release:1.2.0" in sbatch
-    assert "--container-mounts=/lustre/models:/models:ro" in sbatch and "--container-writable" in sbatch
+    assert "--container-image=nvcr.io#nvidia/tensorrt-llm/release:1.2.0" in job
+    assert "--container-mounts=/lustre/models:/models:ro" in job and "--container-writable" in job
 
 
 def test_the_recipe_wins_over_the_site_and_set_wins_over_both(site, recipe):

@@ -17,7 +17,7 @@ PYXIS_IMG = "nvcr.io#nvidia/tensorrt-llm/release"  # as the fixes spell it, and 
 RECIPE = """\
 schema_version: 1
 name: t
-model: meta-llama/Llama-3.3-70B-Instruct
+model: meta-llama/Llama-3.1-8B-Instruct  # fits one H100 in bf16
 cluster:
   gpus_per_node: 8
   container_image: {image}

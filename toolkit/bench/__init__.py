@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from orchestrator.states import EventKind
 from toolkit.bench import probe as probes
 from toolkit.bench.results import CellResult, ExportError, read_export
 from toolkit.bench.runner import AiperfFailed, find_aiperf, log_tail, run_aiperf
@@ -202,6 +203,23 @@ def _estimates(plan, workload: Workload, results: dict[str, CellResult]) -> list
                      f"transfer {transfer:.3g} ms over {est.transport}); measured TTFT includes queueing and HTTP"}]
 
 
+# What the job's supervision did to a component while it was measured (orchestrator.states.EventKind values).
+SUPERVISION_EVENTS = (EventKind.EXITED, EventKind.WEDGED, EventKind.KILLED, EventKind.RESTARTED, EventKind.LOST,
+                      EventKind.STEP_NOT_CREATED, EventKind.UNHEALTHY, EventKind.MEMBERSHIP_REPAIRED)
+
+
+def supervision_during(target: Target, t0: float, t1: float) -> list[dict]:
+    """The job's own supervision events (state/events.jsonl) between t0 and t1: a restart, a wedge, a component
+    lost while the benchmark ran. Read from the job's fields, never its words; [] where there is no run."""
+    run_dir = target.run.get("run_dir") if isinstance(target.run, dict) else None
+    if not run_dir:
+        return []
+    from toolkit.runtime.rundir import read_events
+    return [{"time": e["time"], "event": e["event"], "component": e["component"], "exit_code": e["exit_code"],
+             "reason": e["reason"]} for e in read_events(Path(run_dir))
+            if t0 <= e["time"] <= t1 and e["event"] in SUPERVISION_EVENTS]
+
+
 def run_bench(target: Target, workload: Workload, *, tokenizer: str, bench_root: Path,
               objectives: tuple[Objective, ...] = (), bounds: Bounds = Bounds(), plan=None, name: str | None = None,
               baseline=None, after_target: Callable[[], None] | None = None, timeout_s: float = 1800.0,
@@ -224,8 +242,10 @@ def run_bench(target: Target, workload: Workload, *, tokenizer: str, bench_root:
     final, staging = _bench_dir(Path(bench_root), name or workload.kind)
     try:
         log = staging / "aiperf.log"
+        started = time.time()
         results, proof = measure(target, workload, aiperf=aiperf, tokenizer=tokenizer, out=staging, log=log,
                                  timeout_s=timeout_s, on_progress=on_progress)
+        supervision = supervision_during(target, started, time.time())
         verdict = decide(workload, results, proof, objectives, gpus=target.gpus, bounds=bounds)
         rows = [report.cell_row(target.name, c, results.get(c.name), target.gpus) for c in workload.cells]
         cells_dirs = [c.name for c in workload.cells]
@@ -235,7 +255,8 @@ def run_bench(target: Target, workload: Workload, *, tokenizer: str, bench_root:
                "workload": workload.to_dict(), "sla": [o.to_dict() for o in objectives],
                "bounds": bounds.to_dict(), "proof": proof.to_dict(),
                "cells": {k: v.to_dict() for k, v in results.items()}, "verdict": verdict.to_dict(),
-               "estimates": _estimates(plan, workload, results), "rows": rows, "cells_dirs": cells_dirs}
+               "estimates": _estimates(plan, workload, results), "rows": rows, "cells_dirs": cells_dirs,
+               "supervision": supervision}
         if baseline is not None:
             mine = greedy_answers(target.endpoint, target.model)
             if after_target is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import time
 from pathlib import Path
 
 CSV_COLUMNS = ["target", "cell", "isl", "osl", "turns", "concurrency", "request_rate", "requests", "errors",
@@ -137,6 +138,13 @@ def markdown(doc: dict, plots: list[str]) -> str:
                   "|---|---|---|---|"]
         for e in est:
             lines.append(f"| {e['quantity']} | {_fmt(e['estimated'])} | {_fmt(e['measured'])} | {e['note']} |")
+    if doc.get("supervision"):
+        lines += ["", "## The deployment's supervision during the run", "",
+                  "The job restarted or lost components while it was measured (its events, state/events.jsonl):",
+                  "", "| time | component | event | reason |", "|---|---|---|---|"]
+        for e in doc["supervision"]:
+            stamp = time.strftime("%H:%M:%S", time.localtime(e["time"]))
+            lines.append(f"| {stamp} | {e['component'] or ''} | {e['event']} | {e['reason'] or ''} |")
     if doc.get("baseline_error"):
         lines += ["", "## Disaggregated beside aggregated", "",
                   f"**No baseline:** {doc['baseline_error']}. The deployment's own results above stand."]

@@ -5,7 +5,7 @@
     format_diagnosis(doc)    -> the text `tk doctor` prints and a failed `tk launch` appends
     diff_runs(a, b)          -> what differs between two runs or render directories (toolkit.doctor.diff)
 
-Reads only files in the run directory (state/phases.tsv, logs/*.log, slurm-*.out), each bounded: its first
+Reads only files in the run directory (state/events.jsonl, logs/*.log, slurm-*.out), each bounded: its first
 HEAD_BYTES and last TAIL_BYTES. Sits between toolkit.launch (which asks it to explain a failure) and
 toolkit.runtime; the job state (Slurm or local) is given by the caller (toolkit.api.doctor asks the launch
 backend). Never raises on unreadable or odd files: a diagnosis must not fail.
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.doctor.signatures import JOB, PHASES, PROXY, SERVER, SIGNATURES, Signature
+from orchestrator.states import EventKind
 from toolkit.runtime import rundir
 
 HEAD_BYTES = 64 * 1024
@@ -39,7 +40,7 @@ _NOT_ERROR = re.compile(r"\b(0|no) errors?\b|errors?=0\b|\"errors\": 0")
 class Text:
     """One bounded text of the run: where it came from and its lines (line number or None, text)."""
 
-    file: str  # relative to the run directory ("logs/gen-0.log", "state/phases.tsv", "run.json")
+    file: str  # relative to the run directory ("logs/gen-0.log", "state/events.jsonl", "run.json")
     source: str  # server | proxy | job | phases
     lines: list[tuple[int | None, str]]
     size: int
@@ -96,10 +97,9 @@ def read_bounded(path: Path, head: int = HEAD_BYTES, tail: int = TAIL_BYTES) -> 
 
 def _texts(run_dir: Path, reason: str | None) -> list[Text]:
     texts: list[Text] = []
-    phase_lines = [(None, f"{phase}\t{detail}") for _, phase, detail in rundir.read_phases(run_dir)]
-    if (run_dir / "state" / "phases.tsv").is_file():
-        phase_lines = [(i, line) for i, (_, line) in enumerate(phase_lines, 1)]
-    texts.append(Text("state/phases.tsv", PHASES, phase_lines, 0, False))
+    # the job's events as "event<TAB>reason" lines: the reason is the words a signature may match
+    phase_lines = [(i, f"{e['event']}\t{e['reason'] or ''}") for i, e in enumerate(rundir.read_events(run_dir), 1)]
+    texts.append(Text("state/events.jsonl", PHASES, phase_lines, 0, False))
     if reason:
         texts.append(Text("run.json (reason)", PHASES, [(None, reason)], len(reason), False))
     logs = []
@@ -203,13 +203,10 @@ def diagnose(run_dir: str | os.PathLike, *, name: str | None = None, state: str 
 
 
 def failing_component(run_dir: Path) -> str | None:
-    """The component the job's first 'failed' phase names (ctx-0, gen-1, proxy), if any."""
-    for _, phase, detail in rundir.read_phases(run_dir):
-        if phase == "failed":
-            first = detail.split(" ", 1)[0]
-            if re.fullmatch(r"(ctx|gen)-\d+|proxy", first):
-                return first
-            return None
+    """The component the job's first `failed` event names (ctx-0, gen-1, proxy, etcd), if any."""
+    for e in rundir.read_events(run_dir):
+        if e["event"] == EventKind.FAILED:
+            return e["component"]
     return None
 
 

@@ -1,11 +1,13 @@
 """`tk diff RUN_A RUN_B`: what differs between two runs (or two `tk render` directories).
 
-    rendered   per rendered file (ctx.yaml, gen.yaml, disagg.yaml, *.env, launch.sbatch): same, changed (a unified
-               diff, at most MAX_DIFF_LINES lines), or only in one of them
+    rendered   per rendered file (ctx.yaml, gen.yaml, disagg.yaml, *.env, launch.sbatch, job.json): same, changed (a
+               unified diff, at most MAX_DIFF_LINES lines), or only in one of them
     versions   per version key of the nodes' provenance (provenance/NODE.json, written at launch): the values
                seen on the nodes of each run, where they differ
     nodes      the nodes each run ran on (nodes.tsv), where they differ
     run        the run records' backend, recipe, engine, state and reason, where they differ
+    supervision  per component, what the job's supervision did (state/events.jsonl: exits, restarts, wedges, lost,
+               restarts whose step srun never created), where it differs
     results    validation and benchmark results (report.json, benchmark*.json / results/*.json): the scalar
                values that differ (at most MAX_RESULT_KEYS)
 
@@ -18,11 +20,17 @@ import difflib
 import json
 from pathlib import Path
 
+from orchestrator.states import EventKind
+from toolkit.runtime import rundir
+
 MAX_FILE_BYTES = 1 << 20
 MAX_DIFF_LINES = 200
 MAX_RESULT_KEYS = 60
-RENDERED = ("ctx.yaml", "gen.yaml", "disagg.yaml", "ctx.env", "gen.env", "proxy.env", "launch.sbatch",
+RENDERED = ("ctx.yaml", "gen.yaml", "disagg.yaml", "ctx.env", "gen.env", "proxy.env", "launch.sbatch", "job.json",
             "validate.sbatch", "params.json")
+# The job's events counted per component (orchestrator.states.EventKind values).
+SUPERVISION_COUNTS = {"exits": EventKind.EXITED, "restarts": EventKind.RESTARTING, "wedged": EventKind.WEDGED,
+                      "lost": EventKind.LOST, "steps_not_created": EventKind.STEP_NOT_CREATED}
 RUN_FIELDS = ("recipe", "backend", "engine", "model", "nodes", "state", "reason")
 RESULT_FILES = ("report.json", "benchmark.json", "benchmark*.json", "results/*.json")
 
@@ -138,6 +146,16 @@ def _results(d: Path) -> dict[str, object]:
     return out
 
 
+def _supervision(d: Path) -> dict[str, dict[str, int]]:
+    """Component -> how many of each supervision event the job recorded (only components with any)."""
+    out: dict[str, dict[str, int]] = {}
+    for e in rundir.read_events(d):
+        for name, kind in SUPERVISION_COUNTS.items():
+            if e["event"] == kind and e["component"]:
+                out.setdefault(e["component"], dict.fromkeys(SUPERVISION_COUNTS, 0))[name] += 1
+    return out
+
+
 def diff_dirs(a: str | Path, b: str | Path) -> dict:
     """The differences between run (or render) directories a and b; see the module docstring."""
     a, b = Path(a), Path(b)
@@ -149,17 +167,22 @@ def diff_dirs(a: str | Path, b: str | Path) -> dict:
     differing = [k for k in sorted(set(xa) | set(xb)) if xa.get(k) != xb.get(k)]
     results = {k: {"A": xa.get(k), "B": xb.get(k)} for k in differing[:MAX_RESULT_KEYS]}
     versions = _versions(a, b)
+    sa, sb = _supervision(a), _supervision(b)
+    zero = dict.fromkeys(SUPERVISION_COUNTS, 0)
+    supervision = {c: {"A": sa.get(c, zero), "B": sb.get(c, zero)} for c in sorted(set(sa) | set(sb))
+                   if sa.get(c, zero) != sb.get(c, zero)}
     doc = {
         "A": str(a), "B": str(b),
         "rendered": rendered,
         "versions": versions,
         "nodes": {"A": na, "B": nb} if na != nb else {},
         "run": run,
+        "supervision": supervision,
         "results": results,
         "results_cut": max(0, len(differing) - MAX_RESULT_KEYS),
     }
     doc["same"] = (all(v["status"] == "same" for v in rendered.values()) and not versions["differ"]
-                   and not doc["nodes"] and not run and not results)
+                   and not doc["nodes"] and not run and not supervision and not results)
     return doc
 
 
@@ -167,7 +190,7 @@ def format_diff(doc: dict) -> str:
     """Plain text for `tk diff`."""
     out = [f"A: {doc['A']}", f"B: {doc['B']}"]
     if doc["same"]:
-        out.append("no differences in rendered files, versions, nodes, run records or results")
+        out.append("no differences in rendered files, versions, nodes, run records, supervision or results")
         return "\n".join(out)
     changed = {n: v for n, v in doc["rendered"].items() if v["status"] != "same"}
     same = [n for n, v in doc["rendered"].items() if v["status"] == "same"]
@@ -192,6 +215,10 @@ def format_diff(doc: dict) -> str:
         out.append(f"nodes: A {', '.join(doc['nodes']['A']) or '-'}  B {', '.join(doc['nodes']['B']) or '-'}")
     for k, v in doc["run"].items():
         out.append(f"run.{k}: A {_show(v['A'])}  B {_show(v['B'])}")
+    for component, v in doc.get("supervision", {}).items():
+        def counts(c: dict) -> str:
+            return ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in c.items() if n) or "nothing"
+        out.append(f"supervision of {component}: A {counts(v['A'])}  B {counts(v['B'])}")
     if doc["results"]:
         out.append("results:")
         for k, v in doc["results"].items():

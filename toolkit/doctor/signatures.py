@@ -8,7 +8,7 @@ and print the cause and the fix. A row names:
     patterns  regular expressions (Python ``re``, searched line by line, case-sensitive unless (?i))
     where     which texts it is searched in: "server" (logs/ctx-*.log, logs/gen-*.log), "proxy" (logs/proxy.log),
               "job" (logs/job.log, slurm-*.out: the batch script and the Slurm/pyxis output) and "phases"
-              (state/phases.tsv and the run record's reason: tk's own account of the job)
+              (state/events.jsonl and the run record's reason: the job's own account of itself)
     cause     why it happens
     fix       what to change, in recipe terms where tk owns the setting
     source    where the error string and the explanation come from: upstream issues and pull requests (links),

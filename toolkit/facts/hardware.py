@@ -18,6 +18,11 @@ class GpuFigures:
     fp8_tflops: float | None  # dense FP8 tensor-core peak, TFLOP/s (None: no FP8 tensor cores)
     hbm_tbps: float  # memory bandwidth, TB/s
     source: str
+    # Device memory as the driver reports it (bytes; what torch.cuda.mem_get_info calls total), the figure
+    # TensorRT-LLM sizes its KV pool against. 0: not a GPU. From aiconfigurator 0.12.0's system files
+    # (aiconfigurator_core/systems/<system>.yaml, `mem_capacity`), which record nvidia-smi's figure.
+    memory_bytes: int = 0
+    arch: str = ""  # "ampere" | "ada" | "hopper" | "blackwell": what the quantization kernels depend on
 
 
 # The one table of GPU figures: `tk plan`'s prefill estimate and the stand-in's emulated timing
@@ -26,28 +31,32 @@ class GpuFigures:
 GPU_FIGURES = {g.name: g for g in (
     GpuFigures("H100", 989.0, 1979.0, 3.35,
                "NVIDIA H100 Tensor Core GPU datasheet, SXM5 80GB: BF16 1,979 / FP8 3,958 TFLOPS with sparsity, "
-               "HBM3 3.35 TB/s"),
+               "HBM3 3.35 TB/s", memory_bytes=85899345920, arch="hopper"),
     GpuFigures("H200", 989.0, 1979.0, 4.8,
                "NVIDIA H200 Tensor Core GPU datasheet, SXM 141GB: BF16 1,979 / FP8 3,958 TFLOPS with sparsity, "
-               "HBM3e 4.8 TB/s"),
+               "HBM3e 4.8 TB/s", memory_bytes=151397597184, arch="hopper"),
     GpuFigures("B200", 2250.0, 4500.0, 8.0,
-               "NVIDIA HGX B200 datasheet, per GPU: BF16 4.5 / FP8 9 PFLOPS with sparsity, HBM3e 8 TB/s"),
+               "NVIDIA HGX B200 datasheet, per GPU: BF16 4.5 / FP8 9 PFLOPS with sparsity, HBM3e 8 TB/s",
+               memory_bytes=193273528320, arch="blackwell"),
     GpuFigures("GB200", 2500.0, 5000.0, 8.0,
                "NVIDIA GB200 NVL72 datasheet, per Blackwell GPU (1/72 of the rack): BF16 5 / FP8 10 PFLOPS with "
-               "sparsity, HBM3e 8 TB/s"),
+               "sparsity, HBM3e 8 TB/s", memory_bytes=198674743296, arch="blackwell"),
     # Blackwell Ultra. Dense figures per GPU (NVIDIA GB300 NVL72 and HGX B300 datasheet figures as compiled at
     # glennklockwood.com/garden/processors/B300 and verda.com/blog/gb300-nvl72-architecture): GB300 BF16 2.5 /
-    # FP8 5 PFLOPS, HBM3e 8 TB/s; HGX B300 BF16 2.25 / FP8 4.5 PFLOPS, HBM3e 8 TB/s.
+    # FP8 5 PFLOPS, HBM3e 8 TB/s; HGX B300 BF16 2.25 / FP8 4.5 PFLOPS, HBM3e 8 TB/s. Memory as nvidia-smi reports
+    # it (aiconfigurator 0.12.0 systems/b300_sxm.yaml 275,040 MiB, gb300.yaml 284,208 MiB).
     GpuFigures("B300", 2250.0, 4500.0, 8.0,
-               "NVIDIA HGX B300, per GPU: BF16 2.25 / FP8 4.5 PFLOPS dense, HBM3e 8 TB/s"),
+               "NVIDIA HGX B300, per GPU: BF16 2.25 / FP8 4.5 PFLOPS dense, HBM3e 8 TB/s",
+               memory_bytes=288400343040, arch="blackwell"),
     GpuFigures("GB300", 2500.0, 5000.0, 8.0,
                "NVIDIA GB300 NVL72, per Blackwell Ultra GPU (1/72 of the rack): BF16 2.5 / FP8 5 PFLOPS dense, "
-               "HBM3e 8 TB/s"),
+               "HBM3e 8 TB/s", memory_bytes=298013687808, arch="blackwell"),
     GpuFigures("A100", 312.0, None, 2.039,
                "NVIDIA A100 Tensor Core GPU datasheet, SXM 80GB: BF16 312 TFLOPS dense, HBM2e 2,039 GB/s; "
-               "no FP8"),
+               "no FP8", memory_bytes=85899345920, arch="ampere"),
     GpuFigures("L40S", 181.0, 362.0, 0.864,
-               "NVIDIA L40S datasheet: BF16 362 / FP8 733 TFLOPS with sparsity, GDDR6 864 GB/s"),
+               "NVIDIA L40S datasheet: BF16 362 / FP8 733 TFLOPS with sparsity, GDDR6 864 GB/s",
+               memory_bytes=48305799168, arch="ada"),
     GpuFigures("CPU", 0.5, None, 0.1,
                "not a GPU: a nominal figure for CPU rehearsal clusters (the stand-in); never emulated"),
 )}
@@ -126,3 +135,15 @@ TRANSPORT_PROFILES = {
     ]
 }
 TRANSPORTS = tuple(TRANSPORT_PROFILES)
+
+# What the runtime takes besides weights, activations and the KV pool, per GPU (bytes). aiconfigurator 0.12.0's
+# memory model (aiconfigurator_core/systems/*.yaml `misc`, "nonofficial correction based on observations"):
+# CUDA context, cuBLAS/NCCL workspaces and the like ("other_mem", 3.5 GiB) and NCCL buffers by TP size
+# ("nccl_mem": 0 at TP1, 342 MB at TP2, 392 MB from TP4).
+RUNTIME_OTHER_BYTES = 3758096384
+NCCL_BYTES_BY_TP = {1: 0, 2: 358612992, 4: 411041792, 8: 411041792}
+
+
+def nccl_bytes(tp: int) -> int:
+    """NCCL buffers of a rank in a TP group of ``tp`` (aiconfigurator clamps TP at 8)."""
+    return NCCL_BYTES_BY_TP[min(max(1, 1 << (max(1, tp).bit_length() - 1)), 8)]

@@ -12,7 +12,7 @@ import json
 import math
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 # Bytes per element of the KV cache for each kv dtype tk accepts.
@@ -47,6 +47,26 @@ class ModelSpec:
     max_position_embeddings: int = 0
     dtype: str = "bfloat16"
     source: str = "built-in"
+    # The rest sizes the weights (toolkit/plan/memory.py); 0 where a config.json does not say.
+    architecture: str = ""  # config.json `architectures[0]`, what aiconfigurator and TensorRT-LLM dispatch on
+    hidden_size: int = 0
+    intermediate_size: int = 0  # a dense MLP's (a MoE model's dense layers)
+    moe_intermediate_size: int = 0  # one routed expert's
+    vocab_size: int = 0
+    tie_word_embeddings: bool = False
+    num_shared_experts: int = 0  # DeepSeek/Kimi `n_shared_experts` (moe_intermediate_size each)
+    shared_expert_intermediate_size: int = 0  # Qwen2-MoE style: one shared expert of this size
+    dense_layers: int = 0  # a MoE model's layers with a dense MLP instead of experts (`first_k_dense_replace`)
+    q_lora_rank: int = 0  # MLA
+    qk_nope_head_dim: int = 0  # MLA
+    v_head_dim: int = 0  # MLA
+    mtp_layers: int = 0  # multi-token-prediction layers the checkpoint ships (`num_nextn_predict_layers`)
+    # The checkpoint's weights quantization (QUANT_BYTES keys: "fp8", "fp8_block", "nvfp4", "mxfp4", ...), or ""
+    # for plain ``dtype`` weights; ``quantization_note`` says where it was read.
+    quantization: str = ""
+    quantization_note: str = ""
+    sliding_window: int = 0  # tokens a sliding-window layer attends to (gpt-oss: 128)
+    sliding_layers: int = 0  # how many of the layers use it
 
     @property
     def is_moe(self) -> bool:
@@ -90,31 +110,52 @@ class ModelSpec:
         return asdict(self)
 
 
-def _gqa(name, layers, heads, kv_heads, head_dim, params, active=None, experts=0, topk=0, ctx=131072):
+def _gqa(name, layers, heads, kv_heads, head_dim, params, active=None, experts=0, topk=0, ctx=131072, **more):
     return ModelSpec(name=name, num_layers=layers, num_attention_heads=heads, num_kv_heads=kv_heads,
                      head_dim=head_dim, params=params, active_params=active or params,
-                     num_experts=experts, experts_per_token=topk, max_position_embeddings=ctx)
+                     num_experts=experts, experts_per_token=topk, max_position_embeddings=ctx, **more)
 
 
+def _mla(name, params, active, **more):
+    """DeepSeek-V3's architecture (DeepseekV3ForCausalLM): MLA with a 512 + 64 latent, 7168 hidden, 61 layers."""
+    geometry = dict(num_layers=61, num_kv_heads=1, head_dim=576, attention="mla", kv_lora_rank=512,
+                    qk_rope_head_dim=64, experts_per_token=8, architecture="DeepseekV3ForCausalLM",
+                    hidden_size=7168, intermediate_size=18432, moe_intermediate_size=2048, num_shared_experts=1,
+                    q_lora_rank=1536, qk_nope_head_dim=128, v_head_dim=128, quantization="fp8_block",
+                    quantization_note="config.json quantization_config: quant_method fp8, weight_block_size [128, 128]")
+    return ModelSpec(name=name, params=params, active_params=active, **{**geometry, **more})
+
+
+# Numbers from each checkpoint's Hugging Face config.json (as aiconfigurator 0.12.0 ships them in
+# aiconfigurator_core/model_configs/), parameter counts from the model cards.
 BUILTIN_MODELS: dict[str, ModelSpec] = {
     m.name: m
     for m in [
-        _gqa("meta-llama/Llama-3.1-8B-Instruct", 32, 32, 8, 128, 8.03e9),
-        _gqa("meta-llama/Llama-3.3-70B-Instruct", 80, 64, 8, 128, 70.6e9),
-        _gqa("Qwen/Qwen3-0.6B", 28, 16, 8, 128, 0.6e9, ctx=40960),
-        _gqa("Qwen/Qwen3-32B", 64, 64, 8, 128, 32.8e9, ctx=40960),
-        _gqa("Qwen/Qwen3-235B-A22B", 94, 64, 4, 128, 235e9, active=22e9, experts=128, topk=8, ctx=40960),
+        _gqa("meta-llama/Llama-3.1-8B-Instruct", 32, 32, 8, 128, 8.03e9, architecture="LlamaForCausalLM",
+             hidden_size=4096, intermediate_size=14336, vocab_size=128256),
+        _gqa("meta-llama/Llama-3.3-70B-Instruct", 80, 64, 8, 128, 70.6e9, architecture="LlamaForCausalLM",
+             hidden_size=8192, intermediate_size=28672, vocab_size=128256),
+        _gqa("Qwen/Qwen3-0.6B", 28, 16, 8, 128, 0.6e9, ctx=40960, architecture="Qwen3ForCausalLM",
+             hidden_size=1024, intermediate_size=3072, vocab_size=151936, tie_word_embeddings=True),
+        _gqa("Qwen/Qwen3-32B", 64, 64, 8, 128, 32.8e9, ctx=40960, architecture="Qwen3ForCausalLM",
+             hidden_size=5120, intermediate_size=25600, vocab_size=151936),
+        _gqa("Qwen/Qwen3-235B-A22B", 94, 64, 4, 128, 235e9, active=22e9, experts=128, topk=8, ctx=40960,
+             architecture="Qwen3MoeForCausalLM", hidden_size=4096, intermediate_size=12288,
+             moe_intermediate_size=1536, vocab_size=151936),
         _gqa("mistralai/Mixtral-8x7B-Instruct-v0.1", 32, 32, 8, 128, 46.7e9, active=12.9e9,
-             experts=8, topk=2, ctx=32768),
-        _gqa("openai/gpt-oss-120b", 36, 64, 8, 64, 117e9, active=5.1e9, experts=128, topk=4),
-        ModelSpec(name="deepseek-ai/DeepSeek-R1", num_layers=61, num_attention_heads=128,
-                  num_kv_heads=1, head_dim=576, params=671e9, active_params=37e9, attention="mla",
-                  kv_lora_rank=512, qk_rope_head_dim=64, num_experts=256, experts_per_token=8,
-                  max_position_embeddings=163840),
-        ModelSpec(name="deepseek-ai/DeepSeek-V3", num_layers=61, num_attention_heads=128,
-                  num_kv_heads=1, head_dim=576, params=671e9, active_params=37e9, attention="mla",
-                  kv_lora_rank=512, qk_rope_head_dim=64, num_experts=256, experts_per_token=8,
-                  max_position_embeddings=163840),
+             experts=8, topk=2, ctx=32768, architecture="MixtralForCausalLM", hidden_size=4096,
+             intermediate_size=14336, moe_intermediate_size=14336, vocab_size=32000),
+        _gqa("openai/gpt-oss-120b", 36, 64, 8, 64, 117e9, active=5.1e9, experts=128, topk=4,
+             architecture="GptOssForCausalLM", hidden_size=2880, intermediate_size=2880,
+             moe_intermediate_size=2880, vocab_size=201088, quantization="mxfp4",
+             quantization_note="config.json quantization_config: quant_method mxfp4 (experts; attention, router, "
+                               "embeddings and lm_head unconverted)", sliding_window=128, sliding_layers=18),
+        _mla("deepseek-ai/DeepSeek-R1", 671e9, 37e9, num_attention_heads=128, num_experts=256, dense_layers=3,
+             vocab_size=129280, max_position_embeddings=163840, mtp_layers=1),
+        _mla("deepseek-ai/DeepSeek-V3", 671e9, 37e9, num_attention_heads=128, num_experts=256, dense_layers=3,
+             vocab_size=129280, max_position_embeddings=163840, mtp_layers=1),
+        _mla("moonshotai/Kimi-K2-Instruct", 1.03e12, 32e9, num_attention_heads=64, num_experts=384,
+             dense_layers=1, vocab_size=163840, max_position_embeddings=131072),
         # A synthetic model for the CPU stand-in engine: small enough that many requests'
         # KV caches move through NIXL on a laptop. Not a real checkpoint.
         _gqa("tk/standin-tiny", 4, 8, 2, 64, 50e6, ctx=8192),
@@ -319,33 +360,67 @@ def from_config_json(path: Path, name: str | None = None) -> ModelSpec:
         raise bad(topk_key, topk, f"is more than the model's {experts} experts ({experts_key})",
                   f"set {topk_key} in {path} to at most {experts}")
     _, positions = integer(("max_position_embeddings",), "positions", default=0)
-    ffn_key = "moe_intermediate_size" if experts and cfg.get("moe_intermediate_size") is not None \
-        else "intermediate_size"
-    _, ffn = integer((ffn_key,), "ffn", default=0)
+    _, ffn = integer(("intermediate_size_mlp", "intermediate_size", "ffn_dim", "n_inner"), "ffn", default=0)
+    _, moe_ffn = integer(("moe_intermediate_size",), "ffn", default=0)
+    if experts and not moe_ffn:
+        # Mixtral, gpt-oss: intermediate_size is each expert's (Llama 4: its dense layers' is intermediate_size_mlp)
+        _, moe_ffn = integer(("intermediate_size",), "ffn", default=ffn)
     _, vocab = integer(("vocab_size",), "vocab", default=0)
+    _, shared = integer(("n_shared_experts", "num_shared_experts"), "experts", default=0, zero_ok=True)
+    _, shared_ffn = integer(("shared_expert_intermediate_size",), "ffn", default=0, zero_ok=True)
+    _, first_dense = integer(("first_k_dense_replace",), "layers", default=0, zero_ok=True)
+    _, sparse_step = integer(("decoder_sparse_step", "interleave_moe_layer_step"), "layers", default=1,
+                             zero_ok=True)
+    dense_only = cfg.get("mlp_only_layers")
+    dense_layers = 0
+    if experts:
+        dense_layers = min(layers, first_dense)
+        if isinstance(dense_only, list):
+            dense_layers = max(dense_layers, min(layers, len(dense_only)))
+        if sparse_step > 1:  # one MoE layer every sparse_step layers
+            dense_layers = max(dense_layers, layers - layers // sparse_step)
+    _, mtp = integer(("num_nextn_predict_layers",), "layers", default=0, zero_ok=True)
+    _, window = integer(("sliding_window",), "positions", default=0, zero_ok=True)
+    types = cfg.get("layer_types")
+    sliding = sum(1 for t in types if t == "sliding_attention") if isinstance(types, list) else 0
     dtype = cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))
     if dtype is None:
         dtype = "bfloat16"
     if not isinstance(dtype, str) or not re.fullmatch(r"[A-Za-z0-9_.]{1,32}", dtype):
         raise bad("torch_dtype", dtype, "is not a dtype name",
                   f"set torch_dtype in {path} to the checkpoint's dtype, e.g. \"bfloat16\"")
+    archs = cfg.get("architectures")
+    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) \
+        and re.fullmatch(r"[A-Za-z0-9_]{1,128}", archs[0]) else ""
+    if experts and not shared and arch.startswith("Llama4"):
+        shared = 1  # Llama 4's MoE layers add one shared expert (its config has no key for it)
+    quant, quant_note = checkpoint_quantization(cfg, path.parent)
+    tied = cfg.get("tie_word_embeddings") is True
     name = name or os.path.normpath(path.parent)
+    more = dict(architecture=arch, intermediate_size=ffn, moe_intermediate_size=moe_ffn if experts else 0,
+                vocab_size=vocab, tie_word_embeddings=tied, num_shared_experts=shared if experts else 0,
+                shared_expert_intermediate_size=shared_ffn if experts else 0, dense_layers=dense_layers,
+                mtp_layers=mtp, quantization=quant, quantization_note=quant_note,
+                sliding_window=window if sliding else 0, sliding_layers=sliding if window else 0)
 
     def spec(hidden_for_estimate: int, **attention) -> ModelSpec:
-        params = _estimate_params(layers, hidden_for_estimate, ffn, vocab, experts)
-        active = _estimate_params(layers, hidden_for_estimate, ffn, vocab, topk) if experts else params
-        return ModelSpec(name=name, num_layers=layers, num_attention_heads=heads, params=params,
-                         active_params=active, num_experts=experts, experts_per_token=topk,
-                         max_position_embeddings=positions, dtype=dtype, source=str(path), **attention)
+        draft = ModelSpec(name=name, num_layers=layers, num_attention_heads=heads, params=0.0, active_params=0.0,
+                          num_experts=experts, experts_per_token=topk, max_position_embeddings=positions,
+                          dtype=dtype, source=str(path), hidden_size=hidden_for_estimate, **more, **attention)
+        weights = weight_params(draft)
+        return replace(draft, params=weights.total, active_params=weights.active)
 
     if cfg.get("kv_lora_rank") is not None:  # multi-head latent attention (DeepSeek-V2/V3/R1)
         _, rank = integer(("kv_lora_rank",), "kv_lora_rank")
         _, rope = integer(("qk_rope_head_dim",), "qk_rope_head_dim", default=0, zero_ok=True)
+        _, q_rank = integer(("q_lora_rank",), "kv_lora_rank", default=0, zero_ok=True)
+        _, nope = integer(("qk_nope_head_dim",), "head_dim", default=0, zero_ok=True)
+        _, v_dim = integer(("v_head_dim",), "head_dim", default=0, zero_ok=True)
         if not hidden:
             raise ModelError(f"{path}: missing integer field 'hidden_size'; tk needs it to estimate the prefill",
                              f"add hidden_size to {path} (the checkpoint's own value)")
         return spec(hidden, num_kv_heads=1, head_dim=rank + rope, attention="mla", kv_lora_rank=rank,
-                    qk_rope_head_dim=rope)
+                    qk_rope_head_dim=rope, q_lora_rank=q_rank, qk_nope_head_dim=nope, v_head_dim=v_dim)
     kv_key, kv_heads = integer(("num_key_value_heads",), "kv_heads", default=heads)
     if kv_key and kv_heads > heads:
         raise bad(kv_key, kv_heads, f"is more than {heads_key} ({heads})",
@@ -366,8 +441,143 @@ def from_config_json(path: Path, name: str | None = None) -> ModelSpec:
     return spec(hidden or heads * head_dim, num_kv_heads=kv_heads, head_dim=head_dim)
 
 
-def _estimate_params(layers: int, hidden: int, ffn: int, vocab: int, experts: int) -> float:
-    """Rough parameter count: attention 4h^2 plus MLP 3·h·ffn per (active) expert, plus embeddings."""
-    ffn = ffn or 4 * hidden
-    mlp = 3 * hidden * ffn * max(experts, 1)
-    return float(layers * (4 * hidden * hidden + mlp) + 2 * vocab * hidden)
+# --- weights --------------------------------------------------------------------------------------------------
+
+# Bytes per weight of each quantization tk knows, scales included: fp8 one byte (per-tensor or 128x128-block
+# fp32 scales, negligible); nvfp4 4 bits plus one fp8 scale per 16 values; mxfp4 4 bits plus one e8m0 scale per
+# 32; w4a16/int4 (AWQ/GPTQ) 4 bits plus an fp16 scale per group of 128. Plain dtypes by their width.
+QUANT_BYTES = {
+    "bfloat16": 2.0, "float16": 2.0, "float32": 4.0, "fp8": 1.0, "fp8_block": 1.0, "fp8_rowwise": 1.0,
+    "int8": 1.0, "nvfp4": 0.5625, "mxfp4": 0.53125, "int4": 0.515625, "w4a16": 0.515625, "w4a8": 0.515625,
+}
+QUANT_ALIASES = {
+    "bf16": "bfloat16", "fp16": "float16", "half": "float16", "none": "bfloat16", "fp32": "float32",
+    "fp4": "nvfp4", "nvfp4_wo": "nvfp4", "w4a16_nvfp4": "nvfp4", "w4a16_mxfp4": "mxfp4", "w4a8_mxfp4_fp8": "mxfp4",
+    "w4a8_mxfp4_mxfp8": "mxfp4", "fp8_per_tensor": "fp8", "fp8_static": "fp8", "w8a8": "int8", "int8_wo": "int8",
+    "int4_wo": "int4", "int4_awq": "int4", "w4a16_awq": "int4", "w4a16_gptq": "int4", "awq": "int4", "gptq": "int4",
+}
+FOUR_BIT = ("nvfp4", "mxfp4", "int4", "w4a16", "w4a8")
+
+
+def quant_name(value: str | None) -> str | None:
+    """The QUANT_BYTES name of a quantization as a recipe or a checkpoint spells it; None when tk does not know it."""
+    if not value:
+        return None
+    key = value.strip().lower().replace("-", "_")
+    key = QUANT_ALIASES.get(key, key)
+    return key if key in QUANT_BYTES else None
+
+
+def checkpoint_quantization(cfg: dict, directory: Path | None = None) -> tuple[str, str]:
+    """The weights quantization a checkpoint declares: config.json `quantization_config` (quant_method fp8 /
+    mxfp4 / modelopt / compressed-tensors / awq / gptq), else a ModelOpt `hf_quant_config.json` beside it
+    (`quantization.quant_algo`). ("", note) when it declares none (plain dtype weights) or one tk cannot read."""
+    qc = cfg.get("quantization_config")
+    if isinstance(qc, dict):
+        method = str(qc.get("quant_method") or "").lower()
+        if method == "fp8":
+            block = qc.get("weight_block_size")
+            return ("fp8_block" if block else "fp8"), "config.json quantization_config: quant_method fp8" + \
+                (f", weight_block_size {block}" if block else "")
+        if method in ("mxfp4", "awq", "gptq"):
+            return quant_name(method) or "", f"config.json quantization_config: quant_method {method}"
+        if method == "modelopt":
+            algo = str(qc.get("quant_algo") or "")
+            if quant_name(algo):
+                return quant_name(algo), f"config.json quantization_config: modelopt {algo}"
+        if method == "compressed-tensors":
+            for group in (qc.get("config_groups") or {}).values():
+                weights = group.get("weights") if isinstance(group, dict) else None
+                if isinstance(weights, dict):
+                    bits, kind = weights.get("num_bits"), weights.get("type")
+                    name = {(4, "float"): "nvfp4" if weights.get("group_size") == 16 else "mxfp4",
+                            (8, "float"): "fp8", (4, "int"): "int4", (8, "int"): "int8"}.get((bits, kind))
+                    if name:
+                        return name, f"config.json quantization_config: compressed-tensors {bits}-bit {kind}"
+        if method:
+            return "", f"config.json quantization_config: quant_method {method!r} is not one tk sizes"
+    if directory is not None:
+        try:
+            with open(Path(directory) / "hf_quant_config.json", "rb") as f:  # a bounded read: a few kB in practice
+                hf = json.loads(f.read(CONFIG_MAX_BYTES))
+        except (OSError, ValueError, RecursionError):
+            hf = None
+        quant = hf.get("quantization") if isinstance(hf, dict) else None
+        algo = str(quant.get("quant_algo") or "") if isinstance(quant, dict) else ""
+        if quant_name(algo):
+            return quant_name(algo), f"hf_quant_config.json: quant_algo {algo}"
+    return "", ""
+
+
+@dataclass(frozen=True)
+class WeightParams:
+    """A model's parameters by how TensorRT-LLM shards them (counts, not bytes).
+
+    Per decoder layer: ``attn_split`` (query/output projections and, for GQA, the K/V projections whose heads
+    TP splits), ``attn_replicated`` (MLA's low-rank down projections q_a/kv_a, which every rank holds);
+    ``dense_mlp`` (a dense layer's MLP); per MoE layer ``experts`` (all routed experts; TP x EP split them),
+    ``shared`` (shared experts) and ``router``. ``mtp_layer``: one multi-token-prediction layer (a MoE layer
+    plus its eh_proj)."""
+
+    embed: float
+    lm_head: float  # 0 when tied to the embedding
+    attn_split: float
+    attn_replicated: float
+    dense_mlp: float
+    experts: float
+    shared: float
+    router: float
+    dense_layers: int
+    moe_layers: int
+    mtp_layer: float
+    active: float  # per token: embeddings excluded, attention, dense/shared MLP and top-k experts
+
+    @property
+    def attention(self) -> float:
+        return self.attn_split + self.attn_replicated
+
+    @property
+    def total(self) -> float:
+        layers = (self.dense_layers * (self.attention + self.dense_mlp)
+                  + self.moe_layers * (self.attention + self.experts + self.shared + self.router))
+        return self.embed + self.lm_head + layers
+
+
+def weight_params(m: ModelSpec) -> WeightParams:
+    """Parameter counts of ``m`` from its geometry (norms and biases left out: well under 0.1 %)."""
+    h = m.hidden_size or m.num_attention_heads * m.head_dim
+    if m.attention == "mla":
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim or m.head_dim
+        v = m.v_head_dim or m.qk_nope_head_dim or m.head_dim
+        q_down = h * m.q_lora_rank if m.q_lora_rank else 0
+        q_up = (m.q_lora_rank or h) * m.num_attention_heads * qk
+        kv_down = h * (m.kv_lora_rank + m.qk_rope_head_dim)
+        kv_up = m.kv_lora_rank * m.num_attention_heads * (m.qk_nope_head_dim + v)
+        attn_split = q_up + kv_up + m.num_attention_heads * v * h
+        attn_replicated = q_down + kv_down
+    else:
+        q = m.num_attention_heads * m.head_dim
+        attn_split = h * q + 2 * h * m.num_kv_heads * m.head_dim + q * h
+        attn_replicated = 0
+    ffn = m.intermediate_size or 4 * h
+    if m.is_moe:
+        expert = 3 * h * (m.moe_intermediate_size or ffn)
+        experts = m.num_experts * expert
+        shared = m.num_shared_experts * expert + 3 * h * m.shared_expert_intermediate_size
+        router = h * m.num_experts
+        dense_layers = min(m.dense_layers, m.num_layers)
+    else:
+        expert = experts = shared = router = 0
+        dense_layers = m.num_layers
+    moe_layers = m.num_layers - dense_layers
+    dense_mlp = 3 * h * ffn
+    embed = m.vocab_size * h
+    lm_head = 0 if m.tie_word_embeddings else embed
+    mtp_layer = (attn_split + attn_replicated + experts + shared + router + 2 * h * h) if m.mtp_layers else 0
+    active = (dense_layers * (attn_split + attn_replicated + dense_mlp)
+              + moe_layers * (attn_split + attn_replicated + shared + router + m.experts_per_token * expert)
+              + lm_head + (embed if m.tie_word_embeddings else 0))
+    return WeightParams(embed=float(embed), lm_head=float(lm_head), attn_split=float(attn_split),
+                        attn_replicated=float(attn_replicated), dense_mlp=float(dense_mlp), experts=float(experts),
+                        shared=float(shared), router=float(router), dense_layers=dense_layers,
+                        moe_layers=moe_layers, mtp_layer=float(mtp_layer), active=float(active))

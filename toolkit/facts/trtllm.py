@@ -380,6 +380,14 @@ CONFIG_CHECK_MERGE = ("tensorrt_llm.llmapi.llm_args:update_llm_args_with_extra_d
                       "tensorrt_llm.llmapi.llm_utils:update_llm_args_with_extra_dict")
 CONFIG_CHECK_LLM_ARGS = ("tensorrt_llm.llmapi.llm_args:TorchLlmArgs",)
 CONFIG_CHECK_DISAGG = ("tensorrt_llm.llmapi.disagg_utils:parse_disagg_config_file",)
+# Liveness as progress: trtllm-serve's GET /health_generate runs one minimal chat completion (one token) through the
+# engine and answers 200 only when it comes back ("Health check that performs a minimal generation"): /health
+# stays 200 while a wedged executor makes no progress. Added for exactly that ("for kubernetes to detect when the
+# runtime is hung ... even if the server /health returns a 200", NVIDIA/TensorRT-LLM PR #3856, merged as PR #4349
+# in May 2025), so every supported line (1.0 onwards) has it; route table: tensorrt_llm/serve/openai_server.py
+# register_routes (NVIDIA/TensorRT-LLM @ 00057725d9a6591f033e44f31c219e2426827bb7). /metrics is no substitute: it
+# drains the iteration-stats queue other readers need, and is empty unless enable_iter_perf_stats is set.
+PROGRESS_PROBE_PATH = "/health_generate"
 CONFIG_CHECK_TIMEOUT_S = 300  # importing tensorrt_llm (torch, the C++ bindings) takes up to a minute or two
 
 SUPPORTED = tuple(_VERSIONS)

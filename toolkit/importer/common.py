@@ -203,7 +203,7 @@ def speculative(per_role: dict[str, dict], where: dict[str, str], ledger: Ledger
     if not present:
         return {}
     if len(present) != len(configs) or any(c != present[0] for c in present):
-        for t, c in configs.items():
+        for t in configs:
             ledger.notes.append(f"{where[t]}.speculative_config differs between the roles; TensorRT-LLM's generation "
                                 "servers must run the context servers' draft configuration")
         return {}

@@ -10,24 +10,27 @@
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable
 
 import requests
 
 import toolkit.doctor as doctor
+from orchestrator.states import SUPERVISED_STATES, ComponentState, EventKind, RunState
 from toolkit.errors import TkError
 from toolkit.launch.backends import LaunchError, backend_for
-from toolkit.launch.run import (RunRecord, find_run, load_run, log_tail, new_run_dir, read_nodes,
-                           read_phases, read_supervision)
+from toolkit.launch.run import (RunRecord, find_run, load_run, log_tail, new_run_dir, read_events, read_nodes,
+                                read_supervision)
 from toolkit.plan.model import Plan
 from toolkit.runtime import bounds, rundir, signals
 from toolkit.runtime.slurm import SlurmError
 from toolkit.render import render_files, write_atomically
 
-HEALTH_TIMEOUT_S = 3
-# What the job's supervision can say of a component that does not answer /health now (launch.sbatch)
-SUPERVISED_STATES = ("starting", "unhealthy", "backoff", "lost", "exited")
+# One /health probe of tk's own (tk launch, tk status). Every server is probed at once, so `tk status` answers in
+# about this long whatever the number of servers, even with some hung (benchmarks/bench_status.py).
+HEALTH_TIMEOUT_S = 1.0
+PROBE_WIDTH = 64
 CONTROLLER_GRACE_S = 120  # how long launch waits for an unresponsive slurmctld before giving up
 SMOKE_TIMEOUT_S = 300  # bound on the smoke request (no more than the proxy's request timeout where there is one)
 SMOKE_PROMPT = "tk smoke test: the KV cache moves from context to generation"
@@ -67,7 +70,7 @@ def prepare(plan: Plan, backend: str, run_dir: str | None = None) -> RunRecord:
         (path / "logs").mkdir(exist_ok=True)
         (path / "state").mkdir(exist_ok=True)
         run = RunRecord.new(plan, path, backend)
-        run.set_state("rendered")
+        run.set_state(RunState.RENDERED)
     except OSError as exc:
         rundir.release_if_unused(path)
         raise TkError(f"{path}: cannot write the run directory ({exc.strerror or exc})") from None
@@ -93,7 +96,7 @@ def launch(plan: Plan, backend_name: str, run_dir: str | None = None, *, pending
             _wait_until_serving(run, backend, pending_timeout_s, startup_timeout_s, on_progress)
             if smoke:
                 _smoke_request(run, plan)
-            run.set_state("ready", None)
+            run.set_state(RunState.READY, None)
         except LaunchFailed:
             raise
         except signals.Terminated as exc:
@@ -112,12 +115,12 @@ def _fail(run: RunRecord, backend, reason: str, component: str | None, exit_code
     tail = log_tail(run.log_path(component)) if component else ""
     if component:
         try:
-            run.server(component).state = "failed"
+            run.server(component).state = ComponentState.FAILED.value
         except KeyError:
             pass
     with signals.deferred():  # a second signal must not cut the cleanup short
         try:
-            run.set_state("failed", reason)
+            run.set_state(RunState.FAILED, reason)
         except OSError:
             pass  # the record cannot be written (disk full, read-only): release the job all the same
         try:
@@ -126,7 +129,7 @@ def _fail(run: RunRecord, backend, reason: str, component: str | None, exit_code
             problems = [f"could not confirm the job was released: {exc}"]
         _mark_stopped(run)
         try:
-            run.set_state("failed", reason + (f"; cleanup: {'; '.join(problems)}" if problems else ""))
+            run.set_state(RunState.FAILED, reason + (f"; cleanup: {'; '.join(problems)}" if problems else ""))
         except OSError as exc:
             reason += f"; run.json could not be written ({exc.strerror or exc})"
     reason += f"; cleanup: {'; '.join(problems)}" if problems else ""
@@ -138,7 +141,7 @@ def _fail(run: RunRecord, backend, reason: str, component: str | None, exit_code
 def _diagnosis(run: RunRecord, reason: str, component: str | None) -> dict | None:
     """The doctor's reading of a failed launch; None if even that fails (it must never hide the failure)."""
     try:
-        return doctor.diagnose(run.path, name=run.name, state="failed", reason=reason, failing=component)
+        return doctor.diagnose(run.path, name=run.name, state=RunState.FAILED.value, reason=reason, failing=component)
     except Exception:  # noqa: BLE001
         return None
 
@@ -147,25 +150,25 @@ def diagnose(run: RunRecord) -> dict:
     """Why the run failed (or what its logs show): the job's state, the job's phases, every log matched
     against toolkit.doctor.signatures; see toolkit.doctor.diagnose for the document."""
     job = None
-    if run.state != "rendered":
+    if run.state != RunState.RENDERED:
         try:
             state = backend_for(run.backend).job_state(run)
             job = {"phase": state.phase, "detail": state.detail}
         except Exception as exc:  # noqa: BLE001  (a controller that does not answer is part of the story)
             job = {"phase": "UNKNOWN", "detail": str(exc)[:300]}
-    failing = next((s.name for s in run.servers if s.state == "failed"), None)
+    failing = next((s.name for s in run.servers if s.state == ComponentState.FAILED), None)
     doc = doctor.diagnose(run.path, name=run.name, state=run.state, reason=run.reason, failing=failing, job=job)
     doc["servers"] = [{"name": s.name, "node": s.node, "host": s.host, "port": s.port, "state": s.state}
                       for s in run.servers]
     return doc
 
 
-def _failed_phase(run: RunRecord) -> tuple[str, str | None] | None:
-    for _, phase, detail in read_phases(run):
-        if phase == "failed":
-            first = detail.split(" ", 1)[0]
+def _failed_event(run: RunRecord) -> tuple[str, str | None] | None:
+    """The job's first `failed` event: (its reason, the component it names, if that is one of the run's)."""
+    for e in read_events(run):
+        if e["event"] == EventKind.FAILED:
             names = {s.name for s in run.servers}
-            return detail, (first if first in names else None)
+            return e["reason"] or "the job failed", (e["component"] if e["component"] in names else None)
     return None
 
 
@@ -186,35 +189,35 @@ def _wait_until_serving(run, backend, pending_timeout_s, startup_timeout_s, on_p
                 on_progress(Progress(run=run, job="UNKNOWN", healthy=_healthy_counts(run), message=str(exc)))
             time.sleep(2)
             continue
-        failed = _failed_phase(run)
+        failed = _failed_event(run)
         if failed:
             _fail(run, backend, failed[0], failed[1])
         if job.phase == "PENDING":
-            if run.state != "pending":
-                run.set_state("pending", job.detail)
+            if run.state != RunState.PENDING:
+                run.set_state(RunState.PENDING, job.detail)
             if time.monotonic() - submitted > pending_timeout_s:
                 _fail(run, backend, f"job still pending after {pending_timeout_s:g}s ({job.detail}); "
                                     "raise cluster.pending_timeout_s or --pending-timeout", None)
         elif job.phase == "ENDED":
-            failed = _failed_phase(run)
+            failed = _failed_event(run)
             if failed:
                 _fail(run, backend, failed[0], failed[1])
             _fail(run, backend, f"the job ended before serving ({job.detail})", backend.log_name)
         else:
             if started is None:
                 started = time.monotonic()
-                run.set_state("starting", None)
+                run.set_state(RunState.STARTING, None)
             _probe(run)
             run.save()
             if _serving(run):
                 return
             if time.monotonic() - started > startup_timeout_s:
-                slow = [s.name for s in run.servers if s.state != "healthy"]
+                slow = [s.name for s in run.servers if s.state != ComponentState.HEALTHY]
                 if not slow:  # every server answers, but the job is still in its start-up (e.g. registration)
-                    phases = read_phases(run)
-                    last = f"{phases[-1][1]} {phases[-1][2]}".strip() if phases else "none"
+                    events = read_events(run)
+                    last = f"{events[-1]['event']} {events[-1]['reason'] or ''}".strip() if events else "none"
                     _fail(run, backend, f"the job did not report ready within {startup_timeout_s:g}s "
-                                        f"(its last phase: {last})", None)
+                                        f"(its last event: {last})", None)
                 _fail(run, backend, f"not healthy after {startup_timeout_s:g}s: {', '.join(slow)}", slow[0])
         if on_progress:
             on_progress(Progress(run=run, job=job.phase, healthy=_healthy_counts(run), message=job.detail))
@@ -224,49 +227,61 @@ def _wait_until_serving(run, backend, pending_timeout_s, startup_timeout_s, on_p
 def _serving(run: RunRecord) -> bool:
     """The job says it is ready (its start-up is over, every worker registered, supervision has taken over), and
     from here the proxy answers /health; in an aggregated run (no proxy), every server does."""
-    if not any(phase == "ready" for _, phase, _ in read_phases(run)):
+    if not _job_said_ready(run):
         return False
     if run.front:
-        return run.server(run.front).state == "healthy"
-    return all(s.state == "healthy" for s in run.servers)
+        return run.server(run.front).state == ComponentState.HEALTHY
+    return all(s.state == ComponentState.HEALTHY for s in run.servers)
+
+
+def _job_said_ready(run: RunRecord) -> bool:
+    return any(e["event"] == EventKind.READY for e in read_events(run))
 
 
 def _healthy_counts(run: RunRecord) -> dict:
     out = {}
     for role in dict.fromkeys(["ctx", "gen", "proxy"] if run.front else [s.role for s in run.servers]):
         servers = [s for s in run.servers if s.role == role]
-        out[role] = (sum(s.state == "healthy" for s in servers), len(servers))
+        out[role] = (sum(s.state == ComponentState.HEALTHY for s in servers), len(servers))
     return out
 
 
+def _health(url: str) -> bool:
+    try:
+        return requests.get(url, timeout=HEALTH_TIMEOUT_S).status_code == 200
+    except requests.RequestException:
+        return False
+
+
 def _probe(run: RunRecord) -> None:
-    """Ask every server the job has started (after its port checks) for /health, and read what the job's
-    supervision last recorded for it (state, restarts, last exit, PID or step); update the record.
-    Before a server is started, whatever answers on its host and port is not this run's server."""
+    """Ask every server the job has started (after its port checks) for /health, all at once (bounded by one
+    probe timeout), and read what the job's supervision last recorded for it (state, restarts, last exit, PID or
+    step); update the record. Before a server is started, whatever answers on its host and port is not this
+    run's server."""
     nodes = read_nodes(run)
-    started = {detail.split(" ", 1)[0] for _, phase, detail in read_phases(run) if phase == "started"}
+    started = {e["component"] for e in read_events(run) if e["event"] == EventKind.STARTED}
     supervision = read_supervision(run)
-    for s in run.servers:
-        if s.node not in nodes or s.name not in started:
-            continue
+    targets = [s for s in run.servers if s.node in nodes and s.name in started]
+    for s in targets:
         s.host = nodes[s.node]
+    with ThreadPoolExecutor(max_workers=max(1, min(PROBE_WIDTH, len(targets)))) as pool:
+        answers = dict(zip([s.name for s in targets],
+                           pool.map(_health, [f"http://{s.host}:{s.port}/health" for s in targets])))
+    for s in targets:
         seen = supervision.get(s.name)
         if seen:
             s.restarts, s.last_exit, s.step = seen["restarts"], seen["last_exit"], seen["step"]
             s.pid = seen["pid"] if run.backend == "local" else None  # on Slurm that PID is srun's, not the server's
-        try:
-            ok = requests.get(f"http://{s.host}:{s.port}/health", timeout=HEALTH_TIMEOUT_S).status_code == 200
-        except requests.RequestException:
-            ok = False
+        ok = answers[s.name]
         before = s.state
         if ok:
-            s.state, s.reason = "healthy", None
+            s.state, s.reason = ComponentState.HEALTHY.value, None
         elif seen and seen["state"] in SUPERVISED_STATES:
             s.state, s.reason = seen["state"], seen["reason"]
-        elif s.state == "healthy":
-            s.state, s.reason = "unhealthy", "/health does not answer 200"
-        elif s.state == "planned":
-            s.state = "starting"
+        elif s.state == ComponentState.HEALTHY:
+            s.state, s.reason = ComponentState.UNHEALTHY.value, "/health does not answer 200"
+        elif s.state == ComponentState.PLANNED:
+            s.state = ComponentState.STARTING.value
         if s.state != before or s.since is None:
             s.since = seen["since"] if seen and seen["state"] == s.state else round(time.time(), 3)
     if run.front:
@@ -306,32 +321,43 @@ def _smoke_one(run: RunRecord, url: str, timeout_s: float, through: str) -> None
 
 
 def refresh(run: RunRecord) -> RunRecord:
-    """Bring the record up to date: job state, the job's own phases, every server's health."""
+    """Bring the record up to date: job state, the job's own events, every server's health. The job's events
+    are the authority on where it is: a run whose launcher was killed before it recorded `ready` is ready once
+    the job says so."""
     backend = backend_for(run.backend)
-    if run.state in ("stopped",):
+    if run.state == RunState.STOPPED:
         return run
-    job = backend.job_state(run) if run.state != "rendered" else None
-    failed = _failed_phase(run)
+    job = backend.job_state(run) if run.state != RunState.RENDERED else None
+    failed = _failed_event(run)
     if failed:
         reason, component = failed
         if component:
-            run.server(component).state = "failed"
+            run.server(component).state = ComponentState.FAILED.value
         run.reason = reason
-        run.state = "failed"
+        run.state = RunState.FAILED.value
     if job and job.phase == "RUNNING":
         _probe(run)
         if failed and failed[1]:
-            run.server(failed[1]).state = "failed"  # the job is ending because of it: that outranks its last probe
-        if run.state in ("ready", "degraded"):
+            # the job is ending because of it: that outranks its last probe
+            run.server(failed[1]).state = ComponentState.FAILED.value
+        if run.state in (RunState.SUBMITTED, RunState.PENDING, RunState.STARTING):
+            # the launcher is gone (or still waiting): the job's own account says where it is
+            if _job_said_ready(run):
+                run.state = RunState.READY.value
+            elif run.state != RunState.STARTING:
+                run.set_state(RunState.STARTING, None)
+        if run.state in (RunState.READY, RunState.DEGRADED):
             # Worked out afresh on every refresh, so a run that recovered is "ready" again with no stale reason.
-            down = [s for s in run.servers if s.state != "healthy"]
-            state = "degraded" if down else "ready"
+            down = [s for s in run.servers if s.state != ComponentState.HEALTHY]
+            state = RunState.DEGRADED if down else RunState.READY
             reason = "; ".join(f"{s.name} {s.state}" + (f" ({s.reason})" if s.reason else "") for s in down) or None
             if state != run.state:
-                run.history.append([round(time.time(), 3), state, reason])
-            run.state, run.reason = state, reason
-    elif job and job.phase == "ENDED" and run.state not in ("failed", "stopped"):
-        run.state, run.reason = "failed", f"the job ended ({job.detail})"
+                run.history.append([round(time.time(), 3), state.value, reason])
+            run.state, run.reason = state.value, reason
+            if run.endpoint is None:
+                _endpoint_from_job(run)
+    elif job and job.phase == "ENDED" and run.state not in (RunState.FAILED, RunState.STOPPED):
+        run.state, run.reason = RunState.FAILED.value, f"the job ended ({job.detail})"
     if job and job.phase == "ENDED":
         _mark_stopped(run)
     try:
@@ -341,11 +367,21 @@ def refresh(run: RunRecord) -> RunRecord:
     return run
 
 
+def _endpoint_from_job(run: RunRecord) -> None:
+    """The endpoint the job wrote (RUN/endpoint), for a run whose launcher never recorded it."""
+    try:
+        text = (run.path / "endpoint").read_text(errors="replace")[:512].strip()
+    except OSError:
+        return
+    if text.startswith("http://") and " " not in text:
+        run.endpoint = text
+
+
 def _mark_stopped(run: RunRecord) -> None:
     """Once the job is gone, every server that did not fail is stopped."""
     for s in run.servers:
-        if s.state != "failed":
-            s.state = "stopped"
+        if s.state != ComponentState.FAILED:
+            s.state = ComponentState.STOPPED.value
 
 
 def stop(run: RunRecord) -> list[str]:
@@ -354,8 +390,8 @@ def stop(run: RunRecord) -> list[str]:
         problems = backend_for(run.backend).stop(run)
         _mark_stopped(run)
         try:
-            if run.state != "failed":
-                run.set_state("stopped", "; ".join(problems) or None)
+            if run.state != RunState.FAILED:
+                run.set_state(RunState.STOPPED, "; ".join(problems) or None)
             else:
                 run.save()
         except OSError as exc:

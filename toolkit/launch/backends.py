@@ -1,6 +1,6 @@
-"""Where a deployment runs: a Slurm cluster, or this machine. Both run the same rendered launch.sbatch, so
-the phases, health waits and teardown are written once (in the template); a backend only starts the job,
-reads its state and ends it.
+"""Where a deployment runs: a Slurm cluster, or this machine. Both run the same rendered launch.sbatch, which
+starts the job's orchestrator (job.pyz: start-up, health waits, supervision and teardown, written once in the
+`orchestrator` package); a backend only starts the job, reads its state and ends it.
 
     preflight(plan)   refuse early, with a clear reason, what cannot run (missing Slurm, ports in use...)
     submit(run)       start the job; record its id (Slurm job id / local session) in the run record
@@ -112,7 +112,7 @@ class LocalBackend:
             # Servers bind with SO_REUSEADDR, so a port whose last connections linger in TIME_WAIT is free for them.
             # Nothing listens here; a bind can still fail while a live connection's local end holds the port (a
             # client's ephemeral source port): wait for it to close, bounded, then say what it is.
-            if not wait_until(lambda: ports.bindable(port), PORT_WAIT_S, 0.2):
+            if not wait_until(lambda port=port: ports.bindable(port), PORT_WAIT_S, 0.2):
                 span = ports.ephemeral_range()
                 where = (f" (this machine's ephemeral ports are {span[0]}-{span[1]}: outgoing connections take "
                          "their source ports there)" if span else "")

@@ -5,7 +5,8 @@
         run.json          the run record (backend, job id, servers, state)
         nodes.tsv         index, Slurm node name, address (written by the job)
         disagg.resolved.yaml   disagg.yaml with real hostnames
-        state/phases.tsv  what the job did, one line per step (time, phase, detail)
+        job.json job.pyz  what the job runs (the orchestrator package) and its data, rendered
+        state/events.jsonl  what the job did, one JSON event a line (orchestrator.events)
         state/servers/NAME.json  each component's supervision state (restarts, last exit, PID or step)
         logs/<server>.log one log per server, logs/proxy.log; logs/job.log the local job's own output
         provenance/NODE.json  what each node runs (engine, NIXL, UCX, driver, image), written at start
@@ -20,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from orchestrator.states import ComponentState, RunState
 from toolkit.errors import TkError
 from toolkit.plan.model import Plan
 from toolkit.runtime import rundir
@@ -36,9 +38,9 @@ class ServerRecord:
     instance: int
     node: int  # plan node index of its first node
     port: int
-    # planned | starting | healthy | unhealthy | backoff (exited, restart pending) | lost (given up) | failed |
-    # stopped; once the job runs, what its supervision (state/servers/NAME.json) and a /health probe say now
-    state: str = "planned"
+    # an orchestrator.states.ComponentState value; once the job runs, what its supervision (state/servers/NAME.json)
+    # and a /health probe say now
+    state: str = ComponentState.PLANNED.value
     host: str | None = None  # address once known
     restarts: int = 0  # restarts by the job's supervision in this run
     last_exit: int | None = None  # exit code of its last exit (128 + N: killed by signal N)
@@ -58,7 +60,7 @@ class RunRecord:
     created: float
     servers: list[ServerRecord]
     job_id: str | None = None
-    state: str = "rendered"  # rendered | submitted | pending | starting | ready | failed | stopped
+    state: str = RunState.RENDERED.value  # an orchestrator.states.RunState value (docs/architecture.md, "States")
     endpoint: str | None = None
     reason: str | None = None
     job_pid: int | None = None  # local backend: the batch script, leader of the job's process group
@@ -131,10 +133,10 @@ class RunRecord:
     def save(self) -> None:
         rundir.write_text_atomically(self.path / RUN_RECORD, json.dumps(self.to_dict(), indent=2) + "\n")
 
-    def set_state(self, state: str, reason: str | None = None) -> None:
-        self.state = state
+    def set_state(self, state: RunState | str, reason: str | None = None) -> None:
+        self.state = RunState(state).value
         self.reason = reason  # a reason belongs to its state: "ready" must not carry "pending (Priority)"
-        self.history.append([round(time.time(), 3), state, reason])
+        self.history.append([round(time.time(), 3), self.state, reason])
         self.save()
 
     def server(self, name: str) -> ServerRecord:
@@ -229,9 +231,9 @@ def find_run(ref: str | None) -> RunRecord:
     return launched[-1]
 
 
-def read_phases(run: RunRecord) -> list[tuple[float, str, str]]:
-    """The job's own account of itself (state/phases.tsv), oldest first."""
-    return rundir.read_phases(run.path)
+def read_events(run: RunRecord) -> list[dict]:
+    """The job's own account of itself (state/events.jsonl), oldest first."""
+    return rundir.read_events(run.path)
 
 
 def read_supervision(run: RunRecord) -> dict[str, dict]:

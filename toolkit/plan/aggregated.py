@@ -27,7 +27,7 @@ import dataclasses
 
 from toolkit.errors import RecipeError
 from toolkit.facts import trtllm
-from toolkit.plan import options, placement, rules
+from toolkit.plan import memory, options, placement, rules
 from toolkit.plan.model import Plan, RolePlan
 from toolkit.plan.sizing import ceil_to, longest_input, role_kv, spec_layers
 from toolkit.recipe.loader import LoadedRecipe
@@ -82,6 +82,12 @@ def aggregated_plan(plan: Plan, loaded: LoadedRecipe) -> Plan:
     opts.pop("cache_transceiver_config", None)  # aggregated: no KV transfer (what makes a server disaggregated)
     opts["max_num_tokens"] = mnt  # over an extra_options value: the longest request must fit
 
+    # The memory plan of an aggregated server (toolkit/plan/memory.py), its refusals naming aggregated.tp.
+    memories = memory.plan_roles(r, plan.model, plan.engine, {TITLE: opts}, spec_layers(r, version), plan.buffer, c,
+                                 general=False)
+    if c.violations:
+        raise RecipeError(c.violations)
+
     instances = placement.place(ROLE, spec, placement.GpuCursor(gpn), first_port=r.cluster.worker_base_port,
                                 uses_mpi=plan.engine.uses_mpi)
     instances = placement.internal_ports(instances, version, plan.engine,
@@ -92,8 +98,11 @@ def aggregated_plan(plan: Plan, loaded: LoadedRecipe) -> Plan:
                     node_count=placement.nodes_used(instances), instances=instances,
                     model_path=plan.generation.model_path, llm_api_options=opts,
                     serve_args=options.serve_args(spec, opts, plan.model), env=dict(plan.generation.env),
-                    kv=role_kv(plan.model, r.kv_transfer.dtype, spec, spec_layers(r, version)))
+                    kv=role_kv(plan.model, r.kv_transfer.dtype, spec, spec_layers(r, version)),
+                    memory=memories.get(TITLE))
     slurm = dataclasses.replace(plan.slurm, job_name=f"{plan.slurm.job_name}-agg", nodes=node_count)
     supervision = dataclasses.replace(plan.supervision, min_aggregated=1)
+    warnings = plan.warnings + tuple(w for w in c.warnings if w not in plan.warnings)
     return dataclasses.replace(plan, name=f"{plan.name}-agg", mode="aggregated", aggregated=role, proxy=None,
-                               membership=None, slurm=slurm, supervision=supervision, node_count=node_count)
+                               membership=None, slurm=slurm, supervision=supervision, node_count=node_count,
+                               warnings=warnings)

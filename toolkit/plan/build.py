@@ -16,15 +16,16 @@ from toolkit.facts.containers import pyxis_image
 from toolkit.facts.engines import ENGINES, emulated_label
 from toolkit.facts.hardware import TRANSPORT_PROFILES
 from toolkit.facts.models import ModelError, resolve_model
-from toolkit.plan import options, placement, rules, sizing
+from toolkit.plan import memory, options, placement, rules, sizing
 from toolkit.plan.model import KvTransferPlan, Plan, RolePlan, SlurmPlan, SupervisionPlan, TrafficPlan
+from toolkit.recipe.loader import LoadedRecipe
 
-HEALTH_INTERVAL_S = 2  # how often launch.sbatch probes every component once the deployment serves
 # srun's MPI plugin for an engine's MPI ranks when the recipe names none (cluster.mpi): PMIx, as NVIDIA's own Slurm
 # script runs every step (NVIDIA/TensorRT-LLM examples/disaggregated/slurm/benchmark/disaggr_torch.slurm @ 051087cd,
 # `srun ... --mpi=pmix`). Clusters whose Slurm has no PMIx plugin (`srun --mpi=list`) set cluster.mpi.
 DEFAULT_MPI = "pmix"
-from toolkit.recipe.loader import LoadedRecipe
+
+HEALTH_INTERVAL_S = 2  # how often the job's orchestrator probes every component once the deployment serves
 
 
 def build_plan(loaded: LoadedRecipe, aggregated: bool = False) -> Plan:
@@ -87,6 +88,8 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
     rules.check_transceiver(r, target, merged, c)
     rules.check_role_options(r, ctx_opts, gen_opts, c)
     rules.check_agreement(r, ctx_opts, gen_opts, c)
+    extra_layers = sizing.spec_layers(r, version)  # MTP adds KV layers (facts.trtllm.mtp_kv_layers)
+    memories = memory.plan_roles(r, model, engine, merged, extra_layers, buffer, c)
 
     gpn = r.cluster.gpus_per_node
     ctx_span = placement.nodes_per_instance(r.context, gpn, "context", c)
@@ -122,7 +125,6 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
     if c.violations:
         raise RecipeError(c.violations)
 
-    extra_layers = sizing.spec_layers(r, version)  # MTP adds KV layers (facts.trtllm.mtp_kv_layers)
     geometry = sizing.geometry(r, model, extra_layers)
     if emulated_model is not None:  # the run's timing is the emulated model's on the emulated GPU
         emulated = resolve_model(emulated_model, base_dir=loaded.base_dir)
@@ -139,7 +141,7 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
                         model_path=spec.model_path or r.model_path or r.model, llm_api_options=opts,
                         serve_args=options.serve_args(spec, opts, model), env=env,
                         kv=sizing.role_kv(model, dtype, spec, extra_layers),
-                        launcher_prefix=tuple(spec.launcher_prefix))
+                        launcher_prefix=tuple(spec.launcher_prefix), memory=memories.get(title))
 
     ctx_plan = role_plan("ctx", "context", r.context, ctx_span, ctx_nodes, ctx_instances, ctx_opts, ctx_env)
     gen_plan = role_plan("gen", "generation", r.generation, gen_span, gen_nodes, gen_instances, gen_opts, gen_env)
@@ -163,7 +165,7 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
                                   backoff_initial_s=sv.backoff_initial_s, backoff_max_s=sv.backoff_max_s,
                                   unhealthy_after_s=sv.unhealthy_after_s, stable_after_s=sv.stable_after_s,
                                   health_interval_s=HEALTH_INTERVAL_S, min_context=sv.min_context,
-                                  min_generation=sv.min_generation)
+                                  min_generation=sv.min_generation, stall_after_s=sv.stall_after_s)
     t = r.traffic
     return Plan(
         name=r.name, recipe_file=loaded.file, toolkit_version=__version__, trtllm_version=version.line,
@@ -173,7 +175,8 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
                             max_output_len=t.max_output_len, typical_input_len=t.typical_input_len),
         buffer=buffer, estimates=estimates, context=ctx_plan, generation=gen_plan, proxy=proxy, slurm=slurm,
         supervision=supervision, membership=membership,
-        node_count=node_count, recipe=r.manifest_doc(), warnings=tuple(dict.fromkeys(c.warnings)),
+        node_count=node_count, recipe=r.manifest_doc(), gpu=r.cluster.gpu,
+        quantization=r.context.quantization or r.quantization, warnings=tuple(dict.fromkeys(c.warnings)),
         target_release=loaded.release, site_file=loaded.site_file, value_sources=loaded.outside_sources(),
     )
 

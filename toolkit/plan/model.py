@@ -41,6 +41,43 @@ class RoleKv:
 
 
 @dataclass(frozen=True)
+class RoleMemory:
+    """One GPU of one of the role's servers (its fullest rank), in bytes: toolkit/plan/memory.py says how each
+    number is worked out and which are estimates."""
+
+    gpu: str
+    gpu_memory_bytes: int
+    quantization: str  # what the weights are assumed stored as ("bfloat16", "fp8_block", "nvfp4", ...)
+    quantization_source: str  # and why
+    weights_bytes: int  # estimate
+    weights_min_bytes: int  # lower bound (every linear layer split over TP, at the narrowest width possible)
+    weights_detail: tuple[tuple[str, int], ...]  # (layers | embedding | lm_head | mtp, bytes)
+    activation_bytes: int  # the profiling forward pass over max_num_tokens (estimate)
+    cuda_graph_bytes: int  # the largest captured decode batch (estimate)
+    runtime_bytes: int  # CUDA context, workspaces, NCCL buffers (estimate)
+    free_gpu_memory_fraction: float
+    kv_pool_bytes: int  # (memory - all the above) x free_gpu_memory_fraction
+    kv_dtype: str
+    kv_bytes_per_token: int  # on this rank, all its layers (MTP included)
+    kv_pool_tokens: int
+    kv_pool_tokens_max: int  # with no activations and the weights' lower bound: what errors are judged on
+    sequence_tokens: int  # one full request on this role (context: the longest input; generation: max_seq_len)
+    max_batch_size: int
+    batch_tokens: int  # max_batch_size x sequence_tokens (per attention-DP rank under attention DP)
+    transfer_buffer_bytes: int  # cache_transceiver_config.max_tokens_in_buffer of KV
+    headroom_bytes: int  # what the KV pool leaves free
+    notes: tuple[str, ...] = ()
+
+    @property
+    def fits_sequence(self) -> bool:
+        return self.kv_pool_tokens >= self.sequence_tokens
+
+    @property
+    def fits_batch(self) -> bool:
+        return self.kv_pool_tokens >= self.batch_tokens
+
+
+@dataclass(frozen=True)
 class KvTransferPlan:
     """How KV moves from context to generation servers."""
 
@@ -136,6 +173,14 @@ class RolePlan:
     # Words before each server's command on its nodes (recipe {role}.launcher_prefix, e.g. numactl -m 0,1): the
     # server runs as PREFIX... [engine launcher] serve_command MODEL ...
     launcher_prefix: tuple[str, ...] = ()
+    # One GPU's memory plan (toolkit/plan/memory.py); None where the engine keeps no KV on a GPU (the stand-in)
+    # or the GPU's memory is unknown (cluster.gpu CPU).
+    memory: RoleMemory | None = None
+
+    @property
+    def moe_tp(self) -> int | None:
+        """MoE tensor parallelism TensorRT-LLM derives: tp // moe_expert_parallel_size (tensorrt_llm/mapping.py)."""
+        return self.tp // self.ep if self.ep else None
 
     @property
     def gpu_count(self) -> int:
@@ -154,7 +199,8 @@ class ProxyPlan:
 
 @dataclass(frozen=True)
 class SupervisionPlan:
-    """What launch.sbatch does when a component exits or stops answering /health once the deployment serves."""
+    """What the job's orchestrator does when a component exits, stops answering /health or stops making progress
+    once the deployment serves (orchestrator.policy)."""
 
     policy: str  # "restart" | "fail-fast"
     max_restarts: int  # consecutive failed restarts of one component before it is given up ("lost")
@@ -165,6 +211,7 @@ class SupervisionPlan:
     health_interval_s: int  # how often the job probes every component
     min_context: int  # fewer live (healthy or being restarted) servers of a role than this ends the run
     min_generation: int
+    stall_after_s: int = 120  # a progress probe unanswered this long: the server is wedged (0: not probed)
     min_aggregated: int = 1  # an aggregated plan: fewer live instances than this ends the run
 
     @property
@@ -248,6 +295,10 @@ class Plan:
     supervision: SupervisionPlan
     node_count: int
     recipe: dict  # the resolved recipe (all defaults filled), for the manifest only: later stages read fields
+    gpu: str  # cluster.gpu (a facts.hardware.GPU_FIGURES row)
+    # The recipe's `quantization` (context's and generation's agree, a rule): the checkpoint the servers load;
+    # None: the model's own (RoleMemory.quantization says what that is).
+    quantization: str | None
     warnings: tuple[str, ...] = field(default_factory=tuple)
     # None: the line has no disagg_cluster, or the recipe turned membership off (static urls then).
     membership: MembershipPlan | None = None

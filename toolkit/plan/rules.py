@@ -247,7 +247,7 @@ def check_slurm_args(r: Recipe, c: Collector) -> None:
 def check_role_options(r: Recipe, ctx_opts: dict, gen_opts: dict, c: Collector) -> None:
     tpb = r.kv_transfer.tokens_per_block
     longest = longest_input(r)
-    for title, role, opts in (("context", r.context, ctx_opts), ("generation", r.generation, gen_opts)):
+    for title, _role, opts in (("context", r.context, ctx_opts), ("generation", r.generation, gen_opts)):
         mnt = opts["max_num_tokens"]
         if not _is_kind(mnt, "positive integer", None):
             continue  # reported by check_extra_options
@@ -515,6 +515,10 @@ def check_supervision(r: Recipe, c: Collector) -> None:
         c.add("supervision.backoff_initial_s",
               f"backoff_initial_s ({sv.backoff_initial_s}) is above backoff_max_s ({sv.backoff_max_s})",
               f"lower it to at most {sv.backoff_max_s}, or raise supervision.backoff_max_s")
+    if 0 < sv.stall_after_s < 5:
+        c.add("supervision.stall_after_s",
+              f"stall_after_s ({sv.stall_after_s}) would call a server wedged when one token takes {sv.stall_after_s}s",
+              "set it to at least 5 (above the worst time to first token under load), or 0 to turn progress probes off")
     for field, spec, title in (("min_context", r.context, "context"), ("min_generation", r.generation, "generation")):
         minimum = getattr(sv, field)
         if minimum > spec.instances:
@@ -626,7 +630,7 @@ def check_speculative(r: Recipe, target: llm_args.Target, model: ModelSpec, c: C
 
 def _check_speculative_options(sp, target: llm_args.Target, c: Collector) -> None:
     stopped: list[str] = []
-    for dotted, key, value in llm_args.walk_options(sp.options, "speculative_config"):
+    for dotted, _key, _value in llm_args.walk_options(sp.options, "speculative_config"):
         rel = dotted.removeprefix("speculative_config.")
         if any(dotted.startswith(s + ".") for s in stopped):
             continue
@@ -666,7 +670,7 @@ def check_transceiver(r: Recipe, target: llm_args.Target, merged: dict[str, dict
         if not isinstance(ct, dict):
             continue
 
-        def blame(key: str) -> tuple:
+        def blame(key: str, title: str = title) -> tuple:
             in_extra = key in (getattr(r, title).extra_options.get("cache_transceiver_config") or {})
             if key in TRANSCEIVER_FIELDS and not in_extra:
                 return ("kv_transfer", TRANSCEIVER_FIELDS[key])

@@ -71,11 +71,17 @@ def spec_layers(r: Recipe, version: trtllm.TrtllmVersion) -> int:
 def role_kv(model: ModelSpec, kv_dtype: str, role: RoleSpec, extra_layers: int = 0) -> RoleKv:
     """One rank's KV per token. ``extra_layers`` (MTP) sit on the last pipeline rank; the fullest rank counts,
     so the validation payloads (toolkit/validate/params.py reads these) move what TensorRT-LLM moves."""
-    per_layer = model.kv_bytes_per_token_per_layer_per_rank(kv_dtype, role.tp)
+    tp = attention_tp(role)
+    per_layer = model.kv_bytes_per_token_per_layer_per_rank(kv_dtype, tp)
     return RoleKv(layers_per_rank=model.layers_per_rank(role.pp, extra_layers),
                   bytes_per_token_per_layer_per_rank=per_layer,
-                  bytes_per_token_per_rank=model.kv_bytes_per_token_per_rank(kv_dtype, role.tp, role.pp,
-                                                                             extra_layers))
+                  bytes_per_token_per_rank=model.kv_bytes_per_token_per_rank(kv_dtype, tp, role.pp, extra_layers))
+
+
+def attention_tp(role: RoleSpec) -> int:
+    """How many ranks split one request's attention heads (and KV): 1 under attention DP, where each rank serves
+    its own requests with all heads (tensorrt_llm/_torch/modules/attention.py: enable_attention_dp -> tp_size 1)."""
+    return 1 if role.attention_dp else role.tp
 
 
 def geometry(r: Recipe, model: ModelSpec, extra_layers: int = 0) -> KvGeometry:
@@ -94,10 +100,10 @@ def geometry(r: Recipe, model: ModelSpec, extra_layers: int = 0) -> KvGeometry:
         attention=model.attention, num_layers=kv_layers, bytes_per_element=KV_DTYPE_BYTES[dtype],
         bytes_per_token=per_token, bytes_per_token_per_layer=int(per_layer),
         tokens_per_block=r.kv_transfer.tokens_per_block,
-        ctx_bytes_per_token_per_rank=model.kv_bytes_per_token_per_rank(dtype, r.context.tp, r.context.pp,
+        ctx_bytes_per_token_per_rank=model.kv_bytes_per_token_per_rank(dtype, attention_tp(r.context), r.context.pp,
                                                                        extra_layers),
-        gen_bytes_per_token_per_rank=model.kv_bytes_per_token_per_rank(dtype, r.generation.tp, r.generation.pp,
-                                                                       extra_layers),
+        gen_bytes_per_token_per_rank=model.kv_bytes_per_token_per_rank(dtype, attention_tp(r.generation),
+                                                                       r.generation.pp, extra_layers),
         largest_request_tokens=longest, largest_request_bytes=per_token * longest, formula=formula,
     )
 

@@ -373,6 +373,10 @@ class SupervisionSpec(Section):
     backoff_max_s: int = Field(60, ge=1, le=3600)
     unhealthy_after_s: int = Field(20, ge=4, le=3600)  # /health failing this long: killed and restarted
     stable_after_s: int = Field(300, ge=10, le=WEEK_S)  # healthy this long: its consecutive failures reset to 0
+    # Liveness is progress: a server whose probe generation (TensorRT-LLM's /health_generate, one token) has not
+    # answered for this long is wedged (its /health may still be 200): killed and restarted like a dead one.
+    # Keep it above the worst time to first token under load. 0: no progress probes.
+    stall_after_s: int = Field(120, ge=0, le=3600)
     # Fewer live servers of a role than this ends the run. With membership it is also the proxy's
     # disagg_cluster.minimal_instances: below it TensorRT-LLM's proxy refuses every request ("Cluster is not ready").
     min_context: int = Field(1, ge=1, le=512)

@@ -16,17 +16,18 @@ from pathlib import Path
 from toolkit.facts import trtllm
 from toolkit.plan.model import Plan
 from toolkit.render.escape import RenderError, environment, to_yaml  # noqa: F401 (re-exported)
+from toolkit.render.job import JOB_ARCHIVE, JOB_SPEC, job_archive, job_spec
 from toolkit.render.output import write_atomically
 
-# The files `tk render` writes, in the order the manifest lists them.
+# The files `tk render` writes, in the order the manifest lists them. launch.sbatch only starts job.pyz (the
+# orchestrator package, toolkit/render/job.py), which reads job.json.
 RENDERED_FILES = ("ctx.yaml", "gen.yaml", "disagg.yaml", "ctx.env", "gen.env", "proxy.env", "launch.sbatch",
-                  "check_config.py", "membership.py")
+                  "job.json", "job.pyz", "check_config.py")
 # An aggregated plan's (`--aggregated`): plain trtllm-serve instances, no proxy, no membership.
-RENDERED_FILES_AGGREGATED = ("agg.yaml", "agg.env", "launch.sbatch", "check_config.py")
+RENDERED_FILES_AGGREGATED = ("agg.yaml", "agg.env", "launch.sbatch", "job.json", "job.pyz", "check_config.py")
 # The config check the job runs before any server starts (and `tk render --check` runs here): a standalone
 # script, copied as it is (it imports only the standard library, PyYAML and, where installed, tensorrt_llm).
 CHECK_SCRIPT = "check_config.py"
-MEMBERSHIP_SCRIPT = "membership.py"  # launch.sbatch's view of the cluster storage (registered, deregister)
 MANIFEST = "manifest.json"
 
 
@@ -42,9 +43,9 @@ def worker_command(plan: Plan, role_name: str, port: int) -> list[str]:
 def worker_host(plan: Plan, role_name: str, port: int) -> str:
     """The worker's --host. With membership a worker registers exactly this host (TensorRT-LLM's
     DisaggClusterWorker(role, host, port)) and the proxy connects to it, so it is the worker's node as the
-    proxy reaches it, `<nodeN>`, which launch.sbatch resolves as it does in disagg.yaml (127.0.0.1 under
+    proxy reaches it, `<nodeN>`, which the job resolves as it does in disagg.yaml (127.0.0.1 under
     `tk launch --local`). Without membership the proxy reaches the worker through disagg.yaml's urls, and the
-    worker binds `<bindN>`: launch.sbatch makes that all interfaces (0.0.0.0), or loopback where the node's own
+    worker binds `<bindN>`: the job makes that all interfaces (0.0.0.0), or loopback where the node's own
     address is loopback (the local backend's nodes), so a local rehearsal listens on nothing but loopback."""
     server = next((s for s in plan.servers if s.role == role_name and s.port == port), None)
     if server is None:
@@ -76,7 +77,8 @@ def container_srun_flags(plan: Plan) -> list[str]:
     return flags
 
 
-def _srun_flags(plan: Plan) -> list[str]:
+def srun_flags(plan: Plan) -> list[str]:
+    """Flags of every component's step and of the config check: the container, --mpi, the recipe's srun_args."""
     flags = container_srun_flags(plan)
     if plan.slurm.mpi:
         flags.append(f"--mpi={plan.slurm.mpi}")
@@ -85,7 +87,7 @@ def _srun_flags(plan: Plan) -> list[str]:
 
 def check_command(plan: Plan) -> list[str]:
     """argv of the config check after `python3 check_config.py`, up to the files (`--options FILE MODEL` per
-    role and `--disagg FILE`, which launch.sbatch and `tk render --check` add with their own paths)."""
+    role and `--disagg FILE`, which the job and `tk render --check` add with their own paths)."""
     argv = ["--engine", plan.engine.name, "--line", plan.trtllm_version]
     for spec in trtllm.CONFIG_CHECK_MERGE:
         argv += ["--merge", spec]
@@ -113,8 +115,8 @@ def ucx_tls_note(plan: Plan, env: dict) -> str:
     return transport.ucx_tls_reason
 
 
-def render_files(plan: Plan) -> dict[str, str]:
-    """Every file of the deployment, name -> text, manifest included. Pure: writes nothing."""
+def render_files(plan: Plan) -> dict[str, str | bytes]:
+    """Every file of the deployment, name -> text (job.pyz: bytes), manifest included. Pure: writes nothing."""
     env = environment()
     recipe_name = os.path.basename(plan.recipe_file)
     common = {"plan": plan, "recipe_name": recipe_name}
@@ -128,29 +130,16 @@ def render_files(plan: Plan) -> dict[str, str]:
     if plan.proxy is not None:
         files["proxy.env"] = env.get_template("role.env.j2").render(
             env=plan.proxy.env, title="proxy", ucx_tls_note=ucx_tls_note(plan, plan.proxy.env), **common)
-    files.update({
-        "launch.sbatch": env.get_template("launch.sbatch.j2").render(
-            worker_commands={s.name: worker_command(plan, s.role, s.port) for s in plan.servers},
-            proxy_command=proxy_command(plan) if plan.proxy is not None else [], srun_flags=_srun_flags(plan),
-            provenance_flags=container_srun_flags(plan), check_argv=check_command(plan),
-            check_timeout_s=trtllm.CONFIG_CHECK_TIMEOUT_S, stagger_s=trtllm.LAUNCHER_STAGGER_S,
-            ipc_addr_env=trtllm.LAUNCHER_IPC_ADDR_ENV, first_ipc_port=trtllm.LAUNCHER_FIRST_IPC_PORT,
-            instance_env={s.name: " ".join(f"{env}={port}" for env, port in s.internal_ports) for s in plan.servers},
-            ntasks_per_node=plan.slurm.gpus_per_node if plan.engine.uses_mpi else 1, sv=plan.supervision,
-            membership=plan.membership,
-            etcd=plan.membership.etcd if plan.membership and plan.membership.etcd and plan.membership.etcd.started_by_job
-            else None,
-            **common),
-    })
+    files["launch.sbatch"] = env.get_template("launch.sbatch.j2").render(
+        ntasks_per_node=plan.slurm.gpus_per_node if plan.engine.uses_mpi else 1, sv=plan.supervision, **common)
+    files[JOB_SPEC] = job_spec(plan).to_json()
+    files[JOB_ARCHIVE] = job_archive()
     files[CHECK_SCRIPT] = check_script_text()
-    from toolkit.resources import templates_dir
-    if plan.proxy is not None:  # launch.sbatch uses it with membership (an aggregated plan has none)
-        files[MEMBERSHIP_SCRIPT] = (templates_dir() / MEMBERSHIP_SCRIPT).read_text()
     files[MANIFEST] = manifest_text(plan, files)
     return files
 
 
-def manifest(plan: Plan, files: dict[str, str]) -> dict:
+def manifest(plan: Plan, files: dict[str, str | bytes]) -> dict:
     return {
         "manifest_version": 1,
         "name": plan.name,
@@ -164,11 +153,12 @@ def manifest(plan: Plan, files: dict[str, str]) -> dict:
         **({"value_sources": {field: source for field, _, source in plan.value_sources}}
            if plan.value_sources else {}),
         "derived": derived_numbers(plan),
-        "files": {name: hashlib.sha256(text.encode()).hexdigest() for name, text in sorted(files.items())},
+        "files": {name: hashlib.sha256(data.encode() if isinstance(data, str) else data).hexdigest()
+                  for name, data in sorted(files.items())},
     }
 
 
-def manifest_text(plan: Plan, files: dict[str, str]) -> str:
+def manifest_text(plan: Plan, files: dict[str, str | bytes]) -> str:
     return json.dumps(manifest(plan, files), indent=2, sort_keys=False) + "\n"
 
 
@@ -183,11 +173,14 @@ def derived_numbers(plan: Plan) -> dict:
         "max_tokens_in_buffer_reason": plan.buffer.reason,
         "estimates": asdict(plan.estimates),
         "nodes": plan.node_count,
+        "gpu": plan.gpu,
+        "quantization": plan.quantization,
         "roles": {
             role.title: {
                 "instances": len(role.instances), "tp": role.tp, "pp": role.pp, "ep": role.ep,
-                "attention_dp": role.attention_dp, "gpus_per_instance": role.gpus_per_instance,
-                "gpus": role.gpu_count, "nodes": role.node_count,
+                "moe_tp": role.moe_tp, "attention_dp": role.attention_dp,
+                "gpus_per_instance": role.gpus_per_instance, "gpus": role.gpu_count, "nodes": role.node_count,
+                "memory": memory_numbers(role.memory),
             } for role in plan.roles
         },
         "servers": [{"name": s.name, "role": s.role, "index": s.index, "nodes": list(s.nodes),
@@ -199,7 +192,20 @@ def derived_numbers(plan: Plan) -> dict:
     }
 
 
-def render(plan: Plan, out_dir: str | os.PathLike) -> tuple[Path, dict[str, str]]:
+def memory_numbers(m) -> dict | None:
+    """A role's memory plan (plan.model.RoleMemory) as JSON: every field, and whether the pool holds one full
+    sequence and the whole batch."""
+    if m is None:
+        return None
+    doc = asdict(m)
+    doc["weights_detail"] = dict(m.weights_detail)
+    doc["notes"] = list(m.notes)
+    doc["fits_sequence"], doc["fits_batch"] = m.fits_sequence, m.fits_batch
+    return doc
+
+
+def render(plan: Plan, out_dir: str | os.PathLike) -> tuple[Path, dict[str, str | bytes]]:
+
     files = render_files(plan)
     return write_atomically(files, out_dir), files
 

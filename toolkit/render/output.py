@@ -110,7 +110,7 @@ def _link_or_copy(src, dst) -> None:
         shutil.copy2(src, dst)
 
 
-def write_atomically(files: dict[str, str], out_dir: str | os.PathLike) -> Path:
+def write_atomically(files: dict[str, str | bytes], out_dir: str | os.PathLike) -> Path:
     """Write the rendered files into out_dir as one directory swap (see the module docstring)."""
     out = Path(out_dir)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
@@ -128,10 +128,13 @@ def write_atomically(files: dict[str, str], out_dir: str | os.PathLike) -> Path:
             raise TkError(f"{parent}: cannot write next to the output directory ({exc.strerror or exc})") from None
         try:
             tmp.chmod(0o755)
-            for name, text in files.items():
+            for name, data in files.items():
                 path = tmp / name
-                path.write_text(text, encoding="utf-8")
-                path.chmod(0o755 if name.endswith(".sbatch") else 0o644)
+                if isinstance(data, bytes):
+                    path.write_bytes(data)
+                else:
+                    path.write_text(data, encoding="utf-8")
+                path.chmod(0o755 if name.endswith((".sbatch", ".pyz")) else 0o644)
             if not out.exists():
                 os.rename(tmp, out)
                 return out

@@ -161,21 +161,38 @@ def write_text_atomically(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def read_phases(run_dir: Path) -> list[tuple[float, str, str]]:
-    """The job's own account of itself (state/phases.tsv: time, phase, detail), oldest first."""
-    path = Path(run_dir) / "state" / "phases.tsv"
+EVENTS_FILE = "events.jsonl"
+EVENTS_READ_BYTES = 1 << 20  # the last MiB: a job writes a few lines per transition
+EVENT_FIELDS = {"time": (int, float), "event": str, "component": (str, type(None)), "state": (str, type(None)),
+                "reason": (str, type(None)), "exit_code": (int, type(None)), "restarts": (int, type(None))}
+
+
+def read_events(run_dir: Path) -> list[dict]:
+    """The job's own account of itself (state/events.jsonl, written by the orchestrator: orchestrator.events),
+    oldest first. Bounded: the file's last MiB, lines of at most 16 KiB; a damaged line, or a field of the wrong
+    type, is skipped rather than trusted."""
+    path = Path(run_dir) / "state" / EVENTS_FILE
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - EVENTS_READ_BYTES))
+            data = f.read(EVENTS_READ_BYTES)
+    except OSError:
+        return []
+    lines = data.split(b"\n")
+    if size > EVENTS_READ_BYTES:
+        lines = lines[1:]  # cut mid-line
     out = []
-    if path.is_file():
-        with open(path, "rb") as f:  # bounded: the last MiB (a job writes a few lines per step)
-            f.seek(max(0, f.seek(0, os.SEEK_END) - (1 << 20)))
-            text = f.read().decode(errors="replace")
-        for line in text.splitlines():
-            parts = line.split("\t", 2)
-            if len(parts) == 3:
-                try:
-                    out.append((float(parts[0]), parts[1], parts[2]))
-                except ValueError:
-                    continue
+    for raw in lines:
+        if not raw.strip() or len(raw) > 16384:
+            continue
+        try:
+            doc = json.loads(raw)
+        except (ValueError, RecursionError):
+            continue
+        if isinstance(doc, dict) and all(isinstance(doc.get(k), t) and not isinstance(doc.get(k), bool)
+                                         for k, t in EVENT_FIELDS.items()):
+            out.append(doc)
     return out
 
 
@@ -185,7 +202,7 @@ SERVER_STATE_FIELDS = {"state": str, "since": (int, float), "restarts": int, "fa
 
 
 def read_server_states(run_dir: Path, names: list[str]) -> dict[str, dict]:
-    """state/servers/NAME.json for each name, as launch.sbatch writes it (atomically, by rename); a missing,
+    """state/servers/NAME.json for each name, as the job writes it (atomically, by rename); a missing,
     oversized or damaged file, or a field of the wrong type, is left out rather than trusted."""
     out = {}
     for name in names:
@@ -194,7 +211,7 @@ def read_server_states(run_dir: Path, names: list[str]) -> dict[str, dict]:
             if path.stat().st_size > 16384:
                 continue
             doc = json.loads(path.read_text(errors="replace"))
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue
         if isinstance(doc, dict) and all(isinstance(doc.get(k), t) and not isinstance(doc.get(k), bool)
                                          for k, t in SERVER_STATE_FIELDS.items()):

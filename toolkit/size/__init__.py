@@ -4,10 +4,12 @@
     predict(plan) -> dict   aiconfigurator's estimate of an existing recipe's exact configuration
 
 aiconfigurator (toolkit/size/aiconfigurator.py, the only module that imports it) ranks aggregated and
-disaggregated configurations; toolkit/size/transfer.py adds the KV transfer of the input to each
-disaggregated TTFT; toolkit/size/recipe.py writes the chosen one as a recipe and re-checks it with tk's own
-recipe and plan stages. Sits beside launch and validate in the import layers: reads plan, recipe and facts,
-never launch.
+disaggregated configurations; toolkit/size/candidates.py reads its rows and translates each into recipe roles
+(attention DP, MoE TP x EP, PP, workers, per-rank batches), marking those tk cannot express;
+toolkit/size/transfer.py adds the KV transfer of the input to each disaggregated TTFT; toolkit/size/recipe.py
+writes the best SLA-meeting candidate tk can deploy as a recipe and re-checks it with tk's own recipe and plan
+stages (memory plan included): what the recipe deploys must equal the row. Sits beside launch and validate in
+the import layers: reads plan, recipe and facts, never launch.
 """
 
 from __future__ import annotations
@@ -21,9 +23,12 @@ from toolkit.runtime import bounds
 from toolkit.facts.models import ModelError, ModelSpec, resolve_model
 from toolkit.size import aiconfigurator as aic
 from toolkit.size import transfer
-from toolkit.size.aiconfigurator import Candidate, SizingError
+from toolkit.size.aiconfigurator import SizingError
+from toolkit.size.candidates import Candidate, RoleShape, candidate
 
-__all__ = ["Candidate", "SizeResult", "SizingError", "predict", "size"]
+__all__ = ["Candidate", "RoleShape", "SizeResult", "SizingError", "predict", "size"]
+
+MAX_RECHECKS = 25  # SLA-meeting disaggregated candidates tk re-checks, best first, before giving up
 
 
 @dataclass
@@ -83,14 +88,15 @@ def _order(cands: list[Candidate], ttft_ms: float, tpot_ms: float, with_transfer
 
 
 def add_transfer(cands: list[Candidate], model: ModelSpec, isl: int, gbps: float) -> list[Candidate]:
-    """Each disaggregated candidate with its transfer term; aggregated ones move no KV (transfer 0)."""
+    """Each disaggregated candidate with its transfer term; aggregated ones move no KV (transfer 0). A context
+    rank holds the KV heads of its attention TP (all of them under attention DP, where aiconfigurator's tp is 1)."""
     out = []
     for c in cands:
         if c.mode != "disagg":
             out.append(replace(c, transfer_ms=0.0))
             continue
         kv_dtype = transfer.kv_dtype_of(c.kvcache)
-        nbytes = transfer.bytes_per_token(model, kv_dtype, c.ctx_tp, c.ctx_pp)
+        nbytes = transfer.bytes_per_token(model, kv_dtype, c.ctx.tp, c.ctx.pp)
         out.append(replace(c, transfer_ms=round(transfer.transfer_ms(nbytes, isl, gbps), 6),
                            extra={**c.extra, "bytes_per_token_per_ctx_rank": nbytes, "kv_dtype": kv_dtype}))
     return out
@@ -98,9 +104,12 @@ def add_transfer(cands: list[Candidate], model: ModelSpec, isl: int, gbps: float
 
 def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float, tpot_ms: float, *,
          transport: str | None = None, measured: str | None = None, measured_pick: str = "slowest",
-         gpus_per_node: int | None = None, name: str | None = None) -> SizeResult:
-    """Search, add the transfer term, rank, choose the best SLA-meeting disaggregated candidate, write and
-    re-check its recipe. Raises SizingError (exit 2) for an unsupported model/system or an impossible SLA."""
+         gpus_per_node: int | None = None, name: str | None = None, adapter=None) -> SizeResult:
+    """Search, add the transfer term, rank, choose the best SLA-meeting disaggregated candidate tk can deploy,
+    write and re-check its recipe. Raises SizingError (exit 2) for an unsupported model or system, or an SLA no
+    deployable candidate meets. ``adapter``: the aiconfigurator adapter (toolkit/size/aiconfigurator.py; the
+    specs give one that replays recorded aiconfigurator output)."""
+    adapter = adapter or aic
     for what, value, low, high in (("gpus", gpus, 1, 4096), ("isl", isl, 1, 1 << 21), ("osl", osl, 1, 1 << 21),
                                    ("ttft", ttft_ms, 0.001, 3.6e6), ("tpot", tpot_ms, 0.001, 3.6e6)):
         try:
@@ -108,16 +117,16 @@ def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float,
         except bounds.BoundError as exc:
             raise SizingError(str(exc)) from None
     ti = time.perf_counter()
-    aic._import()  # aiconfigurator's own import (about a second), which a bare aiconfigurator run pays too
+    adapter._import()  # aiconfigurator's own import (about a second), which a bare aiconfigurator run pays too
     t0 = time.perf_counter()
     try:
         spec = resolve_model(model)
     except ModelError as exc:
         raise SizingError(str(exc)) from None
-    aic.check_system(system)
-    aic_model = aic.model_path_for(spec)
-    aic.check_support(aic_model, system)
-    gpu, default_per_node = aic.SYSTEM_TO_GPU[system]
+    adapter.check_system(system)
+    aic_model, architecture = adapter.model_path_for(spec)
+    support_note = adapter.check_support(aic_model, system, architecture)
+    gpu, default_per_node = adapter.SYSTEM_TO_GPU[system]
     per_node = gpus_per_node or default_per_node
     if transport is None:
         transport = "nvlink-single-node" if gpus <= per_node else "infiniband"
@@ -131,8 +140,10 @@ def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float,
     else:
         bw = transfer.nominal(transport)
     t1 = time.perf_counter()
-    raw = aic.search(aic_model, system, gpus, isl, osl, ttft_ms, tpot_ms)
+    rows = adapter.search(aic_model, system, gpus, isl, osl, ttft_ms, tpot_ms)
     t2 = time.perf_counter()
+    raw = [c for mode, records in rows.items() for row in records
+           if (c := candidate(mode, row, gpus, spec.is_moe)) is not None]
     if not raw:
         raise SizingError(f"aiconfigurator returned no configuration of {spec.name} on {gpus} x {system}")
     before = _order(raw, ttft_ms, tpot_ms, with_transfer=False)
@@ -142,6 +153,8 @@ def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float,
     result = SizeResult(model=spec, model_arg=model, aic_model=aic_model, system=system, gpus=gpus, isl=isl,
                         osl=osl, ttft_ms=ttft_ms, tpot_ms=tpot_ms, bandwidth=bw, transport=transport,
                         candidates=ranked)
+    if support_note:
+        result.notes.append(support_note)
     for i, c in enumerate(ranked):
         if c.aic_rank != i + 1:
             result.rank_changes.append({"shape": c.shape(), "mode": c.mode, "aiconfigurator_rank": c.aic_rank,
@@ -154,8 +167,9 @@ def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float,
     if not ok_disagg:
         best = ranked[0]
         why = ("no candidate meets the SLA" if not ok else
-               f"only aggregated candidates meet the SLA (best: {ok[0].shape()}, {ok[0].tokens_s_gpu:.1f} tokens/s/GPU),"
-               " and tk deploys disaggregated serving")
+               f"only aggregated candidates meet the SLA (best: {ok[0].shape()}, "
+               f"{ok[0].tokens_s_gpu:.1f} tokens/s/GPU),"
+               " and tk size writes disaggregated recipes")
         disagg = [c for c in ranked if c.mode == "disagg"]
         closest = min(disagg or ranked, key=lambda c: max(c.ttft_total_ms / ttft_ms, c.tpot_ms / tpot_ms))
         raise SizingError(
@@ -165,16 +179,40 @@ def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float,
             f"{closest.tokens_s_gpu:.1f} tokens/s/GPU; "
             f"{'best SLA-meeting' if result.meets(best) else 'first ranked'} {best.shape()}: TTFT "
             f"{best.ttft_total_ms:.1f} ms, TPOT {best.tpot_ms:.1f} ms, {best.tokens_s_gpu:.1f} tokens/s/GPU")
-    result.chosen = ok_disagg[0]
+    from toolkit.size.recipe import recheck, write_recipe
+
+    marked: dict[int, str] = {}
+    for c in ok_disagg[:MAX_RECHECKS]:
+        why = c.why_not()
+        if why:
+            marked[id(c)] = f"tk cannot express it: {why}"
+            continue
+        text = write_recipe(result, c, gpu=gpu, gpus_per_node=per_node, name=name)
+        check = recheck(text, c, result)
+        if check["errors"]:  # tk's recipe or plan rules refuse it (the memory plan, heads, placement)
+            marked[id(c)] = "tk's plan refuses it: " + check["errors"][0]
+            continue
+        result.chosen, result.recipe_text, result.recheck = c, text, check
+        break
+    result.candidates = [replace(c, rejected=marked.get(id(c), "")) for c in ranked]
+    result.best_overall = result.candidates[0]
+    if result.chosen is not None:
+        result.chosen = result.candidates[ranked.index(result.chosen)]
+    else:
+        tried = [c for c in result.candidates if c.rejected]
+        raise SizingError(
+            f"none of the {len(ok_disagg)} SLA-meeting disaggregated candidates is one tk can deploy (the best "
+            f"{len(tried)} checked): " + "; ".join(f"{c.shape()}: {c.rejected}" for c in tried[:3])
+            + ". Fix: more GPUs (--gpus), a GPU with more memory, or a looser SLA")
     if ok[0].mode == "agg":
         gain = ok[0].tokens_s_gpu / result.chosen.tokens_s_gpu - 1 if result.chosen.tokens_s_gpu else math.inf
         result.notes.append(f"aggregated serving ({ok[0].shape()}) is predicted {gain:.0%} more tokens/s/GPU than "
-                            f"the best disaggregated candidate; tk deploys disaggregated serving, so the recipe is "
-                            f"the best disaggregated one")
-    from toolkit.size.recipe import recheck, write_recipe
-
-    result.recipe_text = write_recipe(result, result.chosen, gpu=gpu, gpus_per_node=per_node, name=name)
-    result.recheck = recheck(result.recipe_text, result.chosen, result)
+                            f"the best disaggregated candidate (tk launch --aggregated deploys it on the same GPUs); "
+                            f"the recipe is the best disaggregated one")
+    skipped = [c for c in result.candidates if c.rejected and result.meets(c)]
+    if skipped:
+        result.notes.append(f"{len(skipped)} better-ranked candidate(s) skipped: " +
+                            "; ".join(f"{c.shape()} ({c.rejected})" for c in skipped[:3]))
     t3 = time.perf_counter()
     result.timings_s = {"total": round(t3 - ti, 3), "aiconfigurator_import": round(t0 - ti, 3),
                         "aiconfigurator_search": round(t2 - t1, 3),
@@ -182,22 +220,33 @@ def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float,
     return result
 
 
-def predict(plan) -> dict:
+def _role_shape(role, instances: int, batch: int) -> RoleShape:
+    """A plan role as aiconfigurator's parallel sizes (attention DP: tp 1, dp = TensorRT-LLM's tp)."""
+    ep = role.ep or 1  # moe_expert_parallel_size (MoE models), None for a dense one
+    dp = role.tp if role.attention_dp else 1
+    return RoleShape(workers=instances, tp=1 if role.attention_dp else role.tp, pp=role.pp, dp=dp,
+                     moe_tp=max(1, role.tp // ep), moe_ep=ep, batch=batch)
+
+
+def predict(plan, adapter=None) -> dict:
     """aiconfigurator's estimate for an existing plan's exact configuration, plus tk's transfer term.
 
-    Mapped: model, GPU (system), context and generation instances × TP × PP; the generation batch is its
-    max_batch_size (the estimate assumes every server runs full), the context batch the whole prompts its
-    max_num_tokens holds (at most max_batch_size), ISL (traffic.typical_input_len, else
-    max_input_len), OSL (max_output_len), quantization fp8/nvfp4 and KV dtype fp8. Not modelled (listed in
-    ``not_modelled`` when the recipe uses them): expert parallelism, attention DP, MTP speculative layers,
-    prefix reuse, max_num_tokens chunking, and the KV memory fraction."""
-    gpu = plan.recipe["cluster"]["gpu"]
-    system = aic.GPU_TO_SYSTEM.get(gpu)
+    Mapped: model, GPU (system), context and generation instances x TP x PP, attention DP (aiconfigurator's dp;
+    its tp is then 1), MoE TP x EP (TensorRT-LLM's moe_tp = tp // ep); the generation batch is its max_batch_size
+    (per attention-DP rank; the estimate assumes every server runs full), the context batch the whole prompts its
+    max_num_tokens holds (at most max_batch_size), ISL (traffic.typical_input_len, else max_input_len), OSL
+    (max_output_len), the recipe's quantization (fp8, fp8_block, nvfp4, mxfp4; else the checkpoint's) and KV
+    dtype fp8. Not modelled (listed in ``not_modelled`` when the recipe uses them): MTP speculative decoding
+    (aiconfigurator needs the accepted draft length, which only a run measures), prefix reuse, max_num_tokens
+    chunking, and the KV memory fraction."""
+    adapter = adapter or aic
+    system = adapter.GPU_TO_SYSTEM.get(plan.gpu)
     if system is None:
-        raise SizingError(f"aiconfigurator has no system for GPU {gpu}; tk maps: "
-                          f"{', '.join(f'{g} -> {s}' for g, s in aic.GPU_TO_SYSTEM.items())}")
-    aic.check_system(system)
-    aic_model = aic.model_path_for(plan.model)
+        raise SizingError(f"aiconfigurator has no system for GPU {plan.gpu}; tk maps: "
+                          f"{', '.join(f'{g} -> {s}' for g, s in adapter.GPU_TO_SYSTEM.items())}")
+    adapter.check_system(system)
+    aic_model, architecture = adapter.model_path_for(plan.model)
+    support_note = adapter.check_support(aic_model, system, architecture)
     ctx, gen = plan.context, plan.generation
     isl = plan.traffic.typical_input_len or plan.traffic.max_input_len
     osl = plan.traffic.max_output_len
@@ -207,42 +256,54 @@ def predict(plan) -> dict:
     ctx_tokens = ctx.llm_api_options.get("max_num_tokens")
     ctx_bs = max(1, min(ctx_max_bs, int(ctx_tokens) // isl)) if ctx_tokens else ctx_max_bs
     gen_bs = int(gen.llm_api_options.get("max_batch_size") or 1)
-    quant = plan.recipe.get("quantization")
-    raw = aic.estimate_disagg(aic_model, system, isl=isl, osl=osl, ctx_tp=ctx.tp, ctx_pp=ctx.pp, ctx_batch=ctx_bs,
-                              ctx_instances=len(ctx.instances), gen_tp=gen.tp, gen_pp=gen.pp, gen_batch=gen_bs,
-                              gen_instances=len(gen.instances), quantization=quant, kv_dtype=plan.kv_transfer.dtype)
+    quant = plan.quantization
+    from toolkit.facts.models import quant_name
+
+    quant = quant_name(quant) or quant
+    c_shape = _role_shape(ctx, len(ctx.instances), ctx_bs)
+    g_shape = _role_shape(gen, len(gen.instances), gen_bs)
+    raw = adapter.estimate_disagg(aic_model, system, isl=isl, osl=osl, ctx=c_shape, gen=g_shape,
+                                  is_moe=plan.model.is_moe, quantization=quant, kv_dtype=plan.kv_transfer.dtype)
     nbytes = plan.kv.ctx_bytes_per_token_per_rank
     gbps = plan.kv_transfer.transport.nominal_gbps
     xfer = transfer.transfer_ms(nbytes, isl, gbps)
     not_modelled = []
-    for role in (ctx, gen):
-        if role.ep:
-            not_modelled.append(f"{role.title} expert parallelism (ep={role.ep})")
-        if role.attention_dp:
-            not_modelled.append(f"{role.title} attention DP")
     if "speculative_config" in plan.context.llm_api_options:
-        not_modelled.append("MTP speculative decoding")
+        not_modelled.append("MTP speculative decoding (estimated without it)")
     if plan.traffic.prefix_len:
         not_modelled.append(f"prefix reuse ({plan.traffic.prefix_len} tokens)")
-    if quant and quant not in ("fp8", "nvfp4"):
-        not_modelled.append(f"quantization {quant!r} (estimated as bfloat16)")
+    if quant and quant not in aic.QUANT_MODES:
+        not_modelled.append(f"quantization {quant!r} (estimated as the checkpoint's own)")
+    if raw.get("fmha_fallback"):
+        not_modelled.append(raw["fmha_fallback"])
     not_modelled += ["max_num_tokens chunking", "free_gpu_memory_fraction"]
     if not isinstance(raw.get("ttft"), (int, float)) or not isinstance(raw.get("tpot"), (int, float)):
         raise SizingError(f"aiconfigurator gave no TTFT/TPOT estimate for this configuration ({sorted(raw)[:12]}); "
                           "nothing is predicted")
     ttft = float(raw["ttft"])
+
+    def role_doc(role, shape: RoleShape) -> dict:
+        doc = {"instances": shape.workers, "tp": role.tp, "pp": role.pp, "batch": shape.batch}
+        if plan.model.is_moe:
+            doc.update({"attention_dp": role.attention_dp, "ep": shape.moe_ep, "moe_tp": shape.moe_tp,
+                        "layout": shape.layout(True)})
+        return doc
+
     return {
         "recipe": plan.name, "aiconfigurator": aic.PINNED, "aiconfigurator_model": aic_model, "system": system,
         "isl": isl, "osl": osl,
-        "context": {"instances": len(ctx.instances), "tp": ctx.tp, "pp": ctx.pp, "batch": ctx_bs},
+        "context": role_doc(ctx, c_shape),
         "context_batch_basis": f"min(max_batch_size {ctx_max_bs}, max_num_tokens {ctx_tokens} // ISL {isl}), at least 1"
                                if ctx_tokens else f"max_batch_size {ctx_max_bs}",
-        "generation": {"instances": len(gen.instances), "tp": gen.tp, "pp": gen.pp, "batch": gen_bs},
+        "generation": role_doc(gen, g_shape),
         "ttft_ms": round(ttft, 3), "transfer_ms": round(xfer, 3), "ttft_total_ms": round(ttft + xfer, 3),
         "tpot_ms": raw.get("tpot"), "tokens_s_gpu": raw.get("tokens/s/gpu"), "tokens_s_user": raw.get("tokens/s/user"),
         "concurrency": raw.get("concurrency"), "request_latency_ms": raw.get("request_latency"),
-        "gpus": raw.get("num_total_gpus"), "gemm": raw.get("(p)gemm"), "kvcache": raw.get("(p)kvcache"),
+        "gpus": raw.get("num_total_gpus"), "gemm": raw.get("(p)gemm"), "moe": raw.get("(p)moe"),
+        "kvcache": raw.get("(p)kvcache"),
+        "aiconfigurator_memory_gib": {"context": raw.get("(p)memory"), "generation": raw.get("(d)memory")},
         "aiconfigurator_trtllm_version": raw.get("(p)version"), "kv_cache_warning": raw.get("kv_cache_warning"),
+        "support_note": support_note,
         "transfer": {"bytes_per_token_per_ctx_rank": nbytes, "isl": isl, "gbps": gbps,
                      "transport": plan.kv_transfer.transport.name, "source": "nominal"},
         "not_modelled": not_modelled,

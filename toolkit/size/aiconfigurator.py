@@ -11,17 +11,22 @@ github.com/ai-dynamo/aiconfigurator, its SDK files at 095f58a):
   (cli/api.py docstring of cli_default). One row is one *replica*: ``num_total_gpus`` GPUs; a budget of
   N GPUs runs ``N // num_total_gpus`` replicas and ``tokens/s/gpu_cluster = tokens/s/gpu × replicas ×
   num_total_gpus / N`` (sdk/pareto_analysis.py).
-- Columns (agg): ``tp pp dp bs concurrency ttft tpot tokens/s/gpu tokens/s/user num_total_gpus gemm kvcache
-  backend version system``; (disagg) the same with ``(p)`` (prefill = context) and ``(d)`` (decode =
-  generation) prefixes, plus ``(p)workers (d)workers (p)bs (d)bs``. Times in ms.
+- Columns (agg): ``tp pp dp moe_tp moe_ep cp bs concurrency ttft tpot tokens/s/gpu tokens/s/user num_total_gpus
+  gemm moe kvcache memory backend version system``; (disagg) the same with ``(p)`` (prefill = context) and
+  ``(d)`` (decode = generation) prefixes, plus ``(p)workers (d)workers``. Times in ms, memory in GiB.
+  toolkit/size/candidates.py reads them and says how a row maps onto TensorRT-LLM (attention DP, MoE TP x EP).
 - Single configuration: ``cli_estimate(model_path, system_name, mode="disagg", isl=, osl=,
-  prefill_tp_size=, prefill_pp_size=, prefill_batch_size=, prefill_num_workers=, decode_tp_size=, ...)``
-  returns ``EstimateResult`` (``ttft``, ``tpot``, ``raw`` with the same disagg columns).
+  prefill_tp_size=, prefill_pp_size=, prefill_attention_dp_size=, prefill_moe_tp_size=, prefill_moe_ep_size=,
+  prefill_batch_size=, prefill_num_workers=, decode_... the same, gemm_quant_mode=, moe_quant_mode=,
+  kvcache_quant_mode=)`` returns ``EstimateResult`` (``ttft``, ``tpot``, ``raw`` with the same disagg columns).
+  For a MoE model one of moe_tp/moe_ep is required ("At least one of moe_tp_size or moe_ep_size must be set").
+  MTP needs ``nextn`` and ``nextn_accepted`` (the accepted draft tokens per step, "never inferred").
 - Models: a local directory holding config.json, or a Hugging Face id; ids outside the pre-downloaded set
   (``aiconfigurator_core.sdk.common.DefaultHFModels``, configs in ``aiconfigurator_core/model_configs/``) are
   downloaded from the hub. tk passes only pre-downloaded ids or local directories, so nothing is fetched.
   Architectures: ``common.ARCHITECTURE_TO_MODEL_FAMILY``. Support: ``common.check_support(model, system,
-  backend)`` → (agg, disagg) from the support matrix.
+  backend, architecture=)`` → ``SupportResult`` from the support matrix (pass/total counts per mode); a local
+  directory is matched by its config's architecture, which must be passed (the path itself is in no matrix).
 - Systems: ``aiconfigurator_core.sdk.perf_database.get_supported_databases()`` → {system: {backend:
   [versions]}} (h100_sxm, h200_sxm, b200_sxm, b300_sxm, gb200, gb300, a100_sxm, l40s, ...; TensorRT-LLM data
   1.3.0rc20 / 1.3.0rc23 on Hopper and Blackwell).
@@ -35,11 +40,13 @@ import contextlib
 import io
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+import os
+import tempfile
 from pathlib import Path
 
 from toolkit.errors import TkError
 from toolkit.facts.models import ModelSpec
+from toolkit.size.candidates import COLUMNS, Candidate, RoleShape  # noqa: F401  (Candidate: the public name)
 
 PINNED = "0.12.0"
 BACKEND = "trtllm"
@@ -57,12 +64,23 @@ BUILTIN_TO_AIC = {
     "openai/gpt-oss-120b": "openai/gpt-oss-120b",
     "deepseek-ai/DeepSeek-R1": "deepseek-ai/DeepSeek-R1",
     "deepseek-ai/DeepSeek-V3": "deepseek-ai/DeepSeek-V3",
+    # aiconfigurator ships this config (model_configs/moonshotai--Kimi-K2-Instruct_config.json) but does not list
+    # the id among its pre-downloaded ones (it would fetch it from the hub): tk hands it the file as a local
+    # directory instead (_cached_config_dir).
+    "moonshotai/Kimi-K2-Instruct": "moonshotai/Kimi-K2-Instruct",
 }
 
-# aiconfigurator system -> (tk's cluster.gpu, GPUs per node of that system).
+# aiconfigurator system -> (tk's cluster.gpu, GPUs per node of that system: systems/<system>.yaml
+# num_gpus_per_node).
 SYSTEM_TO_GPU = {"h100_sxm": ("H100", 8), "h200_sxm": ("H200", 8), "b200_sxm": ("B200", 8),
-                 "gb200": ("GB200", 4), "a100_sxm": ("A100", 8), "l40s": ("L40S", 8)}
+                 "b300_sxm": ("B300", 8), "gb200": ("GB200", 4), "gb300": ("GB300", 4), "a100_sxm": ("A100", 8),
+                 "l40s": ("L40S", 8)}
 GPU_TO_SYSTEM = {gpu: system for system, (gpu, _) in SYSTEM_TO_GPU.items()}
+# tk's quantization names (facts.models.QUANT_BYTES) -> aiconfigurator's GEMM and MoE quant modes
+# (aiconfigurator_core.sdk.common.GEMMQuantMode / MoEQuantMode).
+QUANT_MODES = {"fp8": ("fp8", "fp8"), "fp8_block": ("fp8_block", "fp8_block"), "nvfp4": ("nvfp4", "nvfp4"),
+               "mxfp4": (None, "w4a16_mxfp4"), "bfloat16": ("bfloat16", "bfloat16"),
+               "float16": ("bfloat16", "bfloat16")}
 
 
 class SizingError(TkError):
@@ -70,54 +88,6 @@ class SizingError(TkError):
     ``exit_code`` 2 (a usage problem the message explains)."""
 
     exit_code = 2
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One configuration aiconfigurator evaluated (one row of its Pareto front), for the whole GPU budget."""
-
-    mode: str  # "agg" | "disagg"
-    replicas: int  # copies of aiconfigurator's replica that fit the budget
-    gpus_used: int
-    ctx_instances: int  # disagg: context servers (all replicas); agg: 0
-    ctx_tp: int
-    ctx_pp: int
-    ctx_batch: int
-    gen_instances: int  # disagg: generation servers; agg: the aggregated servers
-    gen_tp: int
-    gen_pp: int
-    gen_batch: int
-    concurrency: int  # per replica, as aiconfigurator reports it
-    ttft_ms: float  # aiconfigurator's (no KV transfer)
-    tpot_ms: float
-    tokens_s_gpu: float  # over the whole budget (aiconfigurator's tokens/s/gpu_cluster)
-    tokens_s_user: float
-    gemm: str
-    kvcache: str
-    trtllm_version: str
-    aic_rank: int = 0  # 1 = aiconfigurator's best by tokens/s/GPU among SLA-meeting rows (no transfer term)
-    transfer_ms: float = 0.0
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def ttft_total_ms(self) -> float:
-        return self.ttft_ms + self.transfer_ms
-
-    def shape(self) -> str:
-        if self.mode == "agg":
-            return f"{self.gen_instances}x agg TP{self.gen_tp}{_pp(self.gen_pp)} bs{self.gen_batch}"
-        return (f"{self.ctx_instances}x ctx TP{self.ctx_tp}{_pp(self.ctx_pp)} bs{self.ctx_batch} + "
-                f"{self.gen_instances}x gen TP{self.gen_tp}{_pp(self.gen_pp)} bs{self.gen_batch}")
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["ttft_total_ms"] = round(self.ttft_total_ms, 3)
-        d["shape"] = self.shape()
-        return d
-
-
-def _pp(pp: int) -> str:
-    return f" PP{pp}" if pp > 1 else ""
 
 
 def _import():
@@ -149,8 +119,6 @@ def _quiet():
 
 def _has_trtllm_data(system: str) -> bool:
     _import()
-    import os
-
     from aiconfigurator_core.sdk.perf_database import get_systems_paths
 
     for root in get_systems_paths():
@@ -175,52 +143,73 @@ def supported_models() -> tuple[list[str], list[str]]:
     return sorted(BUILTIN_TO_AIC), sorted(common.ARCHITECTURE_TO_MODEL_FAMILY)
 
 
-def model_path_for(model: ModelSpec) -> str:
-    """What aiconfigurator reads for ``model``: a pre-downloaded id (built-in) or the local directory."""
+_CACHED_DIRS: dict[str, tempfile.TemporaryDirectory] = {}
+
+
+def _cached_config_dir(aic_id: str) -> str | None:
+    """A directory whose config.json is aiconfigurator's own cached copy of ``aic_id`` (for ids it ships but does
+    not list as pre-downloaded); None when it ships none. Lives as long as this process."""
+    if aic_id not in _CACHED_DIRS:
+        from aiconfigurator_core.sdk import utils
+
+        cached = Path(utils._get_model_config_path()) / f"{aic_id.replace('/', '--')}_config.json"
+        if not cached.is_file():
+            return None
+        tmp = tempfile.TemporaryDirectory(prefix="tk-aic-model-")
+        os.symlink(cached, Path(tmp.name) / "config.json")
+        _CACHED_DIRS[aic_id] = tmp
+    return _CACHED_DIRS[aic_id].name
+
+
+def model_path_for(model: ModelSpec) -> tuple[str, str | None]:
+    """What aiconfigurator reads for ``model``, and its architecture: a pre-downloaded id (built-in), the cached
+    config of one, or the local directory (whose config.json's architecture tk passes on)."""
     _import()
     from aiconfigurator_core.sdk import common
 
     if model.source == "built-in":
         aic = BUILTIN_TO_AIC.get(model.name)
-        if aic is None or aic not in common.DefaultHFModels:
+        path = aic if aic in common.DefaultHFModels else (_cached_config_dir(aic) if aic else None)
+        if path is None:
             names, _ = supported_models()
             raise SizingError(f"aiconfigurator {PINNED} cannot size {model.name}; tk can size these built-in "
                               f"models: {', '.join(names)}; or give a local directory with a config.json of a "
                               f"supported architecture (tk size --help)")
-        _check_geometry(model, aic)
-        return aic
+        _check_geometry(model, path)
+        return path, model.architecture or None
     directory = str(Path(model.source).parent)
-    _check_architecture(directory)
-    return directory
+    return directory, _check_architecture(directory, model)
 
 
-def _check_geometry(model: ModelSpec, aic_id: str) -> None:
+def _check_geometry(model: ModelSpec, aic_path: str) -> None:
     from aiconfigurator_core.sdk.utils import get_model_config_from_model_path
 
     with _quiet():
-        cfg = get_model_config_from_model_path(aic_id)
+        cfg = get_model_config_from_model_path(aic_path)
     if model.attention == "mla":
         return  # aiconfigurator models MLA from the checkpoint; tk's num_kv_heads/head_dim are the latent's
     ours = (model.num_layers, model.num_attention_heads, model.num_kv_heads, model.head_dim)
     theirs = (cfg.get("layers"), cfg.get("n"), cfg.get("n_kv"), cfg.get("d"))
     if ours != theirs:
         raise SizingError(f"{model.name}: tk's facts (layers, heads, KV heads, head_dim = {ours}) differ from "
-                          f"aiconfigurator's {aic_id} config {theirs}; the mapping in "
+                          f"aiconfigurator's {aic_path} config {theirs}; the mapping in "
                           "toolkit/size/aiconfigurator.py is wrong")
 
 
-def _check_architecture(directory: str) -> None:
-    import json
-
+def _check_architecture(directory: str, model: ModelSpec) -> str:
+    """The architecture of a local model aiconfigurator models, or a SizingError saying the architecture is the
+    problem."""
     from aiconfigurator_core.sdk import common
 
-    try:
-        archs = json.loads((Path(directory) / "config.json").read_text()).get("architectures") or []
-    except (OSError, ValueError, AttributeError):
-        archs = []
-    if not any(a in common.ARCHITECTURE_TO_MODEL_FAMILY for a in archs):
-        raise SizingError(f"{directory}/config.json: architectures {archs or '(none)'} is not one aiconfigurator "
-                          f"{PINNED} models; supported: {', '.join(sorted(common.ARCHITECTURE_TO_MODEL_FAMILY))}")
+    archs = [model.architecture] if model.architecture else []  # read (bounded and checked) by facts.models
+    for arch in archs:
+        if arch in common.ARCHITECTURE_TO_MODEL_FAMILY:
+            return arch
+    known = sorted(common.ARCHITECTURE_TO_MODEL_FAMILY)
+    raise SizingError(
+        f"{directory}/config.json: the architecture is the problem: {', '.join(map(str, archs)) or '(none given)'}"
+        f" is not one aiconfigurator {PINNED} models ({', '.join(known)}). Fix: size a built-in model of the same "
+        "shape (tk recipes --models), or plan the recipe without a prediction (tk plan checks memory and layout)")
 
 
 def check_system(system: str) -> None:
@@ -228,25 +217,39 @@ def check_system(system: str) -> None:
         return  # the cheap path; the full listing below reads every system's data tree (about a second)
     systems = supported_systems()
     if system not in systems:
-        raise SizingError(f"system {system!r} has no TensorRT-LLM data in aiconfigurator {PINNED}; supported: "
-                          f"{', '.join(systems)}")
+        raise SizingError(f"the system is the problem: {system!r} has no TensorRT-LLM data in aiconfigurator "
+                          f"{PINNED}. Fix: --system one of {', '.join(s for s in systems if s in SYSTEM_TO_GPU)}")
     if system not in SYSTEM_TO_GPU:
-        raise SizingError(f"system {system!r} is modelled by aiconfigurator but tk has no GPU for it; tk can "
-                          f"deploy: {', '.join(sorted(SYSTEM_TO_GPU))}")
+        raise SizingError(f"the system is the problem: {system!r} is modelled by aiconfigurator but tk has no GPU "
+                          f"for it. Fix: --system one of {', '.join(sorted(SYSTEM_TO_GPU))}")
 
 
-def check_support(model_path: str, system: str) -> None:
+def check_support(model_path: str, system: str, architecture: str | None = None) -> str | None:
+    """aiconfigurator's support matrix on (model, system): None when it passes there, a note when the matrix
+    has no result at all (untested: the estimate is aiconfigurator's model of the architecture), or a
+    SizingError naming the systems where it passes when its tests fail on this one."""
     from aiconfigurator_core.sdk import common
 
-    agg, disagg = common.check_support(model_path, system, BACKEND)
-    if not disagg:
-        raise SizingError(f"aiconfigurator {PINNED}'s support matrix has no passing disaggregated TensorRT-LLM "
-                          f"result for {model_path} on {system}")
+    def result(sys_name: str):
+        return common.check_support(model_path, sys_name, BACKEND, architecture=architecture)
+
+    r = result(system)
+    if r.disagg_supported:
+        return None
+    what = architecture or model_path
+    if not r.disagg_total_count:
+        return (f"aiconfigurator {PINNED}'s support matrix has no disaggregated TensorRT-LLM result for {what} on "
+                f"{system}: its numbers are its model of the architecture, untested there")
+    passing = [s for s in sorted(SYSTEM_TO_GPU) if s != system and _has_trtllm_data(s) and result(s).disagg_supported]
+    raise SizingError(
+        f"the system is the problem: aiconfigurator {PINNED}'s support matrix has {what} failing disaggregated "
+        f"TensorRT-LLM runs on {system} ({r.disagg_pass_count} of {r.disagg_total_count} pass). Fix: "
+        + (f"--system one of {', '.join(passing)}" if passing else "no system passes it; size a built-in model"))
 
 
 def search(model_path: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float, tpot_ms: float,
-           top_n: int = 5) -> list[Candidate]:
-    """aiconfigurator's agg and disagg search; every Pareto point of both, as candidates for the budget."""
+           top_n: int = 5) -> dict[str, list[dict]]:
+    """aiconfigurator's agg and disagg search: every Pareto row of both (the columns tk reads), by mode."""
     aic_api = _import()
     from aiconfigurator.sdk.errors import NoFeasibleConfigError
 
@@ -257,75 +260,65 @@ def search(model_path: str, system: str, gpus: int, isl: int, osl: int, ttft_ms:
     except NoFeasibleConfigError as exc:
         raise SizingError(f"aiconfigurator found no configuration of {model_path} on {gpus} x {system} "
                           f"for ISL {isl} / OSL {osl} within TTFT {ttft_ms:g} ms: {exc}") from None
-    out: list[Candidate] = []
+    out: dict[str, list[dict]] = {}
     for mode in ("agg", "disagg"):
         df = result.pareto_fronts.get(mode)
         if df is None or df.empty:
             continue
-        for row in df.to_dict("records"):
-            cand = _candidate(mode, row, gpus)
-            if cand is not None:
-                out.append(cand)
+        keep = [c for c in COLUMNS if c in df.columns]
+        out[mode] = [{k: _plain(v) for k, v in row.items()} for row in df[keep].to_dict("records")]
     return out
 
 
-def _num(row: dict, key: str, default=0.0) -> float:
-    value = row.get(key, default)
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        return float(default)
-    return value if math.isfinite(value) else float(default)
-
-
-def _candidate(mode: str, row: dict, gpus: int) -> Candidate | None:
-    per_replica = int(_num(row, "num_total_gpus"))
-    if per_replica <= 0 or per_replica > gpus:
+def _plain(value):
+    """A DataFrame cell as a JSON value (numpy numbers to Python ones; NaN to None)."""
+    if hasattr(value, "item"):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
         return None
-    replicas = gpus // per_replica
-    cluster_tps = _num(row, "tokens/s/gpu") * replicas * per_replica / gpus
-    common = dict(mode=mode, replicas=replicas, gpus_used=replicas * per_replica,
-                  concurrency=int(_num(row, "concurrency")), ttft_ms=_num(row, "ttft"), tpot_ms=_num(row, "tpot"),
-                  tokens_s_gpu=round(cluster_tps, 3), tokens_s_user=_num(row, "tokens/s/user"))
-    if mode == "agg":
-        workers = int(_num(row, "dp", 1)) or 1
-        return Candidate(**common, ctx_instances=0, ctx_tp=0, ctx_pp=0, ctx_batch=0,
-                         gen_instances=replicas * max(1, per_replica // max(1, int(_num(row, "tp", 1)) *
-                                                                              int(_num(row, "pp", 1)))),
-                         gen_tp=int(_num(row, "tp", 1)), gen_pp=int(_num(row, "pp", 1)), gen_batch=int(_num(row, "bs")),
-                         gemm=str(row.get("gemm")), kvcache=str(row.get("kvcache")),
-                         trtllm_version=str(row.get("version")), extra={"dp": workers})
-    return Candidate(**common,
-                     ctx_instances=replicas * int(_num(row, "(p)workers", 1)), ctx_tp=int(_num(row, "(p)tp", 1)),
-                     ctx_pp=int(_num(row, "(p)pp", 1)), ctx_batch=int(_num(row, "(p)bs", 1)),
-                     gen_instances=replicas * int(_num(row, "(d)workers", 1)), gen_tp=int(_num(row, "(d)tp", 1)),
-                     gen_pp=int(_num(row, "(d)pp", 1)), gen_batch=int(_num(row, "(d)bs", 1)),
-                     gemm=str(row.get("(p)gemm")), kvcache=str(row.get("(p)kvcache")),
-                     trtllm_version=str(row.get("(p)version")))
+    return value
 
 
-_QUANT = {"fp8": "fp8", "nvfp4": "nvfp4"}
-
-
-def estimate_disagg(model_path: str, system: str, *, isl: int, osl: int, ctx_tp: int, ctx_pp: int, ctx_batch: int,
-                    ctx_instances: int, gen_tp: int, gen_pp: int, gen_batch: int, gen_instances: int,
-                    quantization: str | None, kv_dtype: str) -> dict:
+def estimate_disagg(model_path: str, system: str, *, isl: int, osl: int, ctx: RoleShape, gen: RoleShape,
+                    is_moe: bool, quantization: str | None, kv_dtype: str) -> dict:
     """aiconfigurator's estimate of one exact disaggregated configuration: its raw disagg columns."""
     aic_api = _import()
     kwargs = {}
-    if quantization in _QUANT:
-        kwargs["gemm_quant_mode"] = _QUANT[quantization]
+    gemm, moe = QUANT_MODES.get(quantization or "", (None, None))
+    if gemm:
+        kwargs["gemm_quant_mode"] = gemm
+    if moe and is_moe:
+        kwargs["moe_quant_mode"] = moe
     if kv_dtype == "fp8":
         kwargs["kvcache_quant_mode"] = "fp8"
-    try:
+    for prefix, role in (("prefill", ctx), ("decode", gen)):
+        kwargs.update({f"{prefix}_tp_size": role.tp, f"{prefix}_pp_size": role.pp,
+                       f"{prefix}_attention_dp_size": role.dp, f"{prefix}_batch_size": role.batch,
+                       f"{prefix}_num_workers": role.workers})
+        if is_moe:
+            kwargs.update({f"{prefix}_moe_tp_size": role.moe_tp, f"{prefix}_moe_ep_size": role.moe_ep})
+    def run(**more):
         with _quiet():
-            res = aic_api.cli_estimate(model_path, system, mode="disagg", backend_name=BACKEND, isl=isl, osl=osl,
-                                       prefill_tp_size=ctx_tp, prefill_pp_size=ctx_pp, prefill_batch_size=ctx_batch,
-                                       prefill_num_workers=ctx_instances, decode_tp_size=gen_tp,
-                                       decode_pp_size=gen_pp, decode_batch_size=gen_batch,
-                                       decode_num_workers=gen_instances, **kwargs)
+            return aic_api.cli_estimate(model_path, system, mode="disagg", backend_name=BACKEND, isl=isl, osl=osl,
+                                        **kwargs, **more)
+
+    fallback = None
+    try:
+        try:
+            res = run()
+        except Exception as exc:
+            # Its sweep picks the attention (FMHA) precision per phase (bfloat16 context MLA beside an fp8 decode
+            # one on Hopper); cli_estimate takes one for both and, from an fp8 KV cache, infers fp8, for which some
+            # systems have no context data ("perf database error: context MLA data missing"). Then both phases are
+            # estimated with bfloat16 attention, and the prediction says so.
+            if "data missing" not in str(exc) or kv_dtype != "fp8":
+                raise
+            res = run(fmha_quant_mode="bfloat16")
+            fallback = (f"attention (FMHA) in bfloat16 on both roles: aiconfigurator {PINNED} has no fp8 context "
+                        f"attention data for this model on {system}")
     except Exception as exc:  # aiconfigurator raises plain ValueError/RuntimeError for what it cannot model
         raise SizingError(f"aiconfigurator {PINNED} cannot estimate this configuration: {exc}") from None
     raw = dict(res.raw)
     raw["kv_cache_warning"] = res.kv_cache_warning
+    raw["fmha_fallback"] = fallback
     return raw

@@ -6,45 +6,66 @@ import re
 
 import yaml
 
-from toolkit.size.aiconfigurator import PINNED, Candidate
+from toolkit.facts.models import ModelSpec, quant_name
+from toolkit.size.aiconfigurator import PINNED
+from toolkit.size.candidates import Candidate
 from toolkit.size.transfer import kv_dtype_of
 
 
 def _name(model: str, c: Candidate, system: str) -> str:
     base = re.sub(r"[^A-Za-z0-9._-]+", "-", model.rstrip("/").split("/")[-1]).strip("-._").lower() or "model"
-    return f"{base[:36]}-{c.ctx_instances}p{c.gen_instances}d-{system}"[:64].strip("-._")
+    return f"{base[:36]}-{c.ctx.workers}p{c.gen.workers}d-{system}"[:64].strip("-._")
+
+
+def weights_quantization(model: ModelSpec, c: Candidate) -> str | None:
+    """The checkpoint quantization the candidate was estimated with, when it is not the model's own (the recipe
+    then says so: the servers must load such a checkpoint)."""
+    role = c.ctx
+    name = quant_name(role.moe if model.is_moe and role.moe else role.gemm)
+    own = model.quantization or quant_name(model.dtype) or "bfloat16"
+    return name if name and name != own and not (name in ("fp8", "fp8_block") and own in ("fp8", "fp8_block")) \
+        else None
 
 
 def write_recipe(result, c: Candidate, *, gpu: str, gpus_per_node: int, name: str | None = None) -> str:
-    """YAML text of a recipe for candidate ``c``, with comments that say where it came from."""
-    share = c.gpus_used <= gpus_per_node
+    """YAML text of a recipe for candidate ``c`` (one tk can express: ``c.why_not()`` is ""), with comments that
+    say where it came from."""
+    # Roles share nodes when the budget fits one node, or when packing each role on nodes of its own would take
+    # more GPUs than the budget (6 single-GPU context servers + 5 TP2 generation servers on 16 GPUs).
+    own_nodes = sum(-(-role.gpus // gpus_per_node) for role in (c.ctx, c.gen)) * gpus_per_node
+    share = c.gpus_used <= gpus_per_node or own_nodes > result.gpus
     kv_dtype = kv_dtype_of(c.kvcache)
+    model = result.model
     recipe: dict = {
         "schema_version": 1,
-        "name": name or _name(result.model.name, c, result.system),
+        "name": name or _name(model.name, c, result.system),
         "description": f"sized by tk size (aiconfigurator {PINNED}): {c.shape()}, ISL {result.isl} / OSL {result.osl}",
-        "model": result.model_arg if result.model.source != "built-in" else result.model.name,
+        "model": result.model_arg if model.source != "built-in" else model.name,
     }
-    if c.gemm in ("fp8", "nvfp4"):
-        recipe["quantization"] = c.gemm
+    quant = weights_quantization(model, c)
+    if quant:
+        recipe["quantization"] = quant
     recipe["cluster"] = {"gpus_per_node": gpus_per_node, "gpu": gpu, **({"share_nodes": True} if share else {})}
-    recipe["context"] = {"instances": c.ctx_instances, "tp": c.ctx_tp, **({"pp": c.ctx_pp} if c.ctx_pp > 1 else {}),
-                         "max_batch_size": c.ctx_batch}
-    recipe["generation"] = {"instances": c.gen_instances, "tp": c.gen_tp,
-                            **({"pp": c.gen_pp} if c.gen_pp > 1 else {}), "max_batch_size": c.gen_batch}
+    recipe["context"] = c.ctx.recipe_fields(model.is_moe)
+    recipe["generation"] = c.gen.recipe_fields(model.is_moe)
     recipe["kv_transfer"] = {"backend": "NIXL", "transport": result.transport, "tokens_per_block": 32,
                              "dtype": kv_dtype}
     recipe["traffic"] = {"max_input_len": result.isl, "max_output_len": result.osl}
     bw = result.bandwidth
+    gemm = c.ctx.gemm + (f", MoE {c.ctx.moe}" if model.is_moe and c.ctx.moe else "")
     head = [
         f"Written by tk size from aiconfigurator {PINNED}'s search (TensorRT-LLM {c.trtllm_version} data) for",
-        f"  {result.model.name} on {result.gpus} x {result.system}, ISL {result.isl}, OSL {result.osl},",
+        f"  {model.name} on {result.gpus} x {result.system}, ISL {result.isl}, OSL {result.osl},",
         f"  SLA TTFT <= {result.ttft_ms:g} ms, TPOT <= {result.tpot_ms:g} ms.",
         f"Predicted: TTFT {c.ttft_total_ms:.1f} ms (aiconfigurator {c.ttft_ms:.1f} ms + KV transfer "
         f"{c.transfer_ms:.2f} ms at {bw.gbps:g} GB/s, {bw.source}),",
         f"  TPOT {c.tpot_ms:.2f} ms, {c.tokens_s_gpu:.1f} tokens/s/GPU, {c.tokens_s_user:.1f} tokens/s/user, "
         f"concurrency {c.concurrency} per replica x {c.replicas}.",
-        f"  gemm {c.gemm}, KV cache {c.kvcache}; {c.gpus_used} of {result.gpus} GPUs used.",
+        f"  gemm {gemm}, KV cache {c.kvcache}; {c.gpus_used} of {result.gpus} GPUs used.",
+    ]
+    if c.ctx.dp > 1 or c.gen.dp > 1:
+        head.append("  Attention DP (attention_dp: true): max_batch_size is each rank's batch; tp is the ranks.")
+    head += [
         "A prediction, not a measurement: validate the fabric (tk validate cluster) and benchmark before trusting it.",
         "Set model_path (and container_image, partition, account) for your cluster before launching.",
     ]
@@ -52,42 +73,74 @@ def write_recipe(result, c: Candidate, *, gpu: str, gpus_per_node: int, name: st
     return "".join(f"# {line}\n" for line in head) + body
 
 
+def deployed(plan) -> dict:
+    """What a plan deploys, per role, in the terms of a candidate's row (toolkit/size/candidates.py)."""
+    out = {}
+    for title, role in (("context", plan.context), ("generation", plan.generation)):
+        out[title] = {"instances": len(role.instances), "GPUs per instance": role.gpus_per_instance,
+                      "tp": role.tp, "pp": role.pp, "attention_dp": role.attention_dp, "ep": role.ep,
+                      "moe_tp": role.moe_tp, "max_batch_size": role.llm_api_options.get("max_batch_size")}
+    out["GPUs"] = plan.context.gpu_count + plan.generation.gpu_count
+    return out
+
+
+def expected(c: Candidate) -> dict:
+    """What the row asks for, in the same terms as ``deployed``."""
+    out = {}
+    for title, role in (("context", c.ctx), ("generation", c.gen)):
+        out[title] = {"instances": role.workers, "GPUs per instance": role.gpus_per_worker,
+                      "tp": role.tp * role.dp, "pp": role.pp, "attention_dp": role.dp > 1,
+                      "ep": role.moe_ep if c.is_moe else None, "moe_tp": role.moe_tp if c.is_moe else None,
+                      "max_batch_size": role.batch}
+    out["GPUs"] = c.gpus_used
+    return out
+
+
+def compare(plan, c: Candidate) -> list[str]:
+    """Every difference between what ``plan`` deploys and candidate ``c``'s row."""
+    got, want = deployed(plan), expected(c)
+    diffs = []
+    for title in ("context", "generation"):
+        for key, value in want[title].items():
+            if got[title][key] != value:
+                diffs.append(f"{title} {key}: aiconfigurator {value}, the recipe {got[title][key]}")
+    if got["GPUs"] != want["GPUs"]:
+        diffs.append(f"GPUs: aiconfigurator {want['GPUs']}, the recipe {got['GPUs']}")
+    return diffs
+
+
 def recheck(text: str, c: Candidate, result) -> dict:
     """Load the recipe text with tk's recipe and plan stages; every violation, warning and disagreement
-    between tk's plan and the candidate is returned (never dropped)."""
+    between what the recipe deploys and the candidate's row is returned (never dropped). ``ok``: no errors and
+    no disagreement."""
     from toolkit.errors import RecipeError
     from toolkit.plan import build_plan
     from toolkit.recipe.loader import load_recipe_text
 
-    out: dict = {"ok": True, "errors": [], "warnings": [], "disagreements": []}
+    out: dict = {"ok": True, "errors": [], "warnings": [], "disagreements": [], "notes": []}
     try:
         plan = build_plan(load_recipe_text(text, "<tk size>"))
     except RecipeError as exc:
         out["ok"] = False
-        out["errors"] = [str(v) for v in exc.violations]
+        out["errors"] = [f"{v.field}: {v.message}" for v in exc.violations]
         return out
     out["warnings"] = list(plan.warnings)
-    got = {"context instances": len(plan.context.instances), "context tp": plan.context.tp,
-           "context max_batch_size": plan.context.llm_api_options.get("max_batch_size"),
-           "generation instances": len(plan.generation.instances), "generation tp": plan.generation.tp,
-           "generation max_batch_size": plan.generation.llm_api_options.get("max_batch_size")}
-    want = {"context instances": c.ctx_instances, "context tp": c.ctx_tp, "context max_batch_size": c.ctx_batch,
-            "generation instances": c.gen_instances, "generation tp": c.gen_tp,
-            "generation max_batch_size": c.gen_batch}
-    for key, value in want.items():
-        if got[key] != value:
-            out["disagreements"].append(f"{key}: aiconfigurator {value}, tk's plan {got[key]}")
+    out["disagreements"] = compare(plan, c)
     gpus = plan.node_count * plan.slurm.gpus_per_node
     if gpus > result.gpus:
         out["disagreements"].append(f"tk's plan places the servers on {plan.node_count} node(s) = {gpus} GPUs, "
                                     f"more than the {result.gpus} GPUs sized for")
     if plan.estimates.transfer_dominates:
-        out["disagreements"].append(
+        out["notes"].append(
             f"tk's plan estimates the longest request's KV transfer ({plan.estimates.largest_request_transfer_ms:.1f} "
             f"ms) exceeds its prefill ({plan.estimates.largest_request_prefill_ms:.1f} ms)")
     out["ok"] = not out["disagreements"]
+    out["deployed"] = deployed(plan)
     out["plan"] = {"nodes": plan.node_count, "trtllm_version": plan.trtllm_version,
-                   "bytes_per_token_per_ctx_rank": plan.kv.ctx_bytes_per_token_per_rank}
+                   "bytes_per_token_per_ctx_rank": plan.kv.ctx_bytes_per_token_per_rank,
+                   "memory": {role.title: {"weights_gib": round(role.memory.weights_bytes / (1 << 30), 1),
+                                           "kv_pool_tokens": role.memory.kv_pool_tokens}
+                              for role in plan.roles if role.memory is not None}}
     return out
 
 

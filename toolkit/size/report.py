@@ -23,9 +23,9 @@ def print_size(result, top: int = 15) -> None:
     console.print(Text(f"  engine: aiconfigurator {result.to_dict()['aiconfigurator']} ({result.aic_model}); KV transfer "
                        f"at {bw.gbps:g} GB/s: {bw.detail}"))
     t = Table(title=None, show_lines=False)
-    for col, just in (("#", "right"), ("aic#", "right"), ("SLA", "center"), ("mode", "left"), ("configuration", "left"),
-                      ("GPUs", "right"), ("tok/s/GPU", "right"), ("tok/s/user", "right"), ("TTFT ms", "right"),
-                      ("+xfer ms", "right"), ("TPOT ms", "right")):
+    for col, just in (("#", "right"), ("aic#", "right"), ("SLA", "center"), ("tk", "center"), ("mode", "left"),
+                      ("configuration", "left"), ("GPUs", "right"), ("tok/s/GPU", "right"), ("tok/s/user", "right"),
+                      ("TTFT ms", "right"), ("+xfer ms", "right"), ("TPOT ms", "right")):
         t.add_column(col, justify=just)
     shown = result.candidates[:top]
     if result.chosen is not None and result.chosen not in shown:
@@ -35,13 +35,19 @@ def print_size(result, top: int = 15) -> None:
         moved = "" if c.aic_rank == i else (" ▲" if c.aic_rank > i else " ▼")
         mark = "✔" if result.meets(c) else "✘"
         style = "bold green" if c is result.chosen else (None if result.meets(c) else "dim")
-        t.add_row(str(i), f"{c.aic_rank}{moved}", mark, c.mode, Text(c.shape()), f"{c.gpus_used}",
+        tk = "▶" if c is result.chosen else ("✘" if c.rejected else "")
+        t.add_row(str(i), f"{c.aic_rank}{moved}", mark, tk, c.mode, Text(c.shape()), f"{c.gpus_used}",
                   f"{c.tokens_s_gpu:.1f}", f"{c.tokens_s_user:.1f}", f"{c.ttft_total_ms:.1f}",
                   f"{c.transfer_ms:.2f}" if c.mode == "disagg" else "-", f"{c.tpot_ms:.2f}", style=style)
     console.print(t)
     meets = sum(result.meets(c) for c in result.candidates)
     console.print(Text(f"  {meets} of {len(result.candidates)} candidates meet the SLA (✔); aic# is aiconfigurator's "
                        f"rank without the transfer term (▲▼ where tk's differs); TTFT includes the transfer"))
+    if any(c.rejected for c in result.candidates):
+        console.print(Text("  tk: ▶ the recipe; ✘ not deployable as sized (why below)"))
+    for c in shown:
+        if c.rejected:
+            console.print(Text(f"  ✘ #{result.candidates.index(c) + 1} {c.shape()}: {c.rejected}", style="yellow"))
     if result.rank_changes:
         flips = [r for r in result.rank_changes if r["meets_sla_without_transfer"] != r["meets_sla"]]
         console.print(Text(f"  the transfer term moved {len(result.rank_changes)} candidate(s)"
@@ -62,10 +68,13 @@ def print_size(result, top: int = 15) -> None:
         console.print(Text(f"  disagreement: {d}", style="yellow"))
     for w in rc.get("warnings", []):
         console.print(Text(f"  plan warning: {w}", style="yellow"))
+    for n in rc.get("notes", []):
+        console.print(Text(f"  plan note: {n}", style="yellow"))
     if rc.get("ok"):
         plan = rc.get("plan", {})
-        console.print(Text(f"  re-checked by tk's plan: agrees ({plan.get('nodes')} node(s), TensorRT-LLM line "
-                           f"{plan.get('trtllm_version')})"))
+        dep = rc.get("deployed", {})
+        console.print(Text(f"  re-checked by tk's plan: deploys exactly this ({dep.get('GPUs')} GPUs on "
+                           f"{plan.get('nodes')} node(s), TensorRT-LLM line {plan.get('trtllm_version')})"))
 
 
 def print_prediction(p: dict) -> None:
@@ -75,14 +84,24 @@ def print_prediction(p: dict) -> None:
     console.print(Text(f"prediction (aiconfigurator {p['aiconfigurator']}, {p['system']}, {p['aiconfigurator_model']}, "
                        f"ISL {p['isl']} / OSL {p['osl']}):", style="bold"))
     ctx, gen = p["context"], p["generation"]
-    console.print(Text(f"  {ctx['instances']}x ctx TP{ctx['tp']} bs{ctx['batch']} + {gen['instances']}x gen "
-                       f"TP{gen['tp']} bs{gen['batch']} at full batch"))
+
+    def shape(r: dict) -> str:
+        return f"{r['layout'] if 'layout' in r else 'TP' + str(r['tp'])}{' PP' + str(r['pp']) if r['pp'] > 1 else ''}" \
+               f" bs{r['batch']}{'/rank' if r.get('attention_dp') else ''}"
+
+    console.print(Text(f"  {ctx['instances']}x ctx {shape(ctx)} + {gen['instances']}x gen {shape(gen)} at full batch"))
     tr = p["transfer"]
     console.print(Text(f"  TTFT {p['ttft_total_ms']:.1f} ms = {p['ttft_ms']:.1f} prefill + {p['transfer_ms']:.2f} KV "
                        f"transfer ({tr['bytes_per_token_per_ctx_rank']} B/token/rank x {tr['isl']} at "
                        f"{tr['gbps']:g} GB/s {tr['transport']}, nominal)"))
     console.print(Text(f"  TPOT {p['tpot_ms']:.2f} ms, {p['tokens_s_gpu']:.1f} tokens/s/GPU, "
                        f"{p['tokens_s_user']:.1f} tokens/s/user, concurrency {p['concurrency']}"))
+    mem = p.get("aiconfigurator_memory_gib") or {}
+    if mem.get("context") is not None:
+        console.print(Text(f"  aiconfigurator's memory per GPU: context {mem['context']:.1f} GiB, generation "
+                           f"{mem['generation']:.1f} GiB (tk's memory plan is in the table above)"))
+    if p.get("support_note"):
+        console.print(Text(f"  note: {p['support_note']}", style="yellow"))
     if p.get("kv_cache_warning"):
         console.print(Text(f"  warning: {p['kv_cache_warning']}", style="yellow"))
     console.print(Text(f"  not modelled: {', '.join(p['not_modelled'])}"))

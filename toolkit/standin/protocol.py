@@ -447,7 +447,7 @@ def make_choice(req: Request, index: int, tokens: list[int]) -> Choice:
             end = pos + len(stop_reason)
             cut = end if req.include_stop_str_in_output else pos
             keep, acc = 0, 0
-            for keep, piece in enumerate(pieces, start=1):
+            for keep, piece in enumerate(pieces, start=1):  # noqa: B007 (keep is read after the loop)
                 acc += len(piece)
                 if acc >= end:
                     break

@@ -1,6 +1,7 @@
 """The stand-in worker: ``tk-standin-serve MODEL ...`` serving trtllm-serve's HTTP API (tk CPU stand-in, not TensorRT-LLM).
 
-Routes: ``GET /health``, ``/health_generate``, ``/version``, ``/v1/models``, ``/metrics`` (the iteration stats
+Routes: ``GET /health``, ``/health_generate`` (one minimal chat completion through the engine, one token, as
+trtllm-serve does: 200 only once it comes back), ``/version``, ``/v1/models``, ``/metrics`` (the iteration stats
 since the last call, a JSON list, like trtllm-serve), ``/server_info``, ``GET|POST /steady_clock_offset``,
 ``POST /kv_cache_events`` (always an empty list), ``POST /v1/completions``, ``POST /v1/chat/completions``
 (``stream: true`` gives server-sent events ending ``data: [DONE]``), and ``GET /standin/stats`` (cumulative
@@ -14,6 +15,10 @@ once (the rest queue).
 Without ``cache_transceiver_config`` (or with ``backend`` unset) the worker is **aggregated**: it answers whole
 requests and refuses context_only / generation_only ones. With it, it also serves both disaggregated legs, moving
 the KV through ``toolkit.standin.kv``.
+
+Test fault: ``kill -USR1 PID`` wedges the engine the way TensorRT-LLM's largest hang class does (/health stays
+200, no request makes progress): from then on no token is produced for any request, in flight or new, and
+/health_generate never answers. Only a restart ends it (the job's progress probe: orchestrator.policy).
 
 With emulated timing (``standin.emulate`` in the recipe, ``toolkit.standin.emulate``) requests run through an
 iteration scheduler whose iterations sleep the roofline time of the emulated model on the emulated GPU; tokens
@@ -64,6 +69,8 @@ class Worker:
         self.clock_offset = 0.0
         self.engine = None  # the emulated engine (toolkit.standin.emulate), created on the event loop
         self.refusals = P.RefusalLog(log)
+        self.wedged = False  # the SIGUSR1 test fault: no progress from now on
+        self._never: asyncio.Event | None = None
 
     def start_emulation(self) -> None:
         s = self.s
@@ -94,7 +101,7 @@ class Worker:
     def app(self) -> web.Application:
         app = web.Application(client_max_size=64 << 20, middlewares=[P.error_middleware(self.refusals)])
         app.router.add_get("/health", self.health)
-        app.router.add_get("/health_generate", self.health)
+        app.router.add_get("/health_generate", self.health_generate)
         app.router.add_get("/version", self.version)
         app.router.add_get("/v1/models", self.models)
         app.router.add_get("/metrics", self.metrics)
@@ -112,6 +119,43 @@ class Worker:
 
     async def health(self, request):
         return web.Response(status=200)
+
+    def wedge(self) -> None:
+        """The test fault (SIGUSR1): the engine stops making progress; /health still answers 200."""
+        self.wedged = True
+        log.warning("tk CPU stand-in test fault: the engine is wedged (SIGUSR1): no request makes progress from now "
+                    "on, /health still answers 200")
+
+    async def _progress(self) -> None:
+        """Where a token (or an iteration) would come out: a wedged engine never gets past this."""
+        if self.wedged:
+            if self._never is None:
+                self._never = asyncio.Event()
+            await self._never.wait()
+
+    async def health_generate(self, request):
+        """trtllm-serve's /health_generate (tensorrt_llm/serve/openai_server.py): a minimal chat request ("hi",
+        one token, temperature 0) through the engine; 200 "Generation health check OK" once it returns, 500 when
+        it fails. Not counted in /standin/stats' request counters."""
+        try:
+            req = P.parse_request("chat", {"model": self.s.model_arg, "messages": [{"role": "user", "content": "hi"}],
+                                           "max_tokens": 1, "temperature": 0.0, "stream": False})
+            n = len(req.prompt_ids)
+            self._check_limits(req, n)
+        except P.RequestError as exc:
+            return web.Response(status=500, text=f"Generation health check failed: {exc.message}")
+        self.counters["health_generate"] = self.counters.get("health_generate", 0) + 1
+        if self.engine:
+            from toolkit.standin.scheduler import FULL
+            ticket = self.engine.submit(FULL, n, 1)
+            await self._progress()
+            await ticket.wait_for(1)
+        else:
+            async with self.batch:
+                await self._progress()
+                await asyncio.to_thread(M.kv_content, self.geo, req.prompt_ids)
+        await self._progress()
+        return web.Response(status=200, text="Generation health check OK")
 
     async def version(self, request):
         doc = {"version": f"{self.s.version.release} ({self.what})"}
@@ -219,6 +263,7 @@ class Worker:
         started = time.monotonic()
         self.counters["requests"][req.request_type] += 1
         try:
+            await self._progress()
             try:
                 tokens, disagg_out, extra = await self._run(req, n, count, state)
             except TransferError as exc:
@@ -329,6 +374,7 @@ class Worker:
                 await ticket.wait_for(len(tokens))
             elif self.decode_delay:
                 await asyncio.sleep(self.decode_delay * len(choices[0].tokens))
+            await self._progress()
             doc = P.response(req.kind, rid, model, choices, use, disagg_params=disagg_out,
                              prompt_token_ids=req.prompt_ids if req.request_type == "context_only" else None,
                              top_k=top_k)
@@ -343,6 +389,7 @@ class Worker:
                     await ticket.wait_for(max(1, j - offset + 1))
                 elif self.decode_delay:
                     await asyncio.sleep(self.decode_delay)
+                await self._progress()
                 await resp.write(P.sse(chunk))
         if req.include_usage:
             await resp.write(P.sse(P.usage_chunk(req.kind, rid, model, use)))
@@ -391,12 +438,15 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-async def serve(app: web.Application, sock: socket.socket, on_start=None, on_stop=None, on_listening=None) -> None:
-    """Run until SIGTERM/SIGINT, then clean up."""
+async def serve(app: web.Application, sock: socket.socket, on_start=None, on_stop=None, on_listening=None,
+                on_usr1=None) -> None:
+    """Run until SIGTERM/SIGINT, then clean up. on_usr1: the worker's wedge test fault."""
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    if on_usr1 is not None:
+        loop.add_signal_handler(signal.SIGUSR1, on_usr1)
     if on_start:
         await on_start()
     runner = web.AppRunner(app, access_log=None, handle_signals=False)
@@ -464,7 +514,7 @@ def run(settings: WorkerSettings) -> int:
         from toolkit.standin.cluster import Membership
         member = Membership(settings.cluster, settings.server_role, settings.host, settings.port)
     try:
-        asyncio.run(serve(worker.app(), sock, start, stop, member))
+        asyncio.run(serve(worker.app(), sock, start, stop, member, on_usr1=worker.wedge))
     finally:
         if ipc:
             ipc.close()

@@ -1,16 +1,16 @@
-"""Spec: launch.sbatch runs what the recipe says and nothing else, even with hostile values.
+"""Spec: launch.sbatch (and the orchestrator it starts, job.pyz) runs what the recipe says and nothing else, even with
+hostile values.
 
 The batch script is executed for real by bash, with stand-ins for srun/scontrol/scancel and for
-the server command that record what they were given."""
+the server command that record what they were given; the job's account is read from state/events.jsonl."""
 
 import json
-import os
 import socket
-import stat
 import subprocess
 import time
 from pathlib import Path
 
+from tests.fakes.slurm import FAKE_SRUN, events, exe as _exe, fake_slurm_env, phases as _phases  # noqa: F401
 from toolkit.plan import build_plan
 from toolkit.recipe import load_recipe_text
 from toolkit.render import render
@@ -33,43 +33,27 @@ kv_transfer:
   transport: tcp
 """
 
-FAKE_SRUN = r"""#!/bin/bash
-# Records its arguments; runs the command after srun's options like srun would (on one "node").
-printf '%s\0' "$@" >> "$FAKE_LOG/srun.args"; printf '\n' >> "$FAKE_LOG/srun.args"
-while [ $# -gt 0 ] && [ "${1#-}" != "$1" ]; do
-    case "$1" in --output=*) exec >>"${1#--output=}" 2>&1 ;; esac  # a step's log, as srun writes it
-    shift
-done
-if [ "${4:-}" = tk-nodes ]; then  # the step on every node: hostname and ports already taken
-    for n in $FAKE_NODES; do SLURMD_NODENAME=$n bash -c "$3" "$4" "$5"; done
-    exit 0
-fi
-exec "$@"
-"""
-
 FAKE_SERVER = r"""#!/bin/bash
-python3 -c 'import json, os, sys; print(json.dumps({"argv": sys.argv[1:], "EVIL": os.environ.get("EVIL"), "UCX_TLS": os.environ.get("UCX_TLS"), "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"), "IPC_PORT": os.environ.get("TLLM_SPAWN_PROXY_PROCESS_IPC_PORT")}))' "$@" >> "$FAKE_LOG/server.jsonl"
+python3 -c 'import json, os, sys; e = os.environ.get
+print(json.dumps({"argv": sys.argv[1:], "EVIL": e("EVIL"), "UCX_TLS": e("UCX_TLS"),
+                  "CUDA_VISIBLE_DEVICES": e("CUDA_VISIBLE_DEVICES"), "IPC_PORT": e("TLLM_SPAWN_PROXY_PROCESS_IPC_PORT")}))' \
+    "$@" >> "$FAKE_LOG/server.jsonl"
 exec sleep 60
 """
 
 
-def _exe(path: Path, text: str) -> None:
-    path.write_text(text)
-    path.chmod(path.stat().st_mode | stat.S_IEXEC)
-
-
 def _fake_slurm_env(tmp_path: Path, out: Path) -> dict:
     """PATH with recording stand-ins for srun/scontrol/scancel and the server, for a 2-node job."""
+    env = fake_slurm_env(tmp_path, out)
     fake = tmp_path / "bin"
-    fake.mkdir()
-    _exe(fake / "srun", FAKE_SRUN)
-    _exe(fake / "scontrol", "#!/bin/bash\necho nodeA\necho nodeB\n")
-    _exe(fake / "scancel", "#!/bin/bash\necho \"$@\" >> \"$FAKE_LOG/scancel.args\"\n")
     _exe(fake / "trtllm-llmapi-launch", '#!/bin/bash\nexec "$@"\n')
     _exe(fake / "trtllm-serve", FAKE_SERVER)
-    return {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "FAKE_LOG": str(tmp_path),
-            "FAKE_NODES": "nodeA nodeB", "SLURM_JOB_NODELIST": "node[A-B]", "SLURM_JOB_ID": "4242",
-            "TK_RUN_DIR": str(out)}
+    return env
+
+
+def _events_text(out: Path) -> str:
+    path = out / "state" / "events.jsonl"
+    return path.read_text() if path.exists() else ""
 
 
 def test_a_port_already_taken_on_a_node_fails_the_job_before_any_server_starts(tmp_path):
@@ -86,10 +70,11 @@ def test_a_port_already_taken_on_a_node_fails_the_job_before_any_server_starts(t
         proc = subprocess.run(["bash", str(out / "launch.sbatch")], env=_fake_slurm_env(tmp_path, out),
                               capture_output=True, text=True, timeout=60)
     assert proc.returncode != 0
-    phases = (out / "state" / "phases.tsv").read_text()
-    assert f"port(s) {port} already in use on nodeA" in phases, phases
-    assert "cluster.worker_base_port" in phases
-    assert "started" not in phases and not (tmp_path / "server.jsonl").exists()
+    phases = _phases(out)
+    failed = [d for p, d in phases if p == "failed"]
+    assert failed and f"port(s) {port} already in use on nodeA" in failed[0], phases
+    assert "cluster.worker_base_port" in failed[0]
+    assert "started" not in [p for p, _ in phases] and not (tmp_path / "server.jsonl").exists()
     assert "4242" in (tmp_path / "scancel.args").read_text()
 
 
@@ -110,8 +95,8 @@ def test_hostile_values_reach_the_server_as_data_not_as_commands(tmp_path):
     # No server answers /health, so the job fails after startup_timeout_s and cancels itself.
     assert proc.returncode != 0
     assert elapsed < 60
-    phases = (out / "state" / "phases.tsv").read_text()
-    assert "not healthy" in phases and "ctx-0" in phases
+    failed = [e for e in events(out) if e["event"] == "failed"]
+    assert failed and "not healthy" in failed[0]["reason"] and failed[0]["component"] == "ctx-0", events(out)
     assert "4242" in (tmp_path / "scancel.args").read_text()
 
     servers = [json.loads(line) for line in (tmp_path / "server.jsonl").read_text().splitlines()]
@@ -165,10 +150,6 @@ def _run_sbatch(tmp_path, out, env=None, timeout=90):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def _phases(out) -> list[tuple[str, str]]:
-    return [tuple(line.split("\t")[1:3]) for line in (out / "state" / "phases.tsv").read_text().splitlines()]
-
-
 def test_instances_on_one_node_get_distinct_internal_ports_and_the_gpu_request_and_extra_args(tmp_path):
     out, _ = render(build_plan(load_recipe_text(FOUR_ON_ONE_NODE, str(tmp_path / "r.yaml"))), tmp_path / "run")
     header = [line for line in (out / "launch.sbatch").read_text().splitlines() if line.startswith("#SBATCH")]
@@ -205,9 +186,9 @@ def test_an_internal_port_already_taken_fails_the_job_before_any_server_starts(t
         out, _ = render(build_plan(load_recipe_text(text, str(tmp_path / "r.yaml"))), tmp_path / "run")
         proc = _run_sbatch(tmp_path, out)
     assert proc.returncode != 0
-    phases = (out / "state" / "phases.tsv").read_text()
-    assert f"port(s) {port} already in use on nodeA" in phases, phases
-    assert "started" not in phases and not (tmp_path / "server.jsonl").exists()
+    phases = _phases(out)
+    assert any(p == "failed" and f"port(s) {port} already in use on nodeA" in d for p, d in phases), phases
+    assert "started" not in [p for p, _ in phases] and not (tmp_path / "server.jsonl").exists()
 
 
 def test_without_the_knob_co_located_launchers_start_one_after_another(tmp_path):
@@ -225,8 +206,7 @@ def test_without_the_knob_co_located_launchers_start_one_after_another(tmp_path)
         start = time.monotonic()
         _run_sbatch(tmp_path, out, env)
         elapsed = time.monotonic() - start
-    phases = _phases(out)
-    order = [(p, d.split(" ")[0].split("'")[0]) for p, d in phases if p in ("waiting", "started")]
+    order = [(e["event"], e["component"]) for e in events(out) if e["event"] in ("waiting", "started")]
     assert order[:7] == [("started", "ctx-0"), ("waiting", "ctx-0"), ("started", "ctx-1"), ("waiting", "ctx-1"),
                          ("started", "gen-0"), ("waiting", "gen-0"), ("started", "gen-1")], order
     assert elapsed < 60  # nobody waited out the 120 s bound
@@ -306,10 +286,10 @@ def test_with_membership_the_proxy_starts_first_and_a_silent_one_fails_the_job_n
                           capture_output=True, text=True, timeout=90)
     assert not marker.exists(), "a recipe value was executed as a command"
     assert proc.returncode != 0
-    phases = (out / "state" / "phases.tsv").read_text()
-    started = [line.split("\t")[2].split()[0] for line in phases.splitlines() if "\tstarted\t" in line]
-    assert started == ["proxy"], phases  # the proxy hosts the cluster storage: no worker before it answers
-    assert "proxy does not answer" in phases
+    started = [e["component"] for e in events(out) if e["event"] == "started"]
+    assert started == ["proxy"], events(out)  # the proxy hosts the cluster storage: no worker before it answers
+    failed = [e for e in events(out) if e["event"] == "failed"]
+    assert failed and failed[0]["component"] == "proxy" and "proxy does not answer" in failed[0]["reason"]
     assert "4242" in (tmp_path / "scancel.args").read_text()
     argv = (tmp_path / "srun.args").read_text()
     assert "<node0>" not in argv, "every <nodeN> in a step's arguments is resolved"

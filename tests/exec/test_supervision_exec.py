@@ -1,5 +1,5 @@
-"""Spec: the supervision policy of launch.sbatch, executed for real by bash under fake srun/scontrol/scancel/squeue
-and a fake server (a small HTTP server that answers every GET with 200): a killed server is restarted with its
+"""Spec: the supervision policy of the job (launch.sbatch starting job.pyz), executed for real under fake
+srun/scontrol/scancel/squeue and a fake server (a small HTTP server that answers every GET with 200): a killed server is restarted with its
 restart counted; killed again with no restarts left it is given up ("lost"), and its role below its minimum
 ends the job, naming the cause; each component's state file says so."""
 
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_sbatch_exec import FAKE_SRUN, _exe
+from tests.fakes.slurm import FAKE_SRUN, exe as _exe, phases as _phases
 from toolkit.plan import build_plan
 from toolkit.recipe import load_recipe_text
 from toolkit.render import render
@@ -68,11 +68,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _phases(out: Path) -> list[tuple[str, str]]:
-    path = out / "state" / "phases.tsv"
-    return [tuple(line.split("\t", 2)[1:]) for line in path.read_text().splitlines()] if path.exists() else []
 
 
 def _wait_for(predicate, timeout_s: float, what: str):

@@ -50,7 +50,7 @@ def test_user_files_in_the_output_directory_survive_a_new_render(tmp_path):
     write_atomically(render_files(load_plan(RECIPE)), out)
     assert (out / "notes.txt").read_text() == "mine"
     assert (out / "logs" / "ctx-0.log").read_text() == "a log"
-    assert consistent(out) and "ctx-1" in (out / "launch.sbatch").read_text()
+    assert consistent(out) and "ctx-1" in (out / "job.json").read_text()
     assert oct((out).stat().st_mode & 0o777) == "0o755"
 
 

@@ -1,0 +1,383 @@
+"""The supervision policy: a pure state machine over the components, driven by observations and a clock.
+
+Nothing here sleeps, spawns or probes. The serving loop (orchestrator.job) feeds it what it saw, with the time
+(``now``, seconds on a monotonic clock), and carries out the actions it returns:
+
+    exited(name, rc, now, step_created)   the component's step ended (or srun never created one)
+    probed(name, ok, now)                 one liveness probe (HTTP 200 or not)
+    stalled(name, seconds, now)           its progress probe has had no answer for stall_after_s
+    killed(name, died, rc, now)           a Kill finished: it died (rc), or it survived SIGKILL
+    tick(now)                             time passed: restarts whose backoff is over
+    overall(now)                          after a round: degraded <-> serving
+
+Actions: Start(name), Kill(name, reason), Deregister(name), RepairMembership(), Fail(reason, component), and
+Record(event) for every state change (orchestrator.events writes them). The policy (docs/recipe.md
+`supervision:`): an exit is restarted after an exponential backoff (backoff_initial_s doubled per consecutive
+failure, capped at backoff_max_s), up to max_restarts in a row, after which the component is lost; a role with
+fewer live (not lost) components than its minimum ends the run. Healthy for stable_after_s resets the
+consecutive count. Liveness failing for unhealthy_after_s, or no progress for stall_after_s, is killed (and
+restarted). fail-fast: the first exit, or liveness lost, ends the run. An srun that never created its step (the
+Slurm controller unreachable, resources not yet released) is retried with backoff and not counted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Iterable, List, Optional, Set, Union
+
+from orchestrator.spec import Supervision
+from orchestrator.states import ComponentState as C
+from orchestrator.states import EventKind as E
+from orchestrator.states import RunState
+
+
+@dataclass(frozen=True)
+class Event:
+    """One line of state/events.jsonl (the time is added when it is written)."""
+
+    kind: E
+    component: Optional[str] = None
+    state: Optional[str] = None  # the component's state after it, or the run's for run events
+    reason: Optional[str] = None  # what happened, in words, for people
+    exit_code: Optional[int] = None
+    restarts: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class Start:
+    name: str
+
+
+@dataclass(frozen=True)
+class Kill:
+    name: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Deregister:
+    name: str
+
+
+@dataclass(frozen=True)
+class RepairMembership:
+    """The storage came back (etcd restarted or answering again): replace stale registrations, one per role at a
+    time, so the proxy never loses every worker of a role at once."""
+
+
+@dataclass(frozen=True)
+class Fail:
+    reason: str
+    component: Optional[str] = None
+
+
+@dataclass(frozen=True)
+class Record:
+    event: Event
+
+
+Action = Union[Start, Kill, Deregister, RepairMembership, Fail, Record]
+
+
+def exit_text(rc: int) -> str:
+    """'exited with code 137 (signal 9)'."""
+    if rc > 128:
+        return f"exited with code {rc} (signal {rc - 128})"
+    if rc < 0:  # a Popen return code: killed by signal -rc
+        return f"exited with code {128 - rc} (signal {-rc})"
+    return f"exited with code {rc}"
+
+
+def exit_code(rc: int) -> int:
+    """As a shell reports it: 128 + N for a process killed by signal N (Popen says -N)."""
+    return 128 - rc if rc < 0 else rc
+
+
+def backoff_s(initial: float, maximum: float, failures: int) -> float:
+    """initial * 2^failures, capped at maximum."""
+    wait = float(initial)
+    for _ in range(failures):
+        if wait >= maximum:
+            break
+        wait *= 2
+    return min(wait, float(maximum))
+
+
+@dataclass
+class Tracked:
+    """One component as the policy sees it."""
+
+    name: str
+    role: str
+    state: C = C.STARTING
+    since: float = 0.0
+    restarts: int = 0  # restarts by supervision in this run
+    failures: int = 0  # consecutive counted failures (resets after stable_after_s healthy)
+    uncounted: int = 0  # consecutive starts whose step was never created
+    last_exit: Optional[int] = None
+    reason: Optional[str] = None
+    bad_since: float = 0.0
+    next_start: float = 0.0
+    deadline: float = 0.0
+    healthy_since: float = 0.0
+    kill_reason: Optional[str] = None
+    retrying: bool = False  # the next start repeats a restart whose step was never created
+
+
+class Supervisor:
+    """The policy over every component, all of them healthy when supervision begins (``begin``)."""
+
+    def __init__(self, policy: Supervision, roles: Dict[str, str], *,
+                 log_of: Callable[[str], str] = lambda name: f"logs/{name}.log",
+                 storage_component: Optional[str] = None):
+        self.p = policy
+        self.components: Dict[str, Tracked] = {name: Tracked(name, role) for name, role in roles.items()}
+        self.run_state = RunState.STARTING
+        self.log_of = log_of
+        self.storage_component = storage_component  # the job's etcd: its return triggers RepairMembership
+        self.dirty: Set[str] = set()  # components whose state file must be written
+
+    # -- helpers ------------------------------------------------------------------------------------------------
+    def _set(self, t: Tracked, state: C, now: float, reason: Optional[str] = None) -> None:
+        if t.state != state:
+            t.since = now
+        t.state, t.reason = state, reason
+        self.dirty.add(t.name)
+
+    def live(self, role: str) -> int:
+        return sum(1 for t in self.components.values() if t.role == role and t.state != C.LOST)
+
+    def minimum(self, role: str) -> int:
+        return int(self.p.minimum.get(role, 1))
+
+    def _record(self, kind: E, t: Optional[Tracked], reason: str, exit_code_: Optional[int] = None) -> Record:
+        return Record(Event(kind, t.name if t else None, (t.state.value if t else self.run_state.value), reason,
+                            exit_code_, t.restarts if t else None))
+
+    @property
+    def restart(self) -> bool:
+        return self.p.policy == "restart"
+
+    # -- entry points -------------------------------------------------------------------------------------------
+    def begin(self, now: float) -> List[Action]:
+        """The deployment serves: every component is healthy (the start-up waited for it)."""
+        self.run_state = RunState.READY
+        for t in self.components.values():
+            self._set(t, C.HEALTHY, now)
+            t.healthy_since = now
+        return []
+
+    def exited(self, name: str, rc: int, now: float, step_created: bool = True, why: Optional[str] = None
+               ) -> List[Action]:
+        t = self.components[name]
+        code = exit_code(rc)
+        what = (f"{why}; " if why else "") + exit_text(rc)
+        t.kill_reason = None
+        actions: List[Action] = [Deregister(name)]
+        if not step_created and self.restart:
+            # srun never started it: not the component's failure. Retry, without spending the budget.
+            wait = backoff_s(max(self.p.backoff_initial_s, 2.0), self.p.backoff_max_s, t.uncounted)
+            t.uncounted += 1
+            t.next_start = now + wait
+            t.retrying = True
+            self._set(t, C.BACKOFF, now, f"srun did not create its step ({what}); retry in {wait:g}s, "
+                                         "not counted against max_restarts")
+            return actions + [self._record(E.STEP_NOT_CREATED, t, f"{name}: srun did not create its step "
+                                           f"({what}); retry {t.uncounted} in {wait:g}s, not counted against "
+                                           f"max_restarts (log: {self.log_of(name)})", code)]
+        t.last_exit = code
+        t.uncounted = 0
+        t.retrying = False
+        if not self.restart:
+            self._set(t, C.EXITED, now, what)
+            reason = f"{name} {what} (log: {self.log_of(name)}; supervision policy fail-fast)"
+            return actions + [self._record(E.EXITED, t, reason, code), Fail(reason, name)]
+        if t.failures >= self.p.max_restarts:
+            self._set(t, C.LOST, now, f"{what}; given up after {self.p.max_restarts} restart(s) in a row")
+            actions.append(self._record(E.LOST, t, f"{name} {what}; given up after {self.p.max_restarts} "
+                                                   f"restart(s) in a row (log: {self.log_of(name)})", code))
+            live = self.live(t.role)
+            if live < self.minimum(t.role):
+                actions.append(Fail(f"{name} {what}, and no more restarts are allowed: {live} live {t.role} "
+                                    f"component(s), below the minimum of {self.minimum(t.role)} "
+                                    f"(log: {self.log_of(name)})", name))
+            return actions
+        wait = backoff_s(self.p.backoff_initial_s, self.p.backoff_max_s, t.failures)
+        t.failures += 1
+        t.next_start = now + wait
+        self._set(t, C.BACKOFF, now, f"{what}; restart {t.failures} of {self.p.max_restarts} in {wait:g}s")
+        return actions + [self._record(E.EXITED, t, f"{name} {what}; restart {t.failures} of "
+                                                    f"{self.p.max_restarts} in {wait:g}s "
+                                                    f"(log: {self.log_of(name)})", code)]
+
+    def probed(self, name: str, ok: bool, now: float, url: str = "/health") -> List[Action]:
+        t = self.components[name]
+        if ok:
+            if t.state == C.STARTING:
+                self._set(t, C.HEALTHY, now)
+                t.healthy_since = now
+                out: List[Action] = [self._record(E.RESTARTED, t, f"{name} healthy again (restart {t.restarts} "
+                                                                   "of this run)")]
+                if name == self.storage_component:
+                    out.append(RepairMembership())
+                return out
+            if t.state == C.UNHEALTHY:
+                self._set(t, C.HEALTHY, now)
+                t.healthy_since = now
+                out = [self._record(E.RECOVERED, t, f"{name} answers {url} again")]
+                if name == self.storage_component:
+                    out.append(RepairMembership())
+                return out
+            if t.state == C.HEALTHY and t.failures > 0 and now - t.healthy_since >= self.p.stable_after_s:
+                t.failures = 0
+                self.dirty.add(name)
+                return [self._record(E.STABLE, t, f"{name} healthy for {self.p.stable_after_s:g}s: its "
+                                                  "consecutive failures reset")]
+            return []
+        if t.state == C.HEALTHY:
+            t.bad_since = now
+            self._set(t, C.UNHEALTHY, now, f"{url} does not answer 200")
+            return [self._record(E.UNHEALTHY, t, f"{name} {url} does not answer 200")]
+        if t.state == C.UNHEALTHY and now - t.bad_since >= self.p.unhealthy_after_s:
+            why = f"{url} failed for {self.p.unhealthy_after_s:g}s"
+            if not self.restart:
+                self._set(t, C.UNHEALTHY, now, why)
+                reason = f"{name} {why} (supervision policy fail-fast; log: {self.log_of(name)})"
+                return [self._record(E.UNHEALTHY, t, reason), Fail(reason, name)]
+            return self._kill(t, f"{why}, killed", now)
+        if t.state == C.STARTING and now >= t.deadline:
+            return self._kill(t, f"not healthy within {self.p.startup_timeout_s:g}s of its restart, killed", now)
+        return []
+
+    def stalled(self, name: str, seconds: float, now: float) -> List[Action]:
+        """Its progress probe (a bounded generation request) has produced no token for `seconds`."""
+        t = self.components[name]
+        if t.state not in (C.HEALTHY, C.UNHEALTHY):
+            return []
+        why = f"wedged: no token for {seconds:g}s from a request in flight while /health answers"
+        if not self.restart:
+            self._set(t, t.state, now, why)
+            reason = f"{name} {why} (supervision policy fail-fast; log: {self.log_of(name)})"
+            return [self._record(E.WEDGED, t, reason), Fail(reason, name)]
+        return [self._record(E.WEDGED, t, f"{name} {why}; killing it (log: {self.log_of(name)})"),
+                *self._kill(t, f"{why}, killed", now)]
+
+    def _kill(self, t: Tracked, reason: str, now: float) -> List[Action]:
+        t.kill_reason = reason
+        self._set(t, C.KILLING, now, reason)
+        return [self._record(E.KILLED, t, f"{t.name} {reason}"), Kill(t.name, reason)]
+
+    def killed(self, name: str, died: bool, rc: Optional[int], now: float, step_created: bool = True
+               ) -> List[Action]:
+        """A Kill finished. A restart whose srun was still waiting for the controller (no step created) when its
+        deadline passed is not the component's failure either."""
+        t = self.components[name]
+        why = t.kill_reason or "killed"
+        if died:
+            return self.exited(name, rc if rc is not None else -9, now, step_created=step_created, why=why)
+        t.kill_reason = None
+        self._set(t, C.LOST, now, f"{why}, but it did not die within 15 s of SIGKILL (uninterruptible?)")
+        actions: List[Action] = [Deregister(name), self._record(E.LOST, t, f"{name} does not die; given up "
+                                                                          f"(log: {self.log_of(name)})")]
+        if self.live(t.role) < self.minimum(t.role):
+            actions.append(Fail(f"{name} is hung and does not die: {t.role} below its minimum of "
+                                f"{self.minimum(t.role)}", name))
+        return actions
+
+    def tick(self, now: float) -> List[Action]:
+        actions: List[Action] = []
+        for t in self.components.values():
+            if t.state == C.BACKOFF and now >= t.next_start:
+                if not t.retrying:
+                    t.restarts += 1
+                t.deadline = now + self.p.startup_timeout_s
+                self._set(t, C.STARTING, now)
+                actions += [self._record(E.RESTARTING, t, f"{t.name} (restart {t.restarts} of this run"
+                                         + (", its step not created before" if t.retrying else "") + ")"),
+                            Start(t.name)]
+        return actions
+
+    def overall(self, now: float) -> List[Action]:
+        """After a round: the run is degraded while any component is not healthy, serving again once all are."""
+        down = [t for t in self.components.values() if t.state != C.HEALTHY]
+        if down and self.run_state == RunState.READY:
+            self.run_state = RunState.DEGRADED
+            return [self._record(E.DEGRADED, None, ", ".join(f"{t.name} {t.state.value}" for t in down))]
+        if not down and self.run_state == RunState.DEGRADED:
+            self.run_state = RunState.READY
+            return [self._record(E.SERVING, None, "every component healthy again")]
+        return []
+
+    def take_dirty(self) -> List[str]:
+        names = sorted(self.dirty)
+        self.dirty.clear()
+        return names
+
+
+@dataclass
+class _Watch:
+    generation: int = 0
+    sent_at: Optional[float] = None  # a probe in flight since
+    done_at: float = float("-inf")  # the last answer
+    progress_at: Optional[float] = None  # the last time progress was seen (an answer; at first, the first probe)
+    reported: bool = False  # its stall was reported
+    disabled: bool = False
+
+
+class ProgressWatch:
+    """Liveness as progress: a bounded generation request (``/health_generate``, one token) every interval per
+    server, at most one in flight. A server whose probe is in flight and that has shown no progress for
+    ``stall_after_s`` (since its last answer) is stalled, reported once: so a wedge is seen within stall_after_s
+    plus one round of the loop. An error answer (the route missing, or a refusal) turns the watch off for that
+    server rather than guess."""
+
+    def __init__(self, stall_after_s: float, interval_s: float):
+        self.stall_after_s, self.interval_s = stall_after_s, interval_s
+        self.watches: Dict[str, _Watch] = {}
+
+    def reset(self, name: str) -> None:
+        """The component was (re)started: forget probes of its previous life."""
+        w = self.watches.setdefault(name, _Watch())
+        w.generation += 1
+        w.sent_at, w.done_at, w.progress_at, w.reported = None, float("-inf"), None, False
+
+    def due(self, names: Iterable[str], now: float) -> List[tuple]:
+        """(name, generation) of each server a probe should be sent to now; marks them sent."""
+        if self.stall_after_s <= 0:
+            return []
+        out = []
+        for name in names:
+            w = self.watches.setdefault(name, _Watch())
+            if w.disabled or w.sent_at is not None or now - w.done_at < self.interval_s:
+                continue
+            w.sent_at, w.reported = now, False
+            if w.progress_at is None:
+                w.progress_at = now
+            out.append((name, w.generation))
+        return out
+
+    def answered(self, name: str, generation: int, status: Optional[int], now: float) -> Optional[str]:
+        """A probe ended: status 200 (progress), another status, or None (no answer: timed out or refused the
+        connection). Returns a reason when the watch turns itself off for that server."""
+        w = self.watches.setdefault(name, _Watch())
+        if generation != w.generation:
+            return None
+        w.sent_at, w.done_at = None, now
+        if status == 200:
+            w.progress_at = now
+        elif status is not None and not w.disabled:
+            w.disabled = True
+            return f"its progress probe answered HTTP {status}; wedge detection is off for it"
+        return None
+
+    def stalls(self, now: float) -> List[tuple]:
+        """(name, seconds without progress) of each server with a probe in flight and no progress for
+        stall_after_s, reported once."""
+        out = []
+        for name, w in self.watches.items():
+            if w.sent_at is None or w.reported or w.progress_at is None:
+                continue
+            if now - w.progress_at >= self.stall_after_s:
+                w.reported = True
+                out.append((name, now - w.progress_at))
+        return out

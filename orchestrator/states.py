@@ -1,0 +1,92 @@
+"""The vocabulary the job and tk share: run states, component states and event kinds, each an Enum.
+
+The job (this package, on the batch host) writes them into state/events.jsonl and state/servers/NAME.json; tk
+(toolkit.launch) reads them back and imports this module, so there is one spelling of every state. Every value is
+a plain string (``str`` Enums), so the files stay readable JSON and older records still load.
+
+docs/architecture.md ("States") draws every transition.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class RunState(str, enum.Enum):
+    """A run as `tk status` shows it (run.json ``state``)."""
+
+    RENDERED = "rendered"  # files written, nothing submitted
+    SUBMITTED = "submitted"  # sbatch answered (or the local job started); the job has not said anything yet
+    PENDING = "pending"  # Slurm has not started the job (squeue's reason is the detail)
+    STARTING = "starting"  # the job runs: nodes, config check, servers starting, health and registration waits
+    READY = "ready"  # the job said ready and every component answers /health
+    DEGRADED = "degraded"  # ready before, and now a component is down, being restarted or given up; still serving
+    FAILED = "failed"  # the job ended itself (a role below its minimum, fail-fast, a start-up failure) or tk gave up
+    STOPPED = "stopped"  # `tk stop` (or the job ended with no failure recorded)
+
+    @property
+    def serving(self) -> bool:
+        return self in (RunState.READY, RunState.DEGRADED)
+
+    @property
+    def terminal(self) -> bool:
+        return self in (RunState.FAILED, RunState.STOPPED)
+
+
+class ComponentState(str, enum.Enum):
+    """One server, the proxy or the job's etcd, as the job's supervision sees it (state/servers/NAME.json)."""
+
+    PLANNED = "planned"  # not started yet (tk only: before the job started it)
+    STARTING = "starting"  # its step was started; not healthy yet (at first, or after a restart)
+    HEALTHY = "healthy"  # answers its liveness URL with 200 and makes progress
+    UNHEALTHY = "unhealthy"  # stopped answering 200; killed after supervision.unhealthy_after_s
+    KILLING = "killing"  # being killed (hung, wedged, or not healthy in time); its exit follows
+    BACKOFF = "backoff"  # exited; restarted after the backoff (the reason says when, and which restart)
+    LOST = "lost"  # given up: max_restarts in a row used, or it survived SIGKILL
+    EXITED = "exited"  # exited and not restarted: before the deployment served, or under fail-fast
+    FAILED = "failed"  # tk only: the component the failed run names
+    STOPPED = "stopped"  # tk only: the job is gone
+
+    @property
+    def down(self) -> bool:
+        """Not serving now (anything but healthy)."""
+        return self is not ComponentState.HEALTHY
+
+
+# What the job's supervision can say of a component that tk's own probe finds not answering: tk shows it as is.
+SUPERVISED_STATES = frozenset({ComponentState.STARTING, ComponentState.UNHEALTHY, ComponentState.KILLING,
+                               ComponentState.BACKOFF, ComponentState.LOST, ComponentState.EXITED})
+
+
+class EventKind(str, enum.Enum):
+    """What happened, one JSON line each in state/events.jsonl (orchestrator.events)."""
+
+    # start-up, in order
+    RESOLVING = "resolving"  # reading the allocation's nodes
+    CHECKING = "checking"  # TensorRT-LLM's own config check runs
+    CHECKED = "checked"  # it accepted every file
+    CHECK_SKIPPED = "check-skipped"  # it could not run here (no tensorrt_llm, timed out); the servers check
+    STARTED = "started"  # a component's step was started (component, its nodes)
+    WAITING = "waiting"  # waiting for a co-located launcher to bind its IPC port
+    HEALTHY = "healthy"  # a component answered its health URL during start-up
+    REGISTERED = "registered"  # every worker is in the cluster storage
+    READY = "ready"  # the deployment serves (reason: the endpoint)
+    # serving
+    UNHEALTHY = "unhealthy"  # a healthy component stopped answering 200
+    RECOVERED = "recovered"  # it answers again before it was killed
+    WEDGED = "wedged"  # /health answers but a request in flight produced no token for stall_after_s
+    KILLED = "killed"  # supervision killed it (reason: why)
+    EXITED = "server-exited"  # it ended; restart pending (reason: which restart, when)
+    STEP_NOT_CREATED = "step-not-created"  # srun never started it (controller away); retried, not counted
+    RESTARTING = "restarting"  # its step is started again
+    RESTARTED = "restarted"  # healthy again after a restart
+    STABLE = "stable"  # healthy for stable_after_s: its consecutive failures reset
+    LOST = "lost"  # given up
+    DEREGISTERED = "deregistered"  # its keys deleted from the cluster storage
+    MEMBERSHIP_REPAIRED = "membership-repaired"  # stale registrations replaced after the storage came back
+    PROBE_REFUSED = "progress-probe-refused"  # the progress probe answered an error: wedge detection is off for it
+    DEGRADED = "degraded"  # some component is down (reason: which)
+    SERVING = "serving"  # every component healthy again
+    # the end
+    FAILED = "failed"  # the job ends itself (component: the cause, where there is one)
+    STOPPING = "stopping"  # teardown (a signal, or after failed)

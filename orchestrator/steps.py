@@ -1,0 +1,162 @@
+"""One Slurm step per component, and every other Slurm call the job makes, each bounded in time.
+
+A component runs as
+
+    srun --overlap --kill-on-bad-exit=1 --job-name=tk-NAME --nodes=N --ntasks=T --ntasks-per-node=P
+         --nodelist=NODES --output=logs/NAME.log --open-mode=append SRUN_FLAGS...
+         bash -c WRAPPER tk-NAME GPUS ENV_FILE INSTANCE_ENV STARTED_MARKER ARGV...
+
+where WRAPPER (on the node, in the container) sets CUDA_VISIBLE_DEVICES, exports the role's env file and the
+instance's own ports, touches STARTED_MARKER (the step exists and its task ran: an srun that fails without it
+never created a step, e.g. the controller was unreachable) and execs ARGV. Every value is a positional argument;
+none is ever part of the script. The step is named tk-NAME so that it can be found (squeue -s) and killed on its
+node (scancel --signal=KILL JOB.STEP), even when its task is stopped. Locally (tk launch --local) the same argv
+runs under tk's shim (toolkit/launch/local_shim/): no steps, the srun process is the server itself.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+SLURM_TIMEOUT_S = 10
+KILL_WAIT_S = 15
+WRAPPER = ('export CUDA_VISIBLE_DEVICES="$1"; if [ -n "$2" ]; then set -a; . "$2"; set +a; fi; '
+           'for kv in $3; do export "$kv"; done; : > "$4"; shift 4; exec "$@"')
+
+
+def run_bounded(argv: Sequence[str], timeout_s: float, **kw: Any) -> Tuple[int, str, str]:
+    """(exit code, stdout, stderr); 124 when it ran past timeout_s (SIGTERM, as GNU timeout sends, then SIGKILL),
+    127 when it is not there."""
+    try:
+        proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                **kw)
+    except OSError as exc:
+        return 127, "", f"{argv[0]}: {exc.strerror or exc}"
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        try:
+            out, err = proc.communicate(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        return 124, out.decode(errors="replace"), f"{argv[0]} did not answer within {timeout_s:g}s"
+    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+class Steps:
+    """Starts, finds and kills the job's steps."""
+
+    def __init__(self, run_dir: str, job_id: str, srun_flags: List[str]):
+        self.run_dir, self.job_id, self.srun_flags = run_dir, job_id, list(srun_flags)
+        self.marker_dir = os.path.join(run_dir, "state", "steps")
+        os.makedirs(self.marker_dir, exist_ok=True)
+
+    def marker(self, name: str) -> str:
+        return os.path.join(self.marker_dir, f"{name}.started")
+
+    def srun_err(self, name: str) -> str:
+        return os.path.join(self.marker_dir, f"{name}.srun.err")
+
+    def argv(self, name: str, nodelist: List[str], ntasks: int, per_node: int, gpus: str, env_file: str,
+             instance_env: str, command: List[str]) -> List[str]:
+        return ["srun", "--overlap", "--kill-on-bad-exit=1", f"--job-name=tk-{name}", f"--nodes={len(nodelist)}",
+                f"--ntasks={ntasks}", f"--ntasks-per-node={per_node}", f"--nodelist={','.join(nodelist)}",
+                f"--output={os.path.join(self.run_dir, 'logs', name + '.log')}", "--open-mode=append",
+                *self.srun_flags, "bash", "-c", WRAPPER, f"tk-{name}", gpus, env_file, instance_env,
+                self.marker(name), *command]
+
+    def start(self, name: str, argv: List[str]) -> subprocess.Popen:
+        """Start the step (no wait). Its own messages (srun: error: ...) go to state/steps/NAME.srun.err."""
+        for path in (self.marker(name),):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        with open(self.srun_err(name), "wb") as err:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                    cwd=self.run_dir)
+
+    def step_created(self, name: str) -> bool:
+        return os.path.exists(self.marker(name))
+
+    def srun_said(self, name: str, limit: int = 300) -> str:
+        """The last line srun itself wrote (why a step was not created), bounded."""
+        try:
+            with open(self.srun_err(name), "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 4096))
+                lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+        except OSError:
+            return ""
+        return lines[-1][:limit] if lines else ""
+
+    def step_ids(self) -> Dict[str, str]:
+        """tk-NAME -> JOB.STEP for every step Slurm lists for this job (one bounded squeue); {} when none or
+        when squeue does not answer."""
+        if not self.job_id:
+            return {}
+        rc, out, _ = run_bounded(["squeue", "-h", "-s", "-j", self.job_id, "-o", "%i %j"], SLURM_TIMEOUT_S)
+        if rc != 0:
+            return {}
+        steps: Dict[str, str] = {}
+        for line in out.splitlines():
+            parts = line.split()
+            if len(parts) == 2 and parts[1].startswith("tk-"):
+                steps[parts[1][3:]] = parts[0]
+        return steps
+
+    def kill(self, name: str, proc: subprocess.Popen, step: Optional[str]) -> Tuple[bool, Optional[int]]:
+        """End a component on its node: scancel --signal=KILL of its step where Slurm knows it (the task itself,
+        even if stopped), else two SIGINTs within a second (srun then ends its step's tasks), then SIGKILL of the
+        srun. (True, exit code) once it is gone; (False, None) if it survives KILL_WAIT_S."""
+        step = step or self.step_ids().get(name)
+        if step:
+            run_bounded(["scancel", "--signal=KILL", step], SLURM_TIMEOUT_S)
+        else:
+            for _ in range(2):
+                _signal(proc, signal.SIGINT)
+                time.sleep(0.3)
+        _signal(proc, signal.SIGKILL)
+        try:
+            return True, proc.wait(timeout=KILL_WAIT_S)
+        except subprocess.TimeoutExpired:
+            return False, None
+
+    def cancel_job(self) -> None:
+        """Every remaining step of this job, on every node (the local shim: every process of the job's session)."""
+        if self.job_id:
+            run_bounded(["scancel", self.job_id], SLURM_TIMEOUT_S)
+
+
+def _signal(proc: subprocess.Popen, sig: int) -> None:
+    try:
+        proc.send_signal(sig)
+    except (ProcessLookupError, OSError):
+        pass
+
+
+def terminate_all(procs: List[subprocess.Popen], grace_s: float = 30.0) -> None:
+    """SIGTERM every process, wait (bounded by grace_s in all), SIGKILL what is left."""
+    for p in procs:
+        if p.poll() is None:
+            _signal(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            pass
+    for p in procs:
+        if p.poll() is None:
+            _signal(p, signal.SIGKILL)
+    for p in procs:
+        try:
+            p.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass

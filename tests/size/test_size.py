@@ -1,0 +1,412 @@
+"""Spec: tk size (aiconfigurator behind tk), its translation of aiconfigurator's rows into recipes, and its
+KV-transfer term.
+
+Fast: aiconfigurator's own output for each case is replayed from tests/fixtures/aiconfigurator/ (recorded by its
+record.py; tests/integration/test_size_aiconfigurator.py re-runs the searches, slowly, and compares)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from toolkit.facts.models import BUILTIN_MODELS, resolve_model
+from toolkit.size import add_transfer, meets_sla, transfer
+from toolkit.size import aiconfigurator as aic
+from toolkit.size.candidates import Candidate, RoleShape, candidate
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures"
+RECORDED = sorted((FIXTURES / "aiconfigurator").glob("*.json"))
+LLAMA8 = BUILTIN_MODELS["meta-llama/Llama-3.1-8B-Instruct"]
+
+
+class Replay:
+    """The aiconfigurator adapter's interface (toolkit/size/aiconfigurator.py), answering from a recording."""
+
+    PINNED, SYSTEM_TO_GPU, GPU_TO_SYSTEM = aic.PINNED, aic.SYSTEM_TO_GPU, aic.GPU_TO_SYSTEM
+    QUANT_MODES = aic.QUANT_MODES
+
+    def __init__(self, path: Path, edit=None):
+        self.doc = json.loads(path.read_text())
+        self.rows = {mode: [dict(zip(self.doc["columns"], r)) for r in rows] for mode, rows in self.doc["rows"].items()}
+        if edit:
+            edit(self.rows)
+        self.estimates = []
+
+    def _import(self):
+        return None
+
+    def check_system(self, system):
+        assert system in self.SYSTEM_TO_GPU
+
+    def model_path_for(self, spec):
+        return (spec.name if spec.source == "built-in" else str(Path(spec.source).parent)), spec.architecture or None
+
+    def check_support(self, path, system, architecture):
+        return self.doc["support_note"]
+
+    def search(self, path, system, gpus, isl, osl, ttft_ms, tpot_ms):
+        d = self.doc
+        assert (system, gpus, isl, osl, ttft_ms, tpot_ms) == (d["system"], d["gpus"], d["isl"], d["osl"], d["ttft_ms"],
+                                                              d["tpot_ms"])
+        return self.rows
+
+    def estimate_disagg(self, model_path, system, **kwargs):
+        self.estimates.append(kwargs)
+        return {"ttft": 500.0, "tpot": 20.0, "tokens/s/gpu": 100.0, "tokens/s/user": 50.0, "concurrency": 64,
+                "num_total_gpus": 16, "(p)memory": 60.0, "(d)memory": 70.0}
+
+
+def model_of(doc: dict) -> str:
+    return str(FIXTURES / doc["model"]) if doc["model"].startswith("models/") else doc["model"]
+
+
+def size_from(path: Path, edit=None, **kw):
+    from toolkit.size import size
+
+    replay = Replay(path, edit)
+    d = replay.doc
+    return size(model_of(d), d["system"], d["gpus"], d["isl"], d["osl"], d["ttft_ms"], d["tpot_ms"],
+                adapter=replay, **kw)
+
+
+# --- every recorded search: the recipe deploys exactly the chosen row ---------------------------------------------
+
+def test_the_recordings_cover_what_people_disaggregate():
+    docs = [json.loads(p.read_text()) for p in RECORDED]
+    models = {d["model"] for d in docs}
+    assert {"deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-R1", "moonshotai/Kimi-K2-Instruct", "models/kimi-k2",
+            "openai/gpt-oss-120b", "Qwen/Qwen3-235B-A22B", "meta-llama/Llama-3.3-70B-Instruct",
+            "models/llama-3.1-8b", "models/qwen2.5-72b"} <= models
+    assert {d["system"] for d in docs} >= {"h100_sxm", "h200_sxm", "b200_sxm", "gb200"}
+    assert min(d["gpus"] for d in docs) == 8 and max(d["gpus"] for d in docs) == 64
+
+
+@pytest.mark.parametrize("path", RECORDED, ids=lambda p: p.stem)
+def test_the_written_recipe_deploys_exactly_the_chosen_row(path):
+    from toolkit.plan import build_plan
+    from toolkit.recipe.loader import load_recipe_text
+    from toolkit.size.recipe import compare
+
+    result = size_from(path)
+    c = result.chosen
+    assert c.mode == "disagg" and result.meets(c) and not c.rejected and result.recheck["ok"]
+    assert result.recheck["disagreements"] == [] and result.recheck["errors"] == []
+    # every better SLA-meeting candidate was skipped for a reason that is shown
+    for better in result.candidates[:result.candidates.index(c)]:
+        assert not result.meets(better) or better.mode == "agg" or better.rejected
+    plan = build_plan(load_recipe_text(result.recipe_text, "<spec>"))
+    assert compare(plan, c) == []
+    assert plan.context.gpu_count + plan.generation.gpu_count == c.gpus_used <= result.gpus
+    assert plan.node_count * plan.slurm.gpus_per_node <= result.gpus
+    for role, shape in ((plan.context, c.ctx), (plan.generation, c.gen)):
+        assert (len(role.instances), role.tp, role.pp, role.attention_dp) == (shape.workers, shape.tp * shape.dp,
+                                                                               shape.pp, shape.dp > 1)
+        assert role.llm_api_options["max_batch_size"] == shape.batch
+        if c.is_moe:
+            assert (role.ep, role.moe_tp) == (shape.moe_ep, shape.moe_tp)
+        assert role.memory.fits_sequence
+
+
+@pytest.mark.parametrize("case,directory", [("deepseek-v3-h200-16", "deepseek-v3"),
+                                            ("gpt-oss-120b-h200-8", "gpt-oss-120b"),
+                                            ("qwen3-235b-h100-16", "qwen3-235b-a22b"),
+                                            ("kimi-k2-gb200-16", "kimi-k2")])
+def test_a_model_directory_sizes_as_its_built_in_twin(case, directory, monkeypatch):
+    """The same aiconfigurator rows for the model given as a directory: the same choice, the recipe names the
+    directory, and its memory plan reads the checkpoint's quantization from config.json."""
+    from toolkit.size import size
+
+    built_in = size_from(FIXTURES / "aiconfigurator" / f"{case}.json")
+    replay = Replay(FIXTURES / "aiconfigurator" / f"{case}.json")
+    d = replay.doc
+    path = FIXTURES / "models" / directory
+    result = size(str(path), d["system"], d["gpus"], d["isl"], d["osl"], d["ttft_ms"], d["tpot_ms"], adapter=replay)
+    assert result.chosen.shape() == built_in.chosen.shape() and result.recheck["ok"]
+    assert f"model: {path}" in result.recipe_text and "quantization" not in result.recipe_text
+    ours = result.recheck["plan"]["memory"]
+    theirs = built_in.recheck["plan"]["memory"]
+    for role in ("context", "generation"):
+        assert ours[role]["weights_gib"] == pytest.approx(theirs[role]["weights_gib"], rel=0.02)
+
+
+def test_deepseek_v3_on_16_h200_keeps_attention_dp_and_moe_parallelism():
+    """newcomer B1: the rank-1 row is decode tp1 dp8 moe_tp4 moe_ep2 (8 GPUs); it used to be written as TP1."""
+    result = size_from(FIXTURES / "aiconfigurator" / "deepseek-v3-h200-16.json")
+    c = result.chosen
+    assert c.aic_rank == 1 and c.gpus_used == 16
+    assert (c.gen.tp, c.gen.dp, c.gen.moe_tp, c.gen.moe_ep, c.gen.batch) == (1, 8, 4, 2, 16)
+    assert "generation:\n  instances: 1\n  tp: 8\n  ep: 2\n  attention_dp: true\n  max_batch_size: 16\n" \
+        in result.recipe_text
+    assert "context:\n  instances: 1\n  tp: 8\n  ep: 8\n  max_batch_size: 1\n" in result.recipe_text
+    assert result.recheck["deployed"]["GPUs"] == 16
+    assert c.shape() == "1x ctx TEP8 bs1 + 1x gen ADP8 EP2 ETP4 bs16/rank"
+    assert "quantization" not in result.recipe_text  # the checkpoint's own fp8 blocks
+
+
+def test_a_row_tk_cannot_express_is_marked_and_never_written():
+    def attention_tp_and_dp(rows):  # aiconfigurator's best row, but with attention TP2 x DP4 on the decode side
+        best = max(rows["disagg"], key=lambda r: r["tokens/s/gpu"])
+        rows["disagg"].append({**best, "(d)tp": 2, "(d)dp": 4, "tokens/s/gpu": best["tokens/s/gpu"] * 2})
+
+    result = size_from(FIXTURES / "aiconfigurator" / "deepseek-v3-h200-16.json", edit=attention_tp_and_dp)
+    first = result.candidates[0]
+    assert first.mode == "disagg" and result.meets(first)
+    assert first.rejected.startswith("tk cannot express it: generation: attention TP x DP (tp2 dp4)")
+    assert result.chosen is not first and result.chosen.gen.dp == 8
+    assert any("skipped" in n and "attention TP x DP" in n for n in result.notes)
+
+
+def test_a_row_tk_plan_refuses_is_marked_and_skipped():
+    def one_gpu_decode(rows):  # DeepSeek-V3 (671B) on a single H200 for decoding
+        best = max(rows["disagg"], key=lambda r: r["tokens/s/gpu"])
+        rows["disagg"].append({**best, "(d)tp": 1, "(d)dp": 1, "(d)moe_tp": 1, "(d)moe_ep": 1,
+                               "num_total_gpus": 9, "tokens/s/gpu": best["tokens/s/gpu"] * 2})
+
+    result = size_from(FIXTURES / "aiconfigurator" / "deepseek-v3-h200-16.json", edit=one_gpu_decode)
+    first = result.candidates[0]
+    assert first.rejected.startswith("tk's plan refuses it: generation.tp: deepseek-ai/DeepSeek-V3's weights need")
+    assert result.chosen.gpus_used == 16
+
+
+def test_no_deployable_candidate_is_exit_2_with_the_reasons():
+    from toolkit.size import SizingError
+
+    def only_tp_dp(rows):
+        rows["disagg"] = [{**r, "(d)tp": 2, "(d)dp": 4} for r in rows["disagg"]]
+
+    with pytest.raises(SizingError, match="none of the .* SLA-meeting disaggregated candidates is one tk can deploy"):
+        size_from(FIXTURES / "aiconfigurator" / "deepseek-v3-h200-16.json", edit=only_tp_dp)
+
+
+def test_the_recheck_reports_every_difference_between_recipe_and_row():
+    """What the old translation wrote for B1 (gen TP1: one GPU) differs from the row in GPUs and layout."""
+    from toolkit.plan import build_plan
+    from toolkit.recipe.loader import load_recipe_text
+    from toolkit.size.recipe import compare
+
+    result = size_from(FIXTURES / "aiconfigurator" / "deepseek-v3-h200-16.json")
+    old = result.recipe_text.replace("  tp: 8\n  ep: 2\n  attention_dp: true\n", "  tp: 8\n  ep: 8\n")
+    diffs = compare(build_plan(load_recipe_text(old, "<old>")), result.chosen)
+    assert "generation attention_dp: aiconfigurator True, the recipe False" in diffs
+    assert "generation ep: aiconfigurator 2, the recipe 8" in diffs
+    assert "generation moe_tp: aiconfigurator 4, the recipe 1" in diffs
+
+
+def test_the_command_exits_1_and_writes_nothing_when_the_recipe_would_differ(tmp_path, monkeypatch, capsys):
+    import toolkit.size
+    import toolkit.size.recipe as recipe_mod
+    from toolkit.cli import main
+
+    replay = Replay(FIXTURES / "aiconfigurator" / "deepseek-v3-h200-16.json")
+    monkeypatch.setattr(toolkit.size, "aic", replay)
+    real = recipe_mod.write_recipe
+
+    def drops_attention_dp(*a, **kw):  # the translation bug of newcomer B1
+        return real(*a, **kw).replace("  attention_dp: true\n", "")
+
+    monkeypatch.setattr(recipe_mod, "write_recipe", drops_attention_dp)
+    out = tmp_path / "r.yaml"
+    rc = main(["size", "--model", "deepseek-ai/DeepSeek-V3", "--system", "h200_sxm", "--gpus", "16", "--isl", "8000",
+               "--osl", "1000", "--ttft", "2000", "--tpot", "40", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 1 and not out.exists()
+    assert "disagreement: generation attention_dp: aiconfigurator True, the recipe False" in err
+    assert "did NOT write" in err
+
+
+def test_the_command_writes_the_recipe_and_its_json(tmp_path, monkeypatch, capsys):
+    import toolkit.size
+    from toolkit.cli import main
+
+    monkeypatch.setattr(toolkit.size, "aic", Replay(FIXTURES / "aiconfigurator" / "gpt-oss-120b-h200-8.json"))
+    out = tmp_path / "r.yaml"
+    rc = main(["size", "--model", "openai/gpt-oss-120b", "--system", "h200_sxm", "--gpus", "8", "--isl", "4000",
+               "--osl", "1000", "--ttft", "1000", "--tpot", "20", "-o", str(out), "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and out.read_text() == doc["recipe"] and doc["recheck"]["ok"]
+    assert doc["chosen"]["gpus_used"] == doc["recheck"]["deployed"]["GPUs"]
+    assert all("rejected" in c and "shape" in c for c in doc["candidates"])
+
+
+# --- rows -> candidates ----------------------------------------------------------------------------------------
+
+def test_rows_are_read_per_role_with_attention_dp_and_moe_sizes():
+    doc = json.loads((FIXTURES / "aiconfigurator" / "deepseek-v3-h200-16.json").read_text())
+    row = dict(zip(doc["columns"], doc["rows"]["disagg"][0]))
+    c = candidate("disagg", row, 16, is_moe=True)
+    assert (c.ctx.workers, c.ctx.tp, c.ctx.dp, c.ctx.moe_tp, c.ctx.moe_ep) == (1, 8, 1, 1, 8)
+    assert (c.gen.workers, c.gen.tp, c.gen.dp, c.gen.moe_tp, c.gen.moe_ep) == (1, 1, 8, 4, 2)
+    assert row["(d)parallel"] == "tp1pp1dp8etp4ep2" and c.gen.gpus_per_worker == 8 and c.gpus_used == 16
+    assert c.gen.memory_gib > 0 and c.ctx.gemm == "fp8_block" and c.kvcache == "fp8"
+    assert candidate("disagg", row, 8, is_moe=True) is None  # a replica larger than the budget
+
+
+def test_replicas_multiply_workers_and_aggregated_rows_count_servers():
+    row = {"num_total_gpus": 8, "tokens/s/gpu": 100.0, "tp": 1, "pp": 1, "dp": 8, "moe_tp": 1, "moe_ep": 8, "bs": 32}
+    agg = candidate("agg", row, 32, is_moe=True)
+    assert agg.replicas == 4 and agg.gen.workers == 4 and agg.shape() == "4x agg DEP8 bs32/rank"
+    disagg = candidate("disagg", {"num_total_gpus": 8, "(p)workers": 2, "(p)tp": 2, "(d)workers": 1, "(d)tp": 4},
+                       24, is_moe=False)
+    assert (disagg.replicas, disagg.ctx.workers, disagg.gen.workers, disagg.gpus_used) == (3, 6, 3, 24)
+
+
+@pytest.mark.parametrize("shape,is_moe,layout,why", [
+    (RoleShape(1, 8, 1, 1, 8, 1, 4), False, "TP8", ""),
+    (RoleShape(1, 8, 1, 1, 1, 8, 4), True, "TEP8", ""),
+    (RoleShape(1, 1, 1, 8, 1, 8, 4), True, "DEP8", ""),
+    (RoleShape(1, 8, 1, 1, 8, 1, 4), True, "TP8", ""),
+    (RoleShape(1, 8, 2, 1, 4, 2, 4), True, "TP8 EP2 ETP4 PP2", ""),
+    (RoleShape(1, 2, 1, 4, 1, 8, 4), True, "TP2 ADP4 EP8 ETP1", "attention TP x DP"),
+    (RoleShape(1, 1, 1, 4, 1, 4, 4), False, "TP1 DP4", "dense model"),
+    (RoleShape(1, 1, 1, 8, 1, 4, 4), True, "ADP8 EP4 ETP1", "is not the attention width"),
+    (RoleShape(1, 4, 1, 1, 1, 4, 4, cp=2), True, "TEP4 CP2", "context parallelism"),
+])
+def test_role_layouts_and_what_tk_cannot_express(shape, is_moe, layout, why):
+    assert shape.layout(is_moe) == layout
+    assert (why in shape.why_not(is_moe)) if why else shape.why_not(is_moe) == ""
+
+
+def test_recipe_fields_are_tensorrt_llms_layout():
+    dep = RoleShape(workers=2, tp=1, pp=1, dp=8, moe_tp=4, moe_ep=2, batch=16)
+    assert dep.recipe_fields(is_moe=True) == {"instances": 2, "tp": 8, "ep": 2, "attention_dp": True,
+                                              "max_batch_size": 16}
+    assert RoleShape(3, 4, 2, 1, 1, 1, 64).recipe_fields(is_moe=False) == {"instances": 3, "tp": 4, "pp": 2,
+                                                                           "max_batch_size": 64}
+
+
+# --- tk plan --predict: the plan's layout as aiconfigurator's parallel sizes ---------------------------------------
+
+def test_predict_passes_attention_dp_and_moe_sizes_for_the_shipped_deepseek_recipe():
+    from toolkit.api import load_plan
+    from toolkit.size import predict
+
+    replay = Replay(RECORDED[0])
+    p = predict(load_plan("deepseek-r1-gb200"), adapter=replay)
+    [est] = replay.estimates
+    assert est["ctx"] == RoleShape(workers=2, tp=1, pp=1, dp=4, moe_tp=1, moe_ep=4, batch=1)
+    assert est["gen"] == RoleShape(workers=1, tp=1, pp=1, dp=16, moe_tp=1, moe_ep=16, batch=256)
+    assert est["is_moe"] and est["quantization"] == "nvfp4" and est["kv_dtype"] == "fp8"
+    assert p["context"]["layout"] == "DEP4" and p["generation"]["layout"] == "DEP16"
+    assert p["aiconfigurator_memory_gib"] == {"context": 60.0, "generation": 70.0}
+    assert "MTP speculative decoding (estimated without it)" in p["not_modelled"]
+    assert not any("expert parallelism" in n or "attention DP" in n for n in p["not_modelled"])
+
+
+def test_predict_of_a_dense_recipe_passes_plain_tp():
+    from toolkit.api import load_plan
+    from toolkit.size import predict
+
+    replay = Replay(RECORDED[0])
+    predict(load_plan("llama-3.3-70b-h100"), adapter=replay)
+    [est] = replay.estimates
+    assert est["ctx"] == RoleShape(workers=2, tp=4, pp=1, dp=1, moe_tp=4, moe_ep=1, batch=1)  # 8192 // 8192
+    assert not est["is_moe"] and est["quantization"] == "fp8"
+
+
+# --- the transfer term (pure) ----------------------------------------------------------------------------------
+
+def _cand(mode="disagg", ctx_tp=1, ttft=200.0, tpot=20.0, tps=1000.0, kv="bfloat16") -> Candidate:
+    ctx = RoleShape(workers=2, tp=ctx_tp, pp=1, dp=1, moe_tp=1, moe_ep=1, batch=1, kvcache=kv)
+    gen = RoleShape(workers=1, tp=2, pp=1, dp=1, moe_tp=1, moe_ep=1, batch=64, kvcache=kv)
+    return Candidate(mode=mode, replicas=1, gpus_used=4, ctx=ctx if mode == "disagg" else None, gen=gen,
+                     concurrency=64, ttft_ms=ttft, tpot_ms=tpot, tokens_s_gpu=tps, tokens_s_user=50.0, is_moe=False,
+                     trtllm_version="1.3.0rc20")
+
+
+def test_transfer_term_is_exactly_bytes_per_token_times_isl_over_bandwidth():
+    gbps, isl = 50.0, 4000
+    bpt = 2 * 8 * 128 * 2 * 32  # K and V, 8 KV heads, head_dim 128, bf16, 32 layers = 131072 bytes
+    assert transfer.bytes_per_token(LLAMA8, "auto") == bpt
+    expected_ms = bpt * isl / (gbps * 1e9) * 1e3  # 10.48576 ms
+    [after] = add_transfer([_cand(ttft=200.0)], LLAMA8, isl, gbps)
+    assert after.transfer_ms == pytest.approx(expected_ms, abs=1e-6)
+    assert after.ttft_total_ms - after.ttft_ms == pytest.approx(expected_ms, abs=1e-6)
+    assert after.ttft_ms == 200.0  # aiconfigurator's own number is kept as it was
+
+
+def test_transfer_term_uses_the_context_rank_shard_and_the_kv_dtype():
+    [tp2] = add_transfer([_cand(ctx_tp=2)], LLAMA8, 1000, 10.0)
+    assert tp2.transfer_ms == pytest.approx(65536 * 1000 / 10e9 * 1e3, abs=1e-6)  # each TP2 rank holds 4 KV heads
+    [fp8] = add_transfer([_cand(kv="fp8")], LLAMA8, 1000, 10.0)
+    assert fp8.transfer_ms == pytest.approx(65536 * 1000 / 10e9 * 1e3, abs=1e-6)  # one byte per element
+    [agg] = add_transfer([_cand(mode="agg")], LLAMA8, 1000, 10.0)
+    assert agg.transfer_ms == 0.0  # aggregated serving moves no KV
+
+
+def test_under_attention_dp_a_context_rank_sends_every_kv_head():
+    qwen = BUILTIN_MODELS["Qwen/Qwen3-235B-A22B"]
+    c = _cand()
+    dep = replace(c, ctx=RoleShape(workers=1, tp=1, pp=1, dp=8, moe_tp=1, moe_ep=8, batch=1))
+    tep = replace(c, ctx=RoleShape(workers=1, tp=8, pp=1, dp=1, moe_tp=1, moe_ep=8, batch=1))
+    [d], [t] = add_transfer([dep], qwen, 1000, 10.0), add_transfer([tep], qwen, 1000, 10.0)
+    assert d.extra["bytes_per_token_per_ctx_rank"] == 2 * 94 * 4 * 128 * 2  # all 4 KV heads
+    assert t.extra["bytes_per_token_per_ctx_rank"] == 2 * 94 * 1 * 128 * 2  # one (replicated) head per rank
+
+
+def test_transfer_term_can_push_a_candidate_out_of_the_sla():
+    c = _cand(ttft=990.0)
+    assert meets_sla(c, 1000, 30)
+    [slow] = add_transfer([c], LLAMA8, 4000, transfer.nominal("tcp").gbps)  # 3.125 GB/s: 167.8 ms
+    assert not meets_sla(slow, 1000, 30)
+    with pytest.raises(ValueError):
+        transfer.transfer_ms(1, 1, 0.0)
+
+
+def test_measured_bandwidth_comes_from_the_validate_report_matrix(tmp_path):
+    from toolkit.validate.report import bandwidth_matrix
+
+    pairs = [{"src": s, "dst": d, "op": "WRITE", "gbps": g}
+             for s, d, g in (("ctx0", "gen0", 20.0), ("ctx0", "gen1", 40.0), ("ctx1", "gen0", 30.0), ("ctx1", "gen1", None))]
+    matrix = bandwidth_matrix(pairs)
+    assert matrix["op"] == "WRITE" and matrix["context"] == ["ctx0", "ctx1"] and matrix["generation"] == ["gen0", "gen1"]
+    assert matrix["gbps"] == [[20.0, 40.0], [30.0, None]]
+    (tmp_path / "report.json").write_text(json.dumps({"kind": "tk-validate-cluster", "passed": True,
+                                                      "bandwidth_matrix": matrix,
+                                                      "thresholds": {"transport": "infiniband"}}))
+    slowest = transfer.measured(tmp_path)
+    assert (slowest.gbps, slowest.source, slowest.transport) == (20.0, "measured", "infiniband")
+    assert "slowest of 3" in slowest.detail
+    assert transfer.measured(tmp_path, "median").gbps == 30.0
+    (tmp_path / "report.json").write_text(json.dumps({"kind": "tk-validate-cluster", "passed": False, "pairs": []}))
+    with pytest.raises(transfer.MeasuredError, match="no measured"):
+        transfer.measured(tmp_path)
+
+
+@pytest.mark.parametrize("damaged", [{"bandwidth_matrix": "fast"}, {"bandwidth_matrix": {"gbps": "x"}},
+                                     {"bandwidth_matrix": {"gbps": [1, [True, "2"]]}, "pairs": ["x", 3]},
+                                     {"pairs": {"gbps": 3}}])
+def test_a_damaged_validation_report_is_a_clear_error(tmp_path, damaged):
+    (tmp_path / "report.json").write_text(json.dumps({"kind": "tk-validate-cluster", **damaged}))
+    with pytest.raises(transfer.MeasuredError, match="no measured"):
+        transfer.measured(tmp_path)
+
+
+@pytest.mark.parametrize("field,value", [("ttft_ms", 0), ("ttft_ms", float("nan")), ("tpot_ms", float("inf")),
+                                         ("gpus", 0), ("isl", -1)])
+def test_the_size_api_checks_the_ranges_the_command_line_does(field, value):
+    from toolkit import api
+    from toolkit.size.aiconfigurator import SizingError
+
+    args = dict(model="meta-llama/Llama-3.1-8B-Instruct", system="h100_sxm", gpus=8, isl=4000, osl=500, ttft_ms=1000,
+                tpot_ms=30)
+    with pytest.raises(SizingError, match="out of range|not a number"):
+        api.size(**{**args, field: value})
+
+
+def test_writing_the_recipe_where_it_cannot_be_written_is_a_message(tmp_path):
+    from toolkit.errors import TkError
+    from toolkit.size.recipe import write_file
+
+    with pytest.raises(TkError, match="cannot write the recipe there"):
+        write_file(str(tmp_path / "missing" / "r.yaml"), "schema_version: 1\n")
+
+
+def test_fixture_model_directories_resolve_to_the_published_geometry():
+    kimi = resolve_model(str(FIXTURES / "models" / "kimi-k2"))
+    assert kimi.architecture == "DeepseekV3ForCausalLM" and kimi.quantization == "fp8_block"
+    assert kimi.params == pytest.approx(BUILTIN_MODELS["moonshotai/Kimi-K2-Instruct"].params, rel=0.01)
+    assert resolve_model(str(FIXTURES / "models" / "qwen2.5-72b")).architecture == "Qwen2ForCausalLM"

@@ -1,0 +1,299 @@
+"""Spec: the job's orchestrator outside its policy (tests/unit/test_policy.py): job.json reads back what tk renders
+and refuses what tk does not write; the job's start-up order and failures, in-process with fake steps and probes;
+its files (events, state files that are never stale); the membership repair after an etcd outage; job.pyz runs."""
+
+from __future__ import annotations
+
+import errno
+import json
+import subprocess
+import sys
+
+import pytest
+
+from orchestrator import job as job_mod
+from orchestrator import membership, startup
+from orchestrator.events import EventLog, StateFiles
+from orchestrator.policy import Event
+from orchestrator.spec import JobSpec, SpecError
+from orchestrator.states import EventKind
+from tests.conftest import ROOT
+from toolkit.api import load_plan
+from toolkit.render import job_spec, render
+
+STANDIN = str(ROOT / "recipes" / "standin-2p2d.yaml")
+
+
+def spec_of(*overrides: str) -> JobSpec:
+    return job_spec(load_plan(STANDIN, list(overrides)))
+
+
+# --- job.json ------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("overrides", [[], ["membership.enabled=false"], ["membership.storage=etcd"]])
+def test_job_json_reads_back_exactly_what_was_rendered(overrides):
+    spec = spec_of(*overrides)
+    assert JobSpec.from_dict(json.loads(spec.to_json())) == spec
+
+
+@pytest.mark.parametrize("edit,field", [
+    (lambda d: d.update(schema=2), "schema"),
+    (lambda d: d["supervision"].update(policy="sometimes"), "supervision.policy"),
+    (lambda d: d["components"][0].update(port=0), "port"),
+    (lambda d: d["components"][0].update(argv=["ok", {"run_file": "../etc/passwd"}]), "argv"),
+    (lambda d: d["components"][0].update(nodes=[99]), "components"),
+    (lambda d: d.update(components="x"), "components"),
+    (lambda d: d["supervision"].update(max_restarts=True), "max_restarts"),
+])
+def test_a_job_json_tk_did_not_write_is_refused_naming_the_field(edit, field):
+    doc = json.loads(spec_of().to_json())
+    edit(doc)
+    with pytest.raises(SpecError, match=field):
+        JobSpec.from_dict(doc)
+
+
+def test_the_start_order_is_etcd_and_the_proxy_first_with_membership_and_the_proxy_last_without():
+    assert [c.name for c in spec_of("membership.storage=etcd").components][:2] == ["etcd", "proxy"]
+    assert spec_of("membership.storage=etcd").proxy_first
+    static = spec_of("membership.enabled=false")
+    assert static.components[-1].name == "proxy" and not static.proxy_first
+    assert all(c.progress == "/health_generate" for c in static.components if c.kind == "worker")
+    assert all(c.progress is None for c in spec_of("supervision.stall_after_s=0").components)
+
+
+# --- start-up, in process ----------------------------------------------------------------------------------
+
+class FakeProc:
+    def __init__(self, rc=None):
+        self.rc, self.pid = rc, 4242
+
+    def poll(self):
+        return self.rc
+
+    def wait(self, timeout=None):
+        return self.rc
+
+    def send_signal(self, sig):
+        pass
+
+    def kill(self):
+        pass
+
+
+class FakeSteps:
+    """Records what was started; every step runs (and its task started) unless told otherwise."""
+
+    def __init__(self, exits=()):
+        self.started, self.exits, self.cancelled = [], set(exits), 0
+
+    def argv(self, name, nodelist, ntasks, per_node, gpus, env_file, instance_env, command):
+        return [name, *command]
+
+    def start(self, name, argv):
+        self.started.append((name, argv))
+        return FakeProc(3 if name in self.exits else None)
+
+    def step_created(self, name):
+        return True
+
+    def srun_said(self, name):
+        return ""
+
+    def step_ids(self):
+        return {}
+
+    def cancel_job(self):
+        self.cancelled += 1
+
+
+class FakeProber:
+    def __init__(self, down=()):
+        self.down = set(down)
+
+    def round(self, urls):
+        return {name: (None if name in self.down else 200) for name in urls}
+
+    def start_progress(self, url, timeout_s, done):
+        done(200)
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def job_in_process(tmp_path, monkeypatch):
+    def make(spec: JobSpec, steps=None, prober=None):
+        monkeypatch.setattr(startup, "discover", lambda s, nodelist, run_dir: startup.Nodes(
+            [f"n{i}" for i in range(s.nodes)], ["127.0.0.1"] * s.nodes))
+        monkeypatch.setattr(startup, "provenance", lambda *a: None)
+        monkeypatch.setattr(startup, "config_check", lambda *a, **k: ("ok", "accepted"))
+        monkeypatch.setattr(startup, "write_resolved", lambda *a: None)
+        monkeypatch.setattr(membership, "missing", lambda uri, prefix, addrs: [])
+        monkeypatch.setattr(job_mod, "POLL_S", 0.0)
+        j = job_mod.Job(spec, str(tmp_path), {"SLURM_JOB_ID": "77", "SLURM_JOB_NODELIST": "n[0-3]"},
+                        steps=steps or FakeSteps(), prober=prober or FakeProber(), out=open("/dev/null", "w"))
+        return j
+    return make
+
+
+def _events(tmp_path):
+    return [json.loads(line) for line in (tmp_path / "state" / "events.jsonl").read_text().splitlines()]
+
+
+def test_start_up_starts_in_order_waits_for_health_then_says_ready(job_in_process, tmp_path):
+    spec = spec_of("membership.storage=etcd")
+    j = job_in_process(spec)
+    j.start_up()
+    started = [name for name, _ in j.steps.started]
+    assert started == ["etcd", "proxy", "ctx-0", "ctx-1", "gen-0", "gen-1"]
+    kinds = [e["event"] for e in _events(tmp_path)]
+    assert kinds[-2:] == ["healthy", "ready"] and "registered" in kinds
+    argv = dict(j.steps.started)["ctx-0"]
+    assert str(tmp_path / "ctx.yaml") in argv and "<node0>" not in " ".join(argv)  # placeholders and run files
+    assert (tmp_path / "endpoint").read_text().startswith("http://127.0.0.1:")
+
+
+def test_a_component_that_exits_before_the_deployment_serves_fails_the_job_naming_it(job_in_process, tmp_path):
+    j = job_in_process(spec_of("membership.enabled=false"), steps=FakeSteps(exits={"gen-1"}),
+                       prober=FakeProber(down={"gen-1"}))
+    assert j.run() == 1
+    failed = [e for e in _events(tmp_path) if e["event"] == "failed"]
+    assert failed[0]["component"] == "gen-1" and "before the deployment served" in failed[0]["reason"]
+    assert _events(tmp_path)[-1]["event"] == "stopping" and j.steps.cancelled == 1
+    assert json.loads((tmp_path / "state" / "servers" / "gen-1.json").read_text())["state"] == "exited"
+
+
+def test_a_server_that_never_turns_healthy_fails_the_job_after_the_startup_timeout(job_in_process, tmp_path,
+                                                                                   monkeypatch):
+    clock = iter(range(0, 10_000, 50))
+    spec = spec_of("membership.enabled=false")
+    j = job_in_process(spec, prober=FakeProber(down={"ctx-1"}))
+    j.clock = lambda: float(next(clock))
+    with pytest.raises(startup.StartupFailed, match=r"ctx-1 not healthy at http://127.0.0.1:\d+ after 120s \(log: logs/ctx-1.log\)") as info:
+        j.start_up()
+    assert info.value.component == "ctx-1"
+
+
+# --- the job's files ---------------------------------------------------------------------------------------
+
+def test_events_are_one_json_object_a_line_with_every_field(tmp_path):
+    log = EventLog(str(tmp_path), clock=lambda: 1718000000.1234, out=open("/dev/null", "w"))
+    log.write(Event(EventKind.EXITED, "gen-1", "backoff", "gen-1 exited\nwith code 137", 137, 0))
+    (doc,) = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    assert doc == {"time": 1718000000.123, "event": "server-exited", "component": "gen-1", "state": "backoff",
+                   "reason": "gen-1 exited\nwith code 137", "exit_code": 137, "restarts": 0}
+
+
+def test_a_state_file_that_cannot_be_written_is_removed_not_left_stale(tmp_path, monkeypatch):
+    files = StateFiles(str(tmp_path), "restart")
+    assert files.write("gen-1", "gen", "healthy", 1.0, 0, 0, None, 11, None, None)
+    path = tmp_path / "servers" / "gen-1.json"
+    assert json.loads(path.read_text())["pid"] == 11
+    real_open = open
+
+    def full_disk(file, mode="r", *a, **kw):
+        if str(file).endswith(".tmp") and "w" in mode:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_open(file, mode, *a, **kw)
+
+    monkeypatch.setattr("builtins.open", full_disk)
+    assert not files.write("gen-1", "gen", "backoff", 2.0, 1, 1, 137, 12, None, "exited")
+    monkeypatch.undo()
+    assert not path.exists() and not list((tmp_path / "servers").glob("*.tmp"))  # never shown as current
+
+
+# --- membership repair after an etcd outage ---------------------------------------------------------------------
+
+class FakeEtcd:
+    """Keys with leases; a worker registers again (same key, new lease) once its key is gone and time passes."""
+
+    def __init__(self, workers):
+        self.keys = {f"/p/{w.split(':')[0]}-{w}-1-1-001": f"lease-{w}" for w in workers}
+        self.deleted, self.kept_alive, self.now = [], [], 0.0
+        self.min_per_role = {}
+
+    def entries(self, uri, prefix):
+        return dict(self.keys)
+
+    def delete(self, uri, key):
+        self.deleted.append(key)
+        return self.keys.pop(key, None) is not None
+
+    def keep_alive(self, uri, lease):
+        self.kept_alive.append(lease)
+        return True
+
+    def sleep(self, s):
+        self.now += s
+        for key in self.deleted:  # every deleted key comes back at its worker's next retry
+            self.keys.setdefault(key, "lease-new")
+
+
+def test_repair_replaces_one_worker_per_role_at_a_time_and_keeps_the_others_alive(monkeypatch):
+    roles = [["ctx:1", "ctx:2"], ["gen:3", "gen:4"]]
+    etcd = FakeEtcd([w for r in roles for w in r])
+    fewest = []  # after each deletion: the fewest registered workers of any role
+
+    def delete(uri, key):
+        gone = etcd.delete(uri, key)
+        fewest.append(min(sum(1 for k in etcd.keys if f"-{role}:" in k) for role in ("ctx", "gen")))
+        return gone
+    monkeypatch.setattr(membership, "entries", etcd.entries)
+    monkeypatch.setattr(membership, "delete", delete)
+    monkeypatch.setattr(membership, "keep_alive", etcd.keep_alive)
+    done = membership.repair("etcd://h:1", "/p", roles, clock=lambda: etcd.now, sleep=etcd.sleep)
+    assert sorted(done["replaced"]) == ["ctx:1", "ctx:2", "gen:3", "gen:4"] and done["not_back"] == []
+    assert [k.split("-")[1] for k in etcd.deleted] == ["ctx:1", "gen:3", "ctx:2", "gen:4"]  # one per role at a time
+    assert min(fewest) >= 1  # no role was ever without a registered worker
+    assert "lease-ctx:2" in etcd.kept_alive and "lease-gen:4" in etcd.kept_alive  # waiting ones kept alive
+
+
+def test_a_worker_that_does_not_register_again_is_reported_and_the_repair_goes_on(monkeypatch):
+    etcd = FakeEtcd(["ctx:1", "gen:3"])
+    etcd.sleep = lambda s: setattr(etcd, "now", etcd.now + s)  # nobody registers again
+    monkeypatch.setattr(membership, "entries", etcd.entries)
+    monkeypatch.setattr(membership, "delete", etcd.delete)
+    monkeypatch.setattr(membership, "keep_alive", etcd.keep_alive)
+    done = membership.repair("etcd://h:1", "/p", [["ctx:1"], ["gen:3"]], wait_s=3, clock=lambda: etcd.now,
+                             sleep=etcd.sleep)
+    assert done == {"replaced": [], "not_back": ["ctx:1", "gen:3"]}
+
+
+def test_prefix_end_covers_every_key_under_the_prefix():
+    import base64
+    assert base64.b64decode(membership.prefix_end("/trtllm-disagg/c/workers/")) == b"/trtllm-disagg/c/workers0"
+    assert base64.b64decode(membership.prefix_end("/a\u00ff")) == "/a\u00ff".encode()[:-1] + b"\xc0"
+    assert base64.b64decode(membership.prefix_end("")) == b"\0"  # everything
+
+
+# --- job.pyz -------------------------------------------------------------------------------------------------
+
+def test_the_rendered_job_pyz_runs_with_python3_and_reads_its_job_json(tmp_path):
+    out, _ = render(load_plan(STANDIN), tmp_path / "out")
+    usage = subprocess.run([sys.executable, str(out / "job.pyz")], capture_output=True, text=True, timeout=60)
+    assert usage.returncode == 2 and "job.json" in usage.stderr
+    (tmp_path / "bad.json").write_text('{"schema": 1}')
+    bad = subprocess.run([sys.executable, str(out / "job.pyz"), str(tmp_path / "bad.json")], capture_output=True,
+                         text=True, timeout=60)
+    assert bad.returncode == 2 and "supervision: missing" in bad.stderr
+
+
+# --- probes ---------------------------------------------------------------------------------------------------
+
+def test_a_probe_round_takes_about_one_probe_timeout_whatever_the_number_of_components():
+    import time
+
+    from orchestrator.probe import Prober
+
+    def get(url, timeout_s):  # 15 slow answers and one that never comes within the bound
+        time.sleep(timeout_s * (10 if url.endswith("hung") else 0.5))
+        return 200
+
+    prober = Prober(timeout_s=0.2, get=get)
+    urls = {f"s{i}": f"http://x/{i}" for i in range(15)} | {"h": "http://x/hung"}
+    t0 = time.monotonic()
+    answers = prober.round(urls)
+    took = time.monotonic() - t0
+    prober.close()
+    assert took < 0.2 + 1.0 + 0.3, took  # one timeout plus the round's slack, not 16 of them
+    assert answers["h"] is None and all(answers[f"s{i}"] == 200 for i in range(15))

@@ -1,0 +1,449 @@
+"""The memory plan: what one GPU of each role's servers holds, and the rules on it.
+
+For the fullest rank of one server (tp x pp GPUs, attention DP or not, MoE TP x EP):
+
+    weights       parameters by how TensorRT-LLM shards them (facts.models.weight_params) x bytes per weight
+    activations   the forward pass TensorRT-LLM profiles before it sizes the KV pool (max_num_tokens tokens)
+    CUDA graphs   the same for the largest captured decode batch
+    runtime       CUDA context, cuBLAS/NCCL workspaces, NCCL buffers
+    KV pool       (GPU memory - all of the above) x free_gpu_memory_fraction, and the tokens it holds
+
+How TensorRT-LLM does it, from its source:
+
+- The KV pool: ``KvCacheCreator._cal_max_memory`` (tensorrt_llm/_torch/pyexecutor/_util.py, NVIDIA/TensorRT-LLM @
+  d8ae02caed59708512e5aa578a09bb09f365bfed): ``available_kv_mem = (total_gpu_memory - peak_memory +
+  allocated_bytes) * free_gpu_memory_fraction``, where the peak is the model's weights plus a profiling run of
+  dummy requests filling ``max_num_tokens`` (one per attention-DP rank), plus memory used outside torch (NCCL,
+  CUDA graphs); ``max_tokens = available_kv_mem // kv_size_per_token``.
+- Attention sharding: ``Attention.__init__`` / ``MLA.__init__`` (tensorrt_llm/_torch/modules/attention.py @
+  00547a25ac61d28d1dabb2e47383a1af605ebb59): with ``enable_attention_dp`` the attention TP size is 1 (every rank
+  holds all heads, for its own requests); otherwise ``assert num_heads % tp_size == 0`` and each rank keeps
+  ``ceil(num_kv_heads / tp_size)`` KV heads. ``duplicate_kv_weight`` (tensorrt_llm/_torch/models/
+  modeling_utils.py @ cb4c622cf5bb97009451f7f44609498a48a2b11d) asserts ``num_kv_heads % tp == 0`` when there are
+  at least as many KV heads as ranks, else ``tp % num_kv_heads == 0`` (each KV head replicated tp/kv times).
+- MoE: ``Mapping`` (tensorrt_llm/mapping.py): ``moe_tp_size * moe_ep_size == tp_size``, ``moe_tp = tp // moe_ep``
+  when only EP is given; routed experts are split over all of them. ``_compute_mlp_tp_size``
+  (tensorrt_llm/_torch/models/modeling_deepseekv3.py): "If using attention DP, the MLP also uses DP instead of
+  TP" (dense layers and shared experts replicated). The MTP layer of an NVFP4 checkpoint is unquantized
+  (``_get_decoder_layer_quant_config``, same file).
+
+What is an estimate, stated where it is used: activations follow aiconfigurator 0.12.0's TensorRT-LLM memory
+model (aiconfigurator_core/sdk/backends/{base,trtllm}_backend.py ``_get_memory_usage``:
+2 x tokens x hidden x a per-family coefficient, plus the MoE dispatch workspace of DeepSeek-family models), the
+runtime its measured constants (facts.hardware.RUNTIME_OTHER_BYTES, nccl_bytes). Quantized checkpoints keep
+some layers at 16 bits (attention, shared experts and the router of the 4-bit MoE checkpoints NVIDIA and OpenAI
+publish); the estimate assumes so, and a lower bound assumes every linear layer at the quantized width.
+
+Refused only what cannot run whatever the estimates' error: weights whose lower bound exceeds the GPU, and a KV
+pool that cannot hold one full sequence even with no activations at all (an error naming the smallest layout
+that fits). Everything that depends on the estimates is a warning.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from toolkit.facts.hardware import RUNTIME_OTHER_BYTES, GpuFigures, nccl_bytes
+from toolkit.facts.models import FOUR_BIT, KV_DTYPE_BYTES, QUANT_BYTES, ModelSpec, quant_name, weight_params
+from toolkit.plan.model import RoleMemory
+
+GIB = 1 << 30
+# aiconfigurator 0.12.0 TRTLLMBackend.ACTIVATION_COEFFICIENTS: activation bytes = 2 x tokens x hidden x coeff,
+# by attention TP (clamped to 8) and model family.
+_ACTIVATION_COEFF = {
+    "moe": {1: 22, 2: 13, 4: 10, 8: 10},
+    "llama": {1: 11, 2: 6.5, 4: 5, 8: 5},
+    "default": {1: 10, 2: 6, 4: 5, 8: 5},
+}
+_MIN_ACTIVATION_BYTES = 70 * 1024 * 1024  # aiconfigurator's floor
+_LLAMA_FAMILY = ("LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM")
+
+
+@dataclass(frozen=True)
+class WeightsQuant:
+    """The weights quantization the memory plan assumes, and how sure it is."""
+
+    name: str  # a QUANT_BYTES key, or the dtype ("bfloat16") for unquantized weights
+    source: str  # where it comes from, for the plan's table
+    certain: bool  # False: the lower bound assumes 4-bit weights (the checkpoint may be quantized)
+
+
+def weights_quant(model: ModelSpec, recipe_quantization: str | None, model_path_given: bool) -> tuple[WeightsQuant,
+                                                                                                        str | None]:
+    """What the weights are stored as: the recipe's `quantization` (the checkpoint served), else what the
+    checkpoint's config.json declares, else its dtype. Returns (quant, warning or None)."""
+    dtype = quant_name(model.dtype) or "bfloat16"
+    own = model.quantization or dtype
+    if recipe_quantization:
+        name = quant_name(recipe_quantization)
+        if name is None:
+            return WeightsQuant(own, f"the model's own; tk does not know quantization {recipe_quantization!r}",
+                                certain=False), (
+                f"quantization {recipe_quantization!r} is not one tk's memory plan knows "
+                f"({', '.join(sorted(QUANT_BYTES))}); weights are estimated as {own} and only refused when they "
+                "could not fit even at 4 bits")
+        return WeightsQuant(name, "the recipe's quantization", certain=True), None
+    if model.source != "built-in":
+        note = model.quantization_note or f"config.json: no quantization_config, {model.dtype} weights"
+        return WeightsQuant(own, note, certain=True), None
+    if model_path_given:
+        # model_path names a checkpoint tk cannot read: it may be a quantized variant of the built-in model.
+        return WeightsQuant(own, "the built-in model's checkpoint; model_path may hold another: set quantization "
+                                 "to say", certain=False), None
+    return WeightsQuant(own, model.quantization_note or "the built-in model's checkpoint", certain=True), None
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """How one server splits the model: TP (the world of a pipeline stage), attention TP, PP."""
+
+    tp: int
+    pp: int
+    attention_dp: bool
+    ep: int  # MoE expert parallel (moe_ep); moe_tp = tp // ep
+    lm_head_tp: bool = False  # enable_lm_head_tp_in_adp
+
+    @property
+    def attn_tp(self) -> int:
+        return 1 if self.attention_dp else self.tp
+
+
+def _bytes_per_weight(q: WeightsQuant, model: ModelSpec, lower: bool) -> dict[str, float]:
+    """Bytes per parameter of each weight group. ``lower``: the smallest the checkpoint could be."""
+    dtype = QUANT_BYTES.get(quant_name(model.dtype) or "bfloat16", 2.0)
+    dtype = min(dtype, 2.0)  # TensorRT-LLM serves fp32 checkpoints in 16 bits
+    qb = QUANT_BYTES.get(q.name, dtype)
+    if lower:
+        linear = min(qb, dtype) if q.certain else min(qb, dtype, 0.5)
+        return {"attention": linear, "mlp": linear, "experts": linear, "shared": linear, "mtp": linear,
+                "embedding": dtype if q.certain else linear}
+    four_bit_moe = q.name in FOUR_BIT and model.is_moe
+    rest = dtype if four_bit_moe else qb  # 4-bit MoE checkpoints keep attention and shared experts in 16 bits
+    return {"attention": rest, "mlp": rest, "experts": qb, "shared": rest,
+            "mtp": dtype if q.name in FOUR_BIT else qb, "embedding": dtype}
+
+
+def weights_per_gpu(model: ModelSpec, q: WeightsQuant, s: Sharding, mtp: bool, lower: bool = False
+                    ) -> tuple[int, tuple[tuple[str, int], ...]]:
+    """Weight bytes on the fullest rank of a server sharded as ``s`` (the lower bound with ``lower``: every
+    weight split over the whole TP group, at the narrowest width the checkpoint could have)."""
+    w = weight_params(model)
+    b = _bytes_per_weight(q, model, lower)
+    attn_tp = s.tp if lower else s.attn_tp
+    mlp_tp = attn_tp  # dense MLPs and shared experts follow attention (DP under attention DP)
+    per_dense = w.attn_split / attn_tp * b["attention"] + w.attn_replicated * b["attention"] / (
+        s.tp if lower else 1) + w.dense_mlp / mlp_tp * b["mlp"]
+    per_moe = (w.attn_split / attn_tp * b["attention"] + w.attn_replicated * b["attention"] / (s.tp if lower else 1)
+               + w.experts / s.tp * b["experts"] + w.shared / mlp_tp * b["shared"] + w.router * b["embedding"])
+    embed = w.embed / attn_tp * b["embedding"]
+    lm_tp = s.tp if (lower or s.lm_head_tp or not s.attention_dp) else 1
+    lm_head = w.lm_head / lm_tp * b["embedding"]
+    mtp_bytes = 0.0
+    if mtp and w.mtp_layer:
+        m_attn = (w.attn_split / attn_tp + w.attn_replicated / (s.tp if lower else 1))
+        mtp_bytes = model.mtp_layers * (m_attn + w.experts / s.tp + w.shared / mlp_tp + 2 * model.hidden_size *
+                                        model.hidden_size) * b["mtp"]
+    # Pipeline stages (tensorrt_llm/mapping.py pp_layers: torch.tensor_split, the first ranks one layer more):
+    # the first holds the embedding and the leading (dense) layers, the last the lm_head and the MTP layers.
+    layers = w.dense_layers + w.moe_layers
+    first_n = math.ceil(layers / s.pp)
+    last_n = layers // s.pp if s.pp > 1 else layers
+
+    def stage(n_layers: int, first: bool) -> tuple[float, dict[str, float]]:
+        dense = min(n_layers, w.dense_layers) if first else max(0, n_layers - w.moe_layers)
+        moe = n_layers - dense
+        parts = {"layers": dense * per_dense + moe * per_moe}
+        if first or s.pp == 1:
+            parts["embedding"] = embed
+        if not first or s.pp == 1:
+            parts["lm_head"] = lm_head
+            parts["mtp"] = mtp_bytes
+        return sum(parts.values()), parts
+
+    candidates = [stage(first_n, True)] + ([stage(last_n, False)] if s.pp > 1 else [])
+    total, parts = max(candidates, key=lambda t: t[0])
+    detail = tuple((k, int(v)) for k, v in parts.items() if v)
+    return int(total), detail
+
+
+def _family(model: ModelSpec) -> str:
+    if model.is_moe:
+        return "moe"
+    return "llama" if model.architecture in _LLAMA_FAMILY else "default"
+
+
+def activation_bytes(model: ModelSpec, s: Sharding, tokens: int) -> int:
+    """aiconfigurator's estimate of a forward pass over ``tokens`` tokens on one rank (see the module doc)."""
+    if tokens <= 0:
+        return 0
+    h = model.num_attention_heads * model.head_dim if model.attention != "mla" else \
+        (model.hidden_size or model.num_attention_heads * model.head_dim)
+    tp = min(8, 1 << (max(1, s.attn_tp).bit_length() - 1))
+    coeff = _ACTIVATION_COEFF[_family(model)][tp]
+    act = 2 * tokens * h * coeff
+    if model.attention == "mla" and model.is_moe:  # DeepSeek-family MoE dispatch workspace (block scale 128, fp32)
+        dp = s.tp if s.attention_dp else 1
+        act += tokens * h * dp * model.num_experts * model.experts_per_token / max(1, s.ep) / 128 * 4
+    return int(max(act, _MIN_ACTIVATION_BYTES))
+
+
+def kv_bytes_per_token(model: ModelSpec, kv_dtype: str, s: Sharding, extra_layers: int, full_only: bool = False
+                       ) -> int:
+    """KV bytes one token takes on the fullest rank: all heads under attention DP, ceil(kv_heads / tp) otherwise
+    (MLA's latent on every rank), the rank's layers plus ``extra_layers`` (MTP) on the last stage.
+    ``full_only``: sliding-window layers left out (they hold at most a window of tokens)."""
+    per_layer = model.kv_bytes_per_token_per_layer_per_rank(kv_dtype, s.attn_tp)
+    if model.attention != "mla" and s.attn_tp > model.num_kv_heads:
+        per_layer = 2 * model.head_dim * KV_DTYPE_BYTES[kv_dtype]  # one (replicated) KV head per rank
+    layers = model.layers_per_rank(s.pp, extra_layers)
+    if full_only and model.sliding_layers:
+        layers = max(1, layers - math.ceil(model.sliding_layers / s.pp))
+    return int(per_layer * layers)
+
+
+def role_memory(model: ModelSpec, gpu: GpuFigures, q: WeightsQuant, s: Sharding, *, opts: dict,
+                sequence_tokens: int, kv_extra_layers: int, buffer_tokens: int = 0) -> RoleMemory:
+    """The memory plan of one GPU of a server whose LLM-API options are ``opts`` (ctx.yaml / gen.yaml, or a
+    published recipe's): max_batch_size, max_num_tokens, kv_cache_config (dtype, free_gpu_memory_fraction,
+    max_tokens), cuda_graph_config, speculative_config. ``sequence_tokens``: the longest request the role
+    holds (a context server's longest input, a generation server's max_seq_len)."""
+    kv_cfg = _mapping(opts.get("kv_cache_config"))
+    fraction = _fraction(kv_cfg.get("free_gpu_memory_fraction"), 0.9)  # TensorRT-LLM's KvCacheConfig default
+    kv_dtype = kv_cfg.get("dtype") if kv_cfg.get("dtype") in KV_DTYPE_BYTES else "auto"
+    spec = _mapping(opts.get("speculative_config"))
+    draft = _count(spec.get("num_nextn_predict_layers"), 0)
+    mtp = draft > 0
+    mnt = _count(opts.get("max_num_tokens"), 8192)  # TensorRT-LLM's default
+    batch = _count(opts.get("max_batch_size"), 2048)
+    graphs = _mapping(opts.get("cuda_graph_config"))
+    sizes = graphs.get("batch_sizes") if isinstance(graphs.get("batch_sizes"), list) else []
+    graph_batch = max([_count(x, 0) for x in sizes] + [_count(graphs.get("max_batch_size"), 0)]) if graphs else 0
+    weights, detail = weights_per_gpu(model, q, s, mtp)
+    weights_min, _ = weights_per_gpu(model, q, s, mtp, lower=True)
+    act = activation_bytes(model, s, mnt)
+    graph = activation_bytes(model, s, graph_batch * (1 + draft)) if graph_batch else 0
+    runtime = RUNTIME_OTHER_BYTES + nccl_bytes(s.tp)
+    capacity = gpu.memory_bytes
+    free = capacity - weights - act - graph - runtime
+    pool = max(0, int(free * fraction))
+    per_token = kv_bytes_per_token(model, kv_dtype, s, kv_extra_layers)
+    cap_tokens = _count(kv_cfg.get("max_tokens"), 0)
+    tokens = pool // per_token if per_token else 0
+    notes = []
+    if 0 < cap_tokens < tokens:
+        tokens, pool = cap_tokens, cap_tokens * per_token
+        notes.append(f"kv_cache_config.max_tokens {cap_tokens} caps the pool")
+    optimistic_per_token = kv_bytes_per_token(model, kv_dtype, s, kv_extra_layers, full_only=True)
+    optimistic = max(0, int((capacity - weights_min) * fraction)) // max(1, optimistic_per_token)
+    if model.sliding_layers:
+        notes.append(f"{model.sliding_layers} sliding-window layers ({model.sliding_window} tokens) are counted "
+                     "as full layers: the pool holds more tokens than shown")
+    buffer = buffer_tokens * per_token
+    return RoleMemory(
+        gpu=gpu.name, gpu_memory_bytes=capacity, quantization=q.name, quantization_source=q.source,
+        weights_bytes=weights, weights_min_bytes=weights_min, weights_detail=detail, activation_bytes=act,
+        cuda_graph_bytes=graph, runtime_bytes=runtime, free_gpu_memory_fraction=fraction,
+        kv_pool_bytes=pool, kv_dtype=kv_dtype, kv_bytes_per_token=per_token, kv_pool_tokens=int(tokens),
+        kv_pool_tokens_max=int(optimistic), sequence_tokens=sequence_tokens, max_batch_size=batch,
+        batch_tokens=batch * sequence_tokens, transfer_buffer_bytes=buffer,
+        headroom_bytes=max(0, int(free - pool)), notes=tuple(notes))
+
+
+def _mapping(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _count(value, default: int) -> int:
+    """A positive integer option, or ``default`` (ill-typed values are the rules' to report)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and 0 < value < (1 << 40) else default
+
+
+def _fraction(value, default: float) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and 0 < value <= 1
+    return float(value) if ok else default
+
+
+# --- rules ------------------------------------------------------------------------------------------------------
+
+def gib(n: float) -> str:
+    return f"{n / GIB:.1f} GiB"
+
+
+def check_heads(model: ModelSpec, tp: int, attention_dp: bool) -> str | None:
+    """Why TensorRT-LLM refuses this attention split (module doc: Attention/MLA asserts, duplicate_kv_weight),
+    or None."""
+    attn_tp = 1 if attention_dp else tp
+    if attn_tp == 1:
+        return None
+    heads = model.num_attention_heads
+    if heads % attn_tp:
+        return f"tp={tp} does not divide the model's {heads} attention heads (TensorRT-LLM asserts num_heads % tp == 0)"
+    if model.attention == "mla":
+        return None
+    kv = model.num_kv_heads
+    if kv >= attn_tp and kv % attn_tp:
+        return (f"tp={tp} does not divide the model's {kv} KV heads (TensorRT-LLM asserts num_kv_heads % tp == 0 "
+                "when there are at least as many KV heads as ranks)")
+    if kv < attn_tp and attn_tp % kv:
+        return (f"tp={tp} is not a multiple of the model's {kv} KV heads (TensorRT-LLM replicates each KV head "
+                "tp / num_kv_heads times and asserts that it divides)")
+    return None
+
+
+def smallest_fit(model: ModelSpec, gpu: GpuFigures, q: WeightsQuant, opts: dict, *, sequence_tokens: int,
+                 kv_extra_layers: int, pp: int = 1) -> str | None:
+    """The smallest layout (GPUs per instance, powers of two up to 512) whose estimated KV pool holds one full
+    sequence, as recipe fields; None when none does."""
+    for tp in (1 << i for i in range(10)):
+        layouts = []
+        if model.is_moe:
+            layouts += [Sharding(tp, pp, False, tp), Sharding(tp, pp, True, tp)] if tp > 1 else \
+                [Sharding(1, pp, False, 1)]
+        else:
+            layouts.append(Sharding(tp, pp, False, 1))
+        for s in layouts:
+            if check_heads(model, s.tp, s.attention_dp):
+                continue
+            m = role_memory(model, gpu, q, s, opts=opts, sequence_tokens=sequence_tokens,
+                            kv_extra_layers=kv_extra_layers)
+            if m.kv_pool_tokens >= sequence_tokens:
+                fields = f"tp: {s.tp}" + (f", ep: {s.ep}" if model.is_moe else "") + \
+                    (", attention_dp: true" if s.attention_dp else "") + (f", pp: {pp}" if pp > 1 else "")
+                return (f"{s.tp * pp} x {gpu.name} per instance ({fields}): weights ≈ {gib(m.weights_bytes)} per "
+                        f"GPU, a KV pool of ≈ {m.kv_pool_tokens:,} tokens")
+    return None
+
+
+def verdicts(title: str, m: RoleMemory, model: ModelSpec, gpu: GpuFigures, q: WeightsQuant, opts: dict, *,
+             kv_extra_layers: int, pp: int) -> tuple[list[tuple[str, str, str]], list[str]]:
+    """(violations as (field, message, fix), warnings) for one role's memory plan."""
+    errors: list[tuple[str, str, str]] = []
+    warnings: list[str] = []
+    cap = m.gpu_memory_bytes
+    fit = None
+
+    def fix() -> str:
+        nonlocal fit
+        if fit is None:
+            fit = smallest_fit(model, gpu, q, opts, sequence_tokens=m.sequence_tokens,
+                               kv_extra_layers=kv_extra_layers, pp=pp) or ""
+        return f"use at least {fit}" if fit else "use a quantized checkpoint (quantization: fp8 or nvfp4) or a " \
+                                                 "GPU with more memory"
+
+    if m.weights_min_bytes > cap:
+        errors.append((f"{title}.tp", f"{model.name}'s weights need at least {gib(m.weights_min_bytes)} per GPU "
+                       f"({m.quantization}: {m.quantization_source}), more than one {gpu.name}'s {gib(cap)}", fix()))
+        return errors, warnings
+    if m.kv_pool_tokens_max < m.sequence_tokens:
+        errors.append((f"{title}.tp", f"even with no activations, the KV pool of a {gpu.name} holding "
+                       f"{gib(m.weights_min_bytes)} of weights cannot hold one full sequence ({m.sequence_tokens:,} "
+                       f"tokens at {m.kv_bytes_per_token:,} B per token, free_gpu_memory_fraction "
+                       f"{m.free_gpu_memory_fraction:g})", fix()))
+        return errors, warnings
+    used = m.weights_bytes + m.activation_bytes + m.cuda_graph_bytes + m.runtime_bytes
+    if m.weights_bytes > cap:
+        warnings.append(f"{title}: weights ≈ {gib(m.weights_bytes)} per GPU ({m.quantization}) exceed a "
+                        f"{gpu.name}'s {gib(cap)}; they fit only if the checkpoint is smaller than estimated; "
+                        f"{fix()}")
+    elif m.kv_pool_tokens < m.sequence_tokens:
+        warnings.append(f"{title}: the KV pool (≈ {gib(m.kv_pool_bytes)} after ≈ {gib(used)} of weights, "
+                        f"activations and runtime) holds ≈ {m.kv_pool_tokens:,} tokens, less than one full sequence "
+                        f"({m.sequence_tokens:,} tokens); {fix()}, or raise free_gpu_memory_fraction / lower "
+                        f"max_num_tokens")
+    elif m.kv_pool_tokens < m.batch_tokens:
+        held = m.kv_pool_tokens // max(1, m.sequence_tokens)
+        warnings.append(f"{title}: the KV pool holds ≈ {m.kv_pool_tokens:,} tokens, {held} full sequences of "
+                        f"{m.sequence_tokens:,} tokens, fewer than max_batch_size "
+                        f"{m.max_batch_size} (TensorRT-LLM then schedules fewer requests at once)")
+    if m.transfer_buffer_bytes and m.transfer_buffer_bytes > m.headroom_bytes:
+        warnings.append(f"{title}: the KV transfer buffer (max_tokens_in_buffer: {gib(m.transfer_buffer_bytes)}) "
+                        f"is larger than the memory the KV pool leaves free (≈ {gib(m.headroom_bytes)}); lower "
+                        "free_gpu_memory_fraction if the servers run out of memory at the first transfer")
+    return errors, warnings
+
+
+def check_quantization_hardware(gpu: GpuFigures, q: WeightsQuant, kv_dtype: str) -> list[str]:
+    """Warnings for formats TensorRT-LLM's hardware support matrix does not list for the GPU
+    (docs/source/features/quantization.md, "Hardware Support Matrix", NVIDIA/TensorRT-LLM @
+    09d4c79ba941a5c2c62c878c3572c0dcc8b85efa). No start-up check refusing them is known, so tk warns: NVFP4 is
+    listed for Blackwell only; MXFP4 for Blackwell (gpt-oss also runs W4A16 MXFP4 on Hopper, which aiconfigurator
+    0.12.0 models); FP8 KV cache is listed for every architecture down to Ampere, so fp8 KV on A100 is accepted."""
+    out = []
+    if gpu.arch in ("", "blackwell"):
+        return out
+    if q.name == "nvfp4":
+        out.append(f"quantization nvfp4 on {gpu.name} ({gpu.arch}): TensorRT-LLM's hardware support matrix lists "
+                   "NVFP4 for Blackwell only; expect the checkpoint to fail to load or to run without FP4 kernels")
+    if q.name == "mxfp4" and gpu.arch != "hopper":
+        out.append(f"quantization mxfp4 on {gpu.name} ({gpu.arch}): TensorRT-LLM lists MXFP4 for Blackwell (and "
+                   "W4A16 MXFP4 runs on Hopper); expect no MXFP4 kernels here")
+    if q.name in ("fp8", "fp8_block", "fp8_rowwise") and gpu.arch == "ampere":
+        out.append(f"quantization {q.name} on {gpu.name}: TensorRT-LLM's hardware support matrix lists FP8 weights "
+                   "from Ada/Hopper on; Ampere has no FP8 tensor cores")
+    if kv_dtype == "nvfp4":
+        out.append(f"kv dtype nvfp4 on {gpu.name} ({gpu.arch}): an NVFP4 KV cache needs Blackwell")
+    return out
+
+
+def sharding_of(model: ModelSpec, opts: dict) -> Sharding:
+    """A server's sharding as its LLM-API options say (what TensorRT-LLM reads)."""
+    tp = _count(opts.get("tensor_parallel_size"), 1)
+    ep = _count(opts.get("moe_expert_parallel_size"), tp) if model.is_moe else 1
+    return Sharding(tp=tp, pp=_count(opts.get("pipeline_parallel_size"), 1),
+                    attention_dp=bool(opts.get("enable_attention_dp")), ep=ep,
+                    lm_head_tp=bool(opts.get("enable_lm_head_tp_in_adp")))
+
+
+def plan_role(title: str, model: ModelSpec, gpu: GpuFigures, q: WeightsQuant, opts: dict, *, sequence_tokens: int,
+              kv_extra_layers: int, buffer_tokens: int = 0
+              ) -> tuple[RoleMemory | None, list[tuple[str, str, str]], list[str]]:
+    """One role's memory plan and its verdicts: (plan, violations as (field, message, fix), warnings). No plan
+    for a GPU whose memory tk does not know."""
+    s = sharding_of(model, opts)
+    errors: list[tuple[str, str, str]] = []
+    why = check_heads(model, s.tp, s.attention_dp)
+    if why:
+        valid = [t for t in (1 << i for i in range(10)) if t <= max(64, s.tp) and check_heads(model, t, False) is None]
+        errors.append((f"{title}.tp", why, f"use a tp that fits the heads ({', '.join(map(str, valid))})"
+                       + (", or attention_dp: true" if model.is_moe else "")))
+    if not gpu.memory_bytes:
+        return None, errors, []
+    m = role_memory(model, gpu, q, s, opts=opts, sequence_tokens=sequence_tokens, kv_extra_layers=kv_extra_layers,
+                    buffer_tokens=buffer_tokens)
+    more, warnings = verdicts(title, m, model, gpu, q, opts, kv_extra_layers=kv_extra_layers, pp=s.pp)
+    return m, errors + more, warnings
+
+
+def plan_roles(r, model: ModelSpec, engine, merged: dict[str, dict], kv_extra_layers: int, buffer, c,
+               general: bool = True) -> dict[str, RoleMemory]:
+    """The memory plans of a recipe's roles (``merged``: title -> LLM-API options), their violations and
+    warnings added to the rules' collector ``c`` (``general``: also the plan-wide quantization warnings). Only
+    for an engine whose KV cache lives on the GPU (TensorRT-LLM)."""
+    from toolkit.facts.hardware import GPU_FIGURES
+    from toolkit.plan.sizing import longest_input
+
+    if engine.kv_memory != "gpu":
+        return {}
+    gpu = GPU_FIGURES[r.cluster.gpu]
+    stated = r.context.quantization or r.quantization
+    path_given = bool(r.model_path or r.context.model_path or r.generation.model_path)
+    q, note = weights_quant(model, stated, path_given)
+    if note and general:
+        c.warnings.append(note)
+    if general:
+        c.warnings.extend(check_quantization_hardware(gpu, q, r.kv_transfer.dtype))
+    out = {}
+    for title, opts in merged.items():
+        sequence = longest_input(r) if title == "context" else \
+            _count(opts.get("max_seq_len"), longest_input(r) + r.traffic.max_output_len)
+        transceiver = _mapping(opts.get("cache_transceiver_config"))
+        m, errors, warnings = plan_role(title, model, gpu, q, opts, sequence_tokens=sequence,
+                                        kv_extra_layers=kv_extra_layers,
+                                        buffer_tokens=_count(transceiver.get("max_tokens_in_buffer"), 0))
+        for field, message, fix in errors:
+            c.add(field, message, fix)
+        c.warnings.extend(warnings)
+        if m is not None:
+            out[title] = m
+    return out
