@@ -411,9 +411,10 @@ class PairRunner:
         self.pool.pull(req.wl_dst, None if b == 0 else touched)
         self._inject_corruption(req, op)
         before = None if b == 0 else req.key_src(b - 1)  # what the slots held: the previous burst's data
-        it = burst[0][0]
+        checking = burst[0][0]  # the iteration a mismatch is reported against
         try:
             for it, s in burst:
+                checking = it
                 n = verify_blocks(self.pool.host, req.wl_dst, req.slots[s], req.wl_src, req.src_blocks,
                                   req.key_src(b), req.key_stale(), before)
                 req.entry["bytes_verified"] += n
@@ -423,7 +424,7 @@ class PairRunner:
                                                                 req.key_stale())
         except Mismatch as exc:
             req.entry["mismatch"] = exc.detail
-            return _mismatch_sentence(exc.detail, req, it, op)
+            return _mismatch_sentence(exc.detail, req, checking, op)
         return None
 
 
