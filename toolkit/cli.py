@@ -496,8 +496,15 @@ def _lengths_option(ctx, param, value):
 @click.option("--warmup", type=click.IntRange(0, 1_000_000), default=2, show_default=True,
               help="Untimed (but verified) transfers first: connections are lazy.")
 @click.option("--sweep/--no-sweep", default=True, show_default=True,
-              help="Measure 16..256 tokens per descriptor and recommend a tokens_per_block.")
-@click.option("--sweep-iterations", type=click.IntRange(1, 1_000_000), default=5, show_default=True)
+              help="Measure 16..256 tokens per descriptor, in repeated passes, and recommend a tokens_per_block "
+                   "only from differences that hold across the passes.")
+@click.option("--sweep-iterations", type=click.IntRange(1, 1_000_000), default=5, show_default=True,
+              help="Timed transfers per block size, op and pass of the sweep.")
+@click.option("--sweep-repeats", type=click.IntRange(1, 1000), default=3, show_default=True,
+              help="Passes over the block sizes; a tokens_per_block change is recommended only when it holds in "
+                   "every pass (at least 3).")
+@click.option("--reverse/--no-reverse", default=True, show_default=True,
+              help="Also measure generation -> context (the answer's KV moving back) for every pair.")
 @click.option("--lengths", callback=_lengths_option, metavar="N,N,...",
               help="Request lengths in tokens (default: short, typical, longest admitted).")
 @click.option("--min-fraction", type=_Finite(min=0.0, max=1.0), default=None,
@@ -518,7 +525,8 @@ def _lengths_option(ctx, param, value):
 @set_option
 @json_option
 def validate_cluster(recipe, local, nodes, in_allocation, memory, max_memory_mb, iterations, warmup, sweep,
-                     sweep_iterations, lengths, min_fraction, transfer_timeout, rendezvous_timeout, timeout,
+                     sweep_iterations, sweep_repeats, reverse, lengths, min_fraction, transfer_timeout,
+                     rendezvous_timeout, timeout,
                      pending_timeout, run_dir, python, progress_thread, overrides, as_json):
     """Real NIXL transfers shaped like RECIPE's KV blocks between every context and generation node.
 
@@ -543,7 +551,8 @@ def validate_cluster(recipe, local, nodes, in_allocation, memory, max_memory_mb,
         report = api.validate(
             p, mode="local" if local else "in-allocation" if in_allocation else "slurm", nodes=nodes,
             memory=memory, max_memory_mb=max_memory_mb, iterations=iterations, warmup=warmup, sweep=sweep,
-            sweep_iterations=sweep_iterations, lengths=lengths, min_fraction=min_fraction,
+            sweep_iterations=sweep_iterations, sweep_repeats=sweep_repeats, reverse=reverse, lengths=lengths,
+            min_fraction=min_fraction,
             transfer_timeout_s=transfer_timeout, rendezvous_timeout_s=rendezvous_timeout, timeout_s=timeout,
             pending_timeout_s=pending_timeout, run_dir=run_dir, python=python, progress_thread=progress_thread,
             on_progress=on_progress)
