@@ -40,6 +40,14 @@ def test_reuse_facts_by_line():
     assert F.reuse_facts("1.9").line == "1.3"  # a newer line gets the newest row
 
 
+def test_kv_pool_from_gpu_memory_weights_runtime_and_fraction():
+    # Llama-3.1-8B BF16 on an H100 (80 GiB): 16.06 GB of weights, 3.5 GiB of runtime, 0.9 of the rest, 128 KiB/token
+    tokens = F.kv_pool_tokens(85899345920, 16.06e9, 3758096384, 131072, 0.9)
+    assert tokens == int((85899345920 - 16.06e9 - 3758096384) * 0.9 // 131072)
+    assert F.kv_pool_tokens(85899345920, 16.06e9, 0, 131072, 0.9, max_tokens=1000) == 1000
+    assert F.kv_pool_tokens(10, 16.06e9, 0, 131072, 0.9) == 0
+
+
 # --- the block cache ---------------------------------------------------------------------------------------------
 
 def test_a_stored_prompt_is_reused_by_the_next_turn_up_to_its_stored_tokens():

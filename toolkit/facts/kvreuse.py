@@ -128,3 +128,14 @@ def block_keys(token_ids, tokens_per_block: int) -> list:
     shorter (the engine never reuses a prompt's last token: at least one is computed)."""
     n = len(token_ids) - 1
     return [tuple(token_ids[i:min(i + tokens_per_block, n)]) for i in range(0, max(n, 0), tokens_per_block)]
+
+
+def kv_pool_tokens(gpu_memory_bytes: int, weight_bytes_per_rank: float, other_bytes: float,
+                   kv_bytes_per_token_per_rank: float, free_gpu_memory_fraction: float,
+                   max_tokens: int | None = None) -> int:
+    """Tokens of KV one rank's pool holds, as TensorRT-LLM's KvCacheCreator sizes it: ``free_gpu_memory_fraction``
+    of the memory the weights and everything else (``other_bytes``: runtime, NCCL, activations where known) leave,
+    capped by ``kv_cache_config.max_tokens`` when given (the smaller of the two wins)."""
+    free = gpu_memory_bytes - weight_bytes_per_rank - other_bytes
+    tokens = int(max(0.0, free) * free_gpu_memory_fraction // max(kv_bytes_per_token_per_rank, 1e-9))
+    return min(tokens, max_tokens) if max_tokens else tokens

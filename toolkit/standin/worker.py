@@ -469,27 +469,28 @@ DEFAULT_POOL_TOKENS = 262144  # without emulated timing: the pool when kv_cache_
 
 
 def create_block_cache(s: WorkerSettings):
-    """The block cache of this server and where its capacity comes from: with emulated timing, the KV pool of tk's
-    memory plan for the emulated model on one emulated GPU with this server's options (toolkit.plan.memory:
-    free_gpu_memory_fraction of what the weights, the profiled activations, CUDA graphs and the runtime leave, as
-    TensorRT-LLM's KvCacheCreator sizes it; kv_cache_config.max_tokens caps it); without it (no GPU to size from),
-    ``max_tokens`` or DEFAULT_POOL_TOKENS."""
+    """The block cache of this server and where its capacity comes from: with emulated timing,
+    ``free_gpu_memory_fraction`` of what the emulated model's weights (per rank) and the runtime's own memory
+    (facts.hardware: RUNTIME_OTHER_BYTES, NCCL buffers) leave of the emulated GPU, in the emulated model's KV bytes
+    per token per rank (toolkit.facts.kvreuse.kv_pool_tokens; profiled activations and CUDA graphs, which tk's
+    memory plan adds, are left out: an upper bound), capped by ``kv_cache_config.max_tokens``; without it (no
+    GPU to size from), ``max_tokens`` or DEFAULT_POOL_TOKENS."""
+    from toolkit.facts.kvreuse import kv_pool_tokens
     from toolkit.standin.blockcache import BlockCache
     kv = s.kv
     if s.emulate is not None:
-        from toolkit.facts.hardware import GPU_FIGURES
-        from toolkit.plan.memory import role_memory, sharding_of, weights_quant
-        e = s.emulate
-        quant, _ = weights_quant(e.model, "fp8" if e.precision == "fp8" else None, False)
-        opts = {**s.options, "tensor_parallel_size": s.tp, "pipeline_parallel_size": s.pp,
-                "max_batch_size": s.max_batch_size, "max_num_tokens": s.max_num_tokens}
-        m = role_memory(e.model, GPU_FIGURES[e.gpu], quant, sharding_of(e.model, opts), opts=opts,
-                        sequence_tokens=s.max_seq_len, kv_extra_layers=0)
-        tokens = max(s.tokens_per_block, m.kv_pool_tokens)
-        source = (f"tk's memory plan for {e.model.name} on one emulated {e.gpu}: {m.free_gpu_memory_fraction:g} of "
-                  f"{(m.gpu_memory_bytes - m.weights_bytes - m.activation_bytes - m.cuda_graph_bytes - m.runtime_bytes) / 2**30:.1f} "
-                  f"GiB left after weights, activations, CUDA graphs and runtime; {m.kv_bytes_per_token} KV bytes "
-                  f"per token" + (f"; {'; '.join(m.notes)}" if m.notes else ""))
+        from toolkit.facts.hardware import GPU_FIGURES, RUNTIME_OTHER_BYTES, nccl_bytes
+        r = s.emulate.roofline(s.tp, s.kv_dtype)
+        gpu = GPU_FIGURES[s.emulate.gpu]
+        other = RUNTIME_OTHER_BYTES + nccl_bytes(s.tp)
+        tokens = max(s.tokens_per_block, kv_pool_tokens(gpu.memory_bytes, r.weight_bytes_per_rank, other,
+                                                        r.kv_bytes_per_token, kv.free_gpu_memory_fraction,
+                                                        kv.max_tokens))
+        source = (f"free_gpu_memory_fraction {kv.free_gpu_memory_fraction:g} of the emulated {gpu.name}'s "
+                  f"{gpu.memory_bytes / 2**30:.0f} GiB after {r.weight_bytes_per_rank / 2**30:.1f} GiB of "
+                  f"{r.model.name} weights per rank and {other / 2**30:.1f} GiB of runtime; "
+                  f"{r.kv_bytes_per_token:.0f} KV bytes per token per rank"
+                  + (f"; capped by max_tokens {kv.max_tokens}" if kv.max_tokens else ""))
     else:
         tokens = kv.max_tokens or DEFAULT_POOL_TOKENS
         source = (f"kv_cache_config.max_tokens {kv.max_tokens}" if kv.max_tokens else
