@@ -32,9 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from pd_lab import SERVED_MODEL, start_disagg
+from pd_lab import SERVED_MODEL, start_disagg  # noqa: E402
 
-from toolkit import api
+from toolkit import api  # noqa: E402
 
 RECIPE = ROOT / "recipes" / "standin-multiturn.yaml"
 COMMON = ("context.instances=1", "membership.enabled=false")  # static urls: the servers below are started here

@@ -261,9 +261,10 @@ def _roundtrip_check(name, reqs, proof, setting) -> Check:
     if could and later:
         into = [r for r in later if r.cached_tokens > r.reusable_tokens - r.answer_generated]
         if not into:
+            where = ("the deployment is aggregated" if not local else
+                     f"{local} requests were prefilled on the generation server that had generated those answers")
             return Check("answers_round_trip", STAGE, False,
-                         f"no request reused any token of an earlier answer, although "
-                         f"{'the deployment is aggregated' if not local else f'{local} requests were prefilled on the generation server that had generated those answers'}: "
+                         f"no request reused any token of an earlier answer, although {where}: "
                          f"the answers resent as text do not re-tokenize to the generated ids (inference-perf #649)",
                          name, {"requests": len(later), "local_prefill": local})
     return Check("answers_round_trip", STAGE, True,
