@@ -23,7 +23,7 @@ A tour is a fenced block preceded by a marker comment (blank lines between them 
   host name. Run names' timestamps (``-20261122-224701``) and local job ids (``local-741b86774534``) always match
   any other.
 - ``layer``: ``unit`` (seconds, nothing launched: tests/unit), ``slow`` (aiconfigurator, tens of seconds:
-  tests/unit, marked slow), ``launch`` (starts a local deployment) and ``slurm`` (uses the dev Slurm cluster):
+  tests/size, marked slow), ``launch`` (starts a local deployment) and ``slurm`` (uses the dev Slurm cluster):
   tests/integration, run alone.
 
 A block with ``$ `` commands and no tour marker must say why it is not one: ``<!-- not-a-tour: REASON -->``

@@ -15,9 +15,10 @@ import, so a function of the same name here would be replaced. Call them as `too
 
 __version__ = "0.1.0"
 
-from toolkit.api import (baseline_plan, bench_recipe, bench_target, check_config, diff, import_config, launch_baseline,  # noqa: E402
-                         find_run, list_models, list_recipes, load_plan, logs, plan_summary, predict, prepare,
-                         recipe_path, runs, status, stop)
+from toolkit.api import (baseline_plan, bench_compare, bench_recipe, bench_target, check_config, diff,  # noqa: E402
+                         import_config, launch_baseline, find_run, list_models, list_recipes, load_plan, logs,
+                         multi_turn_share, plan_summary, predict, prepare, recipe_path, runs, size_multi_turn, status,
+                         stop)
 from toolkit.errors import RecipeError, TkError, Violation  # noqa: E402
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "Violation",
     "__version__",
     "baseline_plan",
+    "bench_compare",
     "bench_recipe",
     "bench_target",
     "check_config",
@@ -37,11 +39,13 @@ __all__ = [
     "list_recipes",
     "load_plan",
     "logs",
+    "multi_turn_share",
     "plan_summary",
     "predict",
     "prepare",
     "recipe_path",
     "runs",
+    "size_multi_turn",
     "status",
     "stop",
 ]

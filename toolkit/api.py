@@ -17,6 +17,9 @@
     predict(plan)                       aiconfigurator's TTFT/TPOT/tokens/s/GPU for a plan's exact configuration
     bench(run, workload=..., sla=...)   aiperf against a serving run -> results, verdict (exit 0/1/2), report
     bench_recipe(recipe, ...)           launch, bench, stop (the lead fills the launching)
+    bench_compare(recipe, compare, ...) the same workload on every variant of a recipe, side by side
+    multi_turn_share(plan, turns, ...)  what a multi-turn shape recomputes on the plan's context servers
+    size_multi_turn(result, turns, ...) ... on tk size's chosen configuration
     launch_baseline(run, ...)           the run's aggregated baseline on the same GPUs, serving -> RunRecord
 
 Errors are `toolkit.errors.TkError` (and its `RecipeError`, which lists every violation); nothing here
@@ -42,6 +45,7 @@ if TYPE_CHECKING:
 __all__ = [
     "baseline_plan",
     "bench",
+    "bench_compare",
     "bench_recipe",
     "bench_target",
     "check_config",
@@ -55,6 +59,7 @@ __all__ = [
     "list_recipes",
     "load_plan",
     "logs",
+    "multi_turn_share",
     "plan_summary",
     "predict",
     "prepare",
@@ -62,6 +67,7 @@ __all__ = [
     "render",
     "runs",
     "size",
+    "size_multi_turn",
     "status",
     "stop",
     "validate",
@@ -316,6 +322,29 @@ def validate(plan: Plan, *, mode: str = "slurm", on_progress: Callable[..., None
 
 # --- sizing (the `size` extra: aiconfigurator) ----------------------------------------------------
 
+def size_multi_turn(result, turns: int, answer_len: int | None = None) -> dict[str, Any]:
+    """What a multi-turn shape recomputes on the context servers of tk size's chosen configuration: messages of ISL
+    tokens, answers of ``answer_len`` (default OSL); the prefill cost per token from the chosen candidate's
+    context TTFT; the pull-back at the bandwidth tk size used."""
+    from toolkit.errors import TkError
+    from toolkit.size import transfer
+    from toolkit.size.multiturn import MultiTurnShape, recompute
+
+    c = result.chosen or result.best_overall
+    if c is None:
+        raise TkError("tk size chose no configuration: nothing to estimate a multi-turn shape on")
+    try:
+        shape = MultiTurnShape(turns, result.isl, answer_len or result.osl)
+    except ValueError as exc:
+        raise TkError(f"--turns/--answer-len: {exc}") from None
+    kv = transfer.bytes_per_token(result.model, transfer.kv_dtype_of(getattr(c, "kvcache", None)),
+                                  getattr(c, "ctx_tp", 1) or 1, getattr(c, "ctx_pp", 1) or 1)
+    return recompute(shape, prefill_ms_per_token=c.ttft_ms / result.isl,
+                     prefill_source=f"aiconfigurator's context TTFT of the chosen configuration "
+                                    f"({c.ttft_ms:g} ms for ISL {result.isl})",
+                     kv_bytes_per_token=kv, gbps=result.bandwidth.gbps, bandwidth_source=result.bandwidth.detail)
+
+
 def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float, tpot_ms: float, *,
          transport: str | None = None, measured: str | os.PathLike | None = None, measured_pick: str = "slowest",
          gpus_per_node: int | None = None, name: str | None = None):
@@ -329,6 +358,40 @@ def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float,
     return run_size(model, system, gpus, isl, osl, ttft_ms, tpot_ms, transport=transport,
                     measured=os.fspath(measured) if measured else None, measured_pick=measured_pick,
                     gpus_per_node=gpus_per_node, name=name)
+
+
+def multi_turn_share(plan: Plan, turns: int, answer_len: int | None = None, message_len: int | None = None,
+                     prediction: dict | None = None) -> dict[str, Any]:
+    """What a multi-turn shape recomputes on this plan's context servers (toolkit.size.multiturn): ``turns`` turns of
+    ``message_len`` new tokens (default: the plan's typical or max input length split over the turns and answers)
+    and ``answer_len``-token answers (default max_output_len). Prefill cost per token: aiconfigurator's context TTFT
+    over its ISL when ``prediction`` is given, else the plan's estimate; the pull-back at the transport's nominal
+    GB/s."""
+    from toolkit.errors import TkError
+    from toolkit.size.multiturn import MultiTurnShape, recompute
+
+    answer = answer_len or plan.traffic.max_output_len
+    total = plan.traffic.typical_input_len or plan.traffic.max_input_len
+    message = message_len or max(1, (total - (turns - 1) * answer) // turns)
+    try:
+        shape = MultiTurnShape(turns, message, answer)
+    except ValueError as exc:
+        raise TkError(f"--turns/--answer-len/--message-len: {exc}") from None
+    if shape.prompt(turns) > plan.traffic.max_input_len:
+        raise TkError(f"a {turns}-turn conversation of {message}-token messages and {answer}-token answers reaches "
+                      f"{shape.prompt(turns)} input tokens; the plan admits {plan.traffic.max_input_len} "
+                      f"(traffic.max_input_len): fewer turns or shorter messages")
+    est = plan.estimates
+    if prediction and prediction.get("ttft_ms") and prediction.get("isl"):
+        per_token = prediction["ttft_ms"] / prediction["isl"]
+        source = f"aiconfigurator's context TTFT {prediction['ttft_ms']:g} ms for ISL {prediction['isl']}"
+    else:
+        per_token = est.largest_request_prefill_ms / plan.kv.largest_request_tokens
+        source = f"the plan's prefill estimate ({est.largest_request_prefill_ms:g} ms for " \
+                 f"{plan.kv.largest_request_tokens} tokens)"
+    kv = est.largest_request_transfer_ms / 1e3 * est.nominal_gbps * 1e9 / plan.kv.largest_request_tokens
+    return recompute(shape, prefill_ms_per_token=per_token, prefill_source=source, kv_bytes_per_token=kv,
+                     gbps=est.nominal_gbps, bandwidth_source=f"{est.transport}, nominal")
 
 
 def predict(plan: Plan) -> dict[str, Any]:
@@ -379,7 +442,8 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
           baseline: str | RunRecord | None = None, baseline_url: str | None = None, max_error_rate: float = 0.01,
           seed: int = 100, timeout_s: float = 1800.0, name: str | None = None,
           after_target: Callable[[], None] | None = None,
-          on_progress: Callable[..., None] | None = None) -> dict[str, Any]:
+          on_progress: Callable[..., None] | None = None, turn_delay_ms: float = 0.0, trace: str | None = None,
+          validation: str | os.PathLike | None = None) -> dict[str, Any]:
     """Benchmark a serving run with aiperf; write RUN/bench/NAME-TIMESTAMP/; return the results document whose
     "verdict" has "exit_code" 0 (pass), 1 (SLA missed) or 2 (invalid). Bad input raises BenchInputError (exit 2).
 
@@ -402,12 +466,13 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
     plan = _plan_of_run(record)
     wl = build_workload(workload, isl=isl, osl=osl, concurrency=tuple(concurrency) if concurrency else None,
                         request_rate=tuple(request_rate) if request_rate else None, requests=requests, turns=turns,
-                        seed=seed, limits=limits_for_plan(plan))
+                        seed=seed, limits=limits_for_plan(plan), turn_delay_ms=turn_delay_ms, trace=trace)
     # not serving: said first, before anything else is looked up; an aggregated run is measured as one (every
     # instance's URL, no legs to prove)
     target = target_for_run(record, plan, aggregated=record.mode == "aggregated",
                             name="aggregated" if record.mode == "aggregated" else "disaggregated")
     tok = resolve_tokenizer(tokenizer, plan, record.engine)
+    _check_trace_tokenizer(wl, tok)
     base = None
     if baseline == "aggregated":
         shift = () if after_target is not None else _shifted_ports(plan)
@@ -428,7 +493,25 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
         base = target_for_url(baseline_url, record.model, gpus=target.gpus)
     return run_bench(target, wl, tokenizer=tok, bench_root=record.path / "bench", objectives=objectives,
                      bounds=Bounds(max_error_rate=max_error_rate), plan=plan, name=name, baseline=base,
-                     after_target=after_target, timeout_s=timeout_s, on_progress=on_progress)
+                     after_target=after_target, timeout_s=timeout_s, on_progress=on_progress,
+                     validation=os.fspath(validation) if validation else None)
+
+
+def _check_trace_tokenizer(wl, tokenizer: str) -> None:
+    """aiperf 0.13 synthesizes the prompts of 10 or more hash_ids trace entries in worker processes that force the
+    Hugging Face hub offline and then take a tokenizer *directory* for a hub repo id, and fail
+    (aiperf/dataset/generator/parallel_decode.py ``_init_worker``); fewer are decoded in-process and work."""
+    from toolkit.bench.workload import BenchInputError, read_trace
+
+    for cell in wl.cells:
+        if cell.trace and Path(tokenizer).is_dir():
+            n = sum(1 for e in read_trace(cell.trace) if e.get("hash_ids"))
+            if n >= 10:
+                raise BenchInputError(
+                    f"--trace {cell.trace}: {n} entries carry hash_ids and the tokenizer is a directory "
+                    f"({tokenizer}); aiperf 0.13 decodes 10 or more of them in worker processes that cannot load a "
+                    f"tokenizer directory. Give --tokenizer a Hugging Face model name (cached), or keep hash_ids to "
+                    f"fewer than 10 entries (e.g. first turns only)")
 
 
 def _shifted_ports(plan) -> tuple[str, ...]:
@@ -449,24 +532,12 @@ def bench_recipe(recipe: str | os.PathLike, *, local: bool = False, overrides: S
                  on_launch: Callable[[RunRecord], None] | None = None, **bench_kwargs) -> dict[str, Any]:
     """Launch RECIPE fail-fast, benchmark it, stop it (always). With baseline "aggregated" the deployment is
     stopped once measured, and the aggregated one is launched on the GPUs it freed. Same result as bench()."""
-    from toolkit.bench import check_bench_name, find_aiperf, limits_for_plan, resolve_tokenizer
-    from toolkit.bench.sla import parse_sla
-    from toolkit.bench.workload import build_workload
     from toolkit.runtime import signals
 
     plan = load_plan(recipe, (*overrides, "supervision.policy=fail-fast"))
     # Everything that can be refused is refused before GPUs are allocated: the SLA, the workload against the
     # plan's limits, the tokenizer, aiperf itself.
-    parse_sla(bench_kwargs.get("sla"))
-    check_bench_name(bench_kwargs.get("name"))
-    build_workload(bench_kwargs.get("workload", "fixed"), isl=bench_kwargs.get("isl"),
-                   osl=bench_kwargs.get("osl"),
-                   concurrency=tuple(bench_kwargs["concurrency"]) if bench_kwargs.get("concurrency") else None,
-                   request_rate=tuple(bench_kwargs["request_rate"]) if bench_kwargs.get("request_rate") else None,
-                   requests=bench_kwargs.get("requests"), turns=bench_kwargs.get("turns", 3),
-                   limits=limits_for_plan(plan))
-    resolve_tokenizer(bench_kwargs.get("tokenizer"), plan, plan.engine.name)
-    find_aiperf()
+    _bench_recipe_checks(plan, bench_kwargs)
     # SIGTERM and SIGHUP end it as Ctrl-C does: the deployment it launched is stopped whatever stage it is in
     with signals.interrupt_on_termination():
         run = launch(plan, local=local, run_dir=run_dir)
@@ -484,6 +555,74 @@ def bench_recipe(recipe: str | os.PathLike, *, local: bool = False, overrides: S
         finally:
             if not stopped:
                 stop(run)
+
+
+def bench_compare(recipe: str | os.PathLike, compare: Sequence[str], *, local: bool = False,
+                  overrides: Sequence[str] = (), run_dir: str | os.PathLike | None = None,
+                  on_launch: Callable[[RunRecord], None] | None = None,
+                  on_variant: Callable[[Any, dict | None, str | None], None] | None = None,
+                  **bench_kwargs) -> dict[str, Any]:
+    """The same workload on every variant of RECIPE (``compare``: ``KEY=V1,V2`` axes, toolkit.bench.variants), one
+    after another: launch fail-fast, benchmark, stop. Every variant's plan is checked before the first launch.
+    Writes DIR/compare.json, compare.md and compare_turns.png (DIR: ``run_dir``, else
+    $TK_RUNS_DIR/compare-NAME-TIME, each variant's run inside it) and returns the comparison (``recommendation``,
+    ``variants``, ``compare_dir``). A variant that fails is reported and the others still run."""
+    import time
+
+    from toolkit.bench.variants import build_variants, recommend, summarise, write_comparison
+    from toolkit.errors import TkError
+    from toolkit.runtime.rundir import runs_root
+
+    variants = build_variants(compare)
+    plans = [load_plan(recipe, (*overrides, *v.overrides, "supervision.policy=fail-fast")) for v in variants]
+    _bench_recipe_checks(plans[0], bench_kwargs)
+    base = Path(run_dir) if run_dir else runs_root() / f"compare-{plans[0].name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if base.exists():
+        raise TkError(f"{base} exists: give another --run-dir for the comparison")
+    base.mkdir(parents=True)
+    lines = []
+    prefix = bench_kwargs.pop("name", None) or "compare"
+    for v in variants:
+        doc = err = None
+        try:
+            doc = bench_recipe(recipe, local=local, overrides=(*overrides, *v.overrides), run_dir=base / v.slug,
+                               on_launch=on_launch, name=f"{prefix}-{v.slug}", **bench_kwargs)
+        except TkError as exc:
+            err = str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__
+        lines.append(summarise(v, doc, err))
+        if on_variant is not None:
+            on_variant(v, doc, err)
+    wl = bench_kwargs.get("workload", "fixed")
+    shape = (f"trace {bench_kwargs['trace']}" if bench_kwargs.get("trace") else
+             f"{wl}, ISL {bench_kwargs.get('isl') or 'default'}, OSL {bench_kwargs.get('osl') or 'default'}"
+             + (f", {bench_kwargs.get('turns', 3)} turns" if wl == "multi-turn" else ""))
+    out = {"recipe": plans[0].name, "workload": shape, "compare_dir": str(base),
+           "axes": list(compare), "variants": lines, "recommendation": recommend(lines)}
+    write_comparison(base, out)
+    return out
+
+
+def _bench_recipe_checks(plan: Plan, bench_kwargs: dict) -> None:
+    """What tk bench RECIPE refuses before it allocates anything: the SLA, the workload against the plan's limits,
+    the tokenizer, aiperf, a validation report."""
+    from toolkit.bench import check_bench_name, find_aiperf, limits_for_plan, resolve_tokenizer
+    from toolkit.bench.sla import parse_sla
+    from toolkit.bench.workload import build_workload
+
+    parse_sla(bench_kwargs.get("sla"))
+    check_bench_name(bench_kwargs.get("name"))
+    build_workload(bench_kwargs.get("workload", "fixed"), isl=bench_kwargs.get("isl"),
+                   osl=bench_kwargs.get("osl"),
+                   concurrency=tuple(bench_kwargs["concurrency"]) if bench_kwargs.get("concurrency") else None,
+                   request_rate=tuple(bench_kwargs["request_rate"]) if bench_kwargs.get("request_rate") else None,
+                   requests=bench_kwargs.get("requests"), turns=bench_kwargs.get("turns", 3),
+                   limits=limits_for_plan(plan), turn_delay_ms=bench_kwargs.get("turn_delay_ms", 0.0),
+                   trace=bench_kwargs.get("trace"))
+    resolve_tokenizer(bench_kwargs.get("tokenizer"), plan, plan.engine.name)
+    find_aiperf()
+    if bench_kwargs.get("validation"):
+        from toolkit.bench import reverse_bandwidth_for
+        reverse_bandwidth_for(os.fspath(bench_kwargs["validation"]), plan)
 
 
 def _refresh_run(run: RunRecord) -> RunRecord:

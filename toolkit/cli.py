@@ -98,15 +98,26 @@ def recipes(as_json: bool, models: bool):
 @click.argument("recipe")
 @click.option("--predict", is_flag=True, help="Add aiconfigurator's predicted TTFT, TPOT and tokens/s/GPU for this "
               "exact configuration, with the KV-transfer term (needs the size extra).")
+@click.option("--turns", type=click.IntRange(1, 1000), help="Multi-turn traffic: turns per conversation; shows what "
+              "the context servers recompute each turn (with --predict, at aiconfigurator's prefill cost).")
+@click.option("--answer-len", type=click.IntRange(1, 1 << 20), help="Multi-turn: tokens per answer (default "
+              "traffic.max_output_len).")
+@click.option("--message-len", type=click.IntRange(1, 1 << 21), help="Multi-turn: new tokens per turn (default: "
+              "the plan's input length split over the turns).")
 @set_option
 @json_option
 @aggregated_option
-def plan(recipe: str, predict: bool, overrides: tuple[str, ...], as_json: bool, aggregated: bool):
+def plan(recipe: str, predict: bool, turns: int | None, answer_len: int | None, message_len: int | None,
+         overrides: tuple[str, ...], as_json: bool, aggregated: bool):
     """Show the resolved deployment of RECIPE; writes nothing."""
+    if (answer_len or message_len) and not turns:
+        raise click.UsageError("--answer-len and --message-len describe a multi-turn shape: add --turns N")
     p = api.load_plan(recipe, overrides, aggregated=aggregated)
     prediction = api.predict(p) if predict else None
+    multi = api.multi_turn_share(p, turns, answer_len, message_len, prediction) if turns else None
     if as_json:
-        _emit_json({**api.plan_summary(p), **({"prediction": prediction} if predict else {})})
+        _emit_json({**api.plan_summary(p), **({"prediction": prediction} if predict else {}),
+                    **({"multi_turn": multi} if multi else {})})
         return
     from toolkit.report import print_plan
 
@@ -115,6 +126,10 @@ def plan(recipe: str, predict: bool, overrides: tuple[str, ...], as_json: bool, 
         from toolkit.size.report import print_prediction
 
         print_prediction(prediction)
+    if multi:
+        from toolkit.size.multiturn import print_recompute
+
+        print_recompute(multi)
 
 
 # --- import --------------------------------------------------------------------------------------
@@ -175,9 +190,12 @@ def import_(source, output, kind, name, force, as_json):
 @click.option("--name", help="Recipe name (default: model-NpMd-system).")
 @click.option("--top", type=click.IntRange(1, 1000), default=15, show_default=True, help="Rows of the table.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the chosen recipe here.")
+@click.option("--turns", type=click.IntRange(1, 1000), help="Multi-turn traffic: turns per conversation (ISL new "
+              "tokens each); shows what the chosen configuration's context servers recompute each turn.")
+@click.option("--answer-len", type=click.IntRange(1, 1 << 20), help="Multi-turn: tokens per answer (default OSL).")
 @json_option
 def size(model, system, gpus, isl, osl, ttft, tpot, transport, measured, measured_pick, gpus_per_node, name, top,
-         output, as_json):
+         output, turns, answer_len, as_json):
     """Size a deployment: aiconfigurator ranks aggregated and disaggregated configurations for the SLA, tk adds
     the KV transfer to each disaggregated TTFT, marks the ones that meet it and writes the best as a recipe.
 
@@ -196,11 +214,20 @@ def size(model, system, gpus, isl, osl, ttft, tpot, transport, measured, measure
         from toolkit.size.recipe import write_file
 
         write_file(output, result.recipe_text)
+    if answer_len and not turns:
+        raise click.UsageError("--answer-len describes a multi-turn shape: add --turns N")
     doc = {**result.to_dict(), "output": output}
+    multi = api.size_multi_turn(result, turns, answer_len) if turns else None
+    if multi:
+        doc["multi_turn"] = multi
     if as_json:
         _emit_json(doc)
     else:
         print_size(result, top=top)
+        if multi:
+            from toolkit.size.multiturn import print_recompute
+
+            print_recompute(multi)
         if output:
             _say(f"wrote {output}" if result.recheck.get("ok") else f"did NOT write {output}: the recipe would not "
                  "deploy what was sized")
@@ -471,8 +498,15 @@ def _lengths_option(ctx, param, value):
 @click.option("--warmup", type=click.IntRange(0, 1_000_000), default=2, show_default=True,
               help="Untimed (but verified) transfers first: connections are lazy.")
 @click.option("--sweep/--no-sweep", default=True, show_default=True,
-              help="Measure 16..256 tokens per descriptor and recommend a tokens_per_block.")
-@click.option("--sweep-iterations", type=click.IntRange(1, 1_000_000), default=5, show_default=True)
+              help="Measure 16..256 tokens per descriptor, in repeated passes, and recommend a tokens_per_block "
+                   "only from differences that hold across the passes.")
+@click.option("--sweep-iterations", type=click.IntRange(1, 1_000_000), default=5, show_default=True,
+              help="Timed transfers per block size, op and pass of the sweep.")
+@click.option("--sweep-repeats", type=click.IntRange(1, 1000), default=3, show_default=True,
+              help="Passes over the block sizes; a tokens_per_block change is recommended only when it holds in "
+                   "every pass (at least 3).")
+@click.option("--reverse/--no-reverse", default=True, show_default=True,
+              help="Also measure generation -> context (the answer's KV moving back) for every pair.")
 @click.option("--lengths", callback=_lengths_option, metavar="N,N,...",
               help="Request lengths in tokens (default: short, typical, longest admitted).")
 @click.option("--min-fraction", type=_Finite(min=0.0, max=1.0), default=None,
@@ -493,7 +527,8 @@ def _lengths_option(ctx, param, value):
 @set_option
 @json_option
 def validate_cluster(recipe, local, nodes, in_allocation, memory, max_memory_mb, iterations, warmup, sweep,
-                     sweep_iterations, lengths, min_fraction, transfer_timeout, rendezvous_timeout, timeout,
+                     sweep_iterations, sweep_repeats, reverse, lengths, min_fraction, transfer_timeout,
+                     rendezvous_timeout, timeout,
                      pending_timeout, run_dir, python, progress_thread, overrides, as_json):
     """Real NIXL transfers shaped like RECIPE's KV blocks between every context and generation node.
 
@@ -518,7 +553,8 @@ def validate_cluster(recipe, local, nodes, in_allocation, memory, max_memory_mb,
         report = api.validate(
             p, mode="local" if local else "in-allocation" if in_allocation else "slurm", nodes=nodes,
             memory=memory, max_memory_mb=max_memory_mb, iterations=iterations, warmup=warmup, sweep=sweep,
-            sweep_iterations=sweep_iterations, lengths=lengths, min_fraction=min_fraction,
+            sweep_iterations=sweep_iterations, sweep_repeats=sweep_repeats, reverse=reverse, lengths=lengths,
+            min_fraction=min_fraction,
             transfer_timeout_s=transfer_timeout, rendezvous_timeout_s=rendezvous_timeout, timeout_s=timeout,
             pending_timeout_s=pending_timeout, run_dir=run_dir, python=python, progress_thread=progress_thread,
             on_progress=on_progress)
@@ -569,6 +605,16 @@ def _float_list(ctx, param, value):
 @click.option("--request-rate", callback=_float_list, metavar="R,R,...", help="Requests/s instead of concurrency.")
 @click.option("--requests", type=click.IntRange(1, 10_000_000), help="Profiled requests per cell (default 10 x load, >= 32).")
 @click.option("--turns", type=click.IntRange(1, 100), default=3, show_default=True, help="multi-turn: turns per conversation.")
+@click.option("--turn-delay", "turn_delay_ms", type=_Finite(min=0.0, max=600_000.0), default=0.0, show_default=True,
+              metavar="MS", help="multi-turn: think time between an answer and the next turn.")
+@click.option("--trace", metavar="NAME|FILE", help="multi-turn from a mooncake_trace JSONL (session_id, input_length, "
+              "output_length, delay, hash_ids); shipped: multiturn-small.")
+@click.option("--compare", "compare", multiple=True, metavar="KEY=V1,V2",
+              help="With a RECIPE: the same workload on every variant (router=..., conditional=off|N, or a recipe "
+                   "field path), one after another; a table, a plot and a recommendation. Repeat for more axes.")
+@click.option("--validation", type=click.Path(), metavar="RUN_DIR",
+              help="multi-turn: a `tk validate cluster` run whose generation->context bandwidth the pull-back "
+                   "projection uses (default: the transport's nominal GB/s).")
 @click.option("--sla", metavar="KEY=V,...", help="e.g. ttft_p99_ms=500,itl_p99_ms=30,output_tokens_per_s_per_gpu_min=100.")
 @click.option("--tokenizer", type=click.Path(), help="Tokenizer directory for aiperf (default: the model's).")
 @click.option("--baseline", type=click.Choice(["aggregated"]), help="Also benchmark an aggregated deployment on the same GPUs.")
@@ -582,8 +628,9 @@ def _float_list(ctx, param, value):
 @click.option("--run-dir", type=click.Path(file_okay=False), help="With a RECIPE: its run directory.")
 @set_option
 @json_option
-def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns, sla, tokenizer, baseline,
-          baseline_url, max_error_rate, seed, timeout, name, local, run_dir, overrides, as_json):
+def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns, turn_delay_ms, trace, compare,
+          validation, sla, tokenizer, baseline, baseline_url, max_error_rate, seed, timeout, name, local, run_dir,
+          overrides, as_json):
     """Benchmark a serving RUN (or launch RECIPE, benchmark it, stop it) with aiperf.
 
     \b
@@ -603,7 +650,8 @@ def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns
     parse_sla(sla)  # an unknown key is exit 2 before anything is looked up or started
     kwargs = dict(workload=workload, isl=isl, osl=osl, concurrency=concurrency, request_rate=request_rate,
                   requests=requests, turns=turns, sla=sla, tokenizer=tokenizer, baseline_url=baseline_url,
-                  max_error_rate=max_error_rate, seed=seed, timeout_s=timeout, name=name)
+                  max_error_rate=max_error_rate, seed=seed, timeout_s=timeout, name=name,
+                  turn_delay_ms=turn_delay_ms, trace=trace, validation=validation)
     state = {"cell": ""}
 
     def on_progress(kind, **kw):
@@ -617,6 +665,14 @@ def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns
     except TkError as exc:
         raise BenchInputError(f"{exc}; tk bench takes a serving run (tk runs) or a recipe") from None
     run = None if isinstance(chosen, str) else chosen
+    if compare:
+        if run is not None:
+            raise click.UsageError("--compare launches every variant: give the recipe (tk bench RECIPE --compare ...), "
+                                   "not a run")
+        if baseline or baseline_url:
+            raise click.UsageError("--compare and --baseline exclude each other")
+        _bench_compare(chosen, compare, local, overrides, run_dir, kwargs, on_progress, as_json)
+        return
     if run is not None:
         if local or overrides or run_dir:
             raise click.UsageError("--local, --set and --run-dir are for tk bench RECIPE (a deployment it launches)")
@@ -640,6 +696,51 @@ def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns
     code = doc["verdict"]["exit_code"]
     if code:
         raise SystemExit(code)
+
+
+def _bench_compare(target, compare, local, overrides, run_dir, kwargs, on_progress, as_json) -> None:
+    from toolkit.bench.report import print_summary
+
+    def launched(record):
+        if not as_json:
+            _say(f"{record.name} is serving at {record.endpoint} (a variant, fail-fast; tk bench stops it)")
+
+    def variant_done(variant, doc, error):
+        if as_json:
+            return
+        if error:
+            _say(f"variant {variant.label}: failed: {error}")
+        else:
+            print_summary(doc)
+
+    out = api.bench_compare(target, compare, local=local, overrides=overrides, run_dir=run_dir, on_launch=launched,
+                            on_variant=variant_done, on_progress=on_progress, **kwargs)
+    if as_json:
+        _emit_json(out)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console(stderr=True)
+    if not con.is_terminal:
+        con = Console(stderr=True, width=120)  # logs and pipes: wide enough that no column is cut
+    t = Table(title=f"tk bench --compare {out['recipe']} ({out['workload']})", title_justify="left")
+    for col in ("variant", "valid", "TTFT p50 turn>=2", "recomputed turn>=2", "history reused", "req/s"):
+        t.add_column(col, justify="left" if col == "variant" else "right", no_wrap=True)
+    for ln in out["variants"]:
+        if ln.get("error"):
+            t.add_row(ln["variant"], "failed", "-", "-", "-", "-")
+            continue
+        share = f"{100 * ln['reuse_share']:.0f} %" if ln.get("reuse_share") is not None else "-"
+        fmt = (lambda v: "-" if v is None else f"{v:.4g}")  # noqa: E731
+        t.add_row(ln["variant"], "yes" if ln["valid"] else "no", fmt(ln["ttft_p50_later_ms"]),
+                  fmt(ln["recomputed_later"]), share, fmt(ln["request_throughput"]))
+    con.print(t)
+    rec = out["recommendation"]
+    con.print(f"recommendation: [bold]{rec['variant'] or 'none'}[/bold]: {rec['reason']}", highlight=False)
+    con.print(f"comparison: {out['compare_dir']}/compare.md")
+    if all(ln.get("error") for ln in out["variants"]):
+        raise SystemExit(2)
 
 
 def main(argv=None) -> int:

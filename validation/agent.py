@@ -10,9 +10,9 @@ What one agent does, in order (every wait is bounded; every failure ends in a wr
 3. allocate and register one buffer (the KV pool of its role; DRAM, or VRAM when a GPU is used);
 4. rendezvous through files in the run directory: write its NIXL metadata (tmp + rename), poll for
    every peer's, bounded; a peer that never shows up is named in the result;
-5. for every round of the round-robin schedule, the pair it belongs to (validation.pair): WRITE (context
-   pushes) and READ (generation pulls) of KV-shaped requests of three lengths, every byte verified after
-   every transfer, then the tokens_per_block sweep;
+5. for every round of the round-robin schedule, the pair it belongs to (validation.pair): WRITE and READ
+   of KV-shaped requests of three lengths, context -> generation and back, every byte of every transfer
+   verified, then the tokens_per_block sweep;
 6. write its result file (results/AGENT.json) after every pair, wait (bounded) for the others, exit.
 """
 
@@ -86,7 +86,9 @@ class Agent:
         return self.deadline - time.monotonic()
 
     # -- main -----------------------------------------------------------------------------------
-    def run(self) -> int:
+    def run(self, work=None) -> int:
+        """Everything above; the exit code. work(agent, channel, transfers), when given, runs instead of the
+        schedule's pairs (benchmarks/bench_validate.py runs the validator and a raw loop side by side)."""
         watchdog = threading.Thread(target=self._watchdog, daemon=True)
         watchdog.start()
         try:
@@ -100,7 +102,7 @@ class Agent:
             self.stage("rendezvous")
             self._rendezvous()
             self.save()
-            self._rounds()
+            self._rounds(work)
             self._transport_check()
             self.save()
             touch(self.rundir.done(self.id))  # every pair of mine is over
@@ -112,9 +114,12 @@ class Agent:
             self.log(traceback.format_exc())
             return self._finish(1)
 
-    def _rounds(self) -> None:
+    def _rounds(self, work=None) -> None:
         channel = Channel(self.id, self.nixl, self.rundir, self.names, self.peers, self.gone, self.left)
         transfers = Transfers(self.p, self.id, self.role, self.nixl, self.pool, self.peers, self.transfer_timeout)
+        if work is not None:
+            work(self, channel, transfers)
+            return
         runner = PairRunner(self, transfers, channel)
         for r, pairs in enumerate(self.p["rounds"]):
             mine = my_pair(pairs, self.id)

@@ -4,8 +4,9 @@ Grammar (every message starts with the round, so a late message of an earlier pa
 one of this pair):
 
     R|hello|   R|bye|   R|abort|WHO: WHY                       a pair starts, ends, or one side gives up
-    TAG|rdy|IT|   TAG|wd|IT|   TAG|src|   TAG|end|ok|   TAG|end|fail|WHY
-                                    one request: TAG = R|CODE|LENGTH_INDEX, CODE W, R or S<tokens_per_block>
+    TAG|rdy|IT|N   TAG|wd|IT|   TAG|src|IT|   TAG|end|ok|   TAG|end|fail|WHY
+                                    one request: TAG = R|CODE|LENGTH_INDEX; CODE is the op and direction
+                                    (WF, RF, WB, RB) or S<tokens_per_block><op><pass> for the sweep
 
 Standard library only; NIXL is used through the agent object handed in.
 """
@@ -55,9 +56,9 @@ def ready_prefix(tag_: str) -> str:
     return f"{tag_}|rdy|"
 
 
-def ready(tag_: str, it) -> str:
-    """The destination is prepared for iteration `it` (WRITE)."""
-    return f"{tag_}|rdy|{it}|"
+def ready(tag_: str, it, n: int = 1) -> str:
+    """The destination is prepared for the burst of n transfers from iteration `it` on (WRITE)."""
+    return f"{tag_}|rdy|{it}|{n}"
 
 
 def written(tag_: str, it) -> str:
@@ -65,9 +66,9 @@ def written(tag_: str, it) -> str:
     return f"{tag_}|wd|{it}|"
 
 
-def source_filled(tag_: str) -> str:
-    """The source of a READ is filled."""
-    return f"{tag_}|src|"
+def source_filled(tag_: str, it) -> str:
+    """The source of a READ is filled for the burst from iteration `it` on."""
+    return f"{tag_}|src|{it}|"
 
 
 def end(tag_: str, why: str | None = None) -> str:
@@ -164,10 +165,14 @@ class Channel:
             write_json(path, {"by": self.id, "why": why})
         return PairError(why)
 
-    def wait(self, peer: str, r: int, prefixes: tuple, timeout: float, what: str) -> str:
-        """The next message of the peer starting with one of prefixes, bounded by timeout and the deadline."""
+    def wait(self, peer: str, r: int, prefixes: tuple, timeout: float, what: str,
+             poll_s: float | None = None) -> str:
+        """The next message of the peer starting with one of prefixes, bounded by timeout and the deadline.
+
+        The pause between polls grows from none to 2 ms; poll_s fixes it instead (a destination awaiting a
+        WRITE's notification: without a progress thread, the WRITE completes only when it polls)."""
         limit = time.monotonic() + min(timeout, max(0.0, self.left()))
-        sleep = 0.0
+        sleep = poll_s or 0.0
         while True:
             self._pump()
             msg = self._take(peer, r, prefixes)
@@ -181,4 +186,5 @@ class Channel:
                 raise self._timed_out(peer, timeout, what)
             if sleep:
                 time.sleep(sleep)
-            sleep = min(0.002, sleep + 0.0001)
+            if poll_s is None:
+                sleep = min(0.002, sleep + 0.0001)

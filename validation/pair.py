@@ -1,9 +1,20 @@
-"""One pair of agents: the context agent (src) and the generation agent (dst) of a round.
+"""One pair of agents: the context agent (ctx) and the generation agent (gen) of a round.
 
-For every request length, a WRITE (the context side pushes) and a READ (the generation side pulls) of a
-KV-shaped request: warm-up and timed iterations, every byte of every transfer verified by dst; then the
-tokens_per_block sweep (WRITE only). Both agents of the pair run the same code; which part each plays
-follows from whether it is src, and the messages (validation.messages) keep them in step.
+For every request length and direction, a WRITE (the data's source pushes) and a READ (its destination
+pulls) of a KV-shaped request: warm-up and timed iterations, every byte of every transfer verified by the
+destination. forward: context -> generation, the KV of the prompt; reverse: generation -> context, the
+KV of the answer moving back (a pull-back). Then the tokens_per_block sweep (forward, both ops, repeated
+in passes). Both agents of the pair run the same code; which part each plays follows from whether it is
+the data's source, and the messages (validation.messages) keep them in step.
+
+Timing. The destination holds up to `slots` disjoint block tables for a request. Transfers go in bursts,
+one per slot: the source fills its blocks with the burst's own pattern, the initiator runs the burst's
+transfers back to back (each timed from post to DONE), then the destination verifies every slot. Before
+the first burst the destination poisons its whole pool; before a later one each slot holds the previous
+burst's pattern, which differs from this burst's in every word, so a transfer that did not land (or only
+partly) is caught without poisoning the destination again. The check never runs between two transfers
+of a burst, so what is timed is the link as a raw NIXL loop on the same descriptors sees it
+(benchmarks/bench_validate.py measures the two side by side), and every transfer is verified on its own.
 """
 
 from __future__ import annotations
@@ -21,6 +32,13 @@ from validation.messages import PairError
 from validation.pattern import Mismatch, WordLayout, fill_blocks, verify_blocks, verify_untouched
 
 OPS = (("WRITE", "W"), ("READ", "R"))
+DIRECTIONS = {"forward": "F", "reverse": "B"}  # context -> generation; generation -> context
+# A destination awaiting a WRITE's notification polls at this fixed pause: without a progress thread the
+# WRITE completes only when the destination polls, and a pause that has grown while it waited for the
+# initiator would add up to 2 ms to a timed transfer; busier polling steals CPU from the copy on a small host.
+# The WRITE's initiator awaits the destination's announcement of a burst the same way: a process that slept
+# through the check starts its burst on a cold core (measured: the first WRITEs of a burst ~20 % slower).
+TRANSFER_POLL_S = 0.0002
 
 
 def release(h) -> None:
@@ -107,29 +125,62 @@ class Transfers:
 
 
 class Request:
-    """One (request length, op) of a pair: the blocks on both sides, the source pattern, the record."""
+    """One (request length, direction, op) of a pair: the blocks on both sides, the source pattern, the record.
 
-    def __init__(self, run_id: str, r: int, src: str, dst: str, code: str, li: int, tokens: int, tpb: int,
-                 iterations: int, warmup: int, wl_src: WordLayout, wl_dst: WordLayout):
-        self.r, self.src, self.dst, self.tokens, self.li, self.tpb = r, src, dst, tokens, li, tpb
-        self.wl_src, self.wl_dst = wl_src, wl_dst
+    Data moves from `src` to `dst`: context -> generation (forward) or generation -> context (reverse).
+    The destination holds up to `slots` disjoint block tables (as many as its pool fits); iteration `it`
+    lands in slot `it % len(slots)`, and iterations go in bursts of one transfer per slot."""
+
+    def __init__(self, run_id: str, r: int, ctx: str, gen: str, direction: str, code: str, li: int, tokens: int,
+                 tpb: int, iterations: int, warmup: int, slots: int, wl_ctx: WordLayout, wl_gen: WordLayout):
+        forward = direction == "forward"
+        self.r, self.direction, self.tokens, self.li, self.tpb = r, direction, tokens, li, tpb
+        self.src, self.dst = (ctx, gen) if forward else (gen, ctx)
+        self.wl_src, self.wl_dst = (wl_ctx, wl_gen) if forward else (wl_gen, wl_ctx)
         self.warmup = warmup
         self.total = warmup + iterations
         self.tag = msg.tag(r, code, li)
         nb = ceil_to(tpb, tokens) // tpb
-        self.seed = (run_id, src, dst, r, code, li)
-        self.src_blocks = block_table((*self.seed, "src"), wl_src.nblocks, nb)
-        self.dst_blocks = block_table((*self.seed, "dst"), wl_dst.nblocks, nb)
-        self.key_src = key_of(*self.seed, "src")
-        self.entry = {"tokens": tokens, "tokens_per_block": tpb, "blocks": nb,
-                      "bytes": nb * sum(n for _, n in wl_src.lay["frags"]),
-                      "descriptors": nb * wl_src.nfrags, "iterations": iterations, "warmup": warmup,
-                      "latencies_s": [], "prep_s": [], "bytes_verified": 0, "transfers_verified": 0,
+        self.seed = (run_id, ctx, gen, r, code, li)
+        self.src_blocks = block_table((*self.seed, "src"), self.wl_src.nblocks, nb)
+        # as many slots as asked and as the pool holds, leaving a fifth of it outside every slot (untouched: checked)
+        k = max(1, min(int(slots), self.total, self.wl_dst.nblocks * 4 // 5 // max(1, nb)))
+        table = block_table((*self.seed, "dst"), self.wl_dst.nblocks, nb * k)
+        self.slots = [table[i * nb:(i + 1) * nb] for i in range(k)]
+        self.dst_blocks = self.slots[0]
+        self.entry = {"tokens": tokens, "tokens_per_block": tpb, "direction": direction, "blocks": nb,
+                      "bytes": nb * sum(n for _, n in self.wl_src.lay["frags"]),
+                      "descriptors": nb * self.wl_src.nfrags, "iterations": iterations, "warmup": warmup,
+                      "slots": k, "latencies_s": [], "prep_s": [], "bytes_verified": 0, "transfers_verified": 0,
                       "error": None}
 
-    def key_stale(self, it: int) -> int:
-        """The destination's own pattern before iteration it."""
-        return key_of(*self.seed, "stale", it)
+    def key_src(self, burst: int) -> int:
+        """The source's pattern during one burst (each burst its own)."""
+        return key_of(*self.seed, "src", burst)
+
+    def key_stale(self) -> int:
+        """The destination's own pattern, over its whole pool before the first burst."""
+        return key_of(*self.seed, "stale")
+
+    def slot_of(self, it: int) -> int:
+        return it % len(self.slots)
+
+    def burst_of(self, it: int) -> int:
+        return it // len(self.slots)
+
+    def bursts(self):
+        """The iterations in bursts of one transfer per slot: lists of (iteration, slot)."""
+        k = len(self.slots)
+        for start in range(0, self.total, k):
+            yield [(it, it - start) for it in range(start, min(self.total, start + k))]
+
+    def local_remote(self, op: str) -> tuple[list, list]:
+        """Per slot, (this side's, the peer's) descriptor indices for the initiator of op."""
+        src_idx = self.wl_src.desc_indices(self.src_blocks)
+        dst_idx = [self.wl_dst.desc_indices(b) for b in self.slots]
+        if op == "WRITE":
+            return [src_idx] * len(dst_idx), dst_idx
+        return dst_idx, [src_idx] * len(dst_idx)
 
     def timed(self, it: int, prep: float, dt: float) -> None:
         if it >= self.warmup:
@@ -153,20 +204,28 @@ class PairRunner:
         self.pair_timeout = agent.pair_timeout
         self.t = transfers
         self.ch = channel
+        geom = self.p["geometry"]
+        self.slots = int(geom.get("burst_slots", geom.get("slots", 1)))
 
     # -- the pair ------------------------------------------------------------------------------------
-    def _records(self, r: int, src: str, dst: str) -> dict:
+    def directions(self) -> list:
+        return list(self.p.get("directions") or ["forward"])
+
+    def _records(self, r: int, ctx: str, gen: str) -> dict:
         records = {}
-        for op, _ in OPS:
-            rec = {"src": src, "dst": dst, "op": op, "round": r,
-                   "side": ("initiator" if (op == "WRITE") == (self.id == src) else "target"),
-                   "verifier": self.id == dst, "lengths": [], "error": None}
-            records[op] = rec
-            self.result["pairs"].append(rec)
+        for direction in self.directions():
+            data_src, data_dst = (ctx, gen) if direction == "forward" else (gen, ctx)
+            for op, _ in OPS:
+                initiator = data_src if op == "WRITE" else data_dst
+                rec = {"src": ctx, "dst": gen, "op": op, "direction": direction, "round": r,
+                       "side": "initiator" if self.id == initiator else "target",
+                       "verifier": self.id == data_dst, "lengths": [], "error": None}
+                records[(direction, op)] = rec
+                self.result["pairs"].append(rec)
         return records
 
-    def run_pair(self, r: int, src: str, dst: str, peer: str) -> None:
-        records = self._records(r, src, dst)
+    def run_pair(self, r: int, ctx: str, gen: str, peer: str) -> None:
+        records = self._records(r, ctx, gen)
         if peer in self.gone:
             for rec in records.values():
                 rec["error"] = f"not run: {self.gone[peer]}"
@@ -179,30 +238,37 @@ class PairRunner:
             self.ch.wait(peer, r, (msg.hello(r),), self.pair_timeout, f"{peer} to start round {r}")
             phase = "lengths"
             for li, tokens in enumerate(self.p["lengths"]):
-                for op, code in OPS:
-                    current = records[op]
-                    entry = self.run_op(r, src, dst, peer, op, code, li, tokens, tpb,
-                                        self.p["iterations"], self.p["warmup"])
-                    current["lengths"].append(entry)
-                    if entry.get("error") and not current["error"]:
-                        current["error"] = entry["error"]
+                for direction in self.directions():
+                    for op, letter in OPS:
+                        current = records[(direction, op)]
+                        entry = self.run_op(r, ctx, gen, peer, direction, op, letter + DIRECTIONS[direction], li,
+                                            tokens, tpb, self.p["iterations"], self.p["warmup"])
+                        current["lengths"].append(entry)
+                        if entry.get("error") and not current["error"]:
+                            current["error"] = entry["error"]
             current = None
             phase = "sweep"
-            self._sweep(r, src, dst, peer)
+            self._sweep(r, ctx, gen, peer)
             self.ch.send(peer, msg.bye(r))
             self.ch.wait(peer, r, (msg.bye(r),), self.transfer_timeout, f"{peer} to finish round {r}")
         except PairError as exc:
             self._abandon(r, peer, records, current, phase, str(exc))
 
-    def _sweep(self, r: int, src: str, dst: str, peer: str) -> None:
+    def _sweep(self, r: int, ctx: str, gen: str, peer: str) -> None:
+        """Every tokens_per_block of the sweep, forward, for each op, in passes (alternately ascending and
+        descending, so a drift of the machine does not line up with the block size): the report takes each
+        pass's median over the pairs, and recommends only what holds across the passes."""
         sweep = self.p.get("sweep")
         if not sweep:
             return
-        for s in sweep["tokens_per_block"]:
-            entry = self.run_op(r, src, dst, peer, "WRITE", f"S{s}", 0, int(sweep["tokens"]), int(s),
-                                int(sweep["iterations"]), 1)
-            entry.update({"src": src, "dst": dst, "tokens_per_block": int(s)})
-            self.result["sweep"].append(entry)
+        tpbs = list(sweep["tokens_per_block"])
+        for n in range(int(sweep.get("repeats", 1))):
+            for s in (tpbs if n % 2 == 0 else tpbs[::-1]):
+                for op in sweep.get("ops", ["WRITE"]):
+                    entry = self.run_op(r, ctx, gen, peer, "forward", op, f"S{s}{op[0]}{n}", 0, int(sweep["tokens"]),
+                                        int(s), int(sweep["iterations"]), 1)
+                    entry.update({"src": ctx, "dst": gen, "op": op, "pass": n, "tokens_per_block": int(s)})
+                    self.result["sweep"].append(entry)
 
     def _abandon(self, r: int, peer: str, records: dict, current, phase: str, why: str) -> None:
         """The pair failed: tell the peer, and record why on every op it left unfinished."""
@@ -222,76 +288,94 @@ class PairRunner:
                 rec["error"] = f"{'not completed' if rec['lengths'] else 'not run'}: {why}"
 
     # -- one request -----------------------------------------------------------------------------------
-    def run_op(self, r, src, dst, peer, op, code, li, tokens, tpb, iterations, warmup) -> dict:
-        """One (request length, op) between this pair: warm-up + timed iterations, every one verified."""
-        req = Request(self.p["run_id"], r, src, dst, code, li, tokens, tpb, iterations, warmup,
-                      self.t.layout("ctx", tpb), self.t.layout("gen", tpb))
-        i_am_src = self.id == src
+    def request(self, r, ctx, gen, direction, code, li, tokens, tpb, iterations, warmup) -> Request:
+        """The request run_op runs: its block tables, slots and patterns (the benchmark replays it raw)."""
+        return Request(self.p["run_id"], r, ctx, gen, direction, code, li, tokens, tpb, iterations, warmup,
+                       self.slots, self.t.layout("ctx", tpb), self.t.layout("gen", tpb))
+
+    def run_op(self, r, ctx, gen, peer, direction, op, code, li, tokens, tpb, iterations, warmup) -> dict:
+        """One (request length, direction, op) of this pair: warm-up + timed iterations, every one verified."""
+        req = self.request(r, ctx, gen, direction, code, li, tokens, tpb, iterations, warmup)
+        i_am_src = self.id == req.src
         if op == "WRITE":
             return self._push_writes(req, peer) if i_am_src else self._receive_writes(req, peer)
         return self._serve_reads(req, peer) if i_am_src else self._pull_reads(req, peer)
 
-    def _fill_source(self, req: Request) -> None:
-        fill_blocks(self.pool.host, req.wl_src, req.src_blocks, req.key_src)
+    def fill_source(self, req: Request, burst: int) -> None:
+        fill_blocks(self.pool.host, req.wl_src, req.src_blocks, req.key_src(burst))
         self.pool.push(req.wl_src, req.src_blocks)
 
     def _push_writes(self, req: Request, peer: str) -> dict:
-        """WRITE, source side: write each iteration the destination announces, until its verdict."""
-        self._fill_source(req)
-        lidx, ridx = req.wl_src.desc_indices(req.src_blocks), req.wl_dst.desc_indices(req.dst_blocks)
+        """WRITE, source side: for each burst the destination announces, fill the source with the burst's
+        pattern and write its transfers back to back; until the destination's verdict."""
+        lidx, ridx = req.local_remote("WRITE")
         while True:
             m = self.ch.wait(peer, req.r, (msg.ready_prefix(req.tag), msg.end_prefix(req.tag)), self.transfer_timeout,
-                             f"{peer} to prepare its destination (WRITE, {req.tokens} tokens)")
-            kind, arg, _ = msg.fields(m)
+                             f"{peer} to prepare its destination (WRITE, {req.tokens} tokens)", poll_s=TRANSFER_POLL_S)
+            kind, arg, rest = msg.fields(m)
             if kind == "end":
                 req.entry["error"] = msg.end_error(m, f"{peer} reported a verification failure")
                 return req.entry
-            it = int(arg)
-            prep, dt = self.t.xfer("WRITE", peer, req.tpb, lidx, ridx, msg.written(req.tag, it))
-            req.timed(it, prep, dt)
-            if self.faults.dies() and req.li == 0:
-                self.faults.die(self.save)
+            first = int(arg)
+            self.fill_source(req, req.burst_of(first))
+            for it in range(first, first + int(rest or 1)):
+                s = req.slot_of(it)
+                prep, dt = self.t.xfer("WRITE", peer, req.tpb, lidx[s], ridx[s], msg.written(req.tag, it))
+                req.timed(it, prep, dt)
+                if self.faults.dies() and req.li == 0:
+                    self.faults.die(self.save)
 
     def _receive_writes(self, req: Request, peer: str) -> dict:
-        """WRITE, destination side: prepare, announce, await the write, verify; iteration by iteration."""
-        for it in range(req.total):
-            key_stale = req.key_stale(it)
-            self._stale(req.wl_dst, req.dst_blocks, key_stale, whole=(it == 0))
-            self.ch.send(peer, msg.ready(req.tag, it))
-            self.ch.wait(peer, req.r, (msg.written(req.tag, it),), self.transfer_timeout,
-                         f"{peer}'s WRITE of the {req.tokens}-token request (iteration {it})")
-            err = self._verify(req, key_stale, it, "WRITE")
+        """WRITE, destination side: announce each burst (the pool poisoned before the first), await its
+        writes, verify each slot."""
+        for b, burst in enumerate(req.bursts()):
+            if b == 0:
+                self.poison(req)
+            self.ch.send(peer, msg.ready(req.tag, burst[0][0], len(burst)))
+            for it, _ in burst:
+                self.ch.wait(peer, req.r, (msg.written(req.tag, it),), self.transfer_timeout,
+                             f"{peer}'s WRITE of the {req.tokens}-token request (iteration {it})",
+                             poll_s=TRANSFER_POLL_S)
+            err = self._verify(req, b, burst, "WRITE")
             if err:
                 return self._failed(req, peer, err)
-            if self.faults.dies() and req.li == 0 and it == 0:
+            if self.faults.dies() and req.li == 0:
                 self.faults.die(self.save)
         self.ch.send(peer, msg.end(req.tag))
         return req.entry
 
     def _serve_reads(self, req: Request, peer: str) -> dict:
-        """READ, source side: fill the source, say so, and await the puller's verdict."""
-        self._fill_source(req)
-        self.ch.send(peer, msg.source_filled(req.tag))
-        m = self.ch.wait(peer, req.r, (msg.end_prefix(req.tag),), self.transfer_timeout * (req.total + 1) + 10,
-                         f"{peer} to finish its READs of the {req.tokens}-token request")
-        req.entry["error"] = msg.end_error(m, f"{peer} reported a failure")
-        return req.entry
+        """READ, source side: fill the source with each announced burst's pattern, say so; until the
+        puller's verdict."""
+        while True:
+            m = self.ch.wait(peer, req.r, (msg.ready_prefix(req.tag), msg.end_prefix(req.tag)),
+                             self.transfer_timeout * (len(req.slots) + 1) + 10,
+                             f"{peer} to read and check a burst of the {req.tokens}-token request")
+            kind, arg, _ = msg.fields(m)
+            if kind == "end":
+                req.entry["error"] = msg.end_error(m, f"{peer} reported a failure")
+                return req.entry
+            self.fill_source(req, req.burst_of(int(arg)))
+            self.ch.send(peer, msg.source_filled(req.tag, arg))
 
     def _pull_reads(self, req: Request, peer: str) -> dict:
-        """READ, destination side (the generation agent pulls): prepare, read, verify; iteration by iteration."""
-        self.ch.wait(peer, req.r, (msg.source_filled(req.tag),), self.transfer_timeout,
-                     f"{peer} to fill the source of the {req.tokens}-token request")
-        lidx, ridx = req.wl_dst.desc_indices(req.dst_blocks), req.wl_src.desc_indices(req.src_blocks)
-        for it in range(req.total):
-            key_stale = req.key_stale(it)
-            self._stale(req.wl_dst, req.dst_blocks, key_stale, whole=(it == 0))
-            try:
-                prep, dt = self.t.xfer("READ", peer, req.tpb, lidx, ridx, "")
-            except PairError as exc:
-                self._failed(req, peer, str(exc))
-                raise
-            req.timed(it, prep, dt)
-            err = self._verify(req, key_stale, it, "READ")
+        """READ, destination side (the puller): announce each burst (the pool poisoned before the first),
+        read it back to back once the source is filled, verify each slot."""
+        lidx, ridx = req.local_remote("READ")
+        for b, burst in enumerate(req.bursts()):
+            if b == 0:
+                self.poison(req)
+            self.ch.send(peer, msg.ready(req.tag, burst[0][0], len(burst)))
+            self.ch.wait(peer, req.r, (msg.source_filled(req.tag, burst[0][0]),), self.transfer_timeout,
+                         f"{peer} to fill the source of the {req.tokens}-token request", poll_s=TRANSFER_POLL_S)
+            for it, s in burst:
+                try:
+                    prep, dt = self.t.xfer("READ", peer, req.tpb, lidx[s], ridx[s], "")
+                except PairError as exc:
+                    self._failed(req, peer, str(exc))
+                    raise
+                req.timed(it, prep, dt)
+            err = self._verify(req, b, burst, "READ")
             if err:
                 return self._failed(req, peer, err)
         self.ch.send(peer, msg.end(req.tag))
@@ -303,10 +387,12 @@ class PairRunner:
         self.ch.send(peer, msg.end(req.tag, why))
         return req.entry
 
-    def _stale(self, wl, blocks, key, whole: bool) -> None:
-        """The destination's own pattern: the whole pool before a request's first transfer, else its blocks."""
-        fill_blocks(self.pool.host, wl, np.arange(wl.nblocks) if whole else blocks, key)
-        self.pool.push(wl, None if whole else blocks)
+    def poison(self, req: Request) -> None:
+        """The destination's own pattern over its whole pool, before a request's first burst: every block
+        outside the slots, and every byte of a slot no fragment moves to, must keep it."""
+        wl = req.wl_dst
+        fill_blocks(self.pool.host, wl, np.arange(wl.nblocks), req.key_stale())
+        self.pool.push(wl, None)
 
     def _inject_corruption(self, req: Request, op: str) -> None:
         if not self.faults.armed("corrupt"):
@@ -317,21 +403,28 @@ class PairRunner:
         word = b * wl_dst.bw + int(wl_dst.pos[o])
         self.faults.corrupt(self.pool.host.view(np.uint8), word * 8 + 3, b, op)
 
-    def _verify(self, req: Request, key_stale: int, it: int, op: str) -> str | None:
-        """Pull the destination blocks (the whole pool on the first iteration) and check them; the
+    def _verify(self, req: Request, b: int, burst: list, op: str) -> str | None:
+        """Pull the burst's slots (the whole pool after the first burst) and check each against burst b's
+        source pattern; after the first burst, also that no block outside the slots was touched. The first
         mismatch as a sentence, or None."""
-        self.pool.pull(req.wl_dst, None if it == 0 else req.dst_blocks)
+        touched = np.concatenate([req.slots[s] for _, s in burst])
+        self.pool.pull(req.wl_dst, None if b == 0 else touched)
         self._inject_corruption(req, op)
+        before = None if b == 0 else req.key_src(b - 1)  # what the slots held: the previous burst's data
+        checking = burst[0][0]  # the iteration a mismatch is reported against
         try:
-            n = verify_blocks(self.pool.host, req.wl_dst, req.dst_blocks, req.wl_src, req.src_blocks,
-                              req.key_src, key_stale)
-            if it == 0:
-                n += verify_untouched(self.pool.host, req.wl_dst, req.dst_blocks, key_stale)
+            for it, s in burst:
+                checking = it
+                n = verify_blocks(self.pool.host, req.wl_dst, req.slots[s], req.wl_src, req.src_blocks,
+                                  req.key_src(b), req.key_stale(), before)
+                req.entry["bytes_verified"] += n
+                req.entry["transfers_verified"] += 1
+            if b == 0:
+                req.entry["bytes_verified"] += verify_untouched(self.pool.host, req.wl_dst, touched,
+                                                                req.key_stale())
         except Mismatch as exc:
             req.entry["mismatch"] = exc.detail
-            return _mismatch_sentence(exc.detail, req, it, op)
-        req.entry["bytes_verified"] += n
-        req.entry["transfers_verified"] += 1
+            return _mismatch_sentence(exc.detail, req, checking, op)
         return None
 
 
@@ -341,7 +434,9 @@ def _mismatch_sentence(d: dict, req: Request, it: int, op: str) -> str:
     else:
         where = (f"block {d['request_block']} of {len(req.dst_blocks)} (destination pool block "
                  f"{d['pool_block']}), {d['where']}")
-    kind = " - stale: the destination still holds its pre-transfer pattern" if d.get("stale") else ""
-    return (f"data mismatch {req.src} -> {req.dst} {op}, {req.tokens}-token request, iteration {it}: {where}, "
-            f"first bad byte at offset {d['offset']} of the block (expected word {d['expected']}, got "
+    kind = (" - stale: the destination still holds what it held before the transfer (its own pattern or the "
+            "previous burst's data)" if d.get("stale") else "")
+    direction = "" if req.direction == "forward" else " (reverse: generation -> context)"
+    return (f"data mismatch {req.src} -> {req.dst} {op}{direction}, {req.tokens}-token request, iteration {it}: "
+            f"{where}, first bad byte at offset {d['offset']} of the block (expected word {d['expected']}, got "
             f"{d['got']}); {d['bad_words']} bad 8-byte word(s){kind}")

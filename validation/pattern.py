@@ -21,7 +21,13 @@ CHUNK_BYTES = 1 << 20  # verify in L2-sized pieces: small temporaries, little ca
 
 
 class WordLayout:
-    """A side_layout in 64-bit words, with the arrays fill/verify need."""
+    """A side_layout in 64-bit words, with the arrays fill/verify need.
+
+    Fill and verify work a chunk of blocks at a time in scratch arrays allocated once per layout: a
+    check that allocated (and, for large temporaries, mmap'ed and unmapped) megabytes per transfer
+    would disturb the next timed transfer (page faults, TLB shootdowns), measuring the checker rather
+    than the link (benchmarks/bench_validate.py).
+    """
 
     def __init__(self, lay: dict, pool_bytes: int):
         for name, v in (("block", lay["block_bytes"]), *((f"fragment {o}+{n}", o | n) for o, n in lay["frags"])):
@@ -37,15 +43,43 @@ class WordLayout:
         # word positions, inside a block, of the bytes a pair moves (fragment by fragment)
         self.pos = (np.asarray(self.frag_offsets, dtype=np.int64)[:, None]
                     + np.arange(self.fw, dtype=np.int64)[None, :]).ravel()
+        self.pos_b = self.pos.astype(np.uint64) * np.uint64(B_MUL)
         self.full = self.nfrags == 1 and self.fw == self.bw
         self.chunk = max(1, CHUNK_BYTES // lay["block_bytes"])
+        self._scratch = None
+
+    def scratch(self):
+        """(column, rows, got, neq, moved) work arrays for one chunk of blocks, allocated on first use."""
+        if self._scratch is None:
+            c = self.chunk
+            rows = np.empty((c, self.bw), dtype=np.uint64)
+            moved = rows if self.full else np.empty((c, self.pos.size), dtype=np.uint64)
+            self._scratch = (np.empty(c, dtype=np.uint64), rows, np.empty((c, self.bw), dtype=np.uint64),
+                             np.empty((c, self.bw), dtype=bool), moved)
+        return self._scratch
 
     def view(self, pool64):
         return pool64[: self.nblocks * self.bw].reshape(self.nblocks, self.bw)
 
+    def _block_keys(self, blocks, key):
+        """key + b*A per block (mod 2**64), in the scratch column."""
+        col = self.scratch()[0][: len(blocks)]
+        np.multiply(np.asarray(blocks, dtype=np.uint64), np.uint64(A_MUL), out=col)
+        np.add(col, np.uint64(key), out=col)
+        return col
+
     def rows(self, blocks, key):
-        b = np.asarray(blocks, dtype=np.uint64)
-        return (np.uint64(key) + b * np.uint64(A_MUL))[:, None] + self.words_b[None, :]
+        """The pattern of key over whole blocks (at most one chunk), in scratch: valid until the next call."""
+        out = self.scratch()[1][: len(blocks)]
+        np.add(self._block_keys(blocks, key)[:, None], self.words_b[None, :], out=out)
+        return out
+
+    def moved_rows(self, blocks, key, source):
+        """The pattern of key at the moved word positions of the source layout's blocks (at most one of
+        this layout's chunks; both sides move the same number of words per block), in this layout's scratch."""
+        out = self.scratch()[4][: len(blocks)]
+        np.add(self._block_keys(blocks, key)[:, None], source.pos_b[None, :], out=out)
+        return out
 
     def desc_indices(self, blocks):
         b = np.asarray(blocks, dtype=np.int64)
@@ -77,31 +111,36 @@ class Mismatch(Exception):
         super().__init__(detail.get("message", "data mismatch"))
 
 
+def _gather(view, blocks, wl: WordLayout):
+    """The blocks' words, copied into scratch (np.take: no temporary array)."""
+    return np.take(view, blocks, axis=0, out=wl.scratch()[2][: len(blocks)])
+
+
 def verify_blocks(pool64, wl_dst: WordLayout, dst_blocks, wl_src: WordLayout, src_blocks,
-                  key_src: int, key_stale: int) -> int:
+                  key_src: int, key_stale: int, key_before: int | None = None) -> int:
     """Check every byte of the destination blocks of a request; return the bytes checked.
 
     The moved fragments must hold the source pattern of the matching source block and offset; the rest
     of each destination block must still hold the destination's own stale pattern. Raises Mismatch with
-    the first bad block and byte and the count of bad words.
+    the first bad block and byte and the count of bad words, and whether that word still holds what was
+    there before the transfer: the stale pattern, or, given key_before, the source pattern of that key
+    (an earlier burst's transfer into the same blocks).
     """
     view = wl_dst.view(pool64)
     bd = np.asarray(dst_blocks, dtype=np.int64)
     bs = np.asarray(src_blocks, dtype=np.int64)
-    spos_b = wl_src.pos.astype(np.uint64) * np.uint64(B_MUL)
     checked = 0
     first = None
     bad = 0
     for i in range(0, bd.size, wl_dst.chunk):
         cd, cs = bd[i:i + wl_dst.chunk], bs[i:i + wl_dst.chunk]
-        got = view[cd]
-        src_vals = (np.uint64(key_src) + cs.astype(np.uint64) * np.uint64(A_MUL))[:, None] + spos_b[None, :]
+        got = _gather(view, cd, wl_dst)
         if wl_dst.full:
-            exp = src_vals
+            exp = wl_dst.moved_rows(cs, key_src, wl_src)
         else:
             exp = wl_dst.rows(cd, key_stale)
-            exp[:, wl_dst.pos] = src_vals
-        neq = got != exp
+            exp[:, wl_dst.pos] = wl_dst.moved_rows(cs, key_src, wl_src)
+        neq = np.not_equal(got, exp, out=wl_dst.scratch()[3][: cd.size])
         checked += got.nbytes
         if neq.any():
             n = int(np.count_nonzero(neq))
@@ -113,6 +152,9 @@ def verify_blocks(pool64, wl_dst: WordLayout, dst_blocks, wl_src: WordLayout, sr
                 x = e ^ g
                 byte = (x & -x).bit_length() - 1
                 stale = (key_stale + int(cd[j]) * A_MUL + w * B_MUL) & MASK64
+                moved = np.flatnonzero(wl_dst.pos == w)
+                if key_before is not None and moved.size:
+                    stale = (key_before + int(cs[j]) * A_MUL + int(wl_src.pos[moved[0]]) * B_MUL) & MASK64
                 first = {"request_block": i + j, "pool_block": int(cd[j]), "word": w,
                          "offset": w * 8 + byte // 8, "expected": f"{e:#018x}", "got": f"{g:#018x}",
                          "stale": g == stale}
@@ -132,13 +174,14 @@ def verify_untouched(pool64, wl: WordLayout, skip_blocks, key_stale: int) -> int
     checked = 0
     for i in range(0, rest.size, wl.chunk):
         cb = rest[i:i + wl.chunk]
-        got = view[cb]
-        neq = got != wl.rows(cb, key_stale)
+        got = _gather(view, cb, wl)
+        exp = wl.rows(cb, key_stale)
+        neq = np.not_equal(got, exp, out=wl.scratch()[3][: cb.size])
         checked += got.nbytes
         if neq.any():
             j, w = divmod(int(np.argmax(neq)), wl.bw)
             raise Mismatch({"request_block": None, "pool_block": int(cb[j]), "word": w, "offset": w * 8,
-                            "expected": f"{int(wl.rows(cb[j:j + 1], key_stale)[0, w]):#018x}",
+                            "expected": f"{int(exp[j, w]):#018x}",
                             "got": f"{int(got[j, w]):#018x}", "stale": False, "bad_words": int(neq.sum()),
                             "where": "a block outside the request (it must stay untouched)"})
     return checked

@@ -28,7 +28,9 @@ CTX = {"max_batch_size": 8, "max_num_tokens": 256, "max_seq_len": 320, "disable_
        "print_iter_log": True, "kv_cache_config": {"tokens_per_block": 32, "dtype": "auto", "enable_block_reuse": False},
        "cache_transceiver_config": {"backend": "NIXL", "max_tokens_in_buffer": BUFFER,
                                     "kv_transfer_timeout_ms": TIMEOUT_MS}}
-GEN = {**CTX, "max_batch_size": 16, "max_num_tokens": 128, "disable_overlap_scheduler": False}
+# the generation servers publish their blocks (/kv_cache_events), as tk renders them for a kv_cache_aware router
+GEN = {**CTX, "max_batch_size": 16, "max_num_tokens": 128, "disable_overlap_scheduler": False,
+       "kv_cache_config": {**CTX["kv_cache_config"], "enable_block_reuse": True, "event_buffer_max_size": 1024}}
 GEN16 = {**GEN, "kv_cache_config": {**GEN["kv_cache_config"], "tokens_per_block": 16},
          "cache_transceiver_config": {**GEN["cache_transceiver_config"], "max_tokens_in_buffer": 128}}
 LENGTHS = [1, 2, 31, 32, 33, 64, 100, 128]

@@ -60,15 +60,21 @@ def test_load_balancing_picks_the_least_busy_server():
     assert r.get_next_server()[0] == "b"
 
 
-def test_kv_cache_aware_router_prefers_the_server_holding_the_prefix():
+def test_kv_cache_aware_router_prefers_the_server_whose_events_hold_the_prefix():
+    from toolkit.standin.blockcache import BlockCache
     r = KvCacheAwareRouter(["a", "b"], {"tokens_per_block": 4})
     prompt = list(range(10))
     server, info = r.get_next_server(prompt)
     assert info["matches"] == [0] and info["token_lists"] == [prompt]
-    r.finish_request(server, prompt)
+    r.finish_request(server, prompt)  # finishing teaches nothing: the table comes from /kv_cache_events only
+    cache = BlockCache(4, 64, event_buffer_max_size=16)
+    lease = cache.begin(prompt)
+    cache.store(lease, prompt)
+    r.update_with_events(server, cache.drain_events())
     other, info = r.get_next_server(prompt + [11, 12])
-    assert other == server and info["matches"] == [8]  # two full blocks of 4 are known
-    assert len(block_hashes(prompt, 4)) == 2
+    # the stored partial block (token 8) is not the new one (8, 9, 10): the router matches whole hashes only
+    assert other == server and info["matches"] == [8]
+    assert len(block_hashes(prompt, 4)) == 3
 
 
 def test_generation_side_refuses_a_context_server_with_other_geometry():

@@ -1,6 +1,7 @@
-"""Spec: every tour in the README runs as shown and prints what it shows (tests/tours.py runs them). The tours that
-launch nothing run here; those that launch deployments or use the dev Slurm cluster run in
-tests/integration/test_readme_tours.py. A new tour is a fenced block under a `<!-- tour: NAME -->` marker."""
+"""Spec: every tour in the README runs as shown and prints what it shows (tests/tours.py runs them). The tours
+that launch nothing run here; those that run aiconfigurator (layer slow) in tests/size/test_size_tours.py; those
+that launch deployments or use the dev Slurm cluster in tests/integration/test_readme_tours.py. A new tour is a
+fenced block under a `<!-- tour: NAME -->` marker."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from tests import tours
 from tests.conftest import ROOT
 
 UNIT = tours.tours(layers=("unit",))
-SLOW = tours.tours(layers=("slow",))
 
 
 def test_every_readme_block_with_commands_is_a_tour_or_says_why_not():
@@ -26,12 +26,6 @@ def test_every_readme_block_with_commands_is_a_tour_or_says_why_not():
 @pytest.mark.parametrize("name", sorted(UNIT))
 def test_unit_tour(name, tmp_path):
     assert tours.run_tour(UNIT[name], base=tmp_path) == []
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(SLOW))
-def test_slow_tour(name, tmp_path):
-    assert tours.run_tour(SLOW[name], base=tmp_path) == []
 
 
 # --- the harness itself ----------------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """Spec: `tk validate cluster --local` runs real NIXL agents as processes here. On the 4-node stand-in
-recipe every context x generation pair passes with every byte checked and a positive bandwidth; an
+recipe every context x generation pair passes, in both directions (context -> generation and the answer's
+KV moving back), with every byte checked and a positive bandwidth; an
 injected corruption, a killed agent and an agent that never shows up each end, within a bound, in a
 failure that names the pair (or the node) and the cause, with no agent process left behind."""
 
@@ -97,21 +98,28 @@ def test_four_local_nodes_pass_with_every_byte_checked(tmp_path):
     assert json.loads((tmp_path / "run" / "report.json").read_text()) == report  # a copy stays in the run dir
     pairs = report["pairs"]
     assert {(p["src"], p["dst"]) for p in pairs} == {(c, g) for c in ("node0", "node1") for g in ("node2", "node3")}
-    assert sorted({p["op"] for p in pairs}) == ["READ", "WRITE"] and len(pairs) == 8
+    assert sorted({p["op"] for p in pairs}) == ["READ", "WRITE"] and len(pairs) == 16
+    assert {(p["src"], p["dst"], p["direction"], p["op"]) for p in pairs} == {
+        (c, g, d, o) for c in ("node0", "node1") for g in ("node2", "node3") for d in ("forward", "reverse")
+        for o in ("WRITE", "READ")}
     transfers = 1 + 3  # warm-up + timed, each verified
     for p in pairs:
         assert p["passed"] and p["error"] is None and p["gbps"] > 0
         assert p["latency_p50_ms"] > 0 and p["latency_p99_ms"] >= p["latency_p50_ms"]
         assert [x["tokens"] for x in p["lengths"]] == [128, 256, 1024]
         for x in p["lengths"]:
-            assert x["transfers_verified"] == transfers
+            assert x["transfers_verified"] == transfers and x["slots"] >= 2  # timed in bursts, checked between
             assert x["bytes_verified"] >= transfers * x["bytes"]  # every moved byte, every transfer
     for item in report["preflight"]:
         assert item["status"] in ("pass", "not_present"), item
     names = {i["name"] for i in report["preflight"] if i.get("agent") == "node0"}
     assert {"env", "nixl_import", "backend", "memory", "gpus", "nics", "nvidia_peermem", "ucx_transport"} <= names
-    assert report["recommendation"]["tokens_per_block"] in (16, 32, 64, 128, 256)
+    rec = report["recommendation"]
+    assert rec["tokens_per_block"] in (16, 32, 64, 128, 256) and rec["status"] in ("change", "keep", "withheld")
+    assert rec["excluded"].keys() == {"WRITE"}  # the agents share this host: WRITE figures are not trusted
     assert [s["tokens_per_block"] for s in report["sweep"]] == [16, 32, 64, 128, 256]
+    assert all(len(s["ops"][op]["passes"]) == 3 for s in report["sweep"] for op in ("WRITE", "READ"))
+    assert report["bandwidth_matrix"]["reverse"]["ops"]["READ"]["min"] > 0
     assert report["cleanup"]["released"] and not agents_left(tmp_path / "run")
     # the agent applied the role env before importing NIXL: what is validated is what will serve
     env = next(i for i in report["preflight"] if i["name"] == "env" and i["agent"] == "node2")
@@ -124,18 +132,28 @@ def test_human_output_is_a_table_on_stderr(tmp_path):
     proc = validate(tmp_path, "--nodes", "2", "--no-sweep", json_out=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout == ""
-    assert "node0 -> node1" in proc.stderr and "PASSED" in proc.stderr and "GB/s" in proc.stderr
+    assert "node0 / node1" in proc.stderr and "gen -> ctx" in proc.stderr and "PASSED" in proc.stderr
+    assert "generation -> context READ" in proc.stderr and "GB/s" in proc.stderr
 
 
 @pytest.mark.nixl
 @pytest.mark.slow
 def test_corrupted_buffer_fails_naming_the_pair_block_and_offset(tmp_path):
     report, bad = failed_pairs(validate(tmp_path, "--nodes", "4", "--no-sweep", fault="corrupt:node2"))
-    assert [(p["src"], p["dst"], p["op"]) for p in bad] == [("node0", "node2", "WRITE")]
+    assert [(p["src"], p["dst"], p["direction"], p["op"]) for p in bad] == [("node0", "node2", "forward", "WRITE")]
     err = bad[0]["error"]
     for needle in ("data mismatch", "node0 -> node2", "128-token request", "block", "offset"):
         assert needle in err, err
     assert not report["passed"] and not agents_left(tmp_path / "run")
+
+
+@pytest.mark.nixl
+@pytest.mark.slow
+def test_corruption_moving_back_is_caught_by_the_context_side(tmp_path):
+    """generation -> context: the context agent verifies, and names the reverse direction."""
+    _, bad = failed_pairs(validate(tmp_path, "--nodes", "2", "--no-sweep", fault="corrupt:node0"))
+    assert [(p["src"], p["dst"], p["direction"], p["op"]) for p in bad] == [("node0", "node1", "reverse", "WRITE")]
+    assert "data mismatch node1 -> node0 WRITE (reverse: generation -> context)" in bad[0]["error"]
 
 
 @pytest.mark.nixl

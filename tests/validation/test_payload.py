@@ -28,7 +28,8 @@ def test_standin_geometry_is_one_descriptor_per_block_per_rank():
 def test_tp_mismatch_moves_each_layer_and_kv_slice_of_the_shared_heads():
     plan = load_plan("llama-3.3-70b-h100", ())  # context TP4 (2 KV heads/rank), generation TP8 (1)
     g, lengths, notes = geometry(plan, Options(max_memory_mb=4096))
-    assert g["mode"] == "fragment" and g["layers"] == 80 and not notes
+    assert g["mode"] == "fragment" and g["layers"] == 80
+    assert 1 <= g["slots"] < 12 and [n for n in notes if "slot" not in n and "bursts" not in n] == []
     e = plan.kv.bytes_per_element
     assert g["slot_bytes_per_token"] == {"ctx": 2 * 128 * e, "gen": 1 * 128 * e}
     assert g["bytes_per_token"] == min(plan.kv.ctx_bytes_per_token_per_rank, plan.kv.gen_bytes_per_token_per_rank)
@@ -52,6 +53,16 @@ def test_memory_cap_scales_layers_down_and_says_so():
     assert max(g["pool_bytes"].values()) <= 64 * 2**20
     assert 1 <= g["layers"] < 80 and g["layers_per_rank"] == 80
     assert any("layers scaled down from 80" in n for n in notes)
+    assert g["slots"] == 1 and any("bursts of 1 transfer(s) instead of 12" in n for n in notes)  # slots go first
+
+
+def test_one_slot_per_transfer_when_memory_allows():
+    """A request's warm-up and timed transfers each get their own destination blocks: one burst, every check
+    after the timed window (validation/pair.py)."""
+    g, _, notes = geometry(load_plan("standin-2p2d", ()), Options(iterations=10, warmup=2))
+    assert g["slots"] == 12 and notes == []
+    assert max(g["pool_bytes"].values()) <= 256 * 2**20
+    assert geometry(load_plan("standin-2p2d", ()), Options(iterations=30, warmup=2))[0]["slots"] == 16
 
 
 def test_agents_one_per_node_and_role():
@@ -117,6 +128,31 @@ def test_a_correct_transfer_verifies_every_byte(mode):
     assert verify_untouched(dst, wl_d, bd, k_stale) == 14 * wl_d.lay["block_bytes"]
 
 
+def test_requests_spanning_several_check_chunks_of_unequal_block_sizes_verify():
+    """Blocks of ~200-400 KiB: the check works a few blocks at a time (its scratch is sized per side), and
+    the context side's chunks hold fewer blocks than the generation side's."""
+    g = {"mode": "fragment", "kv_factor": 2, "layers": 3, "slot_bytes_per_token": {"ctx": 4096, "gen": 2048},
+         "frag_bytes_per_token": 2048}
+    ls, ld = side_layout(g, "ctx", 16), side_layout(g, "gen", 16)
+    src = np.zeros(20 * ls["block_bytes"] // 8, dtype=np.uint64)
+    dst = np.zeros(20 * ld["block_bytes"] // 8, dtype=np.uint64)
+    wl_s, wl_d = WordLayout(ls, src.nbytes), WordLayout(ld, dst.nbytes)
+    assert wl_s.chunk < wl_d.chunk < 11
+    bs, bd = block_table("s", 20, 11), block_table("d", 20, 11)
+    k_src, k_stale = key_of("src"), key_of("stale")
+    for data_src, data_dst, wl_from, wl_to, b_from, b_to in ((src, dst, wl_s, wl_d, bs, bd),
+                                                            (dst, src, wl_d, wl_s, bd, bs)):  # both directions
+        fill_blocks(data_src, wl_from, b_from, k_src)
+        fill_blocks(data_dst, wl_to, np.arange(20), k_stale)
+        _transfer(wl_from, wl_to, data_src, data_dst, b_from, b_to)
+        assert verify_blocks(data_dst, wl_to, b_to, wl_from, b_from, k_src, k_stale) == 11 * wl_to.lay["block_bytes"]
+        assert verify_untouched(data_dst, wl_to, b_to, k_stale) == 9 * wl_to.lay["block_bytes"]
+        data_dst.view(np.uint8)[b_to[7] * wl_to.lay["block_bytes"] + wl_to.lay["frags"][3][0] + 5] ^= 1
+        with pytest.raises(Mismatch) as info:
+            verify_blocks(data_dst, wl_to, b_to, wl_from, b_from, k_src, k_stale)
+        assert info.value.detail["request_block"] == 7 and info.value.detail["where"].startswith("layer 1 V")
+
+
 def test_a_transfer_that_did_not_happen_is_caught_as_stale():
     wl_s, wl_d, src, dst = _pools()
     bs, bd = [1, 2], [3, 4]
@@ -135,6 +171,27 @@ def test_data_from_a_previous_iteration_does_not_pass():
     fill_blocks(src, wl_s, bs, key_of("round", 1))  # ... this round's source differs, and nothing moved
     with pytest.raises(Mismatch):
         verify_blocks(dst, wl_d, bd, wl_s, bs, key_of("round", 1), key_of("stale"))
+
+
+@pytest.mark.parametrize("mode", ["block", "fragment"])
+def test_a_later_burst_that_did_not_land_is_caught_without_poisoning_again(mode):
+    """Burst b's slots still hold burst b-1's data (another source key): every moved word differs, and the
+    mismatch says the destination still holds what it held before the transfer."""
+    wl_s, wl_d, src, dst = _pools(mode)
+    bs, bd = block_table("s", wl_s.nblocks, 5), block_table("d", wl_d.nblocks, 5)
+    k_stale = key_of("stale")
+    fill_blocks(dst, wl_d, np.arange(wl_d.nblocks), k_stale)
+    fill_blocks(src, wl_s, bs, key_of("src", 0))
+    _transfer(wl_s, wl_d, src, dst, bs, bd)  # burst 0
+    assert verify_blocks(dst, wl_d, bd, wl_s, bs, key_of("src", 0), k_stale)
+    fill_blocks(src, wl_s, bs, key_of("src", 1))  # burst 1's source; its transfer never happens
+    with pytest.raises(Mismatch) as info:
+        verify_blocks(dst, wl_d, bd, wl_s, bs, key_of("src", 1), k_stale, key_before=key_of("src", 0))
+    d = info.value.detail
+    assert d["stale"] and d["request_block"] == 0
+    assert d["bad_words"] == 5 * wl_d.pos.size  # every moved word of every block, nothing else
+    _transfer(wl_s, wl_d, src, dst, bs, bd)  # now it lands
+    assert verify_blocks(dst, wl_d, bd, wl_s, bs, key_of("src", 1), k_stale, key_before=key_of("src", 0))
 
 
 def test_a_block_landing_in_the_wrong_place_is_caught():

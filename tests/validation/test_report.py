@@ -1,6 +1,7 @@
-"""Spec: the report merges both sides of every pair, judges each pair (verified bytes, bandwidth against
-the transport's nominal figure, errors), and always matches the JSON Schema shipped in tk/validation/
-(which docs/validate.md documents)."""
+"""Spec: the report merges both sides of every pair, in both directions (context -> generation and the
+answer's KV moving back), judges each (verified bytes, bandwidth against the transport's nominal figure,
+errors), recommends a tokens_per_block only from sweep passes that agree, and always matches the JSON
+Schema shipped in toolkit/validate/ (which docs/validate.md documents)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import pytest
 from tests.conftest import ROOT
 from toolkit.api import load_plan
 from toolkit.validate.params import Options, build_params
-from toolkit.validate.report import build_report, load_schema
+from toolkit.validate.report import build_report, load_schema, recommend, roles_of
 
 
 def _params(tmp_path):
@@ -18,25 +19,27 @@ def _params(tmp_path):
                         str(tmp_path))
 
 
-def _results(params, latency_s=0.001):
-    """What four healthy agents write: the initiator times, the destination verifies."""
-    res = {a["id"]: {"agent": a["id"], "role": a["role"], "host": "h", "final": True, "error": None,
+def _results(params, latency_s=0.001, reverse_latency_s=None):
+    """What four healthy agents write: the initiator times, the data's destination verifies."""
+    res = {a["id"]: {"agent": a["id"], "role": a["role"], "host": a["id"], "final": True, "error": None,
                      "stage": "finished", "preflight": [{"name": "nixl_import", "status": "pass", "detail": "x"}],
                      "pairs": [], "sweep": [], "missing_peers": {}, "memory": {"type": "DRAM"}, "transports": []}
            for a in params["agents"]}
     n = params["warmup"] + params["iterations"]
     for r, pairs in enumerate(params["rounds"]):
         for src, dst in pairs:
-            for op in ("WRITE", "READ"):
-                ini = src if op == "WRITE" else dst
-                for aid in (src, dst):
-                    lengths = [{"tokens": t, "bytes": t * 2048, "blocks": t // 32, "descriptors": t // 32,
-                                "latencies_s": [latency_s] * params["iterations"] if aid == ini else [],
-                                "prep_s": [], "bytes_verified": n * t * 2048 if aid == dst else 0,
-                                "transfers_verified": n if aid == dst else 0, "error": None}
-                               for t in params["lengths"]]
-                    res[aid]["pairs"].append({"src": src, "dst": dst, "op": op, "round": r, "lengths": lengths,
-                                              "error": None})
+            for direction in params["directions"]:
+                lat = latency_s if direction == "forward" else (reverse_latency_s or latency_s)
+                for op in ("WRITE", "READ"):
+                    ini, ver = roles_of(src, dst, direction, op)
+                    for aid in (src, dst):
+                        lengths = [{"tokens": t, "bytes": t * 2048, "blocks": t // 32, "descriptors": t // 32,
+                                    "latencies_s": [lat] * params["iterations"] if aid == ini else [],
+                                    "prep_s": [], "bytes_verified": n * t * 2048 if aid == ver else 0,
+                                    "transfers_verified": n if aid == ver else 0, "error": None}
+                                   for t in params["lengths"]]
+                        res[aid]["pairs"].append({"src": src, "dst": dst, "op": op, "direction": direction, "round": r,
+                                                  "lengths": lengths, "error": None})
     return res
 
 
@@ -57,7 +60,9 @@ def test_a_healthy_run_passes_and_matches_the_schema(tmp_path):
     params = _params(tmp_path)
     report = _report(params, _results(params))
     jsonschema.validate(report, load_schema())
-    assert report["passed"] and len(report["pairs"]) == 8
+    assert report["passed"] and len(report["pairs"]) == 16  # 4 pairs x 2 directions x 2 ops
+    assert [(p["direction"], p["op"]) for p in report["pairs"][:4]] == [
+        ("forward", "WRITE"), ("forward", "READ"), ("reverse", "WRITE"), ("reverse", "READ")]
     p = report["pairs"][0]
     assert (p["src"], p["dst"], p["op"]) == ("node0", "node2", "WRITE")
     assert p["gbps"] == pytest.approx(1024 * 2048 / 0.001 / 1e9, rel=1e-3)
@@ -65,15 +70,57 @@ def test_a_healthy_run_passes_and_matches_the_schema(tmp_path):
     assert report["largest_request"]["measured_transfer_ms"] == pytest.approx(1.0, rel=1e-3)
 
 
+def test_reverse_direction_keeps_context_and_generation_and_has_its_own_matrix(tmp_path):
+    """The answer's KV moving back: src/dst still name the context and generation agent, the context side
+    verifies, and the bandwidth matrix has a reverse part per pair (what a pull-back projection reads)."""
+    params = _params(tmp_path)
+    report = _report(params, _results(params, latency_s=0.001, reverse_latency_s=0.004))
+    jsonschema.validate(report, load_schema())
+    back = [p for p in report["pairs"] if p["direction"] == "reverse"]
+    assert {(p["src"], p["dst"]) for p in back} == {(c, g) for c in ("node0", "node1") for g in ("node2", "node3")}
+    assert all(p["bytes_verified"] > 0 and p["gbps"] == pytest.approx(1024 * 2048 / 0.004 / 1e9, rel=1e-3)
+               for p in back)
+    m = report["bandwidth_matrix"]
+    assert m["op"] == "WRITE" and m["gbps"][0][0] == pytest.approx(2.097, rel=1e-3)  # forward, as tk size reads it
+    rev = m["reverse"]["ops"]
+    assert rev["WRITE"]["context"] == ["node0", "node1"] and rev["WRITE"]["generation"] == ["node2", "node3"]
+    assert rev["READ"]["gbps"] == [[pytest.approx(0.524, rel=1e-2)] * 2] * 2
+    # the largest request is a context -> generation transfer: only forward pairs count
+    assert report["largest_request"]["worst_pair_gbps"] == pytest.approx(2.097, rel=1e-3)
+
+
+def test_a_reverse_verification_failure_fails_only_the_reverse_op(tmp_path):
+    params = _params(tmp_path)
+    results = _results(params)
+    rec = next(r for r in results["node0"]["pairs"]  # the context agent verifies generation -> context
+               if r["op"] == "READ" and r["dst"] == "node3" and r["direction"] == "reverse")
+    rec["error"] = "data mismatch node3 -> node0 READ (reverse: generation -> context), 128-token request"
+    report = _report(params, results)
+    jsonschema.validate(report, load_schema())
+    bad = [(p["src"], p["dst"], p["direction"], p["op"]) for p in report["pairs"] if not p["passed"]]
+    assert bad == [("node0", "node3", "reverse", "READ")] and not report["passed"]
+
+
+def test_a_report_without_reverse_is_forward_only(tmp_path):
+    params = build_params(load_plan("standin-2p2d", ()), Options(mode="local", iterations=3, warmup=1, reverse=False),
+                          str(tmp_path))
+    report = _report(params, _results(params))
+    jsonschema.validate(report, load_schema())
+    assert len(report["pairs"]) == 8 and {p["direction"] for p in report["pairs"]} == {"forward"}
+    assert "reverse" not in report["bandwidth_matrix"]
+
+
 def test_one_failed_side_fails_the_pair_and_the_run(tmp_path):
     params = _params(tmp_path)
     results = _results(params)
-    rec = next(r for r in results["node2"]["pairs"] if r["op"] == "WRITE" and r["src"] == "node0")
+    rec = next(r for r in results["node2"]["pairs"]
+               if r["op"] == "WRITE" and r["src"] == "node0" and r["direction"] == "forward")
     rec["error"] = "data mismatch node0 -> node2 WRITE, 128-token request: block 1"
     report = _report(params, results)
     jsonschema.validate(report, load_schema())
     bad = [p for p in report["pairs"] if not p["passed"]]
-    assert not report["passed"] and [(p["src"], p["dst"], p["op"]) for p in bad] == [("node0", "node2", "WRITE")]
+    assert not report["passed"] and [(p["src"], p["dst"], p["direction"], p["op"]) for p in bad] == [
+        ("node0", "node2", "forward", "WRITE")]
     assert "data mismatch" in bad[0]["error"]
 
 
@@ -112,3 +159,71 @@ def test_the_docs_describe_every_top_level_field():
     text = (ROOT / "docs" / "validate.md").read_text()
     for name in load_schema()["required"]:
         assert f"`{name}`" in text, f"docs/validate.md does not describe `{name}`"
+
+
+# --- the tokens_per_block recommendation: only from passes that agree ---------------------------------------
+
+def _sweep_rows(figures: dict) -> list:
+    """figures: {tokens_per_block: {op: [GB/s per pass]}} -> the report's sweep rows."""
+    from toolkit.validate.report import _spread
+
+    return [{"tokens_per_block": tpb, "ops": {op: {"passes": v, **_spread(v)} for op, v in ops.items()}}
+            for tpb, ops in sorted(figures.items())]
+
+
+def test_a_block_size_faster_in_every_pass_is_recommended():
+    rows = _sweep_rows({16: {"READ": [4.0, 4.1, 4.2]}, 32: {"READ": [5.0, 5.1, 4.9]},
+                        64: {"READ": [7.9, 8.0, 8.2]}, 128: {"READ": [8.1, 8.3, 8.0]}})
+    rec = recommend(rows, 32, ["READ"], shared_host=False)
+    assert rec["status"] == "change" and rec["tokens_per_block"] == 64 and not rec["matches_recipe"]
+    assert "every pass" in rec["reason"] and "5.000" in rec["reason"]
+
+
+def test_a_difference_inside_the_spread_keeps_the_recipe_value():
+    # 256's median is 40 % higher, but one of its passes is slower than one of the recipe's: noise
+    rows = _sweep_rows({32: {"READ": [5.0, 5.6, 5.2]}, 256: {"READ": [7.3, 5.4, 7.0]}})
+    rec = recommend(rows, 32, ["READ"], shared_host=False)
+    assert rec["status"] == "keep" and rec["tokens_per_block"] == 32 and rec["matches_recipe"]
+    assert "no block size is faster" in rec["reason"]
+
+
+def test_inconsistent_passes_withhold_the_recommendation():
+    rows = _sweep_rows({32: {"READ": [3.0, 7.0, 5.0]}, 256: {"READ": [9.0, 9.5, 9.2]}})
+    rec = recommend(rows, 32, ["READ"], shared_host=False)
+    assert rec["status"] == "withheld" and rec["tokens_per_block"] == 32 and "not consistent" in rec["reason"]
+
+
+def test_too_few_passes_withhold_the_recommendation():
+    rows = _sweep_rows({32: {"READ": [5.0, 5.1]}, 256: {"READ": [9.0, 9.5]}})
+    assert recommend(rows, 32, ["READ"], shared_host=False)["status"] == "withheld"
+
+
+def test_write_is_not_used_when_the_agents_share_a_host():
+    """The demo's case: on one host WRITE read 0.4-0.6 GB/s at 32 and more at 256 (the destination's wake-up,
+    not the transfer): no change follows from it."""
+    rows = _sweep_rows({32: {"WRITE": [0.45, 0.5, 0.48], "READ": [5.2, 5.4, 5.1]},
+                        256: {"WRITE": [2.0, 2.1, 2.2], "READ": [5.5, 5.3, 5.6]}})
+    rec = recommend(rows, 32, ["WRITE", "READ"], shared_host=True)
+    assert rec["status"] == "keep" and rec["ops"] == ["READ"] and "WRITE" in rec["excluded"]
+    only_write = _sweep_rows({32: {"WRITE": [0.45, 0.5, 0.48]}, 256: {"WRITE": [2.0, 2.1, 2.2]}})
+    assert recommend(only_write, 32, ["WRITE"], shared_host=True)["status"] == "withheld"
+    assert recommend(rows, 32, ["WRITE", "READ"], shared_host=False)["status"] == "keep"  # the ops disagree
+
+
+def test_the_sweep_rows_carry_every_pass_per_op(tmp_path):
+    params = _params(tmp_path)
+    results = _results(params)
+    ctx, gen = params["rounds"][0][0]
+    for n in range(3):
+        for tpb in params["sweep"]["tokens_per_block"]:
+            for op in ("WRITE", "READ"):
+                ini = ctx if op == "WRITE" else gen
+                results[ini]["sweep"].append({"src": ctx, "dst": gen, "op": op, "pass": n, "tokens_per_block": tpb,
+                                              "bytes": 2 << 20, "descriptors": 1024 // tpb,
+                                              "latencies_s": [0.001 * (1 + n / 100)] * 5, "error": None})
+    report = _report(params, results)
+    jsonschema.validate(report, load_schema())
+    row = report["sweep"][0]
+    assert row["passes"] == 3 and len(row["ops"]["READ"]["passes"]) == 3 and row["ops"]["WRITE"]["spread"] < 0.03
+    assert report["recommendation"]["status"] == "keep"  # every block size measured the same
+    assert report["timing"]["shared_host"] is False and report["timing"]["slots"] >= 1

@@ -52,6 +52,7 @@ class Target:
     # conditional_disagg_config): its greedy answers involve no KV transfer, so answers through the proxy that differ
     # from them mean the KV arrived wrong. None: no such check (an aggregated target, a baseline beside it).
     reference: str | None = None
+    workers: dict = field(default_factory=dict)  # server name -> URL (the servers' own counters, multi-turn)
 
 
 def _server_urls(run) -> dict[str, str]:
@@ -73,19 +74,19 @@ def target_for_run(run, plan=None, *, name: str = "disaggregated", aggregated: b
                               f"{', ' + run.reason if run.reason else ''}); start it with tk launch, "
                               f"then check it with tk status {run.name}")
     gpus = plan.gpu_count if plan is not None else None
+    # The servers whose counters tk reads: context, generation (or aggregated) servers only, never the proxy nor
+    # the etcd a membership run starts, which has no such counters (M1)
+    roles = {s.name for s in run.servers if s.role in ("ctx", "gen", "agg")}
+    servers = {k: v for k, v in _server_urls(run).items() if k in roles}
+    reference = None
     if aggregated:
         pr = probes.AggregatedProbe()
     else:
-        # The workers whose legs the probe counts: context and generation servers only (not the proxy, nor the
-        # etcd a membership run starts, which has no such counters)
-        workers = {s.name for s in run.servers if s.role in ("ctx", "gen")}
-        server_urls = _server_urls(run)
-        pr = probes.probe_for(run.endpoint, {k: v for k, v in server_urls.items() if k in workers})
-        reference = next((server_urls[s.name] for s in run.servers if s.role == "gen" and s.name in server_urls),
-                         None)
+        pr = probes.probe_for(run.endpoint, servers)
+        reference = next((servers[s.name] for s in run.servers if s.role == "gen" and s.name in servers), None)
     urls = tuple(getattr(run, "endpoints", None) or ()) if aggregated else ()
     return Target(name=name, endpoint=run.endpoint, model=run.model, probe=pr, gpus=gpus, run=run.public(),
-                  urls=urls, reference=None if aggregated else reference)
+                  urls=urls, workers=servers, reference=None if aggregated else reference)
 
 
 def target_for_url(url: str, model: str, *, gpus: int | None = None, name: str = "aggregated") -> Target:
@@ -216,16 +217,39 @@ def measure(target: Target, workload: Workload, *, aiperf: str, tokenizer: str, 
     results: dict[str, CellResult] = {}
     for i, cell in enumerate(workload.cells):
         cell_dir = out / "aiperf" / f"{prefix}{cell.name}"
-        argv = aiperf_argv(cell, aiperf=aiperf, url=target.urls or target.endpoint, model=target.model, tokenizer=tokenizer,
-                           out_dir=str(cell_dir), seed=workload.seed)
+        common = dict(aiperf=aiperf, url=target.urls or target.endpoint, model=target.model, tokenizer=tokenizer,
+                      seed=workload.seed)
         if on_progress:
             on_progress("cell", target=target.name, cell=cell.name, index=i, total=len(workload.cells))
+        warm = None
+        if cell.warmup_separately:
+            # other conversations than the profiled ones (aiperf's own warm-up would replay those and leave their
+            # KV in the servers' caches); its records are kept as the cell's warm-up
+            warm_dir = out / "aiperf" / f"{prefix}{cell.name}-warmup"
+            rc = run_aiperf(aiperf_argv(cell, out_dir=str(warm_dir), warmup_run=True, **common), log, timeout_s,
+                            on_line=(lambda line: on_progress("line", line=line)) if on_progress else None)
+            try:
+                warm = read_export(warm_dir, cell.name)
+            except ExportError as exc:
+                raise AiperfFailed(rc, f"{exc}\n{log_tail(log)}") from None
+        argv = aiperf_argv(cell, out_dir=str(cell_dir), **common)
+        counter = None
+        if cell.multi_turn and target.workers:
+            from toolkit.bench.reuseprobe import ReuseProbe
+            counter = ReuseProbe(None if target.urls else target.endpoint, target.workers)
+            counts_before = counter.snapshot()
         rc = run_aiperf(argv, log, timeout_s,
                         on_line=(lambda line: on_progress("line", line=line)) if on_progress else None)
         try:
             res = read_export(cell_dir, cell.name)
         except ExportError as exc:
             raise AiperfFailed(rc, f"{exc}\n{log_tail(log)}") from None
+        if warm is not None:
+            from dataclasses import replace
+            res.records = [replace(r, phase="warmup") for r in warm.records] + res.records
+        if counter is not None:
+            from toolkit.bench.reuse import server_counts
+            res.servers = server_counts(counts_before, counter.snapshot())
         results[cell.name] = res  # rc 1 with records (every request failed) is judged by the verdict
     if before is None:
         proof = probes.unavailable(proof_err)
@@ -255,6 +279,41 @@ def _estimates(plan, workload: Workload, results: dict[str, CellResult]) -> list
                      f"transfer {transfer:.3g} ms over {est.transport}); measured TTFT includes queueing and HTTP"}]
 
 
+def reverse_bandwidth_for(validation: str | None, plan):
+    """The generation->context bandwidth for the pull-back projection: a validation report's reverse pairs, else the
+    plan's transport at its nominal GB/s (labelled so). BenchInputError for a report that cannot be read."""
+    from toolkit.bench.pullback import Bandwidth, ReportError, reverse_bandwidth
+    if validation:
+        try:
+            return reverse_bandwidth(validation)
+        except ReportError as exc:
+            raise BenchInputError(f"--validation: {exc}") from None
+    if plan is None:
+        return None
+    est = plan.estimates
+    return Bandwidth(est.nominal_gbps, "nominal",
+                     f"the {est.transport} transport's nominal {est.nominal_gbps:g} GB/s (an assumption: no "
+                     f"validation report given; pass --validation RUN_DIR of a `tk validate cluster` run)")
+
+
+def _multi_turn(workload: Workload, results: dict, plan, proof, reverse, verdict) -> dict:
+    """Per multi-turn cell: the per-turn reuse table, the pull-back projection; the reuse findings join the
+    verdict as the stage "reuse" (they never change its exit code)."""
+    from toolkit.bench import reuse
+    out = {}
+    for cell in workload.cells:
+        res = results.get(cell.name)
+        if not cell.multi_turn or res is None:
+            continue
+        section, checks = reuse.analyse(cell, res, plan=plan, proof=proof, counts=res.servers, bandwidth=reverse)
+        out[cell.name] = section
+        verdict.checks.extend(checks)
+    bad = [c for c in verdict.checks if c.stage == reuse.STAGE and not c.ok and not c.skipped]
+    if bad:
+        verdict.summary += f" (reuse: {len(bad)} finding(s): " + "; ".join(c.name for c in bad) + ")"
+    return out
+
+
 # What the job's supervision did to a component while it was measured (orchestrator.states.EventKind values).
 SUPERVISION_EVENTS = (EventKind.EXITED, EventKind.WEDGED, EventKind.KILLED, EventKind.RESTARTED, EventKind.LOST,
                       EventKind.STEP_NOT_CREATED, EventKind.UNHEALTHY, EventKind.MEMBERSHIP_REPAIRED)
@@ -275,7 +334,7 @@ def supervision_during(target: Target, t0: float, t1: float) -> list[dict]:
 def run_bench(target: Target, workload: Workload, *, tokenizer: str, bench_root: Path,
               objectives: tuple[Objective, ...] = (), bounds: Bounds = Bounds(), plan=None, name: str | None = None,
               baseline=None, after_target: Callable[[], None] | None = None, timeout_s: float = 1800.0,
-              on_progress: Callable[..., None] | None = None) -> dict:
+              on_progress: Callable[..., None] | None = None, validation: str | None = None) -> dict:
     """Benchmark target, then (if given) a baseline with the same workload; write the bench directory; return its
     document (with "verdict" and "bench_dir"). Raises BenchInputError / TkError, leaving nothing behind.
 
@@ -285,6 +344,7 @@ def run_bench(target: Target, workload: Workload, *, tokenizer: str, bench_root:
     name: the bench directory's name (NAME-TIMESTAMP under bench_root): letters, digits, '.', '_', '-' only."""
     check_bench_name(name)
     aiperf = find_aiperf()
+    reverse = reverse_bandwidth_for(validation, plan) if any(c.multi_turn for c in workload.cells) else None
     _check_serving(target)
     if isinstance(baseline, Target):
         _check_serving(baseline)
@@ -295,7 +355,7 @@ def run_bench(target: Target, workload: Workload, *, tokenizer: str, bench_root:
             return _measure_and_publish(target, workload, aiperf=aiperf, tokenizer=tokenizer, final=final,
                                         staging=staging, objectives=objectives, bounds=bounds, plan=plan,
                                         baseline=baseline, after_target=after_target, timeout_s=timeout_s,
-                                        on_progress=on_progress)
+                                        on_progress=on_progress, reverse=reverse)
         except AiperfFailed as exc:
             raise TkError(f"aiperf failed (exit {exc.rc}); nothing was written. Its last lines:\n{exc.tail}") \
                 from None
@@ -312,7 +372,7 @@ def run_bench(target: Target, workload: Workload, *, tokenizer: str, bench_root:
 
 def _measure_and_publish(target: Target, workload: Workload, *, aiperf: str, tokenizer: str, final: Path,
                          staging: Path, objectives, bounds: Bounds, plan, baseline, after_target, timeout_s: float,
-                         on_progress) -> dict:
+                         on_progress, reverse=None) -> dict:
     import contextlib
 
     from toolkit.bench import report
@@ -323,6 +383,12 @@ def _measure_and_publish(target: Target, workload: Workload, *, aiperf: str, tok
     results, proof = measure(target, workload, aiperf=aiperf, tokenizer=tokenizer, out=staging, log=log,
                              timeout_s=timeout_s, on_progress=on_progress)
     supervision = supervision_during(target, started, time.time())
+    conditional = bool(plan is not None and plan.proxy is not None
+                       and (plan.proxy.config.get("conditional_disagg_config") or {}))
+    # the measurement's own verdict (the multi-turn reuse findings join it); decided again at the end with the
+    # answers compared
+    verdict = decide(workload, results, proof, objectives, gpus=target.gpus, bounds=bounds, conditional=conditional)
+    multi_turn = _multi_turn(workload, results, plan, proof, reverse, verdict)
     rows = [report.cell_row(target.name, c, results.get(c.name), target.gpus) for c in workload.cells]
     cells_dirs = [c.name for c in workload.cells]
     doc = {"name": final.name, "bench_dir": str(final), "created": time.time(), "run": target.run,
@@ -333,6 +399,10 @@ def _measure_and_publish(target: Target, workload: Workload, *, aiperf: str, tok
            "cells": {k: v.to_dict() for k, v in results.items()},
            "estimates": _estimates(plan, workload, results), "rows": rows, "cells_dirs": cells_dirs,
            "supervision": supervision}
+    if multi_turn:
+        # per cell; the first multi-turn cell's turns and projection also at the top (one cell is the usual)
+        first = next(iter(multi_turn.values()))
+        doc.update(multi_turn=multi_turn, turns=first["turns"], pullback_projection=first["pullback_projection"])
     answers = None
     if baseline is not None:
         mine = greedy_answers(target.endpoint, target.model)
@@ -372,7 +442,9 @@ def _measure_and_publish(target: Target, workload: Workload, *, aiperf: str, tok
             answers = answers_agree(mine, theirs, against="generation_server")
             doc["answers"] = {**answers, "against": target.reference}
     # decided once everything is known: answers that differ are a FAIL of the deployment
-    doc["verdict"] = decide(workload, results, proof, objectives, gpus=target.gpus, bounds=bounds, answers=answers,
-                            baseline_error=doc.get("baseline_error"), against=against).to_dict()
+    final_verdict = decide(workload, results, proof, objectives, gpus=target.gpus, bounds=bounds, answers=answers,
+                           baseline_error=doc.get("baseline_error"), against=against, conditional=conditional)
+    final_verdict.checks += [c for c in verdict.checks if c.stage == "reuse"]  # informational: no exit code
+    doc["verdict"] = final_verdict.to_dict()
     report.write_all(staging, doc)
     return {**doc, "bench_dir": str(_publish(staging, final))}

@@ -100,6 +100,94 @@ def write_plots(out: Path, rows: list[dict]) -> list[str]:
     return written
 
 
+def write_turn_plot(path: Path, series: dict[str, list[dict]], title: str) -> bool:
+    """Per turn, one line per series: TTFT p50 (left) and recomputed tokens per request, answers dashed (right)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    series = {k: v for k, v in series.items() if v}
+    if not series:
+        return False
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2), dpi=100)
+    for label, turns in series.items():
+        xs = [t["turn"] for t in turns]
+        ax1.plot(xs, [t["ttft_p50_ms"] for t in turns], marker="o", label=label)
+        if any(t.get("recomputed_tokens") is not None for t in turns):
+            line, = ax2.plot(xs, [t.get("recomputed_tokens") for t in turns], marker="o", label=f"{label}: all")
+            ax2.plot(xs, [t.get("recomputed_answer_tokens") for t in turns], marker="x", linestyle="--",
+                     color=line.get_color(), label=f"{label}: answers")
+    ax1.set_title("TTFT p50 per turn")
+    ax1.set_xlabel("turn")
+    ax1.set_ylabel("ms")
+    ax2.set_title("recomputed tokens per request")
+    ax2.set_xlabel("turn")
+    ax2.set_ylabel("tokens")
+    if not ax2.lines:
+        ax2.text(0.5, 0.5, "cached_tokens not usable:\nsee the reuse checks", ha="center", va="center",
+                 transform=ax2.transAxes, fontsize=9)
+    for ax in (ax1, ax2):
+        ax.grid(True, alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+        ax.xaxis.get_major_locator().set_params(integer=True)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return True
+
+
+TURN_COLUMNS = (("turn", "turn"), ("requests", "req"), ("prompt_tokens", "prompt"), ("cached_tokens", "cached"),
+                ("reusable_prompt_tokens", "reusable: prompts"), ("reusable_answer_tokens", "reusable: answers"),
+                ("recomputed_prompt_tokens", "recomputed: prompts"),
+                ("recomputed_answer_tokens", "recomputed: answers"), ("ttft_p50_ms", "TTFT p50"),
+                ("ttft_p99_ms", "TTFT p99"), ("kv_bytes_moved", "KV MB moved"))
+
+
+def _turn_cell(row: dict, key: str) -> str:
+    v = row.get(key)
+    if key == "kv_bytes_moved" and isinstance(v, (int, float)):
+        return f"{v / 1e6:.3g}"
+    return _fmt(v)
+
+
+def multi_turn_markdown(doc: dict) -> list[str]:
+    lines = []
+    for cell, mt in (doc.get("multi_turn") or {}).items():
+        lines += ["", f"## Multi-turn reuse: {cell}", "",
+                  f"{mt['sessions']} conversations, {mt['requests']} requests. Tokens are means per request, from "
+                  "what the servers reported (usage.prompt_tokens, completion_tokens, "
+                  "prompt_tokens_details.cached_tokens). Reusable: the history the client resent (earlier prompts "
+                  "and earlier answers); recomputed: the part of it the server computed again.", ""]
+        if not mt["cached_tokens_trusted"]:
+            lines += ["**The reported cached_tokens are not the context servers' reuse** (see the reuse checks): "
+                      "cached and recomputed are left out.", ""]
+        lines += ["| " + " | ".join(h for _, h in TURN_COLUMNS) + " |", "|" + "---|" * len(TURN_COLUMNS)]
+        for t in mt["turns"]:
+            lines.append("| " + " | ".join(_turn_cell(t, k) for k, _ in TURN_COLUMNS) + " |")
+        if mt.get("reuse_share") is not None:
+            lines += ["", f"Reused: {100 * mt['reuse_share']:.1f} % of the resent history (turns 2 on)."]
+        lines += ["", f"KV MB moved: {mt['kv_bytes_moved_note']}."]
+        pb = mt.get("pullback_projection") or {}
+        lines += ["", "### Pull-back of the previous answers' KV: a projection", "", f"{pb.get('label', '')}.", "",
+                  f"**{pb.get('summary', '')}**"]
+        if pb.get("turns"):
+            inp = pb["inputs"]
+            lines += ["", "| turn | answer tokens recomputed | recompute ms | transfer back ms | TTFT saved ms | "
+                      "TTFT p50 ms |", "|---|---|---|---|---|---|"]
+            for r in pb["turns"]:
+                lines.append(f"| {r['turn']} | {_fmt(r['recomputed_answer_tokens'])} | {_fmt(r['recompute_ms'])} | "
+                             f"{_fmt(r['transfer_ms'])} | {_fmt(r['saved_ttft_ms'])} | {_fmt(r['ttft_p50_ms'])} |")
+            lines += ["", "Inputs:", f"- prefill: {inp['prefill_ms_per_token'] * 1e3:.4g} us per token "
+                      f"({inp['prefill_source']})",
+                      f"- KV: {inp['kv_bytes_per_token_per_rank']:.0f} bytes per token per rank ({inp['kv_bytes_source']})",
+                      f"- generation -> context bandwidth: {inp['reverse_gbps']:g} GB/s, {inp['reverse_source']} "
+                      f"({inp['reverse_detail']})", f"- not modelled: {inp['not_modelled']}"]
+    return lines
+
+
 def _fmt(v, nd=3):
     if v is None:
         return "–"
@@ -132,6 +220,7 @@ def markdown(doc: dict, plots: list[str]) -> str:
     for c in v["checks"]:
         ok = "skipped" if c.get("skipped") else ("yes" if c["ok"] else "**NO**")
         lines.append(f"| {c['stage']} | {c['name']} | {c.get('cell') or ''} | {ok} | {c['reason']} |")
+    lines += multi_turn_markdown(doc)
     est = doc.get("estimates")
     if est:
         lines += ["", "## Measured beside estimated", "", "| quantity | estimated | measured | note |",
@@ -168,6 +257,10 @@ def markdown(doc: dict, plots: list[str]) -> str:
 
 def write_all(out: Path, doc: dict) -> list[str]:
     plots = write_plots(out, doc["rows"])
+    if doc.get("multi_turn"):
+        if write_turn_plot(out / "turns.png", {c: mt["turns"] for c, mt in doc["multi_turn"].items()},
+                           f"per-turn TTFT and recomputed tokens: {doc['name']}"):
+            plots.append("turns.png")
     doc["plots"] = plots
     (out / "results.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
     (out / "results.csv").write_text(csv_text(doc["rows"]))
@@ -211,14 +304,19 @@ def print_summary(doc: dict) -> None:
         a = base["answers"]
         con.print(f"greedy answers: {a['matching']}/{a['prompts']} identical" + ("" if a["agree"] else
                   " [red](they differ: see report.md)[/red]"))
+    print_turns(con, doc)
     v = doc["verdict"]
-    for stage in ("validity", "disaggregation", "parity", "sla"):
+    for stage in ("validity", "disaggregation", "parity", "sla", "reuse"):
         checks = [c for c in v["checks"] if c["stage"] == stage and not c.get("skipped")]
         if not checks:
             continue
         bad = [c for c in checks if not c["ok"]]
-        con.print(f"{stage}: " + (f"{len(checks)} check(s) passed" if not bad else
-                                  f"[red]{len(bad)} of {len(checks)} check(s) failed[/red]"))
+        if stage == "reuse":  # findings explain the numbers; they do not change the exit code
+            con.print(f"{stage}: " + (f"{len(checks)} check(s) passed" if not bad else
+                                      f"[yellow]{len(bad)} finding(s)[/yellow] (the exit code is unchanged)"))
+        else:
+            con.print(f"{stage}: " + (f"{len(checks)} check(s) passed" if not bad else
+                                      f"[red]{len(bad)} of {len(checks)} check(s) failed[/red]"))
         for c in bad:
             where = escape(f" [{c['cell']}]") if c.get("cell") else ""
             con.print(f"  [red]x[/red] {escape(c['name'])}{where}: {escape(c['reason'])}", highlight=False)
@@ -230,6 +328,20 @@ def print_summary(doc: dict) -> None:
     style = "green" if v["exit_code"] == 0 else "red"
     con.print(f"[{style}]{v['summary']}[/{style}]", soft_wrap=True)  # one line, whatever its length (grep-able)
     con.print(f"report: {doc['bench_dir']}/report.md", soft_wrap=True)  # a path is never split across lines
+
+
+def print_turns(con, doc: dict) -> None:
+    from rich.table import Table
+
+    for cell, mt in (doc.get("multi_turn") or {}).items():
+        t = Table(title=f"multi-turn reuse per turn, {cell} (tokens per request)", title_justify="left")
+        for _, head in TURN_COLUMNS:
+            t.add_column(head, justify="right")
+        for row in mt["turns"]:
+            t.add_row(*(_turn_cell(row, k) for k, _ in TURN_COLUMNS))
+        con.print(t)
+        pb = mt.get("pullback_projection") or {}
+        con.print(f"pull-back ({pb.get('label', 'projection')}): {pb.get('summary', '')}", highlight=False)
 
 
 def _ratio_text(x) -> str:

@@ -7,7 +7,9 @@ An aiperf artifact directory holds (names without --profile-export-prefix, as tk
                                  warmup_metrics (the warm-up's own summary, kept apart), was_cancelled
     profile_export_aiperf.csv    the same summary as a table
     profile_export.jsonl         one line per request: metadata (benchmark_phase warmup|profiling,
-                                 conversation_id, turn_index) and metrics ({"value", "unit"}); a failed request
+                                 conversation_id, turn_index, x_correlation_id: one per session) and metrics
+                                 ({"value", "unit"}; usage_prompt_cache_read_tokens is the server's
+                                 usage.prompt_tokens_details.cached_tokens); a failed request
                                  has "error": {"code", "type", "message"} instead of most metrics
     phase_manifest.json          the phases with their request counts (absent when every request failed)
 
@@ -45,6 +47,8 @@ class Record:
     ttft_ms: float | None
     latency_ms: float | None
     error: str | None = None  # "400 Bad Request: ..." for a failed request
+    cached_tokens: int | None = None  # the server's usage.prompt_tokens_details.cached_tokens (None: not reported)
+    session: str = ""  # aiperf's per-session correlation id (a sampled conversation's one run); "" if absent
 
     @property
     def ok(self) -> bool:
@@ -62,6 +66,7 @@ class CellResult:
     input_config: dict = field(default_factory=dict)
     was_cancelled: bool = False
     errors: list = field(default_factory=list)  # aiperf's error_summary
+    servers: object = None  # multi-turn: the servers' own counters over the cell (toolkit.bench.reuse.ServerCounts)
 
     @property
     def profiled(self) -> list[Record]:
@@ -122,7 +127,8 @@ def parse_record(line: str) -> Record:
                   prompt_tokens=ints(_value(metrics, "usage_prompt_tokens")),
                   completion_tokens=ints(_value(metrics, "usage_completion_tokens")),
                   ttft_ms=_value(metrics, "time_to_first_token"), latency_ms=_value(metrics, "request_latency"),
-                  error=error)
+                  error=error, cached_tokens=ints(_value(metrics, "usage_prompt_cache_read_tokens")),
+                  session=str(meta.get("x_correlation_id") or ""))
 
 
 class ExportError(Exception):

@@ -101,8 +101,10 @@ def _validity(workload: Workload, results: dict[str, CellResult], b: Bounds) -> 
                             + (f"; first: {first}" if first and rate > b.max_error_rate else ""),
                             cell.name, {"errors": n_err, "requests": n, "error_rate": rate,
                                         "bound": b.max_error_rate}))
-        bad_isl = [r for r in ok_recs if r.isl is None or not _within(r.isl, cell.expected_isl(r.turn), b)]
-        bad_osl = [r for r in ok_recs if r.osl is None or not _within(r.osl, cell.osl, b)]
+        bad_isl = [r for r in ok_recs if r.isl is None or (cell.expected_isl(r.turn) is not None
+                                                           and not _within(r.isl, cell.expected_isl(r.turn), b))]
+        bad_osl = [r for r in ok_recs if r.osl is None or (cell.expected_osl is not None
+                                                           and not _within(r.osl, cell.expected_osl, b))]
         bad_usage_out = [r for r in ok_recs if r.completion_tokens is not None and r.osl is not None
                          and not _within(r.completion_tokens, r.osl, b)]
         bad_usage_in = [r for r in ok_recs if r.prompt_tokens is not None and r.isl is not None
@@ -150,7 +152,7 @@ def _validity(workload: Workload, results: dict[str, CellResult], b: Bounds) -> 
     return checks
 
 
-def _disaggregation(results: dict[str, CellResult], proof: Proof | None) -> list[Check]:
+def _disaggregation(results: dict[str, CellResult], proof: Proof | None, conditional: bool = False) -> list[Check]:
     if proof is None or proof.kind == "aggregated":
         return [Check("disaggregated", "disaggregation", True, "aggregated baseline: not applicable", skipped=True)]
     sent = sum(len(r.records) for r in results.values())  # warm-up included: it went through the proxy too
@@ -167,29 +169,35 @@ def _disaggregation(results: dict[str, CellResult], proof: Proof | None) -> list
         need = proof.requests
     else:
         need = ok
-    if proof.local_prefill:
+    local = 0
+    if proof.local_prefill and not conditional:
         problems.append(f"{proof.local_prefill} requests were prefilled on the generation server (no context leg)")
+    elif proof.local_prefill:
+        # conditional disaggregation (the plan asks for it): a request whose uncached part is short goes to the
+        # generation server whole, by design; it needs no context leg and moves no KV
+        local = proof.local_prefill
     affected = sorted(set(proof.restarted) | set(proof.unreadable))
     workers_affected = [n for n in affected if n != "proxy"]
     if workers_affected and "proxy" not in affected and proof.disaggregated is not None:
         # A worker restarted (or was restarting at the end): its earlier lifetime's counters are gone, but the
         # proxy, whole over the run, counted each request that took both legs.
-        if proof.disaggregated < need:
+        if proof.disaggregated + local < need:
             problems.append(f"the proxy counted {proof.disaggregated} requests through both legs for {need} "
                             "successful requests")
     elif workers_affected:
         problems.append(f"the legs cannot be counted: {', '.join(affected)} restarted or did not answer during "
                         "the run, the proxy included")
     else:  # every worker's counters cover the whole run (a restarted proxy's own counters are not needed here)
-        if proof.context_legs < need:
+        if proof.context_legs + local < need:
             problems.append(f"{proof.context_legs} context legs for {need} successful requests")
-        if proof.generation_legs < need:
+        if proof.generation_legs + local < need:
             problems.append(f"{proof.generation_legs} generation legs for {need} successful requests")
-        if proof.kv_transfers < need:
+        if proof.kv_transfers + local < need:
             problems.append(f"{proof.kv_transfers} KV transfers for {need} successful requests")
     reason = "; ".join(problems) or (
         f"{need} successful requests; {proof.context_legs} context legs, {proof.generation_legs} generation "
         f"legs, {proof.kv_transfers} KV transfers" + (f" ({proof.kv_bytes} bytes)" if proof.kv_bytes else "")
+        + (f"; {local} prefilled on the generation server (conditional disaggregation)" if local else "")
         + (f"; the proxy counted {proof.disaggregated} through both legs (per server lifetime: "
            f"{', '.join(affected)} restarted during the run)" if workers_affected else ""))
     return [Check("disaggregated", "disaggregation", not problems, reason, numbers=numbers)]
@@ -239,11 +247,13 @@ def _parity(answers: dict | None, baseline_error: str | None) -> list[Check]:
 def decide(workload: Workload, results: dict[str, CellResult], proof: Proof | None,
            objectives: tuple[Objective, ...] = (), *, gpus: int | None = None, bounds: Bounds = Bounds(),
            answers: dict | None = None, baseline_error: str | None = None,
-           against: str = "the aggregated baseline's") -> Verdict:
+           against: str = "the aggregated baseline's", conditional: bool = False) -> Verdict:
     """answers: the greedy answers compared with a reference's (compare.answers_agree; `against` names it); answers
-    that do not agree are a FAIL (exit 2): the deployment computes something else than the model does."""
+    that do not agree are a FAIL (exit 2): the deployment computes something else than the model does.
+    ``conditional``: the deployment uses conditional disaggregation, so requests prefilled on a generation
+    server (no context leg, no KV moved) are by design, not a deployment that only looks disaggregated."""
     checks = _validity(workload, results, bounds)
-    checks += _disaggregation(results, proof)
+    checks += _disaggregation(results, proof, conditional)
     checks += _parity(answers, baseline_error)
     checks += _sla(workload, results, objectives, gpus)
     failed = [c for c in checks if not c.ok and not c.skipped]

@@ -48,11 +48,32 @@ class Cell:
     warmup: int  # warm-up requests, excluded from the results
     turns: int = 1
     conversations: int | None = None  # multi-turn only
+    turn_delay_ms: float = 0.0  # multi-turn: think time between a turn's answer and the next turn
+    trace: str | None = None  # multi-turn from a mooncake_trace file (sessions, turn deltas, delays, hash_ids)
+    trace_block_size: int | None = None  # tokens per hash id of the trace (aiperf --isl-block-size)
 
-    def expected_isl(self, turn: int) -> int:
+    @property
+    def multi_turn(self) -> bool:
+        return self.turns > 1 or self.trace is not None
+
+    @property
+    def warmup_separately(self) -> bool:
+        """Multi-turn cells warm up in a run of their own, with other conversations (another seed): aiperf's
+        warm-up phase replays the very conversations it then profiles, so the servers' caches would already hold
+        the profiled prompts and reuse would be overstated."""
+        return self.multi_turn
+
+    def expected_isl(self, turn: int) -> int | None:
         """aiperf's input length of turn `turn` (0-based): the history (every earlier prompt and answer) plus the
-        new prompt, before the chat template."""
+        new prompt, before the chat template. None for a trace (its turns differ)."""
+        if self.trace is not None:
+            return None
         return (turn + 1) * self.isl + turn * self.osl
+
+    @property
+    def expected_osl(self) -> int | None:
+        """Every answer's length (ignore_eos); None for a trace (its turns differ)."""
+        return None if self.trace is not None else self.osl
 
     @property
     def longest_input(self) -> int:
@@ -101,11 +122,12 @@ def build_workload(kind: str, *, isl: int | None = None, osl: int | None = None,
                    concurrency: tuple[int, ...] | None = None,
                    request_rate: tuple[float, ...] | None = None, requests: int | None = None,
                    warmup: int | None = None, turns: int = 3, conversations: int | None = None,
-                   seed: int = DEFAULT_SEED, limits: Limits | None = None) -> Workload:
+                   seed: int = DEFAULT_SEED, limits: Limits | None = None, turn_delay_ms: float = 0.0,
+                   trace: str | None = None) -> Workload:
     """The cells of a workload, clipped to what the deployment admits (each clip is a note). isl / osl None: the
     defaults (DEFAULT_ISL, DEFAULT_OSL), clipped to the deployment's limits, ISL with room for the chat template's
     tokens (template_allowance); a value given is never clipped, and one that cannot fit is refused naming the flag
-    and the largest that fits."""
+    and the largest that fits. ``trace``: a multi-turn workload from a mooncake_trace file."""
     if kind not in WORKLOADS:
         raise BenchInputError(f"unknown workload {kind!r}; valid: {', '.join(WORKLOADS)}")
     limits = limits or Limits()
@@ -137,6 +159,12 @@ def build_workload(kind: str, *, isl: int | None = None, osl: int | None = None,
         raise BenchInputError("multi-turn runs at a concurrency (conversations in flight), not a request rate")
     if turns < 1:
         raise BenchInputError("--turns must be >= 1")
+    if not (0 <= turn_delay_ms <= 600_000):
+        raise BenchInputError("--turn-delay must be 0 to 600000 ms")
+    if trace is not None:
+        if kind != "multi-turn":
+            raise BenchInputError("--trace is a multi-turn workload: add --workload multi-turn")
+        return _trace_workload(trace, concurrency, seed, limits, warmup)
     if request_rate:
         loads: list[tuple[int | None, float | None]] = [(None, r) for r in request_rate]
     else:
@@ -176,18 +204,110 @@ def build_workload(kind: str, *, isl: int | None = None, osl: int | None = None,
                 convs = conversations or max(8, 2 * (c or 1))
                 cells.append(Cell(name=f"mt{n_turns}-isl{n}-osl{osl}-{load}", isl=n, osl=osl, concurrency=c,
                                   request_rate=None, requests=convs * n_turns, warmup=_warmup_for(c, warmup),
-                                  turns=n_turns, conversations=convs))
+                                  turns=n_turns, conversations=convs, turn_delay_ms=turn_delay_ms))
             else:
                 cells.append(Cell(name=f"isl{n}-osl{osl}-{load}", isl=n, osl=osl, concurrency=c, request_rate=r,
                                   requests=_requests_for(c, r, requests), warmup=_warmup_for(c, warmup)))
     return Workload(kind=kind, cells=tuple(cells), seed=seed, notes=tuple(notes))
 
 
+TRACES = ("multiturn-small",)  # traces shipped with tk (toolkit/bench/traces/NAME.jsonl)
+
+
+def trace_path(name_or_file: str) -> str:
+    """A shipped trace's path, or a file the user gave. BenchInputError names the fix."""
+    from pathlib import Path
+
+    if name_or_file in TRACES:
+        return str(Path(__file__).with_name("traces") / f"{name_or_file}.jsonl")
+    p = Path(name_or_file)
+    if not p.is_file():
+        raise BenchInputError(f"--trace {name_or_file}: no such file (a mooncake_trace JSONL file, or one of the "
+                              f"shipped traces: {', '.join(TRACES)})")
+    return str(p.resolve())
+
+
+MAX_TRACE_BYTES = 64 << 20
+
+
+def read_trace(path: str) -> list[dict]:
+    """The entries of a mooncake_trace file, checked for what tk needs (session_id, input_length,
+    output_length; hash_ids and delay optional). BenchInputError names the line at fault."""
+    import json
+    from pathlib import Path
+
+    p = Path(path)
+    if p.stat().st_size > MAX_TRACE_BYTES:
+        raise BenchInputError(f"{p}: larger than {MAX_TRACE_BYTES >> 20} MiB; split the trace")
+    out = []
+    for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            doc = json.loads(line)
+        except ValueError as exc:
+            raise BenchInputError(f"{p}:{n}: not JSON ({exc})") from None
+        if not isinstance(doc, dict):
+            raise BenchInputError(f"{p}:{n}: expected an object with session_id, input_length, output_length")
+        for key in ("input_length", "output_length"):
+            v = doc.get(key)
+            if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 1 << 20:
+                raise BenchInputError(f"{p}:{n}: {key} {v!r} is not a token count from 1 to {1 << 20}")
+        delay = doc.get("delay", 0)
+        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 3_600_000:
+            raise BenchInputError(f"{p}:{n}: delay {delay!r} is not 0 to 3600000 ms")
+        out.append(doc)
+    if not out:
+        raise BenchInputError(f"{p}: no trace entries")
+    return out
+
+
+def _trace_workload(trace: str, concurrency, seed: int, limits: Limits, warmup: int | None) -> Workload:
+    path = trace_path(trace)
+    entries = read_trace(path)
+    sessions: dict[str, list[dict]] = {}
+    for i, e in enumerate(entries):
+        sessions.setdefault(str(e.get("session_id", f"_single{i}")), []).append(e)
+    turns = max(len(v) for v in sessions.values())
+    longest = max(sum(e["input_length"] + e["output_length"] for e in v) - v[-1]["output_length"]
+                  for v in sessions.values())
+    osl_max = max(e["output_length"] for e in entries)
+    if limits.max_input_len is not None and longest > limits.max_input_len:
+        raise BenchInputError(f"--trace {trace}: its longest conversation reaches {longest} input tokens; the "
+                              f"deployment admits {limits.max_input_len} ({limits.source})")
+    if limits.max_output_len is not None and osl_max > limits.max_output_len:
+        raise BenchInputError(f"--trace {trace}: an answer of {osl_max} tokens; the deployment admits "
+                              f"{limits.max_output_len} ({limits.source})")
+    block = None
+    for e in entries:
+        ids = e.get("hash_ids") or []
+        if len(ids) > 1:  # (len - 1) full blocks and a last, possibly shorter one (aiperf --isl-block-size)
+            block = max(block or 0, -(-e["input_length"] // len(ids)))
+    isl = round(sum(e["input_length"] for e in entries) / len(entries))
+    osl = round(sum(e["output_length"] for e in entries) / len(entries))
+    name = trace if trace in TRACES else __import__("pathlib").Path(path).stem
+    cells = tuple(Cell(name=f"trace-{name}-c{c}", isl=isl, osl=osl, concurrency=c, request_rate=None,
+                       requests=len(entries), warmup=_warmup_for(c, warmup), turns=turns,
+                       conversations=len(sessions), trace=path, trace_block_size=block)
+                  for c in (concurrency or DEFAULT_CONCURRENCY["multi-turn"]))
+    return Workload(kind="multi-turn", cells=cells, seed=seed,
+                    notes=(f"trace {name}: {len(sessions)} conversations, {len(entries)} turns (up to {turns} per "
+                           f"conversation), mean new input {isl} and answer {osl} tokens per turn",))
+
+
 def aiperf_argv(cell: Cell, *, aiperf: str, url: str | Sequence[str], model: str, tokenizer: str, out_dir: str,
-                seed: int = DEFAULT_SEED, request_timeout_s: float | None = None) -> list[str]:
+                seed: int = DEFAULT_SEED, request_timeout_s: float | None = None, warmup_run: bool = False) -> list[str]:
     """The `aiperf profile` command line of one cell (aiperf 0.13). Several urls (an aggregated run's instances,
     which have no proxy in front): one --url each, which aiperf 0.13 round-robins over (`aiperf profile --help`:
-    "Multiple URLs can be specified for load balancing across multiple instances", --url-strategy round-robin)."""
+    "Multiple URLs can be specified for load balancing across multiple instances", --url-strategy round-robin).
+
+    Multi-turn: aiperf's conversations (``--conversation-num``, ``--conversation-turn-mean``, think time
+    ``--conversation-turn-delay-mean``), or a ``mooncake_trace`` file (``--input-file``, ``--custom-dataset-type``:
+    sessions by ``session_id``, per-turn ``input_length`` deltas, ``output_length``, ``delay``, ``hash_ids`` of
+    ``--isl-block-size`` tokens); history is resent with the live answers (context mode
+    ``deltas_without_responses``), each session under its own ``X-Correlation-ID`` header, which TensorRT-LLM's
+    conversation router reads as the conversation id. ``warmup_run``: the cell's separate warm-up (another seed,
+    synthetic conversations, no warm-up phase of its own)."""
     urls = [url] if isinstance(url, str) else list(url)
     argv = [aiperf, "profile", "--model", model, "--tokenizer", tokenizer]
     for u in urls:
@@ -197,16 +317,31 @@ def aiperf_argv(cell: Cell, *, aiperf: str, url: str | Sequence[str], model: str
         argv += ["--concurrency", str(cell.concurrency)]
     if cell.request_rate is not None:
         argv += ["--request-rate", f"{cell.request_rate:g}"]
-    if cell.turns > 1 or cell.conversations:
+    trace = cell.trace if not warmup_run else None
+    if trace is not None:
+        argv += ["--input-file", trace, "--custom-dataset-type", "mooncake_trace", "--no-fixed-schedule",
+                 "--conversation-num", str(cell.conversations)]  # every session (aiperf's default: 10 requests)
+        if cell.trace_block_size:
+            argv += ["--isl-block-size", str(cell.trace_block_size)]
+    elif warmup_run:
+        sessions = max(1, -(-cell.warmup // max(cell.turns, 1)))
+        argv += ["--conversation-num", str(sessions), "--conversation-turn-mean", str(min(cell.turns, 2)),
+                 "--conversation-turn-stddev", "0"]
+    elif cell.turns > 1 or cell.conversations:
         argv += ["--conversation-num", str(cell.conversations), "--conversation-turn-mean", str(cell.turns),
                  "--conversation-turn-stddev", "0"]
+        if cell.turn_delay_ms:
+            argv += ["--conversation-turn-delay-mean", f"{cell.turn_delay_ms:g}",
+                     "--conversation-turn-delay-stddev", "0"]
     else:
         argv += ["--request-count", str(cell.requests)]
-    argv += ["--warmup-request-count", str(cell.warmup),
-             "--prompt-input-tokens-mean", str(cell.isl), "--prompt-input-tokens-stddev", "0",
-             "--prompt-output-tokens-mean", str(cell.osl), "--prompt-output-tokens-stddev", "0",
-             "--extra-inputs", "ignore_eos:true",
-             "--random-seed", str(seed),
+    if not cell.warmup_separately:
+        argv += ["--warmup-request-count", str(cell.warmup)]
+    if trace is None:
+        argv += ["--prompt-input-tokens-mean", str(cell.isl), "--prompt-input-tokens-stddev", "0",
+                 "--prompt-output-tokens-mean", str(cell.osl), "--prompt-output-tokens-stddev", "0"]
+    argv += ["--extra-inputs", "ignore_eos:true",
+             "--random-seed", str(seed + 1 if warmup_run else seed),
              "--ui-type", "none", "--no-server-metrics",
              "--output-artifact-dir", out_dir]
     if request_timeout_s:

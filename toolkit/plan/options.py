@@ -8,6 +8,7 @@ from __future__ import annotations
 from toolkit.facts import llm_args, trtllm
 from toolkit.facts.engines import EngineProfile
 from toolkit.facts.hardware import MNNVL_GPUS, TransportProfile
+from toolkit.facts.kvreuse import CONVERSATION_ROUTER
 from toolkit.facts.models import ModelSpec
 from toolkit.plan.model import BufferSizing, ProxyPlan, ServerInstance
 from toolkit.plan.sizing import ceil_to, longest_input
@@ -29,8 +30,12 @@ def derived_options(r: Recipe, title: str, role: RoleSpec, model: ModelSpec, ver
     if not is_ctx and r.proxy.conditional_max_local_prefill_length is not None:
         # Under conditional disaggregation short prompts are prefilled on the generation server itself.
         default_mnt = max(default_mnt, ceil_to(tpb, r.proxy.conditional_max_local_prefill_length))
-    kv_aware = (r.proxy.context_router if is_ctx else r.proxy.generation_router) == "kv_cache_aware" \
-        or (not is_ctx and r.proxy.conditional_max_local_prefill_length is not None)
+    router = r.proxy.context_router if is_ctx else r.proxy.generation_router
+    kv_aware = router == "kv_cache_aware" or (not is_ctx and r.proxy.conditional_max_local_prefill_length is not None)
+    # Block reuse where a router keeps requests on the server that holds their prefix (kv_cache_aware, or 1.3's
+    # conversation router with its affinity); KV-cache events (event_buffer_max_size) only where a kv_cache_aware
+    # router reads them: without them it routes by load alone (TensorRT-LLM #14882, toolkit.facts.kvreuse).
+    reuse = kv_aware or router == CONVERSATION_ROUTER
     opts: dict = {
         "tensor_parallel_size": role.tp,
         "pipeline_parallel_size": role.pp,
@@ -62,7 +67,7 @@ def derived_options(r: Recipe, title: str, role: RoleSpec, model: ModelSpec, ver
         "tokens_per_block": tpb,
         "free_gpu_memory_fraction": role.free_gpu_memory_fraction or (0.85 if is_ctx else 0.8),
         "dtype": kv.dtype,
-        "enable_block_reuse": kv_aware,
+        "enable_block_reuse": reuse,
     }
     if kv_aware:
         kv_cfg["event_buffer_max_size"] = 1024
@@ -186,7 +191,8 @@ def worker_cluster_block(membership) -> dict:
 
 
 def proxy_plan(r: Recipe, ctx: tuple[ServerInstance, ...], gen: tuple[ServerInstance, ...],
-               transport: TransportProfile, engine: EngineProfile, membership=None) -> ProxyPlan:
+               transport: TransportProfile, engine: EngineProfile, membership=None,
+               version: trtllm.TrtllmVersion | None = None) -> ProxyPlan:
     def section(instances, router: str, tpb: int, args: dict) -> dict:
         router_cfg: dict = {"type": router}
         if router == "kv_cache_aware":
@@ -228,6 +234,10 @@ def proxy_plan(r: Recipe, ctx: tuple[ServerInstance, ...], gen: tuple[ServerInst
     env = {trtllm.LOG_LEVEL_ENV: "INFO"}
     if transport.ucx_tls(engine.kv_memory):
         env["UCX_TLS"] = transport.ucx_tls(engine.kv_memory)
+    if engine.version_env and version is not None:
+        # the engine imitates a line (the CPU stand-in): its proxy must speak the same one as the workers (which
+        # keys it accepts, ctx_usage on the generation leg, the conversation router)
+        env[engine.version_env] = version.line
     env.update(r.proxy.env)
     return ProxyPlan(node=0, port=r.proxy.port, config=cfg, args=args, env=env,
                      request_timeout_s=r.proxy.request_timeout_s)

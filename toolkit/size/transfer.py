@@ -103,7 +103,8 @@ def measured(run_dir: str | Path, pick: str = "slowest") -> Bandwidth:
     if not values:
         pairs = report.get("pairs")
         values = [p["gbps"] for p in (pairs if isinstance(pairs, list) else [])
-                  if isinstance(p, dict) and number(p.get("gbps")) and p.get("op", "WRITE") == "WRITE"]
+                  if isinstance(p, dict) and number(p.get("gbps")) and p.get("op", "WRITE") == "WRITE"
+                  and p.get("direction", "forward") == "forward"]
         where = "pairs (WRITE)"
     values = [float(v) for v in values if math.isfinite(v)]
     if not values:

@@ -37,6 +37,10 @@ class EmulationError(ValueError):
     pass
 
 
+class EngineStopped(RuntimeError):
+    """The emulated engine's loop is gone: the request cannot finish."""
+
+
 @dataclass(frozen=True)
 class Emulation:
     model_arg: str
@@ -81,26 +85,38 @@ def from_env(env=os.environ) -> Emulation | None:
 class Ticket:
     """One request's view of the engine: how many of its tokens have come out, and whether it is done."""
 
-    __slots__ = ("available", "done", "_event", "first_at")
+    __slots__ = ("available", "done", "_event", "first_at", "error", "on_first")
 
     def __init__(self):
         self.available = 0
         self.done = False
         self.first_at: float | None = None
+        self.error: BaseException | None = None  # the engine loop died: waiting on this ticket raises it
+        self.on_first = None  # called once, when the first token is out (its context phase is over)
         self._event = asyncio.Event()
 
     def advance(self, n: int, done: bool) -> None:
         if n and self.first_at is None:
             self.first_at = time.monotonic()
+            if self.on_first is not None:
+                self.on_first()
         self.available += n
         self.done = self.done or done
         self._event.set()
 
+    def fail(self, exc: BaseException) -> None:
+        self.error = exc
+        self.done = True
+        self._event.set()
+
     async def wait_for(self, count: int) -> None:
-        """Until ``count`` tokens are out (or the request is done)."""
+        """Until ``count`` tokens are out (or the request is done); raises EngineStopped when the engine's loop died
+        (the wait is otherwise bounded by the request timeout of whoever asked)."""
         while self.available < count and not self.done:
             self._event.clear()
             await self._event.wait()
+        if self.error is not None:
+            raise EngineStopped(f"the emulated engine's iteration loop died: {self.error}")
 
 
 class EmulatedEngine:
@@ -118,6 +134,7 @@ class EmulatedEngine:
         self.ids = itertools.count(1)
         self._wake: asyncio.Event | None = None
         self._task: asyncio.Task | None = None
+        self.dead: BaseException | None = None
         self.stats = {"iterations": 0, "emulated_busy_s": 0.0, "tokens": 0, "lag_ms_total": 0.0, "lag_ms_max": 0.0,
                       "resyncs": 0, "kv_extra_bytes": 0, "kv_extra_s": 0.0}
 
@@ -134,8 +151,16 @@ class EmulatedEngine:
                                               for k, v in self.stats.items()}}
 
     def start(self) -> None:
+        from toolkit.standin.tasks import spawn
         self._wake = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._loop())
+        self._task = spawn(self._loop(), "emulated-engine", on_error=self._failed)
+
+    def _failed(self, exc: BaseException) -> None:
+        """The iteration loop died: every waiting request fails now instead of hanging until the client's timeout."""
+        for ticket in self.tickets.values():
+            ticket.fail(exc)
+        self.tickets.clear()
+        self.dead = exc
 
     async def stop(self) -> None:
         if self._task:
@@ -156,11 +181,14 @@ class EmulatedEngine:
         self.stats["kv_extra_s"] += seconds
         return seconds
 
-    def submit(self, kind: str, prompt_len: int, new_tokens: int) -> Ticket:
+    def submit(self, kind: str, prompt_len: int, new_tokens: int, cached: int = 0) -> Ticket:
+        """Queue a request; ``cached`` prompt tokens came from the block cache (read, not computed)."""
+        if self.dead is not None:
+            raise EngineStopped(f"the emulated engine's iteration loop died: {self.dead}")
         rid = next(self.ids)
         ticket = Ticket()
         self.tickets[rid] = ticket
-        emitted = self.sched.add(rid, kind, prompt_len, new_tokens)
+        emitted = self.sched.add(rid, kind, prompt_len, new_tokens, cached)
         for _, n in emitted:
             ticket.advance(n, done=new_tokens <= n)
         if ticket.done:

@@ -180,7 +180,8 @@ class KvPool:
         for i in range(self.n_recv):
             self.free_recv.put_nowait(self.n_send + i)
         self._published = asyncio.Event()
-        self._reaper = asyncio.create_task(self._reap())
+        from toolkit.standin.tasks import spawn
+        self._reaper = spawn(self._reap(), "kv-slot-reaper")
 
     async def close(self) -> None:
         if self._reaper:

@@ -2,7 +2,10 @@
 
 Nothing here is a neural network. The contract the rest of the stand-in relies on:
 
-- ``encode(text)`` splits on whitespace and hashes each word into a vocabulary of ``VOCAB_SIZE`` ids;
+- ``encode(text)`` splits on whitespace; a word the stand-in generates (``decode_token(i)``) encodes back to ``i``,
+  any other word is hashed into the vocabulary of ``VOCAB_SIZE`` ids. So an answer sent back as text in the next
+  turn re-tokenizes to the ids that were generated, as a real tokenizer does for ordinary text (what makes its KV
+  reusable; the ``retokenize`` test fault breaks that on purpose, inference-perf #649's failure);
   ``chat_prompt(messages)`` is the concatenation of the messages in one fixed template.
 - ``kv_content(geometry, token_ids)`` is the KV cache of a prompt: ``num_layers x n x bytes_per_token_per_layer``
   bytes (uint8), a pure function of the token ids *and their prefix* (token t's rows depend on tokens 0..t, like
@@ -76,8 +79,18 @@ def _h64(data: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
 
 
+_GENERATED: dict[str, int] = {}
+
+
+def _generated_words() -> dict[str, int]:
+    if not _GENERATED:
+        _GENERATED.update((decode_token(i), i) for i in range(VOCAB_SIZE))
+    return _GENERATED
+
+
 def encode(text: str) -> list[int]:
-    return [_h64(w.encode("utf-8")) % VOCAB_SIZE for w in text.split()]
+    known = _generated_words()
+    return [known[w] if w in known else _h64(w.encode("utf-8")) % VOCAB_SIZE for w in text.split()]
 
 
 def message_text(m: dict) -> str:
@@ -107,6 +120,16 @@ def decode_token(token_id: int) -> str:
 
 def decode(token_ids) -> str:
     return "".join(" " + decode_token(t) for t in token_ids)
+
+
+RETOKENIZE_MARK = "\u02bc"  # the ``retokenize`` test fault: a modifier apostrophe after every generated word
+
+
+def answer_word(token_id: int, retokenize_fault: bool = False) -> str:
+    """The text of one generated token as the server streams it. With the ``retokenize`` fault the word carries a
+    mark, so the text still counts one token per word but encodes to other ids (an answer that does not
+    round-trip through the tokenizer, as a harmony-format model's cannot: inference-perf #649)."""
+    return decode_token(token_id) + (RETOKENIZE_MARK if retokenize_fault else "")
 
 
 # --- KV content ---------------------------------------------------------------------------------------

@@ -191,6 +191,20 @@ class Transceiver:
 
 
 @dataclass(frozen=True)
+class KvCacheSettings:
+    """kv_cache_config as the block manager reads it (defaults: TensorRT-LLM's, toolkit.facts.kvreuse)."""
+
+    enable_block_reuse: bool
+    enable_partial_reuse: bool
+    event_buffer_max_size: int
+    free_gpu_memory_fraction: float
+    max_tokens: int | None
+    policy: str  # block_reuse_config.policy (1.3); all_reusable before
+    max_num_turns: int
+    manager_v2: bool  # use_kv_cache_manager_v2 true: generated tokens' blocks are not reusable (PR #18711 closed)
+
+
+@dataclass(frozen=True)
 class WorkerSettings:
     model_arg: str
     model: ModelSpec
@@ -213,6 +227,11 @@ class WorkerSettings:
     emulate: object | None = None  # toolkit.standin.emulate.Emulation: emulated timing of MODEL on GPU
     cluster: object | None = None  # toolkit.standin.cluster.ClusterConfig: register into the proxy's membership
     server_role: str | None = None  # "context" | "generation" (--server_role)
+    kv_cache: KvCacheSettings | None = None  # None: TensorRT-LLM's defaults
+
+    @property
+    def kv(self) -> KvCacheSettings:
+        return self.kv_cache or _kv_cache_settings("defaults", {})
 
     @property
     def disaggregated(self) -> bool:
@@ -264,7 +283,9 @@ def worker_settings(argv: list[str]) -> WorkerSettings:
     except EmulationError as exc:
         raise ConfigError(f"tk-standin-serve: {exc}") from None
     cluster, role = _membership(flags, opts)
+    kv_cache = _kv_cache_settings(where, kvc)
     return WorkerSettings(
+        kv_cache=kv_cache,
         cluster=cluster, server_role=role, model_arg=model_arg, model=model, host=str(flags.get("--host", "localhost")),
         port=int(flags.get("--port", 8000)), version=version, options_file=options_file, options=opts,
         max_batch_size=max_batch_size, max_num_tokens=max_num_tokens, max_seq_len=max_seq_len,
@@ -272,6 +293,47 @@ def worker_settings(argv: list[str]) -> WorkerSettings:
         print_iter_log=bool(opts.get("print_iter_log", False)), transceiver=transceiver,
         tp=int(pick("tensor_parallel_size", "--tp_size", 1)), pp=int(pick("pipeline_parallel_size", "--pp_size", 1)),
         emulate=emulate)
+
+
+def _kv_cache_settings(where: str, kvc: dict) -> KvCacheSettings:
+    """The reuse-related kv_cache_config keys, type-checked as TensorRT-LLM's pydantic model does (a wrong type or
+    value fails start-up there too); keys the line does not know were refused by read_options already."""
+    from toolkit.facts import kvreuse as F
+
+    def boolean(key, default):
+        v = kvc.get(key, default)
+        if not isinstance(v, bool):
+            raise ConfigError(f"{where}: kv_cache_config.{key}: {v!r} is not a boolean")
+        return v
+    frac = kvc.get("free_gpu_memory_fraction", F.FREE_GPU_MEMORY_FRACTION_DEFAULT)
+    if frac is None:
+        frac = F.FREE_GPU_MEMORY_FRACTION_DEFAULT
+    if isinstance(frac, bool) or not isinstance(frac, (int, float)) or not 0 <= frac <= 1:
+        raise ConfigError(f"{where}: kv_cache_config.free_gpu_memory_fraction: {frac!r} is not a number from 0 to 1")
+    events = kvc.get("event_buffer_max_size", F.EVENT_BUFFER_MAX_SIZE_DEFAULT)
+    if isinstance(events, bool) or not isinstance(events, int) or events < 0:
+        raise ConfigError(f"{where}: kv_cache_config.event_buffer_max_size: {events!r} is not a non-negative integer")
+    max_tokens = _pos_int(where, "kv_cache_config.max_tokens", kvc.get("max_tokens"))
+    brc = kvc.get("block_reuse_config") or {}
+    if not isinstance(brc, dict):
+        raise ConfigError(f"{where}: kv_cache_config.block_reuse_config: expected a mapping (policy, max_num_turns)")
+    unknown = set(brc) - {"policy", "max_num_turns", "swa_endpoint_rewind_tokens"}
+    if unknown:
+        raise ConfigError(f"{where}: unknown key 'kv_cache_config.block_reuse_config.{sorted(unknown)[0]}' "
+                          f"(BlockReuseConfig forbids extra keys: policy, max_num_turns)")
+    policy = brc.get("policy", F.BLOCK_REUSE_POLICY_DEFAULT)
+    if policy not in F.BLOCK_REUSE_POLICIES:
+        raise ConfigError(f"{where}: kv_cache_config.block_reuse_config.policy: {policy!r} is not one of "
+                          f"{', '.join(F.BLOCK_REUSE_POLICIES)}")
+    turns = _pos_int(where, "kv_cache_config.block_reuse_config.max_num_turns",
+                     brc.get("max_num_turns", F.MAX_NUM_TURNS_DEFAULT), False)
+    v2 = kvc.get("use_kv_cache_manager_v2", "auto")
+    if v2 not in (True, False, "auto"):
+        raise ConfigError(f"{where}: kv_cache_config.use_kv_cache_manager_v2: {v2!r} is not true, false or 'auto'")
+    return KvCacheSettings(enable_block_reuse=boolean("enable_block_reuse", F.ENABLE_BLOCK_REUSE_DEFAULT),
+                           enable_partial_reuse=boolean("enable_partial_reuse", F.ENABLE_PARTIAL_REUSE_DEFAULT),
+                           event_buffer_max_size=events, free_gpu_memory_fraction=float(frac), max_tokens=max_tokens,
+                           policy=policy, max_num_turns=turns, manager_v2=v2 is True)
 
 
 def _membership(flags: dict, opts: dict):

@@ -20,6 +20,7 @@ Field names follow TensorRT-LLM's ``tensorrt_llm/serve/openai_protocol.py``:
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -47,6 +48,8 @@ class RequestError(Exception):
         return {"object": "error", "message": self.message, "type": self.type, "param": None, "code": self.status}
 
 
+# A request body larger than this is parsed (and its prompt tokenized) in a worker thread, not on the event loop.
+OFFLOAD_BYTES = 64 << 10
 KV_RELEASE_PATH = "/standin/kv/release"  # a stand-in endpoint (see proxy.py: a failed generation leg)
 
 
@@ -409,9 +412,14 @@ def parse_request(kind: str, body: dict, limits=()) -> Request:
 
 # --- responses ----------------------------------------------------------------------------------------------
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict:
-    return {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
-            "completion_tokens": completion_tokens}
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    """OpenAI usage; ``prompt_tokens_details.cached_tokens``: the prompt tokens the engine reused from its KV cache
+    (TensorRT-LLM reports it on every response; aiperf reads it as ``usage_prompt_cache_read_tokens``)."""
+    use = {"prompt_tokens": prompt_tokens, "total_tokens": prompt_tokens + completion_tokens,
+           "completion_tokens": completion_tokens}
+    if cached_tokens is not None:
+        use["prompt_tokens_details"] = {"cached_tokens": int(cached_tokens)}
+    return use
 
 
 def new_id(kind: str) -> str:
@@ -437,7 +445,8 @@ def make_choice(req: Request, index: int, tokens: list[int]) -> Choice:
     ``echo`` to the generated ``tokens``. Stop strings are matched in the generated text (the stand-in's tokens are
     hashes, so TensorRT-LLM's token-level match of the tokenized stop string cannot be reproduced); the answer ends
     with the token that completes the stop string."""
-    pieces = [" " + M.decode_token(t) for t in tokens]
+    fault = _retokenize_fault()
+    pieces = [" " + M.answer_word(t, fault) for t in tokens]
     finish, stop_reason = "length", None
     if req.stop:
         text = "".join(pieces)
@@ -465,7 +474,13 @@ def make_choice(req: Request, index: int, tokens: list[int]) -> Choice:
 
 
 def _word(token: int) -> str:
-    return " " + M.decode_token(token)
+    return " " + M.answer_word(token, _retokenize_fault())
+
+
+def _retokenize_fault() -> bool:
+    """TK_STANDIN_FAULT=retokenize (see toolkit.standin.kv's faults): answers whose text does not re-tokenize to
+    the generated ids."""
+    return "retokenize" in {f.strip() for f in os.environ.get("TK_STANDIN_FAULT", "").split(",")}
 
 
 def completion_logprobs(c: Choice, first: int = 0, last: int | None = None, offset: int = 0) -> dict:

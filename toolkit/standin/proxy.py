@@ -27,7 +27,6 @@ workers are msgpack (``X-TRTLLM-Msgpack: 1``) when ``TRTLLM_SERVE_ENABLE_MSGSPEC
 from __future__ import annotations
 
 import asyncio
-import copy
 import json
 import logging
 import os
@@ -36,12 +35,13 @@ import re
 import sys
 import time
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import yaml
 
 from toolkit.facts import trtllm
 from toolkit.standin.options import ConfigError, target_version
+from toolkit.standin.routers import RouteRequest
 
 log = logging.getLogger("toolkit.standin")
 
@@ -269,6 +269,8 @@ class Proxy:
             self.cluster = ClusterManager(s.cluster, self.ctx_router, self.gen_router, storage)
         self.session = None
         self.msgpack = os.environ.get("TRTLLM_SERVE_ENABLE_MSGSPEC") == "1"
+        from toolkit.facts.kvreuse import reuse_facts
+        self.ctx_usage = reuse_facts(s.version.line).ctx_usage_passthrough
         self.counters = {"requests": 0, "disaggregated": 0, "local_prefill": 0, "ctx_finished_early": 0,
                          "errors": 0, "retries": 0, "kv_released": 0,
                          "context_servers": defaultdict(int, {u: 0 for u in s.ctx_urls}),
@@ -369,7 +371,11 @@ class Proxy:
         return web.json_response({"engine": "tk CPU stand-in proxy, not TensorRT-LLM", "instance": self.instance,
                                   **self.counters,
                                   "in_flight": {"context_servers": self.ctx_router.active,
-                                                "generation_servers": self.gen_router.active}})
+                                                "generation_servers": self.gen_router.active},
+                                  "routers": {"context": {"type": self.s.ctx_router["type"],
+                                                          **self.ctx_router.describe()},
+                                              "generation": {"type": self.s.gen_router["type"],
+                                                             **self.gen_router.describe()}}})
 
     # --- forwarding ----------------------------------------------------------------------------------------
 
@@ -414,18 +420,34 @@ class Proxy:
         except ValueError:
             raise ProxyError(500, f"the {role} server {url} answered a body that is not JSON") from None
 
-    def _prompt_ids(self, kind: str, body: dict) -> list[int]:
-        """What the KV-cache-aware router hashes (the stand-in tokenizer, as the workers tokenize)."""
-        from toolkit.standin import model as M
+    def _route_request(self, kind: str, body: dict, headers) -> RouteRequest:
+        """What the routers see besides the token ids: the request's text (ConversationRouter._extract_text: the
+        prompt, or ``role:content`` lines of a chat) and its conversation id: body
+        ``conversation_params.conversation_id``, else the first non-empty of the affinity headers
+        (tensorrt_llm/serve/conversation_id.py, commit 295125be1eeeb886c83ece14958db7b34e0e48a6)."""
+        from toolkit.facts.kvreuse import CONVERSATION_ID_HEADERS
+        cid = None
+        params = body.get("conversation_params")
+        if isinstance(params, dict) and params.get("conversation_id") is not None:
+            cid = str(params["conversation_id"])
+        else:
+            lower = {str(k).lower(): v for k, v in headers.items()}
+            for name in CONVERSATION_ID_HEADERS:
+                value = str(lower.get(name, "")).strip()
+                if value:
+                    cid = value
+                    break
         if kind == "completion":
-            p = body.get("prompt")
-            return M.encode(p) if isinstance(p, str) else [t for t in (p or []) if isinstance(t, int)]
+            prompt = body.get("prompt")
+            return RouteRequest(text=prompt if isinstance(prompt, str) else None, conversation_id=cid,
+                                tokens_of_client=not isinstance(prompt, str))
         if body.get("prompt_token_ids"):
-            return list(body["prompt_token_ids"])
-        try:
-            return M.encode(M.chat_prompt(body.get("messages") or []))
-        except (TypeError, ValueError):
-            return []
+            return RouteRequest(conversation_id=cid, tokens_of_client=True)
+        lines = []
+        for m in body.get("messages") or []:
+            if isinstance(m, dict):
+                lines.append(f"{m.get('role', '')}:{m.get('content', '')}")
+        return RouteRequest(text="\n".join(lines), conversation_id=cid)
 
     async def _limits(self) -> list:
         """(Limits, request_type) of every server, from its /server_info (fetched once per server; a server that
@@ -458,7 +480,8 @@ class Proxy:
         from toolkit.standin import protocol as P
         self.counters["requests"] += 1
         try:
-            body = P.decode_body(await request.read(), request.headers)
+            raw = await request.read()
+            body = P.decode_body(raw, request.headers)
             # The checks TensorRT-LLM's disaggregated server makes, in its order, all before any leg
             # (openai_disagg_server.py / openai_disagg_service.py, newest stored versions):
             # 1. FastAPI parses the body as CompletionRequest / ChatCompletionRequest (extra="forbid" and the
@@ -484,15 +507,23 @@ class Proxy:
             # 3. What the context server would refuse (400): its engine-level checks and limits, applied here so
             #    that nothing is refused after a context leg has published KV. TensorRT-LLM relays a worker's
             #    4xx as HTTPException(status, detail=the worker's message) -> {"detail": ...}.
+            # The prompt is tokenized once, here (in a worker thread when it is long), and its ids serve the
+            # routers too; TensorRT-LLM's KV-cache-aware router likewise tokenizes off the event loop
+            # (asyncio.to_thread in KvCacheAwareRouter.get_next_server).
+            limits = await self._limits()
             try:
-                req = P.parse_request(kind, body, await self._limits())
+                if len(raw) > P.OFFLOAD_BYTES:
+                    req = await asyncio.to_thread(P.parse_request, kind, body, limits)
+                else:
+                    req = P.parse_request(kind, body, limits)
             except P.RequestError as exc:
                 raise ProxyError(exc.status, exc.message) from None
             # 4. n > 1: the context server answers n choices and _verify_ctx_response raises "Context server
             #    returned N choices, expecting 1." (a ValueError: 500). Refused here before the context leg.
             if req.n > 1:
                 raise ProxyError(500, f"Internal server error Context server returned {req.n} choices, expecting 1.")
-            return await self._disagg(request, kind, body)
+            return await self._disagg(request, kind, body, req.prompt_ids,
+                                      self._route_request(kind, body, request.headers))
         except WorkerError as exc:
             self.counters["errors"] += 1
             # A worker's HTTP error: HTTPException(status, detail=_upstream_error_message(...)), i.e. the worker's
@@ -524,23 +555,25 @@ class Proxy:
         except Exception as exc:  # noqa: BLE001 - best effort: the slot still expires at kv_transfer_timeout_ms
             log.warning("could not release ctx_request_id %s on %s: %s", ctx_request_id, ctx_server, exc)
 
-    async def _disagg(self, request, kind: str, body: dict):
+    async def _disagg(self, request, kind: str, body: dict, token_ids: list[int], route: RouteRequest):
         from aiohttp import web
         path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
-        gen_server = None
+        gen_server = gen_info = None
         need_ctx = True
-        token_ids = self._prompt_ids(kind, body)
         if self.s.max_local_prefill_length is not None:
-            gen_server, info = self.gen_router.get_next_server(token_ids)
-            match = sum(info.get("matches", [0]))
-            total = sum(len(t) for t in info.get("token_lists", [token_ids]))
+            # _check_conditional_disagg: the KV-cache-aware generation router picks (and reserves) the generation
+            # server; the request skips the context server when that server holds a prefix and at most
+            # max_local_prefill_length tokens are left to prefill (the reused part does not count).
+            gen_server, gen_info = self.gen_router.get_next_server(token_ids, request=route)
+            match = sum(gen_info.get("matches", [0]))
+            total = sum(len(t) for t in gen_info.get("token_lists", [token_ids]))
             need_ctx = match == 0 or total - match > self.s.max_local_prefill_length
         if "skip_context" in self.faults:
             need_ctx = False  # a test fault: every request prefilled on its generation server, no KV moves
         ok = False
         try:
             if need_ctx:
-                ctx_req = copy.deepcopy(body)
+                ctx_req = dict(body)
                 ctx_req["disaggregated_params"] = {"request_type": "context_only",
                                                    "disagg_request_id": random.randrange(1 << 40, 1 << 63),
                                                    "schedule_style": 0}
@@ -549,12 +582,14 @@ class Proxy:
                 # max_tokens stays the client's: TensorRT-LLM's _get_ctx_request updates only
                 # disaggregated_params, stream and stream_options (openai_disagg_service.py, commit 00bb903d); a context_only
                 # request yields one token whatever max_tokens says.
-                ctx_server, _ = self.ctx_router.get_next_server(token_ids, exclude=gen_server)
+                ctx_server, ctx_info = self.ctx_router.get_next_server(token_ids, exclude=gen_server, request=route)
                 self.counters["context_servers"][ctx_server] += 1
+                ctx_ok = False
                 try:
                     ctx_resp = await self._post_json("context", ctx_server, path, ctx_req)
+                    ctx_ok = True
                 finally:
-                    self.ctx_router.finish_request(ctx_server, token_ids)
+                    await self.ctx_router.finish(ctx_server, ctx_info, ctx_ok, self.session)
                 choices = ctx_resp.get("choices") or []
                 if len(choices) != 1:
                     raise ProxyError(500, "Internal server error Context server did not return a single choice")
@@ -569,18 +604,24 @@ class Proxy:
                     choices[0].pop("disaggregated_params", None)
                     return web.json_response(ctx_resp)
                 self.counters["disaggregated"] += 1
-                body = copy.deepcopy(body)
+                body = dict(body)  # shallow: only top-level keys change (a deep copy of a long prompt is costly)
                 body["disaggregated_params"] = {**params, "request_type": "generation_only", "schedule_style": 0}
+                if self.ctx_usage and isinstance(ctx_resp.get("usage"), dict):
+                    # _get_gen_request: disaggregated_params.ctx_usage = ctx_response.usage; the generation
+                    # worker reports the context leg's prompt_tokens and cached_tokens (PR #13620/#14177)
+                    body["disaggregated_params"]["ctx_usage"] = ctx_resp["usage"]
                 if kind == "completion":
                     body["prompt"] = ctx_resp.get("prompt_token_ids")
                 else:
                     body["prompt_token_ids"] = ctx_resp.get("prompt_token_ids")
             else:
                 self.counters["local_prefill"] += 1
-                body = copy.deepcopy(body)
+                body = dict(body)
                 body.pop("disaggregated_params", None)
             if gen_server is None:
-                gen_server, _ = self.gen_router.get_next_server(token_ids)
+                gen_server, gen_info = self.gen_router.get_next_server(
+                    token_ids, exclude=ctx_server if need_ctx else None,
+                    request=replace(route, tokens_of_client=True) if need_ctx else route)
             self.counters["generation_servers"][gen_server] += 1
             try:
                 if not body.get("stream"):
@@ -592,13 +633,14 @@ class Proxy:
                 return resp
             except BaseException as exc:
                 if need_ctx and not ok:  # the context KV nobody will fetch: free it now
-                    release = asyncio.ensure_future(self._release(ctx_server, params["ctx_request_id"]))
+                    from toolkit.standin.tasks import spawn
+                    release = spawn(self._release(ctx_server, params["ctx_request_id"]), "kv-release")
                     if not isinstance(exc, asyncio.CancelledError):
                         await release
                 raise
         finally:
             if gen_server is not None:
-                self.gen_router.finish_request(gen_server, token_ids, ok)
+                await self.gen_router.finish(gen_server, gen_info or {}, ok, self.session)
 
     async def _stream_done(self, request):
         from aiohttp import web

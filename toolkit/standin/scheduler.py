@@ -14,7 +14,9 @@ Modelled on TensorRT-LLM's in-flight batching (pytorch backend, GUARANTEED_NO_EV
 - an iteration takes ``cost(computed_tokens, kv_tokens_read)`` seconds (the roofline of its whole batch), so a long
   prefill scheduled with decodes stalls those decodes for its full duration.
 
-Not modelled: KV-cache capacity (no eviction, no pausing), the overlap scheduler, CUDA-graph padding, block reuse.
+A prompt prefix the block cache reused (``cached``) is not computed again, only read.
+
+Not modelled: KV-cache capacity (no eviction, no pausing), the overlap scheduler, CUDA-graph padding.
 """
 
 from __future__ import annotations
@@ -75,12 +77,16 @@ class Scheduler:
     active: list = field(default_factory=list)
     iterations: int = 0
 
-    def add(self, rid: int, kind: str, prompt_len: int, new_tokens: int) -> tuple[tuple[int, int], ...]:
+    def add(self, rid: int, kind: str, prompt_len: int, new_tokens: int,
+            cached: int = 0) -> tuple[tuple[int, int], ...]:
         """Queue a request. Returns what is emitted at once: a generation-only request's first token (computed by
-        the context server). A generation-only request with nothing more to decode never enters the batch."""
+        the context server). A generation-only request with nothing more to decode never enters the batch.
+        ``cached``: prompt tokens whose KV the block cache reused (``toolkit.standin.blockcache``): not computed,
+        but read by attention (at most ``prompt_len - 1``: the last prompt token is always computed)."""
         if new_tokens < 1 or prompt_len < 1:
             raise ValueError("a request has at least one prompt token and one new token")
         req = SchedRequest(rid, kind, prompt_len, new_tokens, arrival_iter=self.iterations)
+        req.prefilled = max(0, min(int(cached), prompt_len - 1))
         if kind == GENERATION_ONLY:
             req.prefilled, req.generated = prompt_len, 1
             if new_tokens == 1:

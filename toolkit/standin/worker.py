@@ -71,6 +71,8 @@ class Worker:
         self.clock_offset = 0.0
         self.engine = None  # the emulated engine (toolkit.standin.emulate), created on the event loop
         self.refusals = P.RefusalLog(log)
+        self.cache, self.cache_source = create_block_cache(settings)
+        self.counters["cached_tokens"] = 0
         self.wedged = False  # the SIGUSR1 test fault: no progress from now on
         self._never: asyncio.Event | None = None
 
@@ -193,7 +195,10 @@ class Worker:
         return web.Response(status=200)
 
     async def kv_events(self, request):
-        return web.json_response([])
+        """TensorRT-LLM's ``/kv_cache_events``: the block events since the last call (created / stored / removed,
+        ``toolkit.standin.blockcache``), drained; always ``[]`` with ``kv_cache_config.event_buffer_max_size: 0``
+        (TensorRT-LLM's default), which is what leaves a kv_cache_aware router blind (#14882)."""
+        return web.Response(body=self.cache.drain_events_json(), content_type="application/json")
 
     async def kv_release(self, request):
         """Free the send slot of a context leg whose generation leg failed (a stand-in endpoint; see proxy.py)."""
@@ -213,6 +218,8 @@ class Worker:
                **self.counters}
         if self.pool:
             doc["kv"] = {**self.pool.describe(), **self.pool.stats, "pending": len(self.pool.pending)}
+        doc["kv_cache"] = {**self.cache.describe(), "capacity_source": self.cache_source,
+                           "policy": self.s.kv.policy, "max_num_turns": self.s.kv.max_num_turns}
         if self.engine:
             doc["emulation"] = self.engine.summary()
         return web.json_response(doc)
@@ -227,8 +234,12 @@ class Worker:
     async def generate(self, request: web.Request, kind: str) -> web.StreamResponse:
         from toolkit.standin.kv import TransferError, decode_state
         try:
-            body = P.decode_body(await request.read(), request.headers)
-            req = P.parse_request(kind, body)
+            raw = await request.read()
+            body = P.decode_body(raw, request.headers)
+            if len(raw) > P.OFFLOAD_BYTES:  # tokenizing a long prompt would stall every other request's tokens
+                req = await asyncio.to_thread(P.parse_request, kind, body)
+            else:
+                req = P.parse_request(kind, body)
             n = len(req.prompt_ids)
             if req.n > 1 and req.request_type != "context_and_generation":
                 raise P.RequestError(400, f"n={req.n}: a {req.request_type} leg carries one sequence (TensorRT-LLM's "
@@ -265,6 +276,8 @@ class Worker:
         self.active += 1
         started = time.monotonic()
         self.counters["requests"][req.request_type] += 1
+        lease = self.cache.begin(req.prompt_ids, reuse=req.request_type != "generation_only")
+        tokens: list[int] = []
         try:
             await self._progress()
             try:
@@ -272,28 +285,37 @@ class Worker:
             except TransferError as exc:
                 log.error("%s", exc.message)
                 return self._error(P.RequestError(exc.status, exc.message), request.headers)
+            if req.request_type != "generation_only":
+                self.cache.store(lease, req.prompt_ids)  # the context phase is over: its blocks are reusable
             self._record_iteration(req, n, len(tokens), time.monotonic() - started)
             self.counters["prompt_tokens"] += n
             self.counters["completion_tokens"] += len(tokens)
-            return await self._respond(request, req, n, tokens, disagg_out, extra=extra)
+            return await self._respond(request, req, n, tokens, disagg_out, extra=extra,
+                                       cached=self._cached(req, lease))
         finally:
+            self.cache.release(lease, req.prompt_ids + tokens[:count] if tokens else None)
             self.active -= 1
             self.completed += 1
             self.batch.release()
 
     async def _generate_emulated(self, request, req: P.Request, n: int, count: int, state) -> web.StreamResponse:
         """The request through the emulated engine: the scheduler decides when its prefill and tokens happen."""
+        from toolkit.standin.emulate import EngineStopped
         from toolkit.standin.kv import TransferError
         from toolkit.standin.scheduler import CONTEXT_ONLY, FULL, GENERATION_ONLY
         self.counters["requests"][req.request_type] += 1
         self.active += 1
+        lease = self.cache.begin(req.prompt_ids, reuse=req.request_type != "generation_only")
+        cached = lease.cached_tokens  # a reused prefix costs no prefill time, only its KV reads
+        tokens: list[int] = []
         try:
             try:
                 if req.request_type == "context_only":
                     # The emulated prefill, then the real KV is computed and published (milliseconds for the
                     # stand-in's model; publishing later keeps the KV slot's expiry clock out of the queueing).
-                    ticket = self.engine.submit(CONTEXT_ONLY, n, 1)
+                    ticket = self.engine.submit(CONTEXT_ONLY, n, 1, cached)
                     await ticket.wait_for(1)
+                    self.cache.store(lease, req.prompt_ids)
                     tokens, disagg_out, extra = await self._run(req, n, count, state)
                 elif req.request_type == "generation_only":
                     tokens, disagg_out, extra = await self._run(req, n, count, state)  # the real NIXL read
@@ -302,15 +324,20 @@ class Worker:
                         await asyncio.sleep(kv_s)
                     ticket = self.engine.submit(GENERATION_ONLY, n, len(tokens))
                 else:  # the real work overlaps the emulated prefill
-                    ticket = self.engine.submit(FULL, n, count)
+                    ticket = self.engine.submit(FULL, n, count, cached)
+                    ticket.on_first = lambda: self.cache.store(lease, req.prompt_ids)
                     tokens, disagg_out, extra = await self._run(req, n, count, state)
             except TransferError as exc:
                 log.error("%s", exc.message)
                 return self._error(P.RequestError(exc.status, exc.message), request.headers)
+            except EngineStopped as exc:
+                return self._error(P.RequestError(500, str(exc)), request.headers)
             self.counters["prompt_tokens"] += n
             self.counters["completion_tokens"] += len(tokens)
-            return await self._respond(request, req, n, tokens, disagg_out, ticket, extra=extra)
+            return await self._respond(request, req, n, tokens, disagg_out, ticket, extra=extra,
+                                       cached=self._cached(req, lease))
         finally:
+            self.cache.release(lease, req.prompt_ids + tokens[:count] if tokens else None)
             self.active -= 1
             self.completed += 1
 
@@ -323,7 +350,7 @@ class Worker:
                                       "numGenRequests": len(it.decodes), "numScheduledRequests":
                                       len(it.decodes) + it.num_ctx_requests, "numPausedRequests": 0,
                                       "microBatchId": 0, "avgNumDecodedTokensPerIter": 1.0},
-            "kvCacheStats": {"tokensPerBlock": self.s.tokens_per_block},
+            "kvCacheStats": self.cache.kv_cache_stats(),
             "standin": {"emulated_timing": self.engine.describe(), "kv_tokens_read": it.kv_tokens_read},
         }
         self.iter_stats.append(stats)
@@ -363,14 +390,34 @@ class Worker:
                 params[later] = req.disagg[later]
         return tokens, params, []
 
+    def _cached(self, req: P.Request, lease) -> tuple[int, int]:
+        """(prompt_tokens, cached_tokens) this server reports in ``usage``.
+
+        Context and whole requests: the prompt and what the block cache reused. A generation leg: TensorRT-LLM's
+        generation worker reports the whole prompt as cached (its KV arrived by transfer; PR #12923's description)
+        unless the disaggregated server passed the context leg's usage along (``disaggregated_params.ctx_usage``,
+        PR #13620/#14177), which it then reports instead (``rewrite_usage_info_from_ctx`` in
+        tensorrt_llm/llmapi/disagg_utils.py)."""
+        n = len(req.prompt_ids)
+        if req.request_type != "generation_only":
+            self.counters["cached_tokens"] += lease.cached_tokens
+            return n, lease.cached_tokens
+        ctx = req.disagg.get("ctx_usage")
+        if isinstance(ctx, dict) and isinstance(ctx.get("prompt_tokens"), int):
+            details = ctx.get("prompt_tokens_details") or {}
+            cached = details.get("cached_tokens") if isinstance(details, dict) else None
+            return ctx["prompt_tokens"], cached if isinstance(cached, int) else 0
+        return n, n
+
     async def _respond(self, request, req: P.Request, n: int, tokens: list[int], disagg_out, ticket=None,
-                       extra: list[list[int]] | None = None):
+                       extra: list[list[int]] | None = None, cached: tuple[int, int] | None = None):
         rid = P.new_id(req.kind)
         model = req.model or self.s.model_arg
         if req.stream and "empty_stream" in kv_faults() and req.request_type != "context_only":
             tokens, extra = [], [[] for _ in extra or []]  # a test fault: a 200 stream with no tokens (see kv.py)
         choices = [P.make_choice(req, i, t) for i, t in enumerate([tokens, *(extra or [])])]
-        use = P.usage(n, sum(len(c.tokens) for c in choices))
+        prompt_tokens, cached_tokens = cached if cached is not None else (n, None)
+        use = P.usage(prompt_tokens, sum(len(c.tokens) for c in choices), cached_tokens)
         top_k = req.logprobs or 0
         if not req.stream or req.request_type == "context_only":
             if ticket is not None:
@@ -412,13 +459,51 @@ class Worker:
                                       "numGenRequests": 0 if req.request_type == "context_only" else 1,
                                       "numScheduledRequests": 1, "numPausedRequests": 0, "microBatchId": 0,
                                       "avgNumDecodedTokensPerIter": 1.0},
-            "kvCacheStats": {"tokensPerBlock": self.s.tokens_per_block},
+            "kvCacheStats": self.cache.kv_cache_stats(),
             "standin": {"request_type": req.request_type, "generated_tokens": gen_tokens},
         }
         self.iter_stats.append(stats)
         if self.s.print_iter_log:
             log.info("iter = %d, iterLatencyMS = %.3f, states = {'num_ctx_requests': %d, 'num_ctx_tokens': %d, "
                      "'num_generation_tokens': %d}", it, seconds * 1e3, 1 if ctx else 0, n if ctx else 0, gen_tokens)
+
+
+DEFAULT_POOL_TOKENS = 262144  # without emulated timing: the pool when kv_cache_config.max_tokens is not given
+
+
+def create_block_cache(s: WorkerSettings):
+    """The block cache of this server and where its capacity comes from: with emulated timing,
+    ``free_gpu_memory_fraction`` of what the emulated model's weights (per rank) and the runtime's own memory
+    (facts.hardware: RUNTIME_OTHER_BYTES, NCCL buffers) leave of the emulated GPU, in the emulated model's KV bytes
+    per token per rank (toolkit.facts.kvreuse.kv_pool_tokens; profiled activations and CUDA graphs, which tk's
+    memory plan adds, are left out: an upper bound), capped by ``kv_cache_config.max_tokens``; without it (no
+    GPU to size from), ``max_tokens`` or DEFAULT_POOL_TOKENS."""
+    from toolkit.facts.kvreuse import kv_pool_tokens
+    from toolkit.standin.blockcache import BlockCache
+    kv = s.kv
+    if s.emulate is not None:
+        from toolkit.facts.hardware import GPU_FIGURES, RUNTIME_OTHER_BYTES, nccl_bytes
+        r = s.emulate.roofline(s.tp, s.kv_dtype)
+        gpu = GPU_FIGURES[s.emulate.gpu]
+        other = RUNTIME_OTHER_BYTES + nccl_bytes(s.tp)
+        tokens = max(s.tokens_per_block, kv_pool_tokens(gpu.memory_bytes, r.weight_bytes_per_rank, other,
+                                                        r.kv_bytes_per_token, kv.free_gpu_memory_fraction,
+                                                        kv.max_tokens))
+        source = (f"free_gpu_memory_fraction {kv.free_gpu_memory_fraction:g} of the emulated {gpu.name}'s "
+                  f"{gpu.memory_bytes / 2**30:.0f} GiB after {r.weight_bytes_per_rank / 2**30:.1f} GiB of "
+                  f"{r.model.name} weights per rank and {other / 2**30:.1f} GiB of runtime; "
+                  f"{r.kv_bytes_per_token:.0f} KV bytes per token per rank"
+                  + (f"; capped by max_tokens {kv.max_tokens}" if kv.max_tokens else ""))
+    else:
+        tokens = kv.max_tokens or DEFAULT_POOL_TOKENS
+        source = (f"kv_cache_config.max_tokens {kv.max_tokens}" if kv.max_tokens else
+                  f"the stand-in's default of {DEFAULT_POOL_TOKENS} tokens (no emulated GPU to size from; set "
+                  f"kv_cache_config.max_tokens to rehearse eviction)")
+    blocks = max(1, tokens // s.tokens_per_block)
+    cache = BlockCache(s.tokens_per_block, blocks, reuse=kv.enable_block_reuse, partial_reuse=kv.enable_partial_reuse,
+                       store_generated=not kv.manager_v2, event_buffer_max_size=kv.event_buffer_max_size,
+                       window_size=s.max_seq_len)
+    return cache, source
 
 
 def _display_host(host: str) -> str:

@@ -17,6 +17,14 @@ from validation.schedule import round_robin
 from validation.wire import PROTOCOL
 
 SWEEP_TOKENS_PER_BLOCK = (16, 32, 64, 128, 256)
+SWEEP_OPS = ("WRITE", "READ")
+# Destination slots per request: transfers go in bursts of one per slot, back to back, and the check runs
+# between bursts (validation/pair.py). With a slot per transfer (warm-up + timed, up to BURST_SLOTS) a
+# request is one burst: every check after the timed window. On CPU transports the first one or two
+# transfers after a check run ~20 % slower (benchmarks/bench_validate.py): in one burst those are the
+# warm-ups. Fewer slots when the memory cap needs it (before layers shrink); shorter requests get up to
+# BURST_SLOTS from the same pool.
+BURST_SLOTS = 16
 SHORT_REQUEST_TOKENS = 128
 RDMA_PROFILES = ("infiniband", "roce", "efa")
 
@@ -35,6 +43,8 @@ class Options:
     warmup: int = 2
     sweep: bool = True
     sweep_iterations: int = 5
+    sweep_repeats: int = 3
+    reverse: bool = True
     lengths: tuple[int, ...] | None = None
     min_fraction: float | None = None
     transfer_timeout_s: float = 30.0
@@ -97,7 +107,7 @@ def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
     layers_total = min(layers_rank.values())
     mode = "block" if slot["ctx"] == slot["gen"] else "fragment"
     frag = min(slot.values())
-    sweep_tpbs = list(SWEEP_TOKENS_PER_BLOCK) if opts.sweep else []
+    sweep_tpbs = sorted({*SWEEP_TOKENS_PER_BLOCK, tpb}) if opts.sweep else []
     all_tpbs = [tpb, *sweep_tpbs]
 
     def aligned(x):
@@ -117,13 +127,22 @@ def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
     pool_tokens = max(longest, sweep_tokens)
     cap = int(opts.max_memory_mb) * 2**20
     layers = layers_total
+    slots = max(1, min(BURST_SLOTS, opts.warmup + opts.iterations))
 
-    def pool_bytes(layers_: int, tokens: int) -> dict:
-        blocks = math.ceil(tokens / tpb)
+    def pool_bytes(layers_: int, tokens: int, slots_: int = 1) -> dict:
+        blocks = slots_ * math.ceil(tokens / tpb)
         blocks += max(2, math.ceil(blocks / 4))  # spare blocks: scattered block tables, untouched blocks
         return {s: blocks * tpb * layers_ * kvf * slot[s] for s in ("ctx", "gen")}
 
-    pools = pool_bytes(layers, pool_tokens)
+    pools = pool_bytes(layers, pool_tokens, slots)
+    wanted_slots = slots
+    while slots > 1 and max(pools.values()) > cap:  # fewer slots before fewer layers
+        slots -= 1
+        pools = pool_bytes(layers, pool_tokens, slots)
+    if slots < wanted_slots:
+        notes.append(f"the longest request is timed in bursts of {slots} transfer(s) instead of {wanted_slots} to fit "
+                     f"--max-memory-mb={opts.max_memory_mb}: more of its timed transfers directly follow a check, "
+                     "which on CPU transports (shared memory, TCP) reads lower, not on RDMA (docs/validate.md)")
     if max(pools.values()) > cap:
         per_layer = max(pool_bytes(1, pool_tokens).values())
         layers = max(1, cap // per_layer)
@@ -162,6 +181,8 @@ def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
         "descriptor_bytes": tpb * (int(layers) * kvf * slot["ctx"] if mode == "block" else frag),
         "pool_bytes": pools,
         "pool_tokens": pool_tokens,
+        "slots": slots,  # the longest request's
+        "burst_slots": wanted_slots,  # what shorter requests may use when the pool holds them
         "sweep_tokens": sweep_tokens,
         "sweep_tokens_per_block": sweep_tpbs,
         "notes": notes,
@@ -206,8 +227,10 @@ def build_params(plan: Plan, opts: Options, run_dir: str) -> dict:
         "lengths": lengths,
         "iterations": opts.iterations,
         "warmup": opts.warmup,
+        "directions": ["forward", "reverse"] if opts.reverse else ["forward"],
         "sweep": ({"tokens_per_block": geom["sweep_tokens_per_block"], "tokens": geom["sweep_tokens"],
-                   "iterations": opts.sweep_iterations} if geom["sweep_tokens_per_block"] else None),
+                   "iterations": opts.sweep_iterations, "repeats": opts.sweep_repeats, "ops": list(SWEEP_OPS)}
+                  if geom["sweep_tokens_per_block"] else None),
         "timeouts": {"rendezvous_s": rendezvous, "transfer_s": t,
                      "pair_s": min(opts.timeout_s, max(60.0, 10 * t)), "deadline_s": opts.timeout_s},
         "expect": {"transport": transport, "rdma": transport in RDMA_PROFILES,

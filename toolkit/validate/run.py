@@ -127,6 +127,7 @@ def check_bounds(opts: Options) -> None:
     bounds.finite("--iterations", opts.iterations, 1, 1_000_000)
     bounds.finite("--warmup", opts.warmup, 0, 1_000_000)
     bounds.finite("--sweep-iterations", opts.sweep_iterations, 1, 1_000_000)
+    bounds.finite("--sweep-repeats", opts.sweep_repeats, 1, 1000)
     bounds.finite("--min-fraction", opts.min_fraction, 0.0, 1.0)
     for length in opts.lengths or ():
         bounds.finite("--lengths", length, 1, MAX_LENGTH_TOKENS)
