@@ -444,7 +444,11 @@ def _measure_and_publish(target: Target, workload: Workload, *, aiperf: str, tok
     # decided once everything is known: answers that differ are a FAIL of the deployment
     final_verdict = decide(workload, results, proof, objectives, gpus=target.gpus, bounds=bounds, answers=answers,
                            baseline_error=doc.get("baseline_error"), against=against, conditional=conditional)
-    final_verdict.checks += [c for c in verdict.checks if c.stage == "reuse"]  # informational: no exit code
+    reuse_checks = [c for c in verdict.checks if c.stage == "reuse"]  # informational: they change no exit code
+    final_verdict.checks += reuse_checks
+    bad = [c for c in reuse_checks if not c.ok and not c.skipped]
+    if bad:
+        final_verdict.summary += f" (reuse: {len(bad)} finding(s): " + "; ".join(c.name for c in bad) + ")"
     doc["verdict"] = final_verdict.to_dict()
     report.write_all(staging, doc)
     return {**doc, "bench_dir": str(_publish(staging, final))}
