@@ -1,6 +1,6 @@
 """Spec (slow): tk size and tk plan --predict against aiconfigurator 0.12.0 itself (offline, the `size` extra).
 
-The unit specs (tests/unit/test_size.py) replay recorded aiconfigurator output; here the searches run again and
+The unit specs (tests/size/test_size.py) replay recorded aiconfigurator output; here the searches run again and
 must give exactly the recorded rows, the command line sizes MoE, attention-DP and local-directory models end to
 end, `tk plan --predict` answers for the shipped MoE recipe and for what tk size writes, and tk's memory plan is
 compared with aiconfigurator's own memory model. Each search takes 5-25 s on two cores."""
@@ -74,7 +74,7 @@ def test_plan_predict_answers_for_the_shipped_deepseek_r1_recipe(capsys):
                                   "deepseek-r1-h100-32", "qwen2.5-72b-dir-h100-16"])
 def test_plan_predict_answers_for_what_tk_size_writes(case, tmp_path):
     """The recipe written from the recorded search, predicted by aiconfigurator for real."""
-    from tests.unit.test_size import size_from
+    from tests.size.test_size import size_from
     from toolkit import api
 
     result = size_from(FIXTURES / "aiconfigurator" / f"{case}.json")
