@@ -202,7 +202,18 @@ class Job:
             write_atomically(os.path.join(self.state_dir, "endpoints"), "".join(f"{u}\n" for u in endpoints))
             endpoint = endpoints[0]
         write_atomically(os.path.join(self.run_dir, "endpoint"), endpoint + "\n")
+        self.note_steps()
         self.record(E.READY, None, endpoint, state=RunState.READY.value)
+
+    def note_steps(self) -> None:
+        """Before `ready`: which Slurm step runs each server (one bounded squeue), so that the first `tk status`
+        after `tk launch` already names them; supervision keeps looking up steps that appear later."""
+        if not self.job_id:
+            return
+        found = {n: s for n, s in self.steps.step_ids().items() if n in self.procs}
+        self.step_of.update(found)
+        for name in found:
+            self.write_state(name)
 
     def command(self, c: Component) -> List[str]:
         assert self.nodes is not None

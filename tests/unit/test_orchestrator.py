@@ -160,6 +160,18 @@ def test_start_up_starts_in_order_waits_for_health_then_says_ready(job_in_proces
     assert ctx[ctx.index("python3") + 1] == str(tmp_path / "etcd_gateway.py")
 
 
+
+def test_when_ready_each_servers_state_file_names_its_slurm_step(job_in_process, tmp_path):
+    class StepsSlurmLists(FakeSteps):
+        def step_ids(self):  # squeue lists the job's steps (and one that is not a server of this run)
+            return {"proxy": "77.0", "ctx-0": "77.1", "ctx-1": "77.2", "gen-0": "77.3", "gen-1": "77.4",
+                    "other": "77.9"}
+    j = job_in_process(spec_of("membership.enabled=false"), steps=StepsSlurmLists())
+    j.start_up()
+    assert _events(tmp_path)[-1]["event"] == "ready"
+    steps = {f.stem: json.loads(f.read_text())["step"] for f in (tmp_path / "state" / "servers").glob("*.json")}
+    assert steps == {"proxy": "77.0", "ctx-0": "77.1", "ctx-1": "77.2", "gen-0": "77.3", "gen-1": "77.4"}
+
 def test_a_run_directory_without_the_runs_certificates_fails_the_job_saying_why(job_in_process, tmp_path):
     j = job_in_process(spec_of("membership.enabled=true"))
     with pytest.raises(startup.StartupFailed, match=r"no ca.crt, client.crt, client.key in .*secrets/etcd: tk launch"):
