@@ -571,6 +571,7 @@ def bench_compare(recipe: str | os.PathLike, compare: Sequence[str], *, local: b
 
     from toolkit.bench.variants import build_variants, recommend, summarise, write_comparison
     from toolkit.errors import TkError
+    from toolkit.runtime import signals
     from toolkit.runtime.rundir import runs_root
 
     variants = build_variants(compare)
@@ -580,24 +581,43 @@ def bench_compare(recipe: str | os.PathLike, compare: Sequence[str], *, local: b
     if base.exists():
         raise TkError(f"{base} exists: give another --run-dir for the comparison")
     base.mkdir(parents=True)
-    lines = []
+    lines: list[dict] = []
     prefix = bench_kwargs.pop("name", None) or "compare"
-    for v in variants:
-        doc = err = None
-        try:
-            doc = bench_recipe(recipe, local=local, overrides=(*overrides, *v.overrides), run_dir=base / v.slug,
-                               on_launch=on_launch, name=f"{prefix}-{v.slug}", **bench_kwargs)
-        except TkError as exc:
-            err = str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__
-        lines.append(summarise(v, doc, err))
-        if on_variant is not None:
-            on_variant(v, doc, err)
     wl = bench_kwargs.get("workload", "fixed")
     shape = (f"trace {bench_kwargs['trace']}" if bench_kwargs.get("trace") else
              f"{wl}, ISL {bench_kwargs.get('isl') or 'default'}, OSL {bench_kwargs.get('osl') or 'default'}"
              + (f", {bench_kwargs.get('turns', 3)} turns" if wl == "multi-turn" else ""))
-    out = {"recipe": plans[0].name, "workload": shape, "compare_dir": str(base),
-           "axes": list(compare), "variants": lines, "recommendation": recommend(lines)}
+
+    def comparison(interrupted: bool) -> dict[str, Any]:
+        doc = {"recipe": plans[0].name, "workload": shape, "compare_dir": str(base), "axes": list(compare),
+               "variants": lines, "recommendation": recommend(lines)}
+        if interrupted:  # what ran is kept; no recommendation rests on a partial comparison
+            doc |= {"interrupted": True, "not_run": [v.slug for v in variants[len(lines):]],
+                    "recommendation": {"variant": None, "reason": f"interrupted after {len(lines)} of "
+                                       f"{len(variants)} variants: no recommendation from a partial comparison"}}
+        return doc
+
+    # SIGTERM and SIGHUP end it as Ctrl-C does, between variants too: the variant running is stopped by
+    # bench_recipe, and the variants already measured are written before the signal ends the command
+    with signals.interrupt_on_termination():
+        try:
+            for v in variants:
+                doc = err = None
+                try:
+                    doc = bench_recipe(recipe, local=local, overrides=(*overrides, *v.overrides),
+                                       run_dir=base / v.slug, on_launch=on_launch, name=f"{prefix}-{v.slug}",
+                                       **bench_kwargs)
+                except TkError as exc:
+                    err = str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__
+                lines.append(summarise(v, doc, err))
+                if on_variant is not None:
+                    on_variant(v, doc, err)
+        except (KeyboardInterrupt, signals.Terminated):
+            if lines:
+                with signals.deferred():
+                    write_comparison(base, comparison(interrupted=True))
+            raise
+    out = comparison(interrupted=False)
     write_comparison(base, out)
     return out
 

@@ -251,6 +251,30 @@ def test_comparison_report_has_a_table_per_variant_and_turn(tmp_path):
     assert json.loads((tmp_path / "compare.json").read_text())["variants"][0]["ttft_p50_later_ms"] == 70.0
 
 
+
+def test_an_interrupted_comparison_keeps_the_variants_measured_and_recommends_nothing(monkeypatch, tmp_path):
+    import toolkit.api as api
+    from toolkit.runtime.signals import Terminated
+    doc = {"verdict": {"exit_code": 0, "summary": "PASS", "checks": []}, "bench_dir": "/x",
+           "rows": [{"request_throughput": 2.0}], "multi_turn": {"c": {"reuse_share": 0.9}},
+           "turns": [{"turn": 1, "ttft_p50_ms": 50.0}, {"turn": 2, "ttft_p50_ms": 60.0, "recomputed_tokens": 2}]}
+    calls = []
+
+    def bench_recipe(recipe, **kw):  # the first variant is measured; SIGTERM arrives during the second
+        calls.append(kw["run_dir"])
+        if len(calls) == 2:
+            raise Terminated(15)
+        return doc
+    monkeypatch.setattr(api, "bench_recipe", bench_recipe)
+    with pytest.raises(Terminated):
+        api.bench_compare("standin-multiturn", ["router=round_robin,kv_cache_aware,conversation"], local=True,
+                          run_dir=tmp_path / "cmp", workload="multi-turn")
+    out = json.loads((tmp_path / "cmp" / "compare.json").read_text())
+    assert out["interrupted"] and [ln["variant"] for ln in out["variants"]] == ["router=round_robin"]
+    assert out["not_run"] == ["router-kv_cache_aware", "router-conversation"] and len(calls) == 2
+    assert out["recommendation"]["variant"] is None and "1 of 3 variants" in out["recommendation"]["reason"]
+    assert "**Recommendation: none**" in (tmp_path / "cmp" / "compare.md").read_text()
+
 # --- workloads ------------------------------------------------------------------------------------------------------
 
 def test_multi_turn_cells_warm_up_apart_with_other_conversations_and_think_time():
