@@ -1,4 +1,4 @@
-"""Spec: extra_options and extra_serve_args are checked (hostile-findings bug 16, bug 14's extra_options rows).
+"""Spec: extra_options and extra_serve_args are checked: unknown or conflicting keys are refused with the fix named.
 
 extra_options: keys the target TensorRT-LLM line accepts; values of the kind tk reads; a key tk writes from a
 recipe field may repeat tk's value but not change it. extra_serve_args: flags the line's trtllm-serve takes, never

@@ -208,7 +208,7 @@ def test_refresh_marks_a_ready_run_degraded_when_a_server_stops_answering(plan, 
 
 @pytest.mark.parametrize("left_at", ["submitted", "pending", "starting"])
 def test_a_run_whose_launcher_was_killed_takes_its_state_from_the_jobs_events(plan, fake, tmp_path, left_at):
-    # hostile-findings-3 m2: `kill -9` of tk launch once the job runs; the job goes on and says ready. tk status
+    # `kill -9` of tk launch once the job runs; the job goes on and says ready. tk status
     # must not keep the launcher's last state for ever.
     from toolkit.launch import prepare
     fake(FakeBackend([JobState("RUNNING")]), FakeHttp(all_ports(plan)))

@@ -1,4 +1,4 @@
-"""Spec: a model directory's config.json is checked when read (hostile-findings bugs 14 and 18).
+"""Spec: a model directory's config.json is checked when read: malformed or hostile files are refused with the file and field named.
 
 Every bad value ends in a RecipeError whose violation names the file, the key, the value and the fix; never a
 ZeroDivisionError, TypeError, ValueError or UnicodeDecodeError, and never a plan with non-positive sizes.
