@@ -227,3 +227,27 @@ def test_the_sweep_rows_carry_every_pass_per_op(tmp_path):
     assert row["passes"] == 3 and len(row["ops"]["READ"]["passes"]) == 3 and row["ops"]["WRITE"]["spread"] < 0.03
     assert report["recommendation"]["status"] == "keep"  # every block size measured the same
     assert report["timing"]["shared_host"] is False and report["timing"]["slots"] >= 1
+
+
+def test_a_sweep_transfer_whose_bytes_did_not_verify_fails_the_run_and_times_nothing(tmp_path):
+    params = _params(tmp_path)
+    results = _results(params)
+    ctx, gen = params["rounds"][0][0]
+    tpbs = params["sweep"]["tokens_per_block"]
+    for n in range(3):
+        for tpb in tpbs:
+            bad = n == 1 and tpb == tpbs[-1]  # one pass of one block size: a corrupted block, caught on the target
+            results[ctx]["sweep"].append({"src": ctx, "dst": gen, "op": "WRITE", "pass": n, "tokens_per_block": tpb,
+                                          "bytes": 2 << 20, "descriptors": 1024 // tpb,
+                                          "latencies_s": [0.0001 if bad else 0.001] * 5,
+                                          "error": "block 3 differs at byte 17" if bad else None})
+    report = _report(params, results)
+    jsonschema.validate(report, load_schema())
+    assert report["passed"] is False
+    assert any(f.startswith(f"tokens_per_block sweep {tpbs[-1]}:") and "block 3 differs" in f
+               for f in report["failures"])
+    row = next(r for r in report["sweep"] if r["tokens_per_block"] == tpbs[-1])
+    # the failed pass's ten-times-faster figure is not a measurement: only the two verified passes are timed, and
+    # no block size is recommended from it
+    assert row["ops"]["WRITE"]["passes"] == [2.0972, 2.0972]
+    assert report["recommendation"]["status"] == "keep"

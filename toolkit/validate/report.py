@@ -176,7 +176,7 @@ def merge_sweep(params: dict, results: dict, geom: dict, shared_host: bool = Fal
     for res in results.values():
         for e in (res or {}).get("sweep", []):
             k = (e["tokens_per_block"], e.get("op", "WRITE"))
-            if e.get("latencies_s"):
+            if e.get("latencies_s") and not e.get("error"):  # a transfer that failed its check times nothing
                 timed.setdefault(k, []).append(e)
             if e.get("error"):
                 errs.setdefault(e["tokens_per_block"], []).append(
@@ -341,7 +341,9 @@ def timing_note(params: dict, shared_host: bool) -> dict:
     """How the figures were taken, in the report itself (docs/validate.md explains it)."""
     slots = params["geometry"].get("slots", 1)
     note = {"method": f"per transfer, post to DONE on the initiator; transfers in bursts of up to {slots} back to "
-                      "back, one per destination slot, every slot poisoned before and verified after its burst; "
+                      "back, one per destination slot, the destination pool poisoned before the first burst and "
+                      "every slot verified after each burst (a slot then holds a pattern the next burst's differs "
+                      "from in every word); "
                       "GB/s = request bytes / median latency",
             "slots": slots, "shared_host": shared_host, "progress_thread": params.get("progress_thread"),
             "caveats": []}
@@ -379,7 +381,10 @@ def build_report(*, params: dict, results: dict, exits: dict, coordinator_prefli
     failures = [f"{p['src']} -> {p['dst']} {p['op']}: {p['error']}" for p in pairs if not p["passed"]]
     failures += [f"preflight {i['name']}{' on ' + i['agent'] if i.get('agent') else ''}: {i['detail']}"
                  for i in preflight if i["status"] == "fail"]
-    passed = bool(pairs) and all(p["passed"] for p in pairs) and not any(i["status"] == "fail" for i in preflight)
+    # a sweep transfer that failed (its bytes did not verify, or it did not complete) fails the run as a pair does
+    failures += [f"tokens_per_block sweep {row['tokens_per_block']}: {err}" for row in sweep for err in row["errors"]]
+    passed = (bool(pairs) and all(p["passed"] for p in pairs) and not any(i["status"] == "fail" for i in preflight)
+              and not any(row["errors"] for row in sweep))
     geom = params["geometry"]
     return {
         "schema_version": REPORT_VERSION,
