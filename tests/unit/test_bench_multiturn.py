@@ -170,6 +170,30 @@ def test_server_counts_are_deltas_and_give_the_context_prefill_rate():
     assert c.pool_full and c.routers["context"]["routed"] == 5
 
 
+
+def test_a_server_restarted_during_the_cell_counts_from_zero_and_is_named():
+    before = {"workers": {"ctx-0": {"instance": {"pid": 1}, "kv_cache": {"cached_tokens": 5000, "evicted_blocks": 400}}},
+              "proxy_instance": {"pid": 9}, "routers": {"context": {"routed": 100}}}
+    after = {"workers": {"ctx-0": {"instance": {"pid": 2}, "kv_cache": {"cached_tokens": 800, "evicted_blocks": 100}}},
+             "proxy_instance": {"pid": 10}, "routers": {"context": {"routed": 10}}}
+    c = reuse.server_counts(before, after)
+    assert c.per_server["ctx-0"] == {"restarted": True, "cached_tokens": 800, "evicted_blocks": 100}
+    assert c.routers["context"]["routed"] == 10
+    recs = [r for s in range(3) for r in conversation(f"s{s}", 3, 100, 20, NOTHING)]
+    _, checks = reuse.analyse(_cell(), _res(recs), counts=c)
+    low = next(x for x in checks if x.name == "reuse_vs_theoretical")
+    assert not low.ok and "ctx-0 restarted during the cell" in low.reason and "evicted 100 KV blocks" in low.reason
+
+
+def test_whole_prompt_counts_without_the_servers_counters_leave_reuse_unjudged():
+    # a real pre-#13620 TensorRT-LLM: whole-prompt cached_tokens, and no server counter to take reuse from
+    recs = [r for s in range(3) for r in conversation(f"s{s}", 3, 100, 20, STICKY)]
+    whole = [Record(**{**r.__dict__, "cached_tokens": r.prompt_tokens}) for r in recs]
+    counts = reuse.ServerCounts(per_server={"ctx-0": {}, "gen-0": {}})
+    _, checks = reuse.analyse(_cell(), _res(whole), counts=counts)
+    judged = next(x for x in checks if x.name == "reuse_vs_theoretical")
+    assert judged.ok and judged.skipped and "not judged" in judged.reason
+
 # --- the pull-back projection -------------------------------------------------------------------------------------
 
 def test_reverse_bandwidth_comes_from_the_reverse_pairs_of_a_validation_report():
@@ -183,6 +207,16 @@ def test_reverse_bandwidth_comes_from_the_reverse_pairs_of_a_validation_report()
     with pytest.raises(pullback.ReportError, match="not a `tk validate cluster` report"):
         pullback.reverse_bandwidth(FIX / "aiperf" / "fixed" / "profile_export_aiperf.json")
 
+
+
+def test_on_a_shared_host_the_reverse_bandwidth_is_read_not_write(tmp_path):
+    # agents sharing a host: a WRITE completes only when its destination is scheduled (docs/validate.md), so the
+    # pull-back projection takes the READ figures
+    doc = json.loads((FIX / "validate" / "report-bidirectional.json").read_text())
+    doc["timing"] = {**(doc.get("timing") or {}), "shared_host": True}
+    (tmp_path / "report.json").write_text(json.dumps(doc))
+    bw = pullback.reverse_bandwidth(tmp_path)
+    assert bw.gbps == 7.6821 and "(READ)" in bw.detail
 
 def test_projection_is_recompute_minus_transfer_per_turn_and_labelled():
     turns = [{"turn": 1, "recomputed_answer_tokens": 0, "ttft_p50_ms": 50.0},

@@ -43,7 +43,8 @@ class Bandwidth:
 def reverse_bandwidth(path: str | Path, pick: str = "slowest") -> Bandwidth:
     """The generation->context bandwidth a ``tk validate cluster`` run measured: ``pairs`` entries with
     ``"direction": "reverse"`` (src = the context agent, dst = the generation agent, the answer's KV moving back),
-    WRITE where there are such entries, else every reverse one; ``pick`` "slowest" (a deployment is as fast as its
+    WRITE where there are such entries (READ when the agents shared a host, where WRITE figures measure the host:
+    the report's ``timing.shared_host``), else every reverse one; ``pick`` "slowest" (a deployment is as fast as its
     slowest pair) or "median"."""
     p = Path(path)
     report = p / "report.json" if p.is_dir() else p
@@ -67,8 +68,10 @@ def reverse_bandwidth(path: str | Path, pick: str = "slowest") -> Bandwidth:
     def good(e) -> bool:
         v = e.get("gbps")
         return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and math.isfinite(v)
-    writes = [e for e in pairs if e.get("op") == "WRITE" and good(e)]
-    chosen = writes or [e for e in pairs if good(e)]
+    timing = doc.get("timing") if isinstance(doc.get("timing"), dict) else {}
+    prefer = "READ" if timing.get("shared_host") is True else "WRITE"
+    preferred = [e for e in pairs if e.get("op") == prefer and good(e)]
+    chosen = preferred or [e for e in pairs if good(e)]
     if not chosen:
         raise ReportError(f"{report}: every generation->context pair failed; fix the cluster and validate again")
     values = [float(e["gbps"]) for e in chosen]
@@ -78,7 +81,7 @@ def reverse_bandwidth(path: str | Path, pick: str = "slowest") -> Bandwidth:
         gbps = statistics.median(values)
     else:
         raise ValueError(f"pick must be 'slowest' or 'median', got {pick!r}")
-    op = "WRITE" if writes else "any op"
+    op = prefer if preferred else "any op"
     note = "" if doc.get("passed") else " (that validation did NOT pass)"
     return Bandwidth(round(gbps, 6), "measured",
                      f"{pick} of {len(values)} generation->context pair(s) ({op}) in {report}{note}")

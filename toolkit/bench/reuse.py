@@ -81,16 +81,22 @@ class ServerCounts:
 
 
 def server_counts(before: dict, after: dict) -> ServerCounts:
-    """Pure: two snapshots of ``toolkit.bench.reuseprobe`` -> what happened in between."""
+    """Pure: two snapshots of ``toolkit.bench.reuseprobe`` -> what happened in between. Counted per server
+    lifetime: a server restarted in between (its ``instance`` changed) counts from 0, is marked ``restarted``, and
+    no count goes below 0."""
     out = ServerCounts()
     for name, a in after.get("workers", {}).items():
         b = before.get("workers", {}).get(name, {})
         entry: dict = {}
-        kc_a, kc_b = a.get("kv_cache") or {}, b.get("kv_cache") or {}
+        restarted = "instance" in a and a.get("instance") != b.get("instance")
+        kc_a = a.get("kv_cache") or {}
+        kc_b = {} if restarted else (b.get("kv_cache") or {})
+        if restarted:
+            entry["restarted"] = True
         for key in ("lookups", "cached_tokens", "lookup_tokens", "evicted_blocks", "stored_blocks", "reused_blocks",
                     "missed_blocks", "events", "events_dropped", "over_capacity"):
             if isinstance(kc_a.get(key), (int, float)):
-                entry[key] = kc_a[key] - (kc_b.get(key) or 0)
+                entry[key] = max(0, kc_a[key] - (kc_b.get(key) or 0))
         for key in ("capacity_blocks", "enable_block_reuse", "event_buffer_max_size"):
             if key in kc_a:
                 entry[key] = kc_a[key]
@@ -106,10 +112,11 @@ def server_counts(before: dict, after: dict) -> ServerCounts:
                     out.ctx_tokens += int(ib["numCtxTokens"])
                     out.ctx_ms += float(it.get("iterLatencyMS") or 0)
         out.per_server[name] = entry
+    proxy_restarted = after.get("proxy_instance") != before.get("proxy_instance")
     for role, r in (after.get("routers") or {}).items():
-        rb = (before.get("routers") or {}).get(role, {})
-        out.routers[role] = {k: (v - rb.get(k, 0) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
-                             for k, v in r.items()}
+        rb = {} if proxy_restarted else (before.get("routers") or {}).get(role, {})
+        out.routers[role] = {k: (max(0, v - rb.get(k, 0)) if isinstance(v, (int, float)) and not isinstance(v, bool)
+                                 else v) for k, v in r.items()}
     return out
 
 
@@ -181,16 +188,19 @@ def _checks(cell, reqs, doc, setting: ReuseSetting | None, counts, proof, report
                             "PR #13620 (2026-04); per-turn reuse is taken from the servers' own counters instead",
                             name, {"line": setting.line if setting else None}))
     checks.append(_prefix_check(name, reqs))
-    checks.append(_roundtrip_check(name, reqs, proof, setting))
+    checks.append(_roundtrip_check(name, reqs, proof, setting, whole))
     if share is None and not whole:
         return checks
     if whole:
-        reused = sum(v.get("cached_tokens", 0) for k, v in (counts.per_server if counts else {}).items()
-                     if k.startswith("ctx"))
+        ctx = [v for k, v in (counts.per_server if counts else {}).items() if k.startswith("ctx")]
+        counted = [v["cached_tokens"] for v in ctx if "cached_tokens" in v]
         reusable = sum(r.reusable_tokens for r in reqs)
-        share = reused / reusable if reusable and counts else None
-        if share is None:
+        if not counted or not reusable:  # a real TensorRT-LLM exposes no such counter: unknown, not 0 %
+            checks.append(Check("reuse_vs_theoretical", STAGE, True,
+                                "not judged: the requests' cached_tokens are the generation worker's count and the "
+                                "context servers expose no reuse counter to take it from", name, skipped=True))
             return checks
+        share = sum(counted) / reusable
     numbers = {"reuse_share": round(share, 4), "floor": MT.REUSE_FLOOR}
     if share >= MT.REUSE_FLOOR:
         checks.append(Check("reuse_vs_theoretical", STAGE, True,
@@ -206,6 +216,9 @@ def _checks(cell, reqs, doc, setting: ReuseSetting | None, counts, proof, report
 
 def _causes(setting: ReuseSetting | None, counts: ServerCounts | None) -> list[str]:
     causes = []
+    restarted = sorted(k for k, v in (counts.per_server if counts else {}).items() if v.get("restarted"))
+    if restarted:
+        causes.append(f"restart: {', '.join(restarted)} restarted during the cell and lost its cached blocks")
     if counts is not None and (counts.evicted_blocks or counts.pool_full):
         causes.append(f"eviction: the servers evicted {counts.evicted_blocks} KV blocks"
                       + (" and their KV pool ran full" if counts.pool_full else "")
@@ -241,7 +254,7 @@ def _prefix_check(name, reqs) -> Check:
                  {"later_turns": len(later), "not_prefix": len(bad)})
 
 
-def _roundtrip_check(name, reqs, proof, setting) -> Check:
+def _roundtrip_check(name, reqs, proof, setting, whole: bool = False) -> Check:
     """inference-perf #649: an answer resent as text must re-tokenize to the generated ids, or no server can ever
     reuse its KV. Seen two ways: by count (aiperf's tokenizer counts the answer's text, the server counted the
     generated tokens) and by reuse (where a server that generated an answer prefilled the next turn, nothing of
@@ -257,7 +270,8 @@ def _roundtrip_check(name, reqs, proof, setting) -> Check:
                      {"answers": len(pairs), "mismatched": len(off)})
     local = (proof.local_prefill if proof is not None and getattr(proof, "available", False) else 0) or 0
     could = local or (setting is not None and setting.aggregated)
-    later = [r for r in reqs if r.reusable_answer_tokens and r.cached_tokens is not None]
+    # (whole-prompt counts say nothing about which tokens were reused: judged by count only)
+    later = [] if whole else [r for r in reqs if r.reusable_answer_tokens and r.cached_tokens is not None]
     if could and later:
         into = [r for r in later if r.cached_tokens > r.reusable_tokens - r.answer_generated]
         if not into:
@@ -267,6 +281,9 @@ def _roundtrip_check(name, reqs, proof, setting) -> Check:
                          f"no request reused any token of an earlier answer, although {where}: "
                          f"the answers resent as text do not re-tokenize to the generated ids (inference-perf #649)",
                          name, {"requests": len(later), "local_prefill": local})
+    if not pairs and not (could and later):
+        return Check("answers_round_trip", STAGE, True, "not judged: no answer's token counts to compare", name,
+                     {"answers": 0}, skipped=True)
     return Check("answers_round_trip", STAGE, True,
                  f"{len(pairs)} answers re-tokenize to as many tokens as were generated", name,
                  {"answers": len(pairs)})

@@ -44,6 +44,7 @@ class ReuseProbe:
                 stats = _get(url + "/standin/stats", self.timeout_s)
                 if isinstance(stats, dict) and isinstance(stats.get("kv_cache"), dict):
                     entry["kv_cache"] = stats["kv_cache"]
+                    entry["instance"] = stats.get("instance")  # a restart in between: counters start again at 0
             except Exception as exc:  # noqa: BLE001 - TensorRT-LLM has no such endpoint
                 entry["kv_cache_unread"] = type(exc).__name__
             out["workers"][name] = entry
@@ -53,6 +54,7 @@ class ReuseProbe:
                 routers = stats.get("routers") if isinstance(stats, dict) else None
                 if isinstance(routers, dict):
                     out["routers"] = routers
+                    out["proxy_instance"] = stats.get("instance")
             except Exception as exc:  # noqa: BLE001 - TensorRT-LLM's proxy has no such endpoint
                 out["routers_unread"] = type(exc).__name__
         return out
