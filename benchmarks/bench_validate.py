@@ -6,7 +6,7 @@ its preflight, registered pools, prepared descriptor lists and rendezvous) run, 
 each direction (context -> generation, generation -> context) and op (WRITE, READ):
 
   validator  PairRunner.run_op: the request as `tk validate cluster` runs it; transfers in bursts, one per
-             destination slot, every slot poisoned before its burst and verified after it, every byte
+             destination slot, the pool poisoned before the first burst, every slot verified after each, every byte
   raw        the same request's transfers, in the same order, with the same NIXL calls the engines make
              (make_prepped_xfer on the validator's prepared lists and index arrays, transfer, poll
              check_xfer_state to DONE, release): same registered regions, same scattered block tables, same
