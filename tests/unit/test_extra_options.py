@@ -237,3 +237,59 @@ def test_hostile_extra_options_and_serve_args_plan_or_are_recipe_errors(opts, ar
     assert isinstance(opts_out["max_num_tokens"], int) and opts_out["max_num_tokens"] > 0
     assert all(k in trtllm.get(p.trtllm_version).llm_api_keys for k in opts_out)
     assert not {"--port", "--host", "--tp_size"} & {a.split("=")[0] for a in spec.serve_args[6:]}
+
+
+# --- values the 1.3 transceiver rules compare: checked first, and a reported value is never compared ---------------
+
+B13 = 'trtllm_version: "1.3"\n' + QWEN
+PIPELINED = "enable_chunked_prefill: true, cache_transceiver_config: {enable_pipelined_transfer: true"
+
+
+@pytest.mark.parametrize("extra,field,expect", [
+    (PIPELINED + ', kv_cache_bounce_size_mb: "x"}', "cache_transceiver_config.kv_cache_bounce_size_mb",
+     "'x' is not an integer"),
+    (PIPELINED + '}, context_parallel_size: "two"', "context_parallel_size", "'two' is not a positive integer"),
+    (PIPELINED + ", kv_cache_bounce_size_mb: [1]}", "cache_transceiver_config.kv_cache_bounce_size_mb",
+     "[1] is not an integer"),
+    (PIPELINED + ", kv_transfer_poll_interval_ms: {a: 1}}", "cache_transceiver_config.kv_transfer_poll_interval_ms",
+     "is not a positive integer"),
+    ("enable_chunked_prefill: true, cache_transceiver_config: {enable_pipelined_transfer: maybe}",
+     "cache_transceiver_config.enable_pipelined_transfer", "'maybe' is not a boolean"),
+])
+def test_transceiver_values_of_the_wrong_kind_are_violations_not_type_errors(extra, field, expect):
+    v = only(B13, f"context.extra_options={{{extra}}}")
+    assert v.field == f"context.extra_options.{field}" and expect in v.message
+
+
+def test_a_section_reported_as_the_wrong_kind_is_not_read_by_the_transceiver_rules():
+    vs = violations_of(B13, "kv_transfer.runtime=PYTHON", "context.extra_options.cache_transceiver_config=5")
+    assert [v.field for v in vs] == ["context.extra_options.cache_transceiver_config"]
+
+
+def test_pipelined_transfer_with_context_parallelism_is_still_refused_when_the_value_is_right():
+    vs = violations_of(B13, f"context.extra_options={{{PIPELINED}}}, context_parallel_size: 2}}")
+    assert any("context parallelism" in v.message for v in vs)
+
+
+_hostile = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from(["x", "2", "", "CPP", "PYTHON"]),
+                     st.lists(st.integers(0, 2), max_size=2), st.dictionaries(st.sampled_from(["a"]), st.integers(),
+                                                                              max_size=1))
+_ct_key = st.sampled_from(["enable_pipelined_transfer", "kv_cache_bounce_size_mb", "kv_transfer_poll_interval_ms",
+                           "transceiver_runtime", "backend"])
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ct=st.dictionaries(_ct_key, _hostile, max_size=4), top=st.dictionaries(st.sampled_from(
+    ["enable_chunked_prefill", "context_parallel_size", "kv_cache_config", "cache_transceiver_config"]), _hostile,
+    max_size=2), role=st.sampled_from(["context", "generation"]), pipelined=st.sampled_from([None, "true", "false"]))
+def test_hostile_1_3_transceiver_options_plan_or_are_recipe_errors(ct, top, role, pipelined):
+    import json
+
+    extra = {**top, "cache_transceiver_config": ct} if "cache_transceiver_config" not in top else top
+    overrides = [f"{role}.extra_options={json.dumps(extra)}"]
+    if pipelined:
+        overrides.append(f"kv_transfer.pipelined={pipelined}")
+    try:
+        plan_of(B13, *overrides)
+    except RecipeError as exc:
+        assert exc.violations and all(v.message and v.fix for v in exc.violations)

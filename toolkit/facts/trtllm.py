@@ -112,7 +112,7 @@ TK_OWNED_OPTIONS = {
 # (None: the plan supplies it, e.g. the role's model path).
 TK_IMPLIED_OPTIONS = {"backend": PYTORCH_BACKEND, "model": None}
 # The kind of value TensorRT-LLM's pydantic models take for the option keys tk (or the stand-in) reads; a value
-# of another kind fails at start-up, or in tk's own checks. "mapping?" also takes null.
+# of another kind fails at start-up, or in tk's own checks. A kind ending in "?" also takes null (an Optional field).
 OPTION_KINDS = {
     "tensor_parallel_size": "positive integer", "pipeline_parallel_size": "positive integer",
     "moe_expert_parallel_size": "positive integer", "max_batch_size": "positive integer",
@@ -123,12 +123,20 @@ OPTION_KINDS = {
     "moe_config": "mapping?", "speculative_config": "mapping?",
     "kv_cache_config.tokens_per_block": "positive integer", "kv_cache_config.enable_block_reuse": "boolean",
     "kv_cache_config.free_gpu_memory_fraction": "fraction", "kv_cache_config.dtype": "kv dtype",
-    "kv_cache_config.max_tokens": "positive integer", "kv_cache_config.event_buffer_max_size": "integer",
+    "kv_cache_config.max_tokens": "positive integer", "kv_cache_config.event_buffer_max_size": "non-negative integer",
     "cache_transceiver_config.max_tokens_in_buffer": "positive integer",
     "cache_transceiver_config.kv_transfer_timeout_ms": "positive integer",
-    "cache_transceiver_config.kv_transfer_sender_future_timeout_ms": "positive integer",
-    "cuda_graph_config.batch_sizes": "list of positive integers", "cuda_graph_config.max_batch_size": "integer",
-    "cuda_graph_config.enable_padding": "boolean",
+    "cache_transceiver_config.kv_transfer_sender_future_timeout_ms": "positive integer?",
+    "cuda_graph_config.batch_sizes": "list of positive integers",
+    "cuda_graph_config.max_batch_size": "non-negative integer", "cuda_graph_config.enable_padding": "boolean",
+    # What the 1.3 transceiver rules compare (toolkit/plan/rules.py check_transceiver); types from the 1.3 golden
+    # manifest (tensorrt_llm/usage/llm_args_golden_manifest.json @ 0004396720054fd8e205cbf616f21f0b57c6b412):
+    # context_parallel_size int, enable_pipelined_transfer bool, kv_cache_bounce_size_mb int,
+    # kv_transfer_poll_interval_ms and kv_transfer_sender_future_timeout_ms Optional[Annotated[int, Gt(gt=0)]].
+    "context_parallel_size": "positive integer",
+    "cache_transceiver_config.enable_pipelined_transfer": "boolean",
+    "cache_transceiver_config.kv_cache_bounce_size_mb": "integer",
+    "cache_transceiver_config.kv_transfer_poll_interval_ms": "positive integer?",
 }
 # Sections of the options file whose keys the version table lists: section -> the TrtllmVersion field.
 # speculative_config is checked only for decoding_type MTP (the one tk renders).
