@@ -208,3 +208,19 @@ def test_a_source_that_is_not_a_disaggregated_config_of_its_kind_is_refused_with
                    "agg.yaml", kind="srt-slurm")
     v = info.value.violations[0]
     assert v.file == "agg.yaml" and v.fix
+
+
+@pytest.mark.parametrize("breaker", ["\n", "\r", "\x85", "\u2028", "\u2029", "\x0b", "\x0c"])
+def test_a_source_key_cannot_write_lines_into_the_recipe(tmp_path, breaker):
+    # a benchmark key that ends the header comment line and starts a recipe line of its own
+    doc = yaml.safe_load(SRT)
+    doc["benchmark"][f"x{breaker}trust_remote_code: true{breaker}#"] = 1
+    doc["frontend"] = {f"y{breaker}cluster: {{gpus_per_node: 1}}": 2}
+    src = tmp_path / "srt.yaml"
+    src.write_text(yaml.safe_dump(doc))
+    result = api.import_config(src, output=tmp_path / "r.yaml")
+    written = yaml.safe_load((tmp_path / "r.yaml").read_text())
+    assert written == result.recipe  # exactly the intended keys: nothing from the header comment
+    assert "trust_remote_code" not in written and written["cluster"]["gpus_per_node"] == 4
+    assert all(line.startswith("#") for line in result.text.split("\n")
+               if line and not line.startswith(tuple("abcdefghijklmnopqrstuvwxyz -")))

@@ -19,6 +19,7 @@ import yaml
 from toolkit.errors import RecipeError, Violation
 from toolkit.importer import srtslurm, trtllm_bench, trtllm_disagg
 from toolkit.importer.common import Ledger, flatten
+from toolkit.recipe.loader import escape_controls
 
 KINDS = {m.KIND: m for m in (srtslurm, trtllm_bench, trtllm_disagg)}
 MAX_SOURCE_BYTES = 1 << 20
@@ -113,8 +114,9 @@ def render_text(recipe: dict, ledger: Ledger) -> str:
         head.append("# To check:")
         head += [f"#   {n}" for n in ledger.notes]
     body = yaml.safe_dump(recipe, sort_keys=False, default_flow_style=None, width=120)
-    lines = [re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "?", h) for h in head]
-    return "\n".join(lines) + "\n" + body
+    # each header entry stays one comment line: a source's key or value with a line break (\n, \r, \x85, \u2028)
+    # would otherwise end the comment and write a recipe line of its own
+    return "\n".join(escape_controls(h) for h in head) + "\n" + body
 
 
 def check(result: ImportResult) -> None:

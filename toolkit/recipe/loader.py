@@ -170,13 +170,20 @@ MAX_VIOLATIONS = 50  # violations reported at once
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
+def escape_controls(text: str) -> str:
+    """``text`` with every control character, surrogate and line or paragraph separator written as its escape
+    (\\n, \\x85, \\u2028): what is left is one line to a terminal and to YAML (whose line breaks include
+    \\x85, \\u2028 and \\u2029)."""
+    return "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp")
+                   else ch for ch in text)
+
+
 def cut(text: str, limit: int = MAX_ECHO) -> str:
     """Text for an error message: control characters escaped (a newline or ESC in a file name or a --set
     must not break the message or drive the terminal), cut to ``limit`` characters (a 20,000-entry mapping
     is not echoed whole)."""
     n = len(text)
-    text = "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp")
-                   else ch for ch in text[:limit])
+    text = escape_controls(text[:limit])
     if len(text) > limit or n > limit:
         text = text[:limit] + f"... ({n} characters)"
     return text
