@@ -224,3 +224,16 @@ def test_a_source_key_cannot_write_lines_into_the_recipe(tmp_path, breaker):
     assert "trust_remote_code" not in written and written["cluster"]["gpus_per_node"] == 4
     assert all(line.startswith("#") for line in result.text.split("\n")
                if line and not line.startswith(tuple("abcdefghijklmnopqrstuvwxyz -")))
+
+
+def test_json_output_carries_yaml_dates_binary_and_sets_as_text(tmp_path):
+    src = tmp_path / "srt.yaml"
+    src.write_text(SRT.replace('  concurrencies: "64"\n', '  concurrencies: "64"\n  when: 2024-01-01\n'
+                               "  at: 2024-01-01 10:00:00\n  blob: !!binary aGk=\n  tags: !!set {a}\n"
+                               "  2024-02-02: keyed by a date\n"))
+    proc = tk("import", str(src), "--json")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    dropped = {d["path"]: d["value"] for d in json.loads(proc.stdout)["not_carried"]}
+    assert dropped["benchmark.when"] == "2024-01-01" and dropped["benchmark.at"] == "2024-01-01 10:00:00"
+    assert dropped["benchmark.2024-02-02"] == "keyed by a date" and dropped["benchmark.tags"] == ["a"]
+    assert isinstance(dropped["benchmark.blob"], str)

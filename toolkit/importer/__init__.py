@@ -87,6 +87,7 @@ def import_doc(doc: dict, file: str, kind: str | None = None, name: str | None =
         raise RecipeError([Violation(file, 1, "(format)", "not a config tk can import" if found is None else
                                      f"unknown format {found!r}", f"give one of: {', '.join(KINDS)} (--kind)")])
     ledger = Ledger(kind=found, source=file)
+    doc = as_data(doc)
     try:
         recipe = KINDS[found].convert(doc, ledger)
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
@@ -102,6 +103,24 @@ def import_doc(doc: dict, file: str, kind: str | None = None, name: str | None =
     result = ImportResult(kind=found, source=file, recipe=recipe, text=text, ledger=ledger)
     check(result)
     return result
+
+
+def as_data(value):
+    """The source as JSON-like data: YAML's dates and times, binary and sets (yaml.safe_load builds date, datetime,
+    bytes and set objects) as text and lists, keys too, so that the recipe, the ledger and `tk import --json` carry
+    only what a JSON document and a recipe can hold."""
+    if isinstance(value, dict):
+        return {k if isinstance(k, (str, int, float, bool)) or k is None else str(k): as_data(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [as_data(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((as_data(v) for v in value), key=str)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)  # datetime.date / datetime.datetime: ISO 8601, as YAML wrote it
 
 
 def render_text(recipe: dict, ledger: Ledger) -> str:
