@@ -237,3 +237,35 @@ def test_json_output_carries_yaml_dates_binary_and_sets_as_text(tmp_path):
     assert dropped["benchmark.when"] == "2024-01-01" and dropped["benchmark.at"] == "2024-01-01 10:00:00"
     assert dropped["benchmark.2024-02-02"] == "keyed by a date" and dropped["benchmark.tags"] == ["a"]
     assert isinstance(dropped["benchmark.blob"], str)
+
+
+@pytest.mark.parametrize("old,new,field", [
+    ("resources:\n  gpu_type", "resources: 5\nx:\n  gpu_type", "resources"),
+    ('model:\n  path: "dsr1"', 'model: "dsr1"\nx:\n  path: "dsr1"', "model"),
+    ('benchmark:\n  type: "sa-bench"', 'benchmark: [1]\nx:\n  type: "sa-bench"', "benchmark"),
+    ('frontend:\n  type: "dynamo"', 'frontend: dynamo', "frontend"),
+    ("  prefill_environment:\n", "  trtllm_config: 7\n  prefill_environment:\n", "backend.trtllm_config"),
+])
+def test_a_section_of_the_wrong_kind_is_named_with_its_line_and_the_kind_it_must_be(tmp_path, old, new, field):
+    src = tmp_path / "srt.yaml"
+    text = SRT.replace(old, new)
+    if field == "backend.trtllm_config":  # the recipe's own trtllm_config follows: drop it (a duplicate key)
+        text = text.replace("  trtllm_config:\n    prefill:", "  x:\n    prefill:")
+    src.write_text(text)
+    with pytest.raises(RecipeError) as info:
+        api.import_config(src, kind="srt-slurm")
+    [v] = info.value.violations
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if t.strip().startswith(field.split(".")[-1] + ":"))
+    assert (v.file, v.field, v.line) == (str(src), field, line)
+    assert "not a mapping" in v.message and "attribute" not in v.message and field in v.fix
+
+
+def test_a_trtllm_bench_or_disagg_section_of_the_wrong_kind_is_named():
+    doc = {"worker_config": {"ctx": {}, "gen": {}}, "hardware": "8 GPUs"}
+    with pytest.raises(RecipeError) as info:
+        import_doc(doc, "config.yaml")
+    assert info.value.violations[0].field == "hardware"
+    doc = {"context_servers": {}, "generation_servers": {}, "conditional_disagg_config": 4}
+    with pytest.raises(RecipeError) as info:
+        import_doc(doc, "disagg.yaml")
+    assert info.value.violations[0].field == "conditional_disagg_config"

@@ -18,8 +18,8 @@ import yaml
 
 from toolkit.errors import RecipeError, Violation
 from toolkit.importer import srtslurm, trtllm_bench, trtllm_disagg
-from toolkit.importer.common import Ledger, flatten
-from toolkit.recipe.loader import escape_controls
+from toolkit.importer.common import Ledger, SourceError, flatten
+from toolkit.recipe.loader import cut, escape_controls
 
 KINDS = {m.KIND: m for m in (srtslurm, trtllm_bench, trtllm_disagg)}
 MAX_SOURCE_BYTES = 1 << 20
@@ -45,7 +45,12 @@ class ImportResult:
 
 
 def read_source(path: str | Path) -> dict:
-    from toolkit.recipe.loader import cut, parse_yaml
+    return _read(path)[0]
+
+
+def _read(path: str | Path) -> tuple[dict, dict]:
+    """The source's mapping and the line of each field path in it (toolkit.recipe.loader.parse_yaml)."""
+    from toolkit.recipe.loader import parse_yaml
 
     p = Path(path)
     file = cut(str(path))
@@ -61,11 +66,11 @@ def read_source(path: str | Path) -> dict:
     if len(data) > MAX_SOURCE_BYTES:
         raise RecipeError([Violation(file, None, "(size)", f"larger than {MAX_SOURCE_BYTES} bytes",
                                      "give the deployment config, not a data file")])
-    doc, _ = parse_yaml(text, file)
+    doc, lines = parse_yaml(text, file)
     if not isinstance(doc, dict):
         raise RecipeError([Violation(file, 1, "(top level)", "not a YAML mapping",
                                      f"give a config of one of the formats {', '.join(KINDS)}")])
-    return doc
+    return doc, lines
 
 
 def detect(doc: dict) -> str | None:
@@ -77,11 +82,13 @@ def detect(doc: dict) -> str | None:
 
 def import_config(path: str | Path, kind: str | None = None, name: str | None = None) -> ImportResult:
     """Convert, write nothing. Raises RecipeError when the source cannot be read or converted at all."""
-    return import_doc(read_source(path), str(path), kind=kind, name=name)
+    doc, lines = _read(path)
+    return import_doc(doc, str(path), kind=kind, name=name, lines=lines)
 
 
-def import_doc(doc: dict, file: str, kind: str | None = None, name: str | None = None) -> ImportResult:
-    """Convert a source already read (``file`` names it in messages)."""
+def import_doc(doc: dict, file: str, kind: str | None = None, name: str | None = None,
+               lines: dict | None = None) -> ImportResult:
+    """Convert a source already read (``file`` names it in messages; ``lines``: field path -> line in it)."""
     found = kind or detect(doc)
     if found is None or found not in KINDS:
         raise RecipeError([Violation(file, 1, "(format)", "not a config tk can import" if found is None else
@@ -90,6 +97,10 @@ def import_doc(doc: dict, file: str, kind: str | None = None, name: str | None =
     doc = as_data(doc)
     try:
         recipe = KINDS[found].convert(doc, ledger)
+    except SourceError as exc:
+        raise RecipeError([Violation(file, (lines or {}).get(tuple(exc.path.split("."))), exc.path,
+                                     f"{cut(str(exc))}: tk cannot import it as {found}",
+                                     f"write {exc.path} as {exc.expected}, as a {found} config has it")]) from None
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise RecipeError([Violation(file, None, "(format)", f"cannot import it as {found}: {exc}",
                                      "import a disaggregated config of this format")]) from None

@@ -12,7 +12,7 @@ wraps them in trtllm-llmapi-launch, and serves through Dynamo's frontend or ``tr
 
 from __future__ import annotations
 
-from toolkit.importer.common import (Ledger, env_mapping, gpu_name, launcher_for, model_name, role_options,
+from toolkit.importer.common import (Ledger, env_mapping, gpu_name, launcher_for, model_name, role_options, section,
                                      shared_fields, speculative, transport_for)
 
 KIND = "srt-slurm"
@@ -27,10 +27,10 @@ def looks_like(doc: dict) -> bool:
 def convert(doc: dict, ledger: Ledger) -> dict:
     recipe: dict = {"schema_version": 1, "name": str(doc.get("name") or "imported")}
     ledger.carry("name")
-    model = doc.get("model") or {}
-    res = doc.get("resources") or {}
-    backend = doc.get("backend") or {}
-    configs = backend.get("trtllm_config") or {}
+    model = section(doc, "model")
+    res = section(doc, "resources")
+    backend = section(doc, "backend")
+    configs = section(backend, "trtllm_config", "backend")
     if configs.get("aggregated") or res.get("agg_workers"):
         raise ValueError("an aggregated-only srt-slurm recipe (resources.agg_workers, trtllm_config.aggregated): tk "
                          "deploys disaggregated serving, and runs the aggregated baseline of a disaggregated recipe "
@@ -61,18 +61,18 @@ def convert(doc: dict, ledger: Ledger) -> dict:
     if res.get("gpus_per_node") is not None:
         cluster["gpus_per_node"] = res["gpus_per_node"]
         ledger.carry("resources.gpus_per_node")
-    container = model.get("container") or (doc.get("identity") or {}).get("container", {}).get("image")
+    container = model.get("container") or section(section(doc, "identity"), "container", "identity").get("image")
     if container:
         cluster["container_image"] = str(container)
         ledger.carry("model.container")
         if "/" not in str(container) and "#" not in str(container):
             ledger.notes.append(f"model.container {container!r} is a srtctl container alias (srtslurm.yaml "
                                 "containers); set cluster.container_image to the image it names")
-    sbatch = [f"--{k}={v}" if v not in (None, "") else f"--{k}" for k, v in (doc.get("sbatch_directives") or {}).items()]
+    sbatch = [f"--{k}={v}" if v not in (None, "") else f"--{k}" for k, v in section(doc, "sbatch_directives").items()]
     if sbatch:
         cluster["sbatch_args"] = sbatch
         ledger.carry("sbatch_directives")
-    srun = [f"--{k}={v}" if v not in (None, "") else f"--{k}" for k, v in (doc.get("srun_options") or {}).items()]
+    srun = [f"--{k}={v}" if v not in (None, "") else f"--{k}" for k, v in section(doc, "srun_options").items()]
     if srun:
         cluster["srun_args"] = srun
         ledger.carry("srun_options")
@@ -108,7 +108,7 @@ def convert(doc: dict, ledger: Ledger) -> dict:
     if spec:
         recipe["speculative"] = spec
 
-    bench = doc.get("benchmark") or {}
+    bench = section(doc, "benchmark")
     traffic = {}
     for key, fld in (("isl", "max_input_len"), ("osl", "max_output_len")):
         if isinstance(bench.get(key), int) and not isinstance(bench.get(key), bool):
@@ -124,7 +124,7 @@ def convert(doc: dict, ledger: Ledger) -> dict:
             ledger.notes.append(f"resources.{key} = {res[key]}: tk places the servers itself from tp x pp and "
                                 "gpus_per_node (tk plan shows the nodes)")
             ledger.carry(f"resources.{key}")
-    frontend = doc.get("frontend") or {}
+    frontend = section(doc, "frontend")
     if frontend.get("type") not in (None, "trtllm_serve"):
         ledger.drop("frontend", frontend, "tk serves through TensorRT-LLM's own proxy (trtllm-serve disaggregated) "
                     "and trtllm-serve workers, not the Dynamo frontend and dynamo.trtllm workers")
