@@ -269,3 +269,40 @@ def test_a_trtllm_bench_or_disagg_section_of_the_wrong_kind_is_named():
     with pytest.raises(RecipeError) as info:
         import_doc(doc, "disagg.yaml")
     assert info.value.violations[0].field == "conditional_disagg_config"
+
+
+def test_the_plan_check_names_the_file_written(tmp_path):
+    doc = yaml.safe_load(SRT)
+    doc["backend"]["trtllm_config"]["decode"]["kv_cache_config"]["tokens_per_block"] = 64
+    doc["backend"]["trtllm_config"]["prefill"]["kv_cache_config"]["tokens_per_block"] = 32
+    src = tmp_path / "srt.yaml"
+    src.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out5.yaml"
+    result = api.import_config(src, output=out)
+    assert not result.ok and {v.file for v in result.violations} == {str(out)}
+    # each violation's line is the line of its field in the file written
+    lines = out.read_text().splitlines()
+    for v in result.violations:
+        assert v.line is None or v.field.rsplit(".", 1)[-1] in lines[v.line - 1], (v, lines[v.line - 1])
+    on_stdout = api.import_config(src)
+    assert {v.file for v in on_stdout.violations} == {"<stdout>"}
+
+
+def test_the_plan_check_reads_the_site_file_as_tk_plan_does(tmp_path, monkeypatch):
+    src = tmp_path / "srt.yaml"
+    src.write_text(SRT)
+    site = tmp_path / "site.yaml"
+    site.write_text("kv_transfer:\n  runtime: PYTHON\n")  # the Python transceiver takes only NIXL; SRT's is UCX
+    monkeypatch.setenv("TK_SITE", str(site))
+    result = api.import_config(src, output=tmp_path / "r.yaml")
+    assert not result.ok and any("Python transceiver" in v.message for v in result.violations)
+    plan = tk_plan_violations(tmp_path / "r.yaml")
+    assert {v.message for v in plan} == {v.message for v in result.violations}
+
+
+def tk_plan_violations(path):
+    from toolkit.plan import build_plan
+
+    with pytest.raises(RecipeError) as info:
+        build_plan(load_recipe(path))
+    return info.value.violations

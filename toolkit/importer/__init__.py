@@ -80,15 +80,23 @@ def detect(doc: dict) -> str | None:
     return None
 
 
-def import_config(path: str | Path, kind: str | None = None, name: str | None = None) -> ImportResult:
-    """Convert, write nothing. Raises RecipeError when the source cannot be read or converted at all."""
+STDOUT = "<stdout>"  # what the plan check's messages name when the recipe is printed, not written
+SITE_AUTO = "auto"  # check with the site file `tk plan` reads (toolkit.recipe.site.load_site)
+
+
+def import_config(path: str | Path, kind: str | None = None, name: str | None = None,
+                  output: str | Path | None = None, site=SITE_AUTO) -> ImportResult:
+    """Convert, write nothing. Raises RecipeError when the source cannot be read or converted at all. ``output``:
+    where the recipe will be written (the plan check's messages name it); ``site``: the site defaults the check
+    merges under the recipe, as `tk plan` will (a SiteDefaults, None for none, or the user's site file)."""
     doc, lines = _read(path)
-    return import_doc(doc, str(path), kind=kind, name=name, lines=lines)
+    return import_doc(doc, str(path), kind=kind, name=name, lines=lines, output=output, site=site)
 
 
 def import_doc(doc: dict, file: str, kind: str | None = None, name: str | None = None,
-               lines: dict | None = None) -> ImportResult:
-    """Convert a source already read (``file`` names it in messages; ``lines``: field path -> line in it)."""
+               lines: dict | None = None, output: str | Path | None = None, site=None) -> ImportResult:
+    """Convert a source already read (``file`` names it in messages; ``lines``: field path -> line in it; ``output``
+    and ``site`` as for ``import_config``)."""
     found = kind or detect(doc)
     if found is None or found not in KINDS:
         raise RecipeError([Violation(file, 1, "(format)", "not a config tk can import" if found is None else
@@ -112,7 +120,7 @@ def import_doc(doc: dict, file: str, kind: str | None = None, name: str | None =
     recipe = {**head, **recipe}
     text = render_text(recipe, ledger)
     result = ImportResult(kind=found, source=file, recipe=recipe, text=text, ledger=ledger)
-    check(result)
+    check(result, STDOUT if output is None else str(output), site)
     return result
 
 
@@ -149,13 +157,15 @@ def render_text(recipe: dict, ledger: Ledger) -> str:
     return "\n".join(escape_controls(h) for h in head) + "\n" + body
 
 
-def check(result: ImportResult) -> None:
-    """Load and plan the imported recipe; compare what tk renders with the source's options."""
+def check(result: ImportResult, file: str = STDOUT, site=None) -> None:
+    """Load and plan the imported recipe as `tk plan FILE` will (``file``: where it is written; ``site``: the site
+    defaults, or SITE_AUTO for the user's site file); compare what tk renders with the source's options."""
     from toolkit.plan import build_plan
     from toolkit.recipe import load_recipe_text
+    from toolkit.recipe.site import load_site
 
     try:
-        loaded = load_recipe_text(result.text, f"{result.recipe['name']}.yaml")
+        loaded = load_recipe_text(result.text, file, site=load_site() if site == SITE_AUTO else site)
         plan = build_plan(loaded)
     except RecipeError as exc:
         result.violations = list(exc.violations)
