@@ -293,3 +293,24 @@ def test_hostile_1_3_transceiver_options_plan_or_are_recipe_errors(ct, top, role
         plan_of(B13, *overrides)
     except RecipeError as exc:
         assert exc.violations and all(v.message and v.fix for v in exc.violations)
+
+
+# --- the 1.0/1.1 hand tables list only what tk needed: a top-level key missing there is unverified, not refused ------
+
+@pytest.mark.parametrize("version,key", [
+    ("1.1.0rc0", "use_torch_sampler=true"),  # NVIDIA's 1.1.0rc0 blog config sets it
+    ("1.1.0", "sampler_type=TorchSampler"),
+    ("1.0", "use_torch_sampler=true"),
+    ("1.0.0", "sampler_type=TorchSampler"),
+])
+def test_a_top_level_key_the_1_0_1_1_hand_tables_lack_is_a_warning_and_rendered(version, key):
+    name, value = key.split("=")
+    p = plan_of(BASE, f"trtllm_version={version}", f"context.extra_options.{key}")
+    assert name in p.context.llm_api_options
+    assert any(w.startswith(f"context.extra_options.{name}:") and "unverified" in w for w in p.warnings)
+
+
+def test_the_1_0_kv_cache_config_list_is_still_whole():
+    # its 14 fields were read whole, so a key there that came with 1.1 is refused for a 1.0 release
+    v = only(BASE, "trtllm_version=1.0.0", "context.extra_options.kv_cache_config.max_gpu_total_bytes=1")
+    assert "has no option kv_cache_config.max_gpu_total_bytes" in v.message
