@@ -122,9 +122,12 @@ def test_owned_options_may_repeat_tks_value():
                 "context.extra_options.kv_cache_config.tokens_per_block=32",
                 "context.extra_options.cache_transceiver_config.backend=NIXL")
     assert p.context.llm_api_options["tensor_parallel_size"] == 4 and p.context.ep == 4
-    # ... but not the same number in another kind: true is not 1
-    v = only(BASE, "context.extra_options.tensor_parallel_size=true")
-    assert "true is not a positive integer" in v.message
+    # ... in another kind only where pydantic (lax mode) converts it: int(true) is 1, "one" is not a number
+    p = plan_of(BASE, "context.extra_options.tensor_parallel_size=true")
+    assert p.context.llm_api_options["tensor_parallel_size"] == 1
+    assert any("converts it to 1" in w for w in p.warnings)
+    v = only(BASE, "context.extra_options.tensor_parallel_size=one")
+    assert "'one' is not a positive integer" in v.message
 
 
 def test_options_tk_does_not_own_stay_tunable():
@@ -314,3 +317,58 @@ def test_the_1_0_kv_cache_config_list_is_still_whole():
     # its 14 fields were read whole, so a key there that came with 1.1 is refused for a 1.0 release
     v = only(BASE, "trtllm_version=1.0.0", "context.extra_options.kv_cache_config.max_gpu_total_bytes=1")
     assert "has no option kv_cache_config.max_gpu_total_bytes" in v.message
+
+
+# --- what TensorRT-LLM's pydantic converts (lax mode: TorchLlmArgs is extra="forbid", not strict) is accepted -------
+
+@pytest.mark.parametrize("override,key,value", [
+    ("context.extra_options.enable_chunked_prefill=1", ("enable_chunked_prefill",), True),
+    ("context.extra_options.enable_chunked_prefill=0", ("enable_chunked_prefill",), False),
+    ('context.extra_options.enable_chunked_prefill="yes"', ("enable_chunked_prefill",), True),
+    ('context.extra_options.enable_chunked_prefill="Off"', ("enable_chunked_prefill",), False),
+    ('context.extra_options.kv_cache_config.enable_block_reuse="true"', ("kv_cache_config", "enable_block_reuse"),
+     True),
+    ('generation.extra_options.cuda_graph_config.max_batch_size="16"', ("cuda_graph_config", "max_batch_size"), 16),
+    ('generation.extra_options.cuda_graph_config.batch_sizes=[1, "2", 4.0]', ("cuda_graph_config", "batch_sizes"),
+     [1, 2, 4]),
+    ('context.extra_options.kv_cache_config.event_buffer_max_size="64"', ("kv_cache_config", "event_buffer_max_size"),
+     64),
+])
+def test_a_value_pydantic_converts_is_accepted_written_converted_and_warned(override, key, value):
+    p = plan_of(QWEN, override)
+    opts = getattr(p, override.split(".")[0]).llm_api_options
+    for k in key:
+        opts = opts[k]
+    assert opts == value and type(opts) is type(value)
+    assert any(w.startswith(f"{override.split('=')[0]}:") and "converts it to" in w for w in p.warnings)
+
+
+@pytest.mark.parametrize("override,expect", [
+    ("context.extra_options.enable_chunked_prefill=2", "2 is not a boolean"),
+    ('context.extra_options.enable_chunked_prefill=""', "'' is not a boolean"),
+    ("context.extra_options.enable_chunked_prefill=0.5", "0.5 is not a boolean"),
+    ('context.extra_options.kv_cache_config.enable_block_reuse="maybe"', "'maybe' is not a boolean"),
+    ('generation.extra_options.cuda_graph_config.max_batch_size="1e3"', "'1e3' is not a non-negative integer"),
+    ("generation.extra_options.cuda_graph_config.max_batch_size=2.5", "2.5 is not a non-negative integer"),
+])
+def test_a_value_pydantic_refuses_is_still_refused(override, expect):
+    assert expect in only(QWEN, override).message
+
+
+def test_a_converted_value_of_a_key_tk_owns_may_repeat_tks_value():
+    p = plan_of(QWEN, 'context.extra_options.max_batch_size="8"')  # tk writes 8 for the context servers
+    assert p.context.llm_api_options["max_batch_size"] == 8
+
+
+def test_a_converted_context_parallel_size_is_read_by_the_transceiver_rules():
+    vs = violations_of(B13, f"context.extra_options={{{PIPELINED}}}, context_parallel_size: \"2\"}}")
+    assert any("context parallelism" in v.message for v in vs)
+
+
+def test_the_aggregated_baseline_writes_the_converted_value_too():
+    from toolkit.plan import build_plan
+    from toolkit.recipe import load_recipe_text
+
+    p = build_plan(load_recipe_text(QWEN, "r.yaml", ["generation.extra_options.enable_chunked_prefill=1"]),
+                   aggregated=True)
+    assert p.aggregated.llm_api_options["enable_chunked_prefill"] is True

@@ -111,8 +111,11 @@ TK_OWNED_OPTIONS = {
 # Owned keys tk passes on the command line rather than in the options file, with the value it passes there
 # (None: the plan supplies it, e.g. the role's model path).
 TK_IMPLIED_OPTIONS = {"backend": PYTORCH_BACKEND, "model": None}
-# The kind of value TensorRT-LLM's pydantic models take for the option keys tk (or the stand-in) reads; a value
-# of another kind fails at start-up, or in tk's own checks. A kind ending in "?" also takes null (an Optional field).
+# The kind of value TensorRT-LLM's pydantic models take for the option keys tk (or the stand-in) reads. A kind ending
+# in "?" also takes null (an Optional field). The models validate in pydantic's lax mode (StrictBaseModel is
+# extra="forbid", not strict, tensorrt_llm/llmapi/llm_args.py), so a value of another kind that pydantic converts
+# (enable_chunked_prefill: 1 or "true", max_batch_size: "8") is accepted and written converted, with a warning; one
+# it cannot convert fails at start-up, and tk refuses it (toolkit/plan/rules.py check_extra_options).
 OPTION_KINDS = {
     "tensor_parallel_size": "positive integer", "pipeline_parallel_size": "positive integer",
     "moe_expert_parallel_size": "positive integer", "max_batch_size": "positive integer",

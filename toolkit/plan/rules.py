@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import re
 from pathlib import Path
@@ -380,6 +381,51 @@ def _is_kind(value, kind: str, version) -> bool:
     raise AssertionError(kind)
 
 
+# What TensorRT-LLM's pydantic makes of a value for an option of each kind tk checks: its option models are
+# StrictBaseModel = pydantic BaseModel with extra="forbid" (tensorrt_llm/llmapi/llm_args.py), not strict=True, so
+# pydantic's lax mode converts (bool: 0/1, "true"/"false", "yes"/"no", "on"/"off", "t"/"f", "y"/"n", "1"/"0" in any
+# case; int: "2", 2.0, true; float: "0.5"; lists item by item). The kinds without a row take no conversion.
+_LAX_TYPES = {"positive integer": "int", "non-negative integer": "int", "integer": "int", "boolean": "bool",
+              "fraction": "float", "list of positive integers": "list[int]"}
+
+
+@functools.lru_cache(maxsize=None)
+def _adapter(name: str):
+    from pydantic import TypeAdapter
+
+    return TypeAdapter({"int": int, "bool": bool, "float": float, "list[int]": list[int]}[name])
+
+
+def _lax(value, kind: str, version):
+    """``value`` as TensorRT-LLM's pydantic (lax mode) converts it for an option of ``kind``, where the result is of
+    that kind; else _ABSENT (pydantic refuses it, or tk would: a kind's range is tk's check too)."""
+    name = _LAX_TYPES.get(kind.removesuffix("?"))
+    if name is None or isinstance(value, dict):
+        return _ABSENT
+    from pydantic import ValidationError
+
+    try:
+        converted = _adapter(name).validate_python(value)
+    except (ValidationError, ValueError, TypeError, OverflowError):
+        return _ABSENT
+    return converted if _is_kind(converted, kind, version) else _ABSENT
+
+
+def lax_converted(options: dict, version, prefix: str = "") -> dict:
+    """A copy of ``options`` with every value of a checked kind (facts.trtllm.OPTION_KINDS) that pydantic converts
+    replaced by what it converts to: what TensorRT-LLM reads, written so (toolkit.plan.aggregated)."""
+    out = {}
+    for key, value in options.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        kind = trtllm.OPTION_KINDS.get(dotted)
+        if kind and not _is_kind(value, kind, version) and _lax(value, kind, version) is not _ABSENT:
+            value = _lax(value, kind, version)
+        elif isinstance(value, dict):
+            value = lax_converted(value, version, dotted)
+        out[key] = value
+    return out
+
+
 def _kind_text(kind: str, version) -> str:
     if kind.endswith("?"):
         return f"{_kind_text(kind[:-1], version)} (or null)"
@@ -414,13 +460,16 @@ def check_extra_options(r: Recipe, title: str, role, derived: dict, version: trt
     values of the kind tk reads, a fixed-choice value TensorRT-LLM has, nothing tk owns overridden.
 
     ``derived`` is what tk writes before extra_options are merged in. One violation per key at most, and none for
-    the keys below a refused one. Returns the extra_options the rules that read values may read: without the
-    subtrees reported here (the plan fails anyway; no later rule compares a value of the wrong kind).
+    the keys below a refused one. A value pydantic converts (lax mode: ``enable_chunked_prefill: 1``) is accepted
+    with a warning. Returns the extra_options as TensorRT-LLM reads them, which the plan writes and the rules that
+    read values read: converted, and without the subtrees reported here (the plan fails anyway; no later rule
+    compares a value of the wrong kind).
     """
     target = target or llm_args.Target(version.line)
     implied = {**trtllm.TK_IMPLIED_OPTIONS, "model": role.model_path or r.model_path or r.model}
     stopped: list[str] = []
     reported: list[tuple] = []
+    conversions: dict[tuple, object] = {}
 
     def refuse(path: tuple, dotted: str, *violation) -> None:
         c.add(*violation)
@@ -441,9 +490,14 @@ def check_extra_options(r: Recipe, title: str, role, derived: dict, version: trt
         instead = f"set {owner} instead and remove {where}" if owner else ""
         kind = trtllm.OPTION_KINDS.get(dotted)
         if kind and not _is_kind(value, kind, version):
-            refuse(path, dotted, field, f"{_show(value)} is not {_kind_text(kind, version)}",
-                   instead or f"give {dotted} {_kind_text(kind, version)}")
-            continue
+            converted = _lax(value, kind, version)
+            if converted is _ABSENT:
+                refuse(path, dotted, field, f"{_show(value)} is not {_kind_text(kind, version)}",
+                       instead or f"give {dotted} {_kind_text(kind, version)}")
+                continue
+            c.warnings.append(f"{where}: {_show(value)} is not {_kind_text(kind, version)} as written; TensorRT-LLM's "
+                              f"pydantic (lax mode) converts it to {_show(converted)}, which tk writes")
+            conversions[path] = value = converted
         if owner:
             stopped.append(dotted)  # tk's value stands for the whole subtree
             tk_value = implied[key] if key in implied and len(path) == 1 else _dig_or_absent(derived, path)
@@ -470,17 +524,21 @@ def check_extra_options(r: Recipe, title: str, role, derived: dict, version: trt
             refuse(path, dotted, field, bad.reason, bad.fix)
         elif bad is not None:
             c.warnings.append(f"{where}: {bad.reason}")
-    return _without(role.extra_options, reported)
+    return _checked(role.extra_options, reported, conversions)
 
 
-def _without(options: dict, paths: list[tuple]) -> dict:
-    """A copy of ``options`` less the subtrees at ``paths``."""
+def _checked(options: dict, reported: list[tuple], conversions: dict[tuple, object]) -> dict:
+    """A copy of ``options`` less the subtrees at the ``reported`` paths, with the converted values."""
     out = {}
     for key, value in options.items():
-        below = [p[1:] for p in paths if p and p[0] == str(key)]
+        below = [p[1:] for p in reported if p and p[0] == str(key)]
         if any(not p for p in below):
             continue
-        out[key] = _without(value, below) if below and isinstance(value, dict) else value
+        if (str(key),) in conversions:
+            value = conversions[(str(key),)]
+        elif isinstance(value, dict):
+            value = _checked(value, below, {p[1:]: v for p, v in conversions.items() if p[0] == str(key)})
+        out[key] = value
     return out
 
 
