@@ -446,6 +446,26 @@ def unverified_options(version: "TrtllmVersion") -> tuple[OptionFact, ...]:
 
 LATEST = "1.2"
 PRERELEASE_LINES = ("1.3",)
+# The releases of each line tk knows were published, first and last (PyPI uploads and release tags; the dates are in
+# docs/trtllm-versions.md, "The snapshots"); no patch release (1.2.1) is known. A version of a line outside its
+# range is named in a warning (a typo such as 1.2.99, or a release newer than tk's facts), never refused: the line's
+# facts still apply.
+KNOWN_RELEASES = {"1.0": ("1.0.0rc0", "1.0.0"), "1.1": ("1.1.0rc0", "1.1.0"), "1.2": ("1.2.0rc0", "1.2.0"),
+                  "1.3": ("1.3.0rc0", "1.3.0rc29")}
+
+
+def unknown_release(text: str) -> str | None:
+    """Why ``text`` (a release, not a line alone) is not a release tk knows of its line, or None."""
+    from toolkit.facts import llm_args
+
+    parsed = parse_version(text)
+    if parsed is None or parsed.line not in KNOWN_RELEASES or re.fullmatch(r"[0-9]+\.[0-9]+", text):
+        return None
+    first, last = KNOWN_RELEASES[parsed.line]
+    if llm_args.version_key(first) <= llm_args.version_key(text) <= llm_args.version_key(last):
+        return None
+    return (f"TensorRT-LLM has no release {text} that tk knows of: the {parsed.line} line's releases it knows are "
+            f"{first} .. {last}; tk checks the recipe against the {parsed.line} line's facts")
 
 
 # ---------------------------------------------------------------------------------------------------
