@@ -35,11 +35,7 @@ class TrtllmVersion:
     release: str  # the tag the facts were read from
     llm_api_keys: frozenset[str]  # top-level keys of the --extra_llm_api_options YAML (pytorch backend)
     kv_cache_config_keys: frozenset[str]
-    cache_transceiver_keys: frozenset[str]
     cache_transceiver_backends: tuple[str, ...]
-    cuda_graph_config_keys: frozenset[str]
-    mtp_config_keys: frozenset[str]
-    moe_config_keys: frozenset[str]
     disagg_keys: frozenset[str]  # top level of `trtllm-serve disaggregated -c` YAML
     disagg_server_keys: frozenset[str]  # keys tk writes under context_servers / generation_servers
     routers: tuple[str, ...]
@@ -140,13 +136,6 @@ OPTION_KINDS = {
     "cache_transceiver_config.enable_pipelined_transfer": "boolean",
     "cache_transceiver_config.kv_cache_bounce_size_mb": "integer",
     "cache_transceiver_config.kv_transfer_poll_interval_ms": "positive integer?",
-}
-# Sections of the options file whose keys the version table lists: section -> the TrtllmVersion field.
-# speculative_config is checked only for decoding_type MTP (the one tk renders).
-OPTION_SECTIONS = {
-    "kv_cache_config": "kv_cache_config_keys", "cache_transceiver_config": "cache_transceiver_keys",
-    "cuda_graph_config": "cuda_graph_config_keys", "moe_config": "moe_config_keys",
-    "speculative_config": "mtp_config_keys",
 }
 # What TensorRT-LLM checks when a generation server connects to a context server:
 # (what, path in the LLM-API options, the recipe field that sets it once for both roles).
@@ -270,10 +259,7 @@ def _from_data(line: str, release: str, **hand) -> TrtllmVersion:
     return TrtllmVersion(
         line=line, release=release,
         llm_api_keys=keys(""), kv_cache_config_keys=keys("kv_cache_config"),
-        cache_transceiver_keys=keys("cache_transceiver_config"),
         cache_transceiver_backends=llm_args.line_choices(line, "cache_transceiver_config.backend"),
-        cuda_graph_config_keys=keys("cuda_graph_config"), mtp_config_keys=keys("speculative_config"),
-        moe_config_keys=keys("moe_config"),
         # tk writes `backend: pytorch` at the top of the proxy config: extract_disagg_cfg takes unknown top-level keys
         # as **kwargs and copies them into both server sections (DISAGG_MID, DISAGG_NEWEST), so it is accepted.
         disagg_keys=frozenset(proxy["top"]) | {"backend"}, disagg_server_keys=frozenset(proxy["server"]),
@@ -548,8 +534,8 @@ def image_version(image: str) -> ImageVersion:
 #        mtp_eagle_one_model = True, so the mode is MTP_EAGLE_ONE_MODEL (LATE25_LLM_ARGS); get_num_spec_layers
 #        returns num_nextn_predict_layers for is_mtp_one_model() = MTP or MTP_EAGLE_ONE_MODEL
 #        (speculative/utils.py@3e906a0ed7c66ed4df90aa4856bf1a6c98ca7df6, interface.py of the same era).
-#   Not a supported line: 2026 main returns 1 for MTP-Eagle one-model
-#        (speculative/utils.py@011d0933dcb5e592f5fa2626beaf42a96324c578); a line with that code gets "one".
+#   1.3: 2026 main returns 1 for MTP-Eagle one-model
+#        (speculative/utils.py@011d0933dcb5e592f5fa2626beaf42a96324c578): the 1.3 line's table says "one".
 def mtp_kv_layers(version: TrtllmVersion, mtp_layers: int) -> int:
     """KV layers TensorRT-LLM allocates beyond the model's own for ``mtp_layers`` MTP draft tokens."""
     if not mtp_layers:
