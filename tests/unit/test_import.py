@@ -306,3 +306,38 @@ def tk_plan_violations(path):
     with pytest.raises(RecipeError) as info:
         build_plan(load_recipe(path))
     return info.value.violations
+
+
+@pytest.mark.parametrize("path,precision,model,quantization", [
+    ("dsr1", "fp4", "deepseek-ai/DeepSeek-R1", "nvfp4"),  # NVIDIA's NVFP4 checkpoint
+    ("dsr1", "fp8", "deepseek-ai/DeepSeek-R1", "fp8_block"),  # DeepSeek's own block-scaled FP8
+    ("DeepSeek-R1-0528", "fp8", "deepseek-ai/DeepSeek-R1", "fp8_block"),
+    ("dsr1-fp8", "fp4", "deepseek-ai/DeepSeek-R1", "fp8_block"),  # the alias names FP8 weights
+    ("hf:openai/gpt-oss-120b", "fp4", "openai/gpt-oss-120b", "mxfp4"),  # OpenAI's MXFP4 checkpoint, not NVFP4
+    ("/models/gpt-oss-120b", "fp4", "openai/gpt-oss-120b", "mxfp4"),
+    ("nvidia/Kimi-K2.5-NVFP4", "fp4", "moonshotai/Kimi-K2-Instruct", "nvfp4"),
+    ("hf:nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4", "fp4", "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4",
+     "nvfp4"),
+])
+def test_srt_slurm_precision_becomes_the_checkpoints_quantization_per_model(path, precision, model, quantization):
+    doc = yaml.safe_load(SRT)
+    doc["model"].update(path=path, precision=precision)
+    result = import_doc(doc, "srt.yaml", kind="srt-slurm")
+    assert (result.recipe["model"], result.recipe["quantization"]) == (model, quantization)
+
+
+def test_the_layout_fixture_is_derived_with_the_importers_model_table():
+    import importlib.util
+    from pathlib import Path
+
+    from toolkit.importer import srtslurm
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "srt_slurm" / "derive.py"
+    spec = importlib.util.spec_from_file_location("derive_layouts", path)
+    derive = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(derive)
+    assert derive.srt_model is srtslurm.srt_model and not hasattr(derive, "MODELS")
+    layouts = json.loads((path.parent / "trtllm_layouts.json").read_text())["layouts"]
+    assert {(row["model"], row["quantization"]) for row in layouts} <= {
+        srtslurm.srt_model(p, q)[::2] for p in ("dsr1", "dsr1-fp8", "hf:openai/gpt-oss-120b", "nvidia/Kimi-K2.5-NVFP4")
+        for q in ("fp4", "fp8")}
