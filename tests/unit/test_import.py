@@ -341,3 +341,13 @@ def test_the_layout_fixture_is_derived_with_the_importers_model_table():
     assert {(row["model"], row["quantization"]) for row in layouts} <= {
         srtslurm.srt_model(p, q)[::2] for p in ("dsr1", "dsr1-fp8", "hf:openai/gpt-oss-120b", "nvidia/Kimi-K2.5-NVFP4")
         for q in ("fp4", "fp8")}
+
+
+def test_the_report_shows_a_source_key_with_control_characters_escaped(tmp_path):
+    doc = yaml.safe_load(SRT)
+    doc["benchmark"]["x\x1b[2J\ny"] = 1
+    src = tmp_path / "srt.yaml"
+    src.write_text(yaml.safe_dump(doc))
+    proc = tk("import", str(src), "-o", str(tmp_path / "r.yaml"))
+    assert proc.returncode == 0 and "\x1b" not in proc.stderr
+    assert "not carried: benchmark.x\\x1b[2J\\ny:" in proc.stderr
