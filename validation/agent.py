@@ -34,7 +34,7 @@ from validation.faults import Faults
 from validation.memory import DramPool, VramPool
 from validation.messages import Channel
 from validation.pair import PairRunner, Transfers
-from validation.rundir import RunDir, read_json, touch, write_bytes, write_json
+from validation.rundir import METADATA_MAX_BYTES, RunDir, TooLarge, read_bounded, read_json, touch, write_bytes, write_json
 from validation.schedule import my_pair, partners
 
 
@@ -260,13 +260,17 @@ class Agent:
         if os.environ.get("UCX_LOG_FILE") != self.ucx_log:
             self.check("ucx_transport", "not_present", "UCX_LOG_FILE is set by the environment; protocol info not read")
             return
-        tables = probes.read_ucx_proto_info(self.ucx_log)
+        tables, truncated = probes.read_ucx_proto_info(self.ucx_log)
+        cut = (f"; only the first {probes.UCX_LOG_MAX_BYTES >> 20} MiB of {self.ucx_log} were read (is UCX_LOG_LEVEL "
+               "raised?)" if truncated else "")
         if not tables:
-            self.check("ucx_transport", "not_present", "UCX printed no protocol selection for RMA (no transfer ran?)")
+            self.check("ucx_transport", "not_present",
+                       f"UCX printed no protocol selection for RMA (no transfer ran?){cut}")
             return
         seen = probes.transports_by_scope(tables)
         self.result["transports"] = [{"scope": s, "transports": sorted(v)} for s, v in sorted(seen.items())]
-        self.check("ucx_transport", *probes.transport_verdict(seen, self.p.get("expect", {})))
+        status, detail = probes.transport_verdict(seen, self.p.get("expect", {}))
+        self.check("ucx_transport", status, detail + cut)
 
     # -- 4: rendezvous --------------------------------------------------------------------------
     def _publish(self, ok: bool) -> None:
@@ -284,8 +288,7 @@ class Agent:
             self.missing[peer] = f"{peer} failed its preflight: {info.get('error') or 'see its log'}"
             return
         try:
-            with open(self.rundir.metadata(peer), "rb") as f:
-                name = self.nixl.add_remote_agent(f.read())
+            name = self.nixl.add_remote_agent(read_bounded(self.rundir.metadata(peer), METADATA_MAX_BYTES))
             if isinstance(name, bytes):
                 name = name.decode()
             info["nixl_name"] = name
@@ -296,7 +299,16 @@ class Agent:
     def _poll_peers(self, want: set) -> None:
         """One pass over the peers still awaited: load those that published, drop those that exited."""
         for peer in sorted(want):
-            info = read_json(self.rundir.info(peer))
+            try:
+                info = read_json(self.rundir.info(peer))
+            except TooLarge as exc:
+                want.discard(peer)
+                self.missing[peer] = f"{peer}'s rendezvous info was not read: {exc}"
+                continue
+            if info is not None and not isinstance(info, dict):
+                want.discard(peer)
+                self.missing[peer] = f"{peer}'s rendezvous info {self.rundir.info(peer)} is not a JSON object"
+                continue
             if info is not None:
                 want.discard(peer)
                 self._load_peer(peer, info)
