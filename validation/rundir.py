@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 
 def write_bytes(path: str, data: bytes) -> None:
-    """Write through a temporary file and rename, so a reader sees all of it or nothing."""
-    tmp = f"{path}.tmp.{os.getpid()}"
+    """Write through a temporary file and rename, so a reader sees all of it or nothing. The temporary name
+    is the writer's own (process and thread): two threads writing one file never share it."""
+    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
