@@ -29,15 +29,42 @@ SLOTS = 5  # 2 warm-up + 10 timed transfers: bursts of 5, 5 and 2
 TOKENS = 6 * TPB
 
 
-class Harness:
-    """The generation agent's PairRunner over a DRAM pool, and a context pool the test copies from."""
+class FakeVramPool:
+    """A VRAM pool's contract without a GPU: transfers land in `device`; the checks read the host mirror,
+    which pull(blocks) refreshes (all of it for None); every pull is recorded."""
 
-    def __init__(self, mode: str, fault=None):
+    mem = "VRAM"
+
+    def __init__(self, nbytes: int):
+        self.device = np.zeros(nbytes // 8, dtype=np.uint64)
+        self.host = np.zeros_like(self.device)
+        self.pulls: list = []
+
+    def _copy(self, wl, blocks, to, frm):
+        bw = wl.bw
+        for b in (range(wl.nblocks) if blocks is None else blocks):
+            to[int(b) * bw:(int(b) + 1) * bw] = frm[int(b) * bw:(int(b) + 1) * bw]
+
+    def push(self, wl, blocks):
+        self._copy(wl, blocks, self.device, self.host)
+
+    def pull(self, wl, blocks):
+        self.pulls.append(None if blocks is None else len(blocks))
+        self._copy(wl, blocks, self.host, self.device)
+
+
+class Harness:
+    """The generation agent's PairRunner over a DRAM pool (or a fake VRAM one), and a context pool the test
+    copies from."""
+
+    def __init__(self, mode: str, fault=None, vram: bool = False):
         geom = {**GEOMETRY[mode], "tokens_per_block": TPB, "burst_slots": SLOTS}
         lay = {side: side_layout(geom, side, TPB) for side in ("ctx", "gen")}
         self.wl = {side: WordLayout(lay[side], POOL_BLOCKS * lay[side]["block_bytes"]) for side in lay}
         self.src = np.zeros(POOL_BLOCKS * lay["ctx"]["block_bytes"] // 8, dtype=np.uint64)
-        self.pool = DramPool(POOL_BLOCKS * lay["gen"]["block_bytes"])
+        nbytes = POOL_BLOCKS * lay["gen"]["block_bytes"]
+        self.pool = FakeVramPool(nbytes) if vram else DramPool(nbytes)
+        self.memory = self.pool.device if vram else self.pool.host  # where NIXL writes
         agent = SimpleNamespace(p={"geometry": geom, "run_id": "r1"}, id="gen0", result={}, pool=self.pool,
                                 faults=Faults(fault, "gen0", lambda _: None), gone={}, log=lambda _: None,
                                 save=lambda: None, transfer_timeout=5.0, pair_timeout=5.0)
@@ -55,7 +82,7 @@ class Harness:
                 self.runner.poison(req)
             fill_blocks(self.src, req.wl_src, req.src_blocks, req.key_src(b))
             for _, s in burst:
-                _transfer(req.wl_src, req.wl_dst, self.src, self.pool.host, req.src_blocks, req.slots[s])
+                _transfer(req.wl_src, req.wl_dst, self.src, self.memory, req.src_blocks, req.slots[s])
             if meddle:
                 meddle(b)
             verdicts.append(self.runner._verify(req, b, burst, "WRITE"))
@@ -85,13 +112,14 @@ def test_every_transfer_of_every_burst_is_verified_once(mode):
     assert e["untouched_bytes_checked"] == unmoved + 3 * outside + 3 * nb * bb
 
 
-def test_a_stray_write_outside_the_slots_in_the_last_burst_is_caught():
-    h = Harness("block")
+@pytest.mark.parametrize("vram", [False, True])
+def test_a_stray_write_outside_the_slots_in_the_last_burst_is_caught(vram):
+    h = Harness("block", vram=vram)
     stray = h.outside()
 
     def meddle(b):
         if b == 2:
-            h.pool.host.view(np.uint8)[stray * h.wl["gen"].lay["block_bytes"] + 40] ^= 1
+            h.memory.view(np.uint8)[stray * h.wl["gen"].lay["block_bytes"] + 40] ^= 1
 
     verdicts = h.run(meddle)
     assert verdicts[:2] == [None, None] and verdicts[2] is not None
@@ -130,3 +158,18 @@ def test_the_corrupt_fault_hits_the_last_burst():
     assert verdicts[:2] == [None, None]
     assert "iteration 10:" in verdicts[2] and f"block {len(h.req.dst_blocks) // 2} of" in verdicts[2]
     assert h.req.entry["transfers_verified"] == 10  # the first two bursts passed
+
+
+def test_a_vram_pool_is_pulled_whole_after_the_first_and_the_last_burst_only():
+    """Bounded: the bursts between copy only their own slots to the host; so a stray write outside the slots
+    in a middle burst is caught by the last burst's check, not by its own."""
+    h = Harness("block", vram=True)
+    stray = h.outside()
+
+    def meddle(b):
+        if b == 1:
+            h.memory.view(np.uint8)[stray * h.wl["gen"].lay["block_bytes"]] ^= 4
+
+    verdicts = h.run(meddle)
+    assert h.pool.pulls == [None, SLOTS * len(h.req.dst_blocks), None]
+    assert verdicts[:2] == [None, None] and f"pool block {stray} (outside the request)" in verdicts[2]
