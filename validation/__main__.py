@@ -21,6 +21,9 @@ def main(argv=None) -> int:
     except ProtocolMismatch as exc:
         print(exc, file=sys.stderr)
         return 2
+    except (OSError, ValueError) as exc:  # unreadable, too large (rundir.TooLarge) or not JSON
+        print(f"cannot read {argv[0]}: {exc}", file=sys.stderr)
+        return 2
     code = Agent(params, argv[1]).run()
     sys.stdout.flush()
     sys.stderr.flush()

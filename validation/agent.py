@@ -18,6 +18,7 @@ What one agent does, in order (every wait is bounded; every failure ends in a wr
 
 from __future__ import annotations
 
+import copy
 import os
 import socket
 import threading
@@ -34,8 +35,13 @@ from validation.faults import Faults
 from validation.memory import DramPool, VramPool
 from validation.messages import Channel
 from validation.pair import PairRunner, Transfers
-from validation.rundir import RunDir, read_json, touch, write_bytes, write_json
+from validation.rundir import METADATA_MAX_BYTES, RunDir, TooLarge, read_bounded, read_json, touch, write_bytes, write_json
 from validation.schedule import my_pair, partners
+
+
+# The watchdog waits this long for a save in progress (the main thread's) before it writes its verdict anyway.
+SAVE_WAIT_S = 5.0
+SNAPSHOT_TRIES = 20
 
 
 class Agent:
@@ -62,6 +68,8 @@ class Agent:
         self.peers: dict[str, dict] = {}
         self.faults = Faults(params.get("fault"), agent_id, self.log)
         self.result = wire.new_result(agent_id, self.role, self.me["node"])
+        # the main thread and the watchdog both write results/AGENT.json: one at a time, each from a snapshot
+        self._save_lock = threading.Lock()
 
     # -- bookkeeping --------------------------------------------------------------------------
     def log(self, msg: str) -> None:
@@ -74,9 +82,27 @@ class Agent:
         return item
 
     def save(self) -> None:
-        self.result["missing_peers"] = dict(self.missing)
-        self.result["gave_up_on"] = dict(self.gone)
-        write_json(self.results_path, self.result)
+        """Write the result document (results/AGENT.json) as it stands: one writer at a time."""
+        with self._save_lock:
+            write_json(self.results_path, self._snapshot())
+
+    def _snapshot(self) -> dict:
+        """A deep copy of the result with the peers missing and given up on. Only the main thread changes the
+        result; the watchdog's copy may meet a change in progress, and takes it again."""
+        for _ in range(SNAPSHOT_TRIES):
+            try:
+                doc, missing, gone = copy.deepcopy((self.result, self.missing, self.gone))
+                break
+            except RuntimeError:  # a dict changed size while it was copied
+                time.sleep(0.005)
+        else:  # the main thread never held still: what is sure, and why the rest is not there
+            doc = {k: v for k, v in list(self.result.items()) if v is None or isinstance(v, (str, int, float))}
+            doc["pairs"], doc["preflight"], doc["sweep"] = [], [], []
+            missing, gone = {}, {}
+            doc["error"] = f"{doc.get('error') or ''} (the result changed while it was saved; details lost)".strip()
+        doc["missing_peers"] = missing
+        doc["gave_up_on"] = gone
+        return doc
 
     def stage(self, what: str) -> None:
         self.result["stage"] = what
@@ -143,14 +169,22 @@ class Agent:
         while True:
             time.sleep(1.0)
             if self.left() < 0:
-                self.result["error"] = (f"agent deadline ({self.p['timeouts']['deadline_s']}s) exceeded during "
-                                        f"'{self.result['stage']}'")
-                self.result["final"] = True
-                try:
-                    self.save()
-                    self.log(self.result["error"])
-                finally:
-                    os._exit(3)
+                self._give_up(os._exit)
+
+    def _give_up(self, exit_) -> None:
+        """The deadline passed (watchdog thread): write the verdict, from a snapshot, and end the process with 3.
+        It waits up to SAVE_WAIT_S for a save in progress and then holds the lock to the end, so no older
+        document replaces its verdict; a main thread stuck in its write longer does not stop it."""
+        self._save_lock.acquire(timeout=SAVE_WAIT_S)  # never released: the process ends here
+        try:
+            doc = self._snapshot()
+            doc["error"] = (f"agent deadline ({self.p['timeouts']['deadline_s']}s) exceeded during "
+                            f"'{doc.get('stage')}'")
+            doc["final"] = True
+            write_json(self.results_path, doc)
+            self.log(doc["error"])
+        finally:
+            exit_(3)
 
     # -- 1-3: environment, preflight, the registered pool -------------------------------------------
     def _ucx_proto_info(self) -> bool:
@@ -260,13 +294,17 @@ class Agent:
         if os.environ.get("UCX_LOG_FILE") != self.ucx_log:
             self.check("ucx_transport", "not_present", "UCX_LOG_FILE is set by the environment; protocol info not read")
             return
-        tables = probes.read_ucx_proto_info(self.ucx_log)
+        tables, truncated = probes.read_ucx_proto_info(self.ucx_log)
+        cut = (f"; only the first {probes.UCX_LOG_MAX_BYTES >> 20} MiB of {self.ucx_log} were read (is UCX_LOG_LEVEL "
+               "raised?)" if truncated else "")
         if not tables:
-            self.check("ucx_transport", "not_present", "UCX printed no protocol selection for RMA (no transfer ran?)")
+            self.check("ucx_transport", "not_present",
+                       f"UCX printed no protocol selection for RMA (no transfer ran?){cut}")
             return
         seen = probes.transports_by_scope(tables)
         self.result["transports"] = [{"scope": s, "transports": sorted(v)} for s, v in sorted(seen.items())]
-        self.check("ucx_transport", *probes.transport_verdict(seen, self.p.get("expect", {})))
+        status, detail = probes.transport_verdict(seen, self.p.get("expect", {}))
+        self.check("ucx_transport", status, detail + cut)
 
     # -- 4: rendezvous --------------------------------------------------------------------------
     def _publish(self, ok: bool) -> None:
@@ -284,8 +322,7 @@ class Agent:
             self.missing[peer] = f"{peer} failed its preflight: {info.get('error') or 'see its log'}"
             return
         try:
-            with open(self.rundir.metadata(peer), "rb") as f:
-                name = self.nixl.add_remote_agent(f.read())
+            name = self.nixl.add_remote_agent(read_bounded(self.rundir.metadata(peer), METADATA_MAX_BYTES))
             if isinstance(name, bytes):
                 name = name.decode()
             info["nixl_name"] = name
@@ -296,7 +333,16 @@ class Agent:
     def _poll_peers(self, want: set) -> None:
         """One pass over the peers still awaited: load those that published, drop those that exited."""
         for peer in sorted(want):
-            info = read_json(self.rundir.info(peer))
+            try:
+                info = read_json(self.rundir.info(peer))
+            except TooLarge as exc:
+                want.discard(peer)
+                self.missing[peer] = f"{peer}'s rendezvous info was not read: {exc}"
+                continue
+            if info is not None and not isinstance(info, dict):
+                want.discard(peer)
+                self.missing[peer] = f"{peer}'s rendezvous info {self.rundir.info(peer)} is not a JSON object"
+                continue
             if info is not None:
                 want.discard(peer)
                 self._load_peer(peer, info)

@@ -3,7 +3,7 @@
     absent   never joins the rendezvous
     kill     exits (SIGKILL) during its first request
     hang     stops answering during its first request
-    corrupt  flips one byte of a received buffer before it is verified
+    corrupt  flips one byte of its first received request, after the request's last burst, before the check
 """
 
 from __future__ import annotations

@@ -25,6 +25,10 @@ class PairError(Exception):
     """The current pair cannot go on (peer gone, timeout, transfer error); the message says why."""
 
 
+class OwnDeadline(PairError):
+    """This agent's own deadline ran out while it waited: the peer is not to blame, and is not marked."""
+
+
 # -- building and reading messages ----------------------------------------------------------------
 
 def hello(r: int) -> str:
@@ -169,9 +173,15 @@ class Channel:
              poll_s: float | None = None) -> str:
         """The next message of the peer starting with one of prefixes, bounded by timeout and the deadline.
 
+        A peer silent for the whole timeout is declared unresponsive (PairError, and the marker that tells
+        its other partners). When this agent's own deadline comes first, the wait ends then with OwnDeadline,
+        and the peer, which had less than its timeout to answer, is not blamed.
+
         The pause between polls grows from none to 2 ms; poll_s fixes it instead (a destination awaiting a
         WRITE's notification: without a progress thread, the WRITE completes only when it polls)."""
-        limit = time.monotonic() + min(timeout, max(0.0, self.left()))
+        left = self.left()
+        own_deadline = left < timeout
+        limit = time.monotonic() + max(0.0, min(timeout, left))
         sleep = poll_s or 0.0
         while True:
             self._pump()
@@ -183,6 +193,10 @@ class Channel:
                 self.gone[peer] = gone
                 raise PairError(f"{gone}, while waiting for {what}")
             if time.monotonic() > limit:
+                if own_deadline:
+                    raise OwnDeadline(f"this agent's own deadline (--timeout) ran out while waiting for {what}; "
+                                      f"{peer} had {max(0.0, left):.1f}s of its {timeout:g}s to answer and is not "
+                                      "blamed")
                 raise self._timed_out(peer, timeout, what)
             if sleep:
                 time.sleep(sleep)

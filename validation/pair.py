@@ -12,7 +12,10 @@ one per slot: the source fills its blocks with the burst's own pattern, the init
 transfers back to back (each timed from post to DONE), then the destination verifies every slot. Before
 the first burst the destination poisons its whole pool; before a later one each slot holds the previous
 burst's pattern, which differs from this burst's in every word, so a transfer that did not land (or only
-partly) is caught without poisoning the destination again. The check never runs between two transfers
+partly) is caught without poisoning the destination again. After the first and the last burst, and after
+every burst on DRAM, the destination also checks what the burst must not have touched: the blocks outside
+the slots (still its own pattern) and the slots a partial last burst left idle (still the previous burst's
+data). The check never runs between two transfers
 of a burst, so what is timed is the link as a raw NIXL loop on the same descriptors sees it
 (benchmarks/bench_validate.py measures the two side by side), and every transfer is verified on its own.
 """
@@ -148,11 +151,14 @@ class Request:
         table = block_table((*self.seed, "dst"), self.wl_dst.nblocks, nb * k)
         self.slots = [table[i * nb:(i + 1) * nb] for i in range(k)]
         self.dst_blocks = self.slots[0]
+        self.n_bursts = -(-self.total // k)
+        # bytes_verified: the bytes the transfers moved, each transfer's once; untouched_bytes_checked: what no
+        # transfer may write (the rest of each destination block, blocks outside the slots, idle slots)
         self.entry = {"tokens": tokens, "tokens_per_block": tpb, "direction": direction, "blocks": nb,
                       "bytes": nb * sum(n for _, n in self.wl_src.lay["frags"]),
                       "descriptors": nb * self.wl_src.nfrags, "iterations": iterations, "warmup": warmup,
                       "slots": k, "latencies_s": [], "prep_s": [], "bytes_verified": 0, "transfers_verified": 0,
-                      "error": None}
+                      "untouched_bytes_checked": 0, "error": None}
 
     def key_src(self, burst: int) -> int:
         """The source's pattern during one burst (each burst its own)."""
@@ -394,49 +400,77 @@ class PairRunner:
         fill_blocks(self.pool.host, wl, np.arange(wl.nblocks), req.key_stale())
         self.pool.push(wl, None)
 
-    def _inject_corruption(self, req: Request, op: str) -> None:
-        if not self.faults.armed("corrupt"):
+    def _inject_corruption(self, req: Request, b: int, op: str) -> None:
+        """The corrupt fault: one byte of the request's first slot, after its last burst (the first burst
+        when there is only one), so a later burst's check is what must catch it."""
+        if b != req.n_bursts - 1 or not self.faults.armed("corrupt"):
             return
         wl_dst = req.wl_dst
-        b = req.dst_blocks[len(req.dst_blocks) // 2]
+        blk = req.dst_blocks[len(req.dst_blocks) // 2]
         o = (len(wl_dst.pos) // 2)
-        word = b * wl_dst.bw + int(wl_dst.pos[o])
-        self.faults.corrupt(self.pool.host.view(np.uint8), word * 8 + 3, b, op)
+        word = blk * wl_dst.bw + int(wl_dst.pos[o])
+        self.faults.corrupt(self.pool.host.view(np.uint8), word * 8 + 3, blk, op)
 
     def _verify(self, req: Request, b: int, burst: list, op: str) -> str | None:
-        """Pull the burst's slots (the whole pool after the first burst) and check each against burst b's
-        source pattern; after the first burst, also that no block outside the slots was touched. The first
+        """Check burst b: each of its slots against the burst's source pattern (every moved byte of every
+        transfer, and the rest of each slot's blocks still the destination's own pattern); then, after the
+        first and the last burst, and after every burst on DRAM (where the check needs no copy), what no
+        transfer of the burst may have touched: every block outside the slots still holds the destination's
+        own pattern, and a slot the burst left idle (the last burst may be partial) still holds the previous
+        burst's data. A VRAM pool is pulled whole for that check, else only the burst's slots. The first
         mismatch as a sentence, or None."""
-        touched = np.concatenate([req.slots[s] for _, s in burst])
-        self.pool.pull(req.wl_dst, None if b == 0 else touched)
-        self._inject_corruption(req, op)
+        used = [s for _, s in burst]
+        touched = np.concatenate([req.slots[s] for s in used])
+        rest = b == 0 or b == req.n_bursts - 1 or self.pool.mem == "DRAM"
+        self.pool.pull(req.wl_dst, None if rest else touched)
+        self._inject_corruption(req, b, op)
         before = None if b == 0 else req.key_src(b - 1)  # what the slots held: the previous burst's data
+        entry = req.entry
         checking = burst[0][0]  # the iteration a mismatch is reported against
         try:
             for it, s in burst:
                 checking = it
                 n = verify_blocks(self.pool.host, req.wl_dst, req.slots[s], req.wl_src, req.src_blocks,
                                   req.key_src(b), req.key_stale(), before)
-                req.entry["bytes_verified"] += n
-                req.entry["transfers_verified"] += 1
-            if b == 0:
-                req.entry["bytes_verified"] += verify_untouched(self.pool.host, req.wl_dst, touched,
-                                                                req.key_stale())
+                entry["bytes_verified"] += entry["bytes"]
+                entry["untouched_bytes_checked"] += n - entry["bytes"]
+                entry["transfers_verified"] += 1
+            checking = None
+            if rest:
+                for s in range(len(req.slots)):
+                    if s not in used:
+                        entry["untouched_bytes_checked"] += self._verify_idle_slot(req, b, s)
+                entry["untouched_bytes_checked"] += verify_untouched(
+                    self.pool.host, req.wl_dst, np.concatenate(req.slots), req.key_stale())
         except Mismatch as exc:
-            req.entry["mismatch"] = exc.detail
-            return _mismatch_sentence(exc.detail, req, checking, op)
+            entry["mismatch"] = exc.detail
+            when = (f"iteration {checking}" if checking is not None else
+                    f"after the burst of iterations {burst[0][0]}-{burst[-1][0]}")
+            return _mismatch_sentence(exc.detail, req, when, op)
         return None
 
+    def _verify_idle_slot(self, req: Request, b: int, s: int) -> int:
+        """A slot burst b did not use holds burst b-1's data, verified then: it must not have changed."""
+        try:
+            return verify_blocks(self.pool.host, req.wl_dst, req.slots[s], req.wl_src, req.src_blocks,
+                                 req.key_src(b - 1), req.key_stale())
+        except Mismatch as exc:
+            exc.detail["idle_slot"] = s
+            raise
 
-def _mismatch_sentence(d: dict, req: Request, it: int, op: str) -> str:
+
+def _mismatch_sentence(d: dict, req: Request, when: str, op: str) -> str:
     if d["request_block"] is None:
         where = f"pool block {d['pool_block']} (outside the request) was modified"
+    elif d.get("idle_slot") is not None:
+        where = (f"pool block {d['pool_block']} of slot {d['idle_slot']} (not used by this burst) changed after "
+                 f"the previous burst's check, {d['where']}")
     else:
         where = (f"block {d['request_block']} of {len(req.dst_blocks)} (destination pool block "
                  f"{d['pool_block']}), {d['where']}")
     kind = (" - stale: the destination still holds what it held before the transfer (its own pattern or the "
-            "previous burst's data)" if d.get("stale") else "")
+            "previous burst's data)" if d.get("stale") and d.get("idle_slot") is None else "")
     direction = "" if req.direction == "forward" else " (reverse: generation -> context)"
-    return (f"data mismatch {req.src} -> {req.dst} {op}{direction}, {req.tokens}-token request, iteration {it}: "
+    return (f"data mismatch {req.src} -> {req.dst} {op}{direction}, {req.tokens}-token request, {when}: "
             f"{where}, first bad byte at offset {d['offset']} of the block (expected word {d['expected']}, got "
             f"{d['got']}); {d['bad_words']} bad 8-byte word(s){kind}")

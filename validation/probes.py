@@ -153,11 +153,13 @@ def nic_check(rdma: bool) -> tuple[str, str]:
 _TITLE = re.compile(r"\|\s*(\S+)\s+(self|intra-node|inter-node)\s+cfg#\d+\s*\|")
 
 
-def parse_ucx_proto_info(text: str) -> list:
-    """Tables UCX prints with UCX_PROTO_INFO=y -> [{scope, operation, transports}] for RMA put/get."""
+def parse_ucx_proto_info(text) -> list:
+    """Tables UCX prints with UCX_PROTO_INFO=y -> [{scope, operation, transports}] for RMA put/get.
+    text: the log as one string, or its lines (a file read line by line)."""
     out = []
     cur = None
-    for raw in text.splitlines():
+    for raw in (text.splitlines() if isinstance(text, str) else text):
+        raw = raw.rstrip("\r\n")
         line = raw.split("]", 2)[-1] if raw.startswith("[") else raw
         m = _TITLE.search(line)
         if m:
@@ -180,12 +182,48 @@ def _table_row(cur: dict, line: str) -> None:
                 cur["transports"].append(tok)
 
 
-def read_ucx_proto_info(path: str) -> list:
+# The log UCX writes to may hold far more than the protocol tables (UCX_LOG_LEVEL=debug writes hundreds of MB):
+# it is read line by line, up to this many bytes; a longer line is cut (table lines are ~100 characters).
+UCX_LOG_MAX_BYTES = 64 << 20
+UCX_LOG_MAX_LINE = 4096
+
+
+class _BoundedLines:
+    """The lines of a file opened in binary mode, decoded, each cut at max_line bytes, until max_bytes bytes
+    were read. truncated: the cap was reached before the end of the file."""
+
+    def __init__(self, f, max_bytes: int, max_line: int):
+        self.f, self.max_bytes, self.max_line = f, max_bytes, max_line
+        self.read = 0
+        self.truncated = False
+
+    def _readline(self) -> bytes:
+        line = self.f.readline(min(self.max_line, self.max_bytes - self.read))
+        self.read += len(line)
+        return line
+
+    def __iter__(self):
+        while self.read < self.max_bytes:
+            line = self._readline()
+            if not line:
+                return
+            rest = line
+            while not rest.endswith(b"\n") and self.read < self.max_bytes:  # cut: skip the rest of the line
+                rest = self._readline()
+                if not rest:
+                    break
+            yield line.decode(errors="replace")
+        self.truncated = bool(self.f.read(1))
+
+
+def read_ucx_proto_info(path: str, max_bytes: int = UCX_LOG_MAX_BYTES) -> tuple[list, bool]:
+    """(the RMA tables of the UCX log, whether the log went on past max_bytes and was not read to its end)."""
     try:
-        with open(path, errors="replace") as f:
-            return parse_ucx_proto_info(f.read())
+        with open(path, "rb") as f:
+            lines = _BoundedLines(f, max_bytes, UCX_LOG_MAX_LINE)
+            return parse_ucx_proto_info(lines), lines.truncated
     except OSError:
-        return []
+        return [], False
 
 
 def transports_by_scope(tables: list) -> dict:

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 
 
 def write_bytes(path: str, data: bytes) -> None:
-    """Write through a temporary file and rename, so a reader sees all of it or nothing."""
-    tmp = f"{path}.tmp.{os.getpid()}"
+    """Write through a temporary file and rename, so a reader sees all of it or nothing. The temporary name
+    is the writer's own (process and thread): two threads writing one file never share it."""
+    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()
@@ -34,11 +36,36 @@ def write_json(path: str, doc) -> None:
     write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode())
 
 
-def read_json(path: str):
-    """The document, or None when it is absent or not (yet) valid JSON."""
+# What an agent reads from the run directory is written by its peers, so every read is bounded: a
+# rendezvous info or a marker is a few hundred bytes, a NIXL metadata blob kilobytes.
+JSON_MAX_BYTES = 1 << 20
+METADATA_MAX_BYTES = 16 << 20
+MARKER_MAX_BYTES = 64
+
+
+class TooLarge(ValueError):
+    """A file in the run directory is larger than what it may hold; it was not read."""
+
+    def __init__(self, path: str, limit: int):
+        self.path, self.limit = path, limit
+        super().__init__(f"{path} is larger than {limit} bytes; not read")
+
+
+def read_bounded(path: str, limit: int) -> bytes:
+    """The file's bytes; TooLarge when it holds more than limit, OSError when it cannot be read."""
+    with open(path, "rb") as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise TooLarge(path, limit)
+    return data
+
+
+def read_json(path: str, limit: int = JSON_MAX_BYTES):
+    """The document, or None when it is absent or not (yet) valid JSON; TooLarge beyond limit bytes."""
     try:
-        with open(path) as f:
-            return json.load(f)
+        return json.loads(read_bounded(path, limit))
+    except TooLarge:
+        raise
     except (OSError, ValueError):
         return None
 
@@ -79,8 +106,8 @@ class RunDir:
     def exit_code(self, agent: str):
         """The agent's exit code as its wrapper recorded it ('?' when empty), or None while it runs."""
         try:
-            with open(self.exited(agent)) as f:
-                return f.read().strip() or "?"
+            with open(self.exited(agent), "rb") as f:
+                return f.read(MARKER_MAX_BYTES).decode(errors="replace").strip() or "?"
         except OSError:
             return None
 
@@ -90,5 +117,14 @@ class RunDir:
     def is_unresponsive(self, agent: str) -> bool:
         return os.path.exists(self.unresponsive(agent))
 
-    def unresponsive_marker(self, agent: str):
-        return read_json(self.unresponsive(agent))
+    def unresponsive_marker(self, agent: str) -> dict | None:
+        """{"by", "why"} once a partner has declared the agent unresponsive, else None."""
+        try:
+            doc = read_json(self.unresponsive(agent))
+        except TooLarge as exc:
+            return {"by": "?", "why": f"its marker could not be read ({exc})"}
+        if doc is None:
+            return None
+        if not isinstance(doc, dict):
+            return {"by": "?", "why": "its marker is not a JSON object"}
+        return {"by": str(doc.get("by", "?")), "why": str(doc.get("why", "no reason given"))}

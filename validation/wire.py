@@ -11,7 +11,10 @@ import os
 import socket
 import time
 
+from validation.rundir import read_bounded
+
 PROTOCOL = 1
+PARAMS_MAX_BYTES = 64 << 20  # a few hundred bytes per agent and per scheduled pair
 
 
 class ProtocolMismatch(ValueError):
@@ -19,9 +22,11 @@ class ProtocolMismatch(ValueError):
 
 
 def load_params(path: str) -> dict:
-    """params.json, checked to be of this agent's protocol (ProtocolMismatch if not)."""
-    with open(path) as f:
-        params = json.load(f)
+    """params.json, checked to be of this agent's protocol (ProtocolMismatch if not; rundir.TooLarge beyond
+    PARAMS_MAX_BYTES, ValueError when it is not JSON, OSError when it cannot be read)."""
+    params = json.loads(read_bounded(path, PARAMS_MAX_BYTES))
+    if not isinstance(params, dict):
+        raise ProtocolMismatch(f"{path} is not a JSON object")
     if params.get("protocol") != PROTOCOL:
         raise ProtocolMismatch(f"params protocol {params.get('protocol')} != agent protocol {PROTOCOL}")
     return params

@@ -1,6 +1,7 @@
 """Spec: `tk validate cluster --local` runs real NIXL agents as processes here. On the 4-node stand-in
 recipe every context x generation pair passes, in both directions (context -> generation and the answer's
-KV moving back), with every byte checked and a positive bandwidth; an
+KV moving back), with every byte checked and a positive bandwidth; so does a run whose memory cap leaves
+fewer destination slots than transfers (several bursts per request); an
 injected corruption, a killed agent and an agent that never shows up each end, within a bound, in a
 failure that names the pair (or the node) and the cause, with no agent process left behind."""
 
@@ -28,13 +29,13 @@ SMALL = ["--iterations", "3", "--warmup", "1", "--sweep-iterations", "2", "--tra
 AGENT_PACKAGE = ROOT / "validation"
 
 
-def validate(tmp_path, *extra, fault=None, json_out=True, timeout=180):
+def validate(tmp_path, *extra, fault=None, json_out=True, timeout=180, base=SMALL):
     env = {**os.environ, "TK_RUNS_DIR": str(tmp_path / "runs")}
     env.pop("TK_VALIDATE_FAULT", None)
     if fault:
         env["TK_VALIDATE_FAULT"] = fault
     args = [sys.executable, "-m", "toolkit.cli", "validate", "cluster", RECIPE, "--local", "--run-dir",
-            str(tmp_path / "run"), *SMALL, *extra] + (["--json"] if json_out else [])
+            str(tmp_path / "run"), *base, *extra] + (["--json"] if json_out else [])
     t0 = time.monotonic()
     proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=env, stdin=subprocess.DEVNULL,
                           check=False)
@@ -109,7 +110,8 @@ def test_four_local_nodes_pass_with_every_byte_checked(tmp_path):
         assert [x["tokens"] for x in p["lengths"]] == [128, 256, 1024]
         for x in p["lengths"]:
             assert x["transfers_verified"] == transfers and x["slots"] >= 2  # timed in bursts, checked between
-            assert x["bytes_verified"] >= transfers * x["bytes"]  # every moved byte, every transfer
+            assert x["bytes_verified"] == transfers * x["bytes"]  # every moved byte, every transfer, once
+            assert x["untouched_bytes_checked"] > 0  # and the blocks outside the slots
     for item in report["preflight"]:
         assert item["status"] in ("pass", "not_present"), item
     names = {i["name"] for i in report["preflight"] if i.get("agent") == "node0"}
@@ -124,6 +126,50 @@ def test_four_local_nodes_pass_with_every_byte_checked(tmp_path):
     # the agent applied the role env before importing NIXL: what is validated is what will serve
     env = next(i for i in report["preflight"] if i["name"] == "env" and i["agent"] == "node2")
     assert "UCX_TLS=tcp,sm,self" in env["detail"]
+
+
+# 2 warm-up + 10 timed transfers per request, in a pool of 13 MiB: the 1024-token request gets 5 destination
+# slots (bursts of 5, 5, 2), the 512-token one 10 (bursts of 10, 2). Large recipes run this way by default
+# (Llama-3.3-70B gets fewer than 12 slots at the default 256 MiB cap).
+BURSTS = ["--iterations", "10", "--warmup", "2", "--max-memory-mb", "13", "--lengths", "512,1024", "--no-sweep",
+          "--transfer-timeout", "10", "--rendezvous-timeout", "5", "--timeout", "150"]
+
+
+@pytest.mark.nixl
+@pytest.mark.slow
+def test_requests_in_several_bursts_verify_every_transfer(tmp_path):
+    """Later bursts refill the source and land on the previous burst's data: each is still checked."""
+    proc = validate(tmp_path, "--nodes", "2", base=BURSTS)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = proc.report
+    jsonschema.validate(report, load_schema())
+    assert report["passed"] and report["geometry"]["slots"] == 5
+    assert any("bursts of 5 transfer(s) instead of 12" in n for n in report["geometry"]["notes"])
+    assert len(report["pairs"]) == 4  # forward and reverse, WRITE and READ
+    for p in report["pairs"]:
+        assert p["passed"] and p["error"] is None and p["gbps"] > 0
+        assert [(x["tokens"], x["slots"]) for x in p["lengths"]] == [(512, 10), (1024, 5)]
+        for x in p["lengths"]:
+            assert x["iterations"] == 10
+            assert x["transfers_verified"] == 12  # every transfer of every burst, warm-ups included
+            assert x["bytes_verified"] == 12 * x["bytes"]  # each transfer's bytes, once
+            assert x["untouched_bytes_checked"] > 0  # and what no transfer should have written
+    assert not agents_left(tmp_path / "run")
+
+
+@pytest.mark.nixl
+@pytest.mark.slow
+def test_corruption_in_a_later_burst_fails_naming_the_block(tmp_path):
+    """The corrupt fault flips a byte after the last burst of node1's first request (512 tokens, bursts of
+    10 and 2): the check after that burst names it."""
+    report, bad = failed_pairs(validate(tmp_path, "--nodes", "2", base=BURSTS, fault="corrupt:node1"))
+    assert [(p["src"], p["dst"], p["direction"], p["op"]) for p in bad] == [("node0", "node1", "forward", "WRITE")]
+    err = bad[0]["error"]
+    for needle in ("data mismatch node0 -> node1 WRITE", "512-token request", "iteration 10:", "block 8 of 16",
+                   "destination pool block", "first bad byte at offset"):
+        assert needle in err, err
+    assert "stale" not in err  # the data landed; one byte of it is wrong
+    assert not report["passed"] and not agents_left(tmp_path / "run")
 
 
 @pytest.mark.nixl

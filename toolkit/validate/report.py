@@ -113,6 +113,7 @@ def merge_pairs(params: dict, results: dict, exits: dict, min_gbps: float, final
                         "slots": base.get("slots", 1),
                         "bytes_verified": (e_v or {}).get("bytes_verified", 0),
                         "transfers_verified": (e_v or {}).get("transfers_verified", 0),
+                        "untouched_bytes_checked": (e_v or {}).get("untouched_bytes_checked", 0),
                         "error": (e_v or {}).get("error") or (e_i or {}).get("error"),
                     })
                 error = None
