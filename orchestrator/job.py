@@ -369,7 +369,7 @@ class Job:
                 actions += sv.probed(c.name, answers.get(c.name) == 200, now, url=c.live)
         self.start_progress_probes(now)
         for name, seconds in self.progress.stalls(now):
-            actions += sv.stalled(name, seconds, now)
+            actions += sv.stalled(name, seconds, now, failing=self.progress.failing(name))
         actions += sv.tick(now)
         self.execute(actions)
         self.execute(sv.overall(self.clock()))

@@ -5,7 +5,7 @@ Nothing here sleeps, spawns or probes. The serving loop (orchestrator.job) feeds
 
     exited(name, rc, now, step_created)   the component's step ended (or srun never created one)
     probed(name, ok, now)                 one liveness probe (HTTP 200 or not)
-    stalled(name, seconds, now)           its progress probe has had no answer for stall_after_s
+    stalled(name, seconds, now, failing)  its progress probe has shown no progress for stall_after_s
     killed(name, died, rc, now)           a Kill finished: it died (rc), or it survived SIGKILL
     tick(now)                             time passed: restarts whose backoff is over
     overall(now)                          after a round: degraded <-> serving
@@ -249,12 +249,17 @@ class Supervisor:
             return self._kill(t, f"not healthy within {self.p.startup_timeout_s:g}s of its restart, killed", now)
         return []
 
-    def stalled(self, name: str, seconds: float, now: float) -> List[Action]:
-        """Its progress probe (a bounded generation request) has produced no token for `seconds`."""
+    def stalled(self, name: str, seconds: float, now: float, failing: Optional[str] = None) -> List[Action]:
+        """Its progress probe (a bounded generation request) has produced no token for `seconds`; `failing`: what
+        its probes answered meanwhile when they did answer ("HTTP 500": the generation failed)."""
         t = self.components[name]
         if t.state not in (C.HEALTHY, C.UNHEALTHY):
             return []
-        why = f"wedged: no token for {seconds:g}s from a request in flight while /health answers"
+        if failing:
+            why = (f"wedged: no progress for {seconds:g}s, its generation probe answers {failing} while /health "
+                   "answers")
+        else:
+            why = f"wedged: no token for {seconds:g}s from a request in flight while /health answers"
         if not self.restart:
             self._set(t, t.state, now, why)
             reason = f"{name} {why} (supervision policy fail-fast; log: {self.log_of(name)})"
@@ -321,25 +326,39 @@ class _Watch:
     done_at: float = float("-inf")  # the last answer
     progress_at: Optional[float] = None  # the last time progress was seen (an answer; at first, the first probe)
     reported: bool = False  # its stall was reported
-    disabled: bool = False
+    disabled: bool = False  # the server has no progress route (this life of it)
+    failing: Optional[str] = None  # what its last probe answered when that was no progress ("HTTP 500")
 
 
 class ProgressWatch:
     """Liveness as progress: a bounded generation request (``/health_generate``, one token) every interval per
     server, at most one in flight. A server whose probe is in flight and that has shown no progress for
-    ``stall_after_s`` (since its last answer) is stalled, reported once: so a wedge is seen within stall_after_s
-    plus one round of the loop. An error answer (the route missing, or a refusal) turns the watch off for that
-    server rather than guess."""
+    ``stall_after_s`` (since its last 200) is stalled, reported once: so a wedge is seen within stall_after_s plus
+    one round of the loop. A 5xx answer or none (timed out, no connection) is no progress: trtllm-serve's
+    /health_generate answers 500 "Generation health check failed" when its one-token generation fails or raises
+    (tensorrt_llm/serve/openai_server.py, OpenAIServer.health_generate, NVIDIA/TensorRT-LLM @
+    00057725d9a6591f033e44f31c219e2426827bb7), the very failure the watch is for. Only an answer that says the
+    route is not there (ROUTE_MISSING) or that the probe is refused (another 4xx: e.g. an auth layer in front)
+    turns the watch off for that server, until it is restarted (``reset``). A 5xx from a server whose probe has
+    never answered 200 in this run is not judged (said once): the probe itself may not work for its model (a
+    tokenizer without a chat template fails every chat request, /health_generate included), and killing every
+    server of such a deployment would be tk's failure, not the engine's; once it has answered 200, it is."""
+
+    # 404/405: no such route or method (a build without /health_generate); 501: not implemented
+    ROUTE_MISSING = (404, 405, 501)
 
     def __init__(self, stall_after_s: float, interval_s: float):
         self.stall_after_s, self.interval_s = stall_after_s, interval_s
         self.watches: Dict[str, _Watch] = {}
+        self.proven: Set[str] = set()  # servers whose probe has answered 200 in this run (in any life)
+        self.told: Set[str] = set()  # servers whose unproven 5xx was said
 
     def reset(self, name: str) -> None:
         """The component was (re)started: forget probes of its previous life."""
         w = self.watches.setdefault(name, _Watch())
         w.generation += 1
         w.sent_at, w.done_at, w.progress_at, w.reported = None, float("-inf"), None, False
+        w.disabled, w.failing = False, None  # a restarted server (perhaps another build) is watched again
 
     def due(self, names: Iterable[str], now: float) -> List[tuple]:
         """(name, generation) of each server a probe should be sent to now; marks them sent."""
@@ -357,18 +376,38 @@ class ProgressWatch:
         return out
 
     def answered(self, name: str, generation: int, status: Optional[int], now: float) -> Optional[str]:
-        """A probe ended: status 200 (progress), another status, or None (no answer: timed out or refused the
-        connection). Returns a reason when the watch turns itself off for that server."""
+        """A probe ended: status 2xx (progress), 5xx or None (no progress: the generation failed, the probe timed
+        out or the connection was refused), or a status saying there is no such route or the probe is refused.
+        Returns a reason when the watch turns itself off for that server (until its next restart)."""
         w = self.watches.setdefault(name, _Watch())
         if generation != w.generation:
             return None
         w.sent_at, w.done_at = None, now
-        if status == 200:
-            w.progress_at = now
-        elif status is not None and not w.disabled:
+        if status is not None and 200 <= status < 300:
+            w.progress_at, w.failing = now, None
+            self.proven.add(name)
+        elif status is None:
+            w.failing = None
+        elif status >= 500 and status not in self.ROUTE_MISSING:
+            w.failing = f"HTTP {status}"
+            if name not in self.proven:  # the probe has never worked for it: no judgement yet
+                w.progress_at = now
+                if name not in self.told:
+                    self.told.add(name)
+                    return (f"its progress probe answered HTTP {status} and has never answered 200 in this run "
+                            "(a model without a chat template fails it); a failing generation is judged once it has")
+        elif not w.disabled:
             w.disabled = True
-            return f"its progress probe answered HTTP {status}; wedge detection is off for it"
+            what = "has no progress route" if status in self.ROUTE_MISSING else "refuses the progress probe"
+            return (f"its progress probe answered HTTP {status} (the server {what}); wedge detection is off for it "
+                    "until it restarts")
         return None
+
+    def failing(self, name: str) -> Optional[str]:
+        """What the server's last progress probe answered when it was no progress ("HTTP 500"); None when it
+        showed progress, or timed out."""
+        w = self.watches.get(name)
+        return w.failing if w else None
 
     def stalls(self, now: float) -> List[tuple]:
         """(name, seconds without progress) of each server with a probe in flight and no progress for

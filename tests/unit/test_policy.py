@@ -260,12 +260,72 @@ def test_an_answer_from_a_previous_life_is_ignored():
     assert w.stalls(31.0) == [("gen-0", 30.0)]  # the new probe is still in flight
 
 
-def test_a_server_whose_progress_probe_answers_an_error_is_not_probed_again():
+@pytest.mark.parametrize("status", [404, 405, 501, 401])  # 401: an auth layer refuses it, whatever the engine does
+def test_a_server_without_the_progress_route_is_not_probed_again(status):
     w = ProgressWatch(stall_after_s=30, interval_s=2)
     w.reset("gen-0")
     (_, gen), = w.due(["gen-0"], 0.0)
-    assert "HTTP 404" in w.answered("gen-0", gen, 404, 1.0)
+    assert f"HTTP {status}" in w.answered("gen-0", gen, status, 1.0)
     assert w.due(["gen-0"], 10.0) == []
+
+
+@pytest.mark.parametrize("status", [500, 503, None])
+def test_a_failing_generation_is_no_progress_and_a_stall_not_a_reason_to_stop_watching(status):
+    # trtllm-serve's /health_generate answers 500 when its one-token generation fails: the very failure the watch
+    # is there to catch (a None is a probe that timed out or found no connection)
+    w = ProgressWatch(stall_after_s=30, interval_s=2)
+    w.reset("gen-0")
+    (_, gen), = w.due(["gen-0"], 0.0)
+    assert w.answered("gen-0", gen, 200, 0.5) is None  # progress at 0.5
+    now = 2.5
+    while now < 40:
+        if w.due(["gen-0"], now):
+            if w.stalls(now):
+                break
+            assert w.answered("gen-0", gen, status, now + 0.1) is None  # not turned off
+        now += 2.0
+    assert 30.5 <= now <= 30.5 + 2 * 2.0  # within stall_after_s and a round or two of the last progress
+    assert w.failing("gen-0") == (f"HTTP {status}" if status else None)
+
+
+def test_a_5xx_from_a_probe_that_never_worked_is_said_once_and_judged_only_once_it_has_worked():
+    w = ProgressWatch(stall_after_s=30, interval_s=2)
+    w.reset("gen-0")
+    said, now = [], 0.0
+    while now < 100:  # every probe fails from the start (the model has no chat template, say): not a wedge
+        sent = w.due(["gen-0"], now)
+        assert sent and w.stalls(now) == []
+        for name, gen in sent:
+            said.append(w.answered(name, gen, 500, now))
+        now += 2.0
+    assert "never answered 200" in said[0] and said[1:] == [None] * (len(said) - 1)
+    (_, gen), = w.due(["gen-0"], now)
+    w.answered("gen-0", gen, 200, now)  # it works after all: from now on a failing generation is judged
+    w.reset("gen-0")  # even in its next life
+    start = now
+    while True:  # as the job's round does: send what is due, look for stalls, answers come later
+        sent = w.due(["gen-0"], now)
+        if w.stalls(now):
+            break
+        for name, gen in sent:
+            assert w.answered(name, gen, 500, now + 0.1) is None
+        now += 2.0
+    assert 30 <= now - start <= 34
+
+
+def test_a_restarted_server_is_watched_again_even_after_its_probe_was_turned_off():
+    w = ProgressWatch(stall_after_s=30, interval_s=2)
+    w.reset("gen-0")
+    (_, gen), = w.due(["gen-0"], 0.0)
+    w.answered("gen-0", gen, 404, 1.0)
+    w.reset("gen-0")  # restarted, perhaps as another build that has the route
+    assert w.due(["gen-0"], 2.0) == [("gen-0", gen + 1)] and w.failing("gen-0") is None
+
+
+def test_a_stall_while_the_generation_probe_fails_says_so():
+    sv = serving()
+    (ev,) = events(sv.stalled("gen-0", 30.0, 40.0, failing="HTTP 500"), E.WEDGED)
+    assert "no progress for 30s" in ev.reason and "answers HTTP 500" in ev.reason
 
 
 @pytest.mark.parametrize("stall", [0, -1])
