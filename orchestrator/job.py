@@ -330,6 +330,14 @@ class Job:
 
     # -- serving --------------------------------------------------------------------------------------------------
     def serve(self) -> None:
+        self.begin_supervision()
+        interval = self.spec.supervision.health_interval_s
+        while True:
+            self._check_signal()
+            self.round()
+            self._wait(interval)
+
+    def begin_supervision(self) -> None:
         spec = self.spec
         etcd = next((c.name for c in spec.components if c.kind == "etcd"), None)
         self.supervisor = sv = Supervisor(spec.supervision, {c.name: c.role for c in spec.components},
@@ -337,11 +345,6 @@ class Job:
         sv.begin(self.clock())
         for name in sv.take_dirty():
             self.write_state(name)
-        interval = spec.supervision.health_interval_s
-        while True:
-            self._check_signal()
-            self.round()
-            self._wait(interval)
 
     def round(self) -> None:
         """One look at everything: exits, background results, liveness (concurrently), progress, the clock."""
@@ -355,7 +358,7 @@ class Job:
                 continue
             rc = proc.poll()
             if rc is not None:
-                created = self.steps.step_created(name)
+                created = self.step_created(name)
                 why = None if created else (self.steps.srun_said(name) or "srun said nothing")
                 actions += sv.exited(name, rc, now, step_created=created, why=why)
         actions += self.drain_inbox(now)
@@ -376,6 +379,11 @@ class Job:
         self.maybe_lookup_steps()
         for name in sv.take_dirty():
             self.write_state(name)
+
+    def step_created(self, name: str) -> Optional[bool]:
+        """Whether its current start's step was created: squeue listed it (step_of holds only steps found after
+        the start) or its marker is there (True), srun said it could not (False), or nothing says (None)."""
+        return self.steps.step_created(name, listed=name in self.step_of)
 
     def start_progress_probes(self, now: float) -> None:
         sv = self.supervisor
@@ -406,7 +414,7 @@ class Job:
             if kind == "killed":
                 _, name, died, rc = item
                 self.killing.discard(name)
-                actions += sv.killed(name, died, rc, now, step_created=self.steps.step_created(name))
+                actions += sv.killed(name, died, rc, now, step_created=self.step_created(name))
             elif kind == "progress":
                 _, name, generation, status = item
                 refused = self.progress.answered(name, generation, status, now)

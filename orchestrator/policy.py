@@ -3,7 +3,8 @@
 Nothing here sleeps, spawns or probes. The serving loop (orchestrator.job) feeds it what it saw, with the time
 (``now``, seconds on a monotonic clock), and carries out the actions it returns:
 
-    exited(name, rc, now, step_created)   the component's step ended (or srun never created one)
+    exited(name, rc, now, step_created)   the component's step ended (or srun never created one: False; None
+                                          when nothing says whether it did)
     probed(name, ok, now)                 one liveness probe (HTTP 200 or not)
     stalled(name, seconds, now, failing)  its progress probe has shown no progress for stall_after_s
     killed(name, died, rc, now)           a Kill finished: it died (rc), or it survived SIGKILL
@@ -17,7 +18,10 @@ failure, capped at backoff_max_s), up to max_restarts in a row, after which the 
 fewer live (not lost) components than its minimum ends the run. Healthy for stable_after_s resets the
 consecutive count. Liveness failing for unhealthy_after_s, or no progress for stall_after_s, is killed (and
 restarted). fail-fast: the first exit, or liveness lost, ends the run. An srun that never created its step (the
-Slurm controller unreachable, resources not yet released) is retried with backoff and not counted.
+Slurm controller unreachable, resources not yet released) is retried with backoff and not counted, up to
+NOT_CREATED_MAX times in a row where srun said so; where nothing said either way (no marker, squeue never listed
+the step, srun silent: a marker on a shared filesystem can be missed), only UNCONFIRMED_MAX times in a row, so a
+crash loop still reaches max_restarts. After that every such exit counts until the component is healthy again.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ from orchestrator.spec import Supervision
 from orchestrator.states import ComponentState as C
 from orchestrator.states import EventKind as E
 from orchestrator.states import RunState
+
+
+NOT_CREATED_MAX = 30  # restarts in a row srun said it could not create (about 30 min at backoff_max_s 60), uncounted
+UNCONFIRMED_MAX = 3  # restarts in a row with no sign either way whether a step was created, uncounted
 
 
 @dataclass(frozen=True)
@@ -113,7 +121,8 @@ class Tracked:
     since: float = 0.0
     restarts: int = 0  # restarts by supervision in this run
     failures: int = 0  # consecutive counted failures (resets after stable_after_s healthy)
-    uncounted: int = 0  # consecutive starts whose step was never created
+    uncounted: int = 0  # consecutive starts whose step was never created (or not known to be)
+    unconfirmed: int = 0  # of those, the ones nothing said whether their step was created
     last_exit: Optional[int] = None
     reason: Optional[str] = None
     bad_since: float = 0.0
@@ -167,26 +176,37 @@ class Supervisor:
             t.healthy_since = now
         return []
 
-    def exited(self, name: str, rc: int, now: float, step_created: bool = True, why: Optional[str] = None
-               ) -> List[Action]:
+    def exited(self, name: str, rc: int, now: float, step_created: Optional[bool] = True,
+               why: Optional[str] = None) -> List[Action]:
+        """step_created: True (its step ran), False (srun said it could not create it), None (nothing says)."""
         t = self.components[name]
         code = exit_code(rc)
         what = (f"{why}; " if why else "") + exit_text(rc)
         t.kill_reason = None
         actions: List[Action] = [Deregister(name)]
-        if not step_created and self.restart:
-            # srun never started it: not the component's failure. Retry, without spending the budget.
-            wait = backoff_s(max(self.p.backoff_initial_s, 2.0), self.p.backoff_max_s, t.uncounted)
-            t.uncounted += 1
-            t.next_start = now + wait
-            t.retrying = True
-            self._set(t, C.BACKOFF, now, f"srun did not create its step ({what}); retry in {wait:g}s, "
-                                         "not counted against max_restarts")
-            return actions + [self._record(E.STEP_NOT_CREATED, t, f"{name}: srun did not create its step "
-                                           f"({what}); retry {t.uncounted} in {wait:g}s, not counted against "
-                                           f"max_restarts (log: {self.log_of(name)})", code)]
+        if step_created is not True and self.restart:
+            if step_created is None:
+                t.unconfirmed += 1
+            if t.uncounted < NOT_CREATED_MAX and t.unconfirmed <= UNCONFIRMED_MAX:
+                # srun never started it: not the component's failure. Retry, without spending the budget.
+                wait = backoff_s(max(self.p.backoff_initial_s, 2.0), self.p.backoff_max_s, t.uncounted)
+                t.uncounted += 1
+                t.next_start = now + wait
+                t.retrying = True
+                said = "srun did not create its step" if step_created is False else \
+                    "no sign that srun created its step (no marker, not listed by squeue, srun silent about it)"
+                self._set(t, C.BACKOFF, now, f"{said} ({what}); retry in {wait:g}s, not counted against "
+                                             "max_restarts")
+                return actions + [self._record(E.STEP_NOT_CREATED, t, f"{name}: {said} ({what}); retry "
+                                               f"{t.uncounted} in {wait:g}s, not counted against max_restarts "
+                                               f"(log: {self.log_of(name)})", code)]
+            if step_created is None:
+                what += f"; no sign its step was created {t.unconfirmed - 1} times in a row before, so it counts"
+            else:
+                what += f"; srun could not create its step {t.uncounted} times in a row, so it counts"
+        else:
+            t.uncounted = t.unconfirmed = 0
         t.last_exit = code
-        t.uncounted = 0
         t.retrying = False
         if not self.restart:
             self._set(t, C.EXITED, now, what)
@@ -216,6 +236,7 @@ class Supervisor:
             if t.state == C.STARTING:
                 self._set(t, C.HEALTHY, now)
                 t.healthy_since = now
+                t.uncounted = t.unconfirmed = 0
                 out: List[Action] = [self._record(E.RESTARTED, t, f"{name} healthy again (restart {t.restarts} "
                                                                    "of this run)")]
                 if name == self.storage_component:
@@ -272,7 +293,7 @@ class Supervisor:
         self._set(t, C.KILLING, now, reason)
         return [self._record(E.KILLED, t, f"{t.name} {reason}"), Kill(t.name, reason)]
 
-    def killed(self, name: str, died: bool, rc: Optional[int], now: float, step_created: bool = True
+    def killed(self, name: str, died: bool, rc: Optional[int], now: float, step_created: Optional[bool] = True
                ) -> List[Action]:
         """A Kill finished. A restart whose srun was still waiting for the controller (no step created) when its
         deadline passed is not the component's failure either."""

@@ -17,6 +17,7 @@ runs under tk's shim (toolkit/launch/local_shim/): no steps, the srun process is
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
@@ -24,6 +25,13 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 SLURM_TIMEOUT_S = 10
 KILL_WAIT_S = 15
+# What srun itself says when it never created the step (srun's own messages, as the Slurm client prints them:
+# "srun: error: Unable to create step for job N: ...", "Job N step creation temporarily disabled, retrying",
+# "Unable to confirm allocation for job N: ...", "Unable to contact slurm controller (connect failure)",
+# "Slurm controller not responding, sleeping and retrying"; strings of /usr/bin/srun, Slurm 22.05-24.11).
+NOT_CREATED = re.compile(r"unable to create step|step creation (temporarily|still) disabled|unable to confirm "
+                         r"allocation|unable to contact slurm controller|slurm controller not responding|"
+                         r"could not establish a configuration source", re.IGNORECASE)
 WRAPPER = ('export CUDA_VISIBLE_DEVICES="$1"; if [ -n "$2" ]; then set -a; . "$2"; set +a; fi; '
            'for kv in $3; do export "$kv"; done; : > "$4"; shift 4; exec "$@"')
 
@@ -82,18 +90,37 @@ class Steps:
             return subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
                                     cwd=self.run_dir)
 
-    def step_created(self, name: str) -> bool:
-        return os.path.exists(self.marker(name))
+    def step_created(self, name: str, listed: bool = False) -> Optional[bool]:
+        """Did srun create the step of this start? True: squeue listed it (``listed``) or its task left the marker;
+        False: srun itself said it could not create it; None: nothing says either way. The marker lives on the
+        run directory, often NFS: the directory is listed afresh first (a READDIR revalidates the attributes the
+        client cached, which a bare stat of a name cached as absent may not), and its absence alone proves
+        nothing."""
+        if listed:
+            return True
+        marker = os.path.basename(self.marker(name))
+        try:
+            if marker in os.listdir(self.marker_dir):
+                return True
+        except OSError:
+            pass
+        if os.path.exists(self.marker(name)):
+            return True
+        return False if NOT_CREATED.search(self._srun_tail(name)) else None
 
-    def srun_said(self, name: str, limit: int = 300) -> str:
-        """The last line srun itself wrote (why a step was not created), bounded."""
+    def _srun_tail(self, name: str) -> str:
+        """The end of what srun itself wrote for this start (bounded)."""
         try:
             with open(self.srun_err(name), "rb") as f:
                 f.seek(0, os.SEEK_END)
                 f.seek(max(0, f.tell() - 4096))
-                lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+                return f.read().decode(errors="replace")
         except OSError:
             return ""
+
+    def srun_said(self, name: str, limit: int = 300) -> str:
+        """The last line srun itself wrote (why a step was not created), bounded."""
+        lines = [ln.strip() for ln in self._srun_tail(name).splitlines() if ln.strip()]
         return lines[-1][:limit] if lines else ""
 
     def step_ids(self) -> Dict[str, str]:

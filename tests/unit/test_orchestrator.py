@@ -93,7 +93,7 @@ class FakeSteps:
         self.started.append((name, argv))
         return FakeProc(3 if name in self.exits else None)
 
-    def step_created(self, name):
+    def step_created(self, name, listed=False):
         return True
 
     def srun_said(self, name):
@@ -172,6 +172,29 @@ def test_when_ready_each_servers_state_file_names_its_slurm_step(job_in_process,
     steps = {f.stem: json.loads(f.read_text())["step"] for f in (tmp_path / "state" / "servers").glob("*.json")}
     assert steps == {"proxy": "77.0", "ctx-0": "77.1", "ctx-1": "77.2", "gen-0": "77.3", "gen-1": "77.4"}
 
+def _serving(j):
+    j.start_up()
+    j.begin_supervision()
+    return j
+
+
+def test_a_server_whose_step_squeue_listed_is_counted_when_it_exits_though_its_marker_is_not_seen(job_in_process,
+                                                                                                   tmp_path):
+    class StepsNoMarkerSeen(FakeSteps):  # the marker on NFS is not seen yet from the batch host; srun said nothing
+        def step_created(self, name, listed=False):
+            return True if listed else None
+
+        def step_ids(self):
+            return {"gen-0": "77.3"}
+    j = _serving(job_in_process(spec_of("membership.enabled=false"), steps=StepsNoMarkerSeen()))
+    assert j.step_of["gen-0"] == "77.3"
+    j.procs["gen-0"].rc = 1
+    j.round()
+    (ev,) = [e for e in _events(tmp_path) if e["component"] == "gen-0" and e["event"] in ("server-exited",
+                                                                                          "step-not-created")]
+    assert ev["event"] == "server-exited" and "restart 1 of" in ev["reason"]
+
+
 def test_a_run_directory_without_the_runs_certificates_fails_the_job_saying_why(job_in_process, tmp_path):
     j = job_in_process(spec_of("membership.enabled=true"))
     with pytest.raises(startup.StartupFailed, match=r"no ca.crt, client.crt, client.key in .*secrets/etcd: tk launch"):
@@ -198,6 +221,30 @@ def test_a_server_that_never_turns_healthy_fails_the_job_after_the_startup_timeo
     with pytest.raises(startup.StartupFailed, match=r"ctx-1 not healthy at http://127.0.0.1:\d+ after 120s \(log: logs/ctx-1.log\)") as info:
         j.start_up()
     assert info.value.component == "ctx-1"
+
+
+# --- steps ----------------------------------------------------------------------------------------------------
+
+def test_a_step_is_created_when_squeue_listed_it_or_its_marker_is_there_and_not_when_srun_says_so(tmp_path):
+    from orchestrator.steps import Steps
+    steps = Steps(str(tmp_path), "77", [])
+    err = tmp_path / "state" / "steps" / "gen-0.srun.err"
+    err.write_text("srun: error: Unable to create step for job 77: Socket timed out on send/recv operation\n")
+    assert steps.step_created("gen-0") is False  # srun's own words
+    assert steps.step_created("gen-0", listed=True) is True  # squeue listed it: created, whatever srun said
+    err.write_text("srun: error: n1: task 0: Exited with exit code 1\n")
+    assert steps.step_created("gen-0") is None  # no marker, and srun says nothing about the step: unknown
+    (tmp_path / "state" / "steps" / "gen-0.started").touch()
+    assert steps.step_created("gen-0") is True
+
+
+def test_the_marker_directory_is_listed_afresh_before_its_absence_is_believed(tmp_path, monkeypatch):
+    # NFS: a name the client has cached as absent can stay "absent" to stat for a while after another host made it
+    from orchestrator.steps import Steps
+    steps = Steps(str(tmp_path), "77", [])
+    (tmp_path / "state" / "steps" / "gen-0.started").touch()
+    monkeypatch.setattr("os.path.exists", lambda path: False)
+    assert steps.step_created("gen-0") is True
 
 
 # --- the job's files ---------------------------------------------------------------------------------------

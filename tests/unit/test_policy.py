@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.policy import (Deregister, Fail, Kill, ProgressWatch, Record, RepairMembership, Start, Supervisor,
-                                 backoff_s, exit_text)
+from orchestrator.policy import (NOT_CREATED_MAX, UNCONFIRMED_MAX, Deregister, Fail, Kill, ProgressWatch, Record,
+                                 RepairMembership, Start, Supervisor, backoff_s, exit_text)
 from orchestrator.spec import Supervision
 from orchestrator.states import ComponentState as C
 from orchestrator.states import EventKind as E
@@ -166,6 +166,56 @@ def test_a_step_srun_never_created_is_retried_and_not_counted():
     assert t.next_start - now <= 10  # retries back off, capped
     sv.probed("gen-0", True, t.next_start + 1)
     assert t.state == C.HEALTHY and t.restarts == 1 and t.last_exit == 137
+
+
+def test_a_crash_loop_whose_steps_leave_no_sign_of_creation_still_reaches_max_restarts():
+    # The marker lives on a shared filesystem: with attribute caching the batch host can miss it. A server that
+    # crashes at once after each restart, srun saying nothing about its step, must not be retried for ever.
+    sv = serving(max_restarts=2)
+    t = sv.components["gen-0"]
+    now, exits, uncounted = 0.0, 0, 0
+    while t.state != C.LOST:
+        actions = sv.exited("gen-0", 1, now, step_created=None)
+        exits += 1
+        uncounted += len(events(actions, E.STEP_NOT_CREATED))
+        now = t.next_start
+        sv.tick(now)
+        assert exits < 20, "a crash loop never given up"
+    assert uncounted == UNCONFIRMED_MAX and exits == UNCONFIRMED_MAX + 3  # then 2 restarts, then lost
+    (ev,) = [e for e in events(actions, E.LOST)]
+    assert "given up after 2 restart(s)" in ev.reason
+
+
+def test_an_exit_after_the_uncounted_ones_says_why_it_counts():
+    sv = serving()
+    for i in range(UNCONFIRMED_MAX):
+        sv.exited("gen-0", 1, float(i), step_created=None)
+    (ev,) = events(sv.exited("gen-0", 1, 10.0, step_created=None), E.EXITED)
+    assert f"{UNCONFIRMED_MAX} times in a row" in ev.reason and "restart 1 of 3" in ev.reason
+
+
+def test_steps_srun_says_it_could_not_create_are_retried_uncounted_longer_but_not_for_ever():
+    sv = serving(max_restarts=1, backoff_max_s=1)
+    t = sv.components["gen-0"]
+    now = 0.0
+    for _ in range(NOT_CREATED_MAX):  # the controller away for a long while: not the server's failure
+        assert events(sv.exited("gen-0", 1, now, step_created=False, why="Unable to create step"),
+                      E.STEP_NOT_CREATED)
+        now = t.next_start
+        sv.tick(now)
+    assert t.failures == 0
+    assert events(sv.exited("gen-0", 1, now, step_created=False), E.EXITED) and t.failures == 1
+
+
+def test_a_healthy_restart_starts_the_uncounted_count_again():
+    sv = serving()
+    t = sv.components["gen-0"]
+    for i in range(UNCONFIRMED_MAX):
+        sv.exited("gen-0", 1, float(i), step_created=None)
+    sv.tick(t.next_start)
+    sv.probed("gen-0", True, t.next_start + 1)  # it came up after all
+    assert t.state == C.HEALTHY
+    assert events(sv.exited("gen-0", 1, 100.0, step_created=None), E.STEP_NOT_CREATED)
 
 
 def test_a_restart_whose_srun_waits_for_the_controller_past_its_deadline_is_killed_and_not_counted():
