@@ -77,6 +77,7 @@ class Job:
         self.supervisor: Optional[Supervisor] = None
         self.progress = ProgressWatch(spec.supervision.stall_after_s, spec.supervision.health_interval_s)
         self.step_of: Dict[str, str] = {}
+        self.launches: Dict[str, int] = {}  # starts of each component so far: a step lookup's answer is its own
         self.killing: set = set()
         self.repairing = False
         self.step_lookup_at = float("-inf")
@@ -233,6 +234,7 @@ class Job:
                                             c.name) from None
             return False
         self.step_of.pop(c.name, None)
+        self.launches[c.name] = self.launches.get(c.name, 0) + 1
         self.progress.reset(c.name)
         env = " ".join(f"{k}={v}" for k, v in c.instance_env)
         where = ",".join(self.nodes.names[i] for i in c.nodes)
@@ -426,11 +428,15 @@ class Job:
                 self.repairing = False
                 self.events.write(item[1])
             elif kind == "steps":
+                _, found, launches = item
                 self.step_lookup_busy = False
-                self.step_lookup_every = (STEP_LOOKUP_EVERY_S if item[1]
+                self.step_lookup_every = (STEP_LOOKUP_EVERY_S if found
                                           else min(STEP_LOOKUP_MAX_S, self.step_lookup_every * 2))
-                changed = {n for n, s in item[1].items() if self.step_of.get(n) != s and n in sv.components}
-                self.step_of.update({n: s for n, s in item[1].items() if n in sv.components})
+                # a component (re)started after the lookup began: what squeue listed may be its previous step
+                found = {n: s for n, s in found.items()
+                         if n in sv.components and self.launches.get(n) == launches.get(n)}
+                changed = {n for n, s in found.items() if self.step_of.get(n) != s}
+                self.step_of.update(found)
                 sv.dirty.update(changed)
 
     def execute(self, actions: list) -> None:
@@ -520,13 +526,14 @@ class Job:
         if all(n in self.step_of for n in self.procs) or self.clock() - self.step_lookup_at < self.step_lookup_every:
             return
         self.step_lookup_busy, self.step_lookup_at = True, self.clock()
+        launches = dict(self.launches)
 
         def run() -> None:
             try:
                 found = self.steps.step_ids()
             except Exception:  # noqa: BLE001
                 found = {}
-            self.inbox.put(("steps", found))
+            self.inbox.put(("steps", found, launches))
         threading.Thread(target=run, name="tk-steps", daemon=True).start()
 
 

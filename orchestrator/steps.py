@@ -140,12 +140,14 @@ class Steps:
 
     def kill(self, name: str, proc: subprocess.Popen, step: Optional[str]) -> Tuple[bool, Optional[int]]:
         """End a component on its node: scancel --signal=KILL of its step where Slurm knows it (the task itself,
-        even if stopped), else two SIGINTs within a second (srun then ends its step's tasks), then SIGKILL of the
-        srun. (True, exit code) once it is gone; (False, None) if it survives KILL_WAIT_S."""
+        even if stopped); where it does not, or scancel fails (the controller down, a stale step id), two SIGINTs
+        within a second (srun then ends its step's tasks); then SIGKILL of the srun. (True, exit code) once it is
+        gone; (False, None) if it survives KILL_WAIT_S."""
         step = step or self.step_ids().get(name)
+        scancelled = False
         if step:
-            run_bounded(["scancel", "--signal=KILL", step], SLURM_TIMEOUT_S)
-        else:
+            scancelled = run_bounded(["scancel", "--signal=KILL", step], SLURM_TIMEOUT_S)[0] == 0
+        if not scancelled:
             for _ in range(2):
                 _signal(proc, signal.SIGINT)
                 time.sleep(0.3)

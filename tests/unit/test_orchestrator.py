@@ -238,6 +238,57 @@ def test_a_step_is_created_when_squeue_listed_it_or_its_marker_is_there_and_not_
     assert steps.step_created("gen-0") is True
 
 
+class SignalledProc(FakeProc):
+    def __init__(self):
+        super().__init__()
+        self.signals = []
+
+    def send_signal(self, sig):
+        self.signals.append(sig)
+
+    def wait(self, timeout=None):
+        return -9
+
+
+@pytest.mark.parametrize("scancel_rc,sigints", [(0, 0), (1, 2), (124, 2)])
+def test_a_kill_falls_back_to_srun_ending_its_step_when_scancel_fails(tmp_path, monkeypatch, scancel_rc, sigints):
+    # scancel fails when the controller is down or the step id is stale: SIGKILL of srun alone would leave the
+    # step's tasks running on the node while the server is reported dead
+    import signal as sig
+    from orchestrator import steps as steps_mod
+    calls = []
+    monkeypatch.setattr(steps_mod, "run_bounded", lambda argv, timeout_s: calls.append(argv) or (scancel_rc, "", ""))
+    monkeypatch.setattr(steps_mod.time, "sleep", lambda s: None)
+    proc = SignalledProc()
+    assert steps_mod.Steps(str(tmp_path), "77", []).kill("gen-0", proc, "77.3") == (True, -9)
+    assert calls == [["scancel", "--signal=KILL", "77.3"]]
+    assert proc.signals == [sig.SIGINT] * sigints + [sig.SIGKILL]
+
+
+def test_a_step_lookup_begun_before_a_restart_does_not_name_the_new_process_s_step(job_in_process, tmp_path):
+    import threading
+    release, asked = threading.Event(), threading.Event()
+
+    class SlowSqueue(FakeSteps):
+        listing: dict = {}
+
+        def step_ids(self):
+            if not self.listing:  # the start-up's lookup
+                return {}
+            asked.set()
+            release.wait(10)
+            return dict(self.listing)
+    j = _serving(job_in_process(spec_of("membership.enabled=false"), steps=SlowSqueue()))
+    SlowSqueue.listing = {"gen-0": "77.3", "gen-1": "77.4"}  # gen-0's old step, listed before its restart
+    j.maybe_lookup_steps()
+    assert asked.wait(10)
+    j.launch(spec_of("membership.enabled=false").component("gen-0"), restart=True)  # gen-0 restarted meanwhile
+    release.set()
+    j.inbox.put(j.inbox.get(timeout=10))  # the lookup's answer is in
+    j.drain_inbox(j.clock())
+    assert j.step_of == {"gen-1": "77.4"}  # the old step is not taken for the new process's
+
+
 def test_the_marker_directory_is_listed_afresh_before_its_absence_is_believed(tmp_path, monkeypatch):
     # NFS: a name the client has cached as absent can stay "absent" to stat for a while after another host made it
     from orchestrator.steps import Steps
