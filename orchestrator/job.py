@@ -506,6 +506,7 @@ class Job:
                 by_role.setdefault(sv.components[name].role, []).append(self.nodes.resolve(addr))
 
         def run() -> None:
+            reason = "the cluster storage came back, but its registrations could not be repaired"
             try:
                 done = membership.repair(uri, m.worker_key_prefix, list(by_role.values()), stop=self.stop.is_set)
                 reason = (f"the cluster storage came back: {len(done['replaced'])} worker registration(s) replaced "
@@ -513,8 +514,11 @@ class Job:
                 if done["not_back"]:
                     reason += f"; not registered again yet: {', '.join(done['not_back'])}"
             except membership.StorageError as exc:
-                reason = f"the cluster storage came back, but its registrations could not be repaired ({exc})"
-            self.inbox.put(("repaired", Event(E.MEMBERSHIP_REPAIRED, None, None, reason)))
+                reason += f" ({exc})"
+            except Exception as exc:  # noqa: BLE001  (said, and the next time the storage returns it runs again)
+                reason += f" ({type(exc).__name__}: {exc})"
+            finally:  # whatever happened: `repairing` must be cleared, or membership is never repaired again
+                self.inbox.put(("repaired", Event(E.MEMBERSHIP_REPAIRED, None, None, reason)))
         threading.Thread(target=run, name="tk-membership-repair", daemon=True).start()
 
     def maybe_lookup_steps(self) -> None:

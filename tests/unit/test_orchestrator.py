@@ -5,6 +5,7 @@ its files (events, state files that are never stale); the membership repair afte
 from __future__ import annotations
 
 import errno
+import http.client
 import json
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from toolkit.api import load_plan
 from toolkit.render import job_spec, render
 
 STANDIN = str(ROOT / "recipes" / "standin-2p2d.yaml")
+REAL_MISSING = membership.missing  # the job_in_process fixture replaces it
 
 
 def spec_of(*overrides: str) -> JobSpec:
@@ -381,6 +383,106 @@ def test_a_worker_that_does_not_register_again_is_reported_and_the_repair_goes_o
     done = membership.repair("etcd://h:1", "/p", [["ctx:1"], ["gen:3"]], wait_s=3, clock=lambda: etcd.now,
                              sleep=etcd.sleep)
     assert done == {"replaced": [], "not_back": ["ctx:1", "gen:3"]}
+
+
+class Answer:
+    """What urlopen returns: a status and a body (or a read that fails as a half-sent answer does)."""
+
+    def __init__(self, body=b"{}", status=200, read_error=None):
+        self.status, self.body, self.read_error = status, body, read_error
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def read(self, limit=-1):
+        if self.read_error is not None:
+            raise self.read_error
+        return self.body
+
+
+def _etcd_range(keys) -> bytes:
+    import base64
+    return json.dumps({"kvs": [{"key": base64.b64encode(k.encode()).decode(), "lease": "7"} for k in keys]}).encode()
+
+
+def _raises(exc):
+    def answer():
+        raise exc
+    return answer
+
+
+ODD_ANSWERS = [  # (what urlopen does, whether no answer at all came back)
+    pytest.param(lambda: Answer(read_error=http.client.IncompleteRead(b'{"kvs"')), True, id="incomplete-read"),
+    pytest.param(_raises(http.client.LineTooLong("header line")), True, id="line-too-long"),
+    pytest.param(_raises(http.client.BadStatusLine("HTTP/9")), True, id="bad-status-line"),
+    pytest.param(_raises(http.client.RemoteDisconnected("closed")), True, id="remote-disconnected"),
+    pytest.param(lambda: Answer(b'{"kvs": 5}'), True, id="kvs-not-a-list"),
+    pytest.param(lambda: Answer(b'{"kvs": {"key": 1}}'), True, id="kvs-an-object"),
+    pytest.param(lambda: Answer(b'{"kvs": [{"key": "%%%"}, 3, null]}'), False, id="kvs-entries-malformed"),
+    pytest.param(lambda: Answer(b'{"deleted": [1]}'), False, id="deleted-not-a-number"),
+]
+
+
+@pytest.mark.parametrize("answer,cut", ODD_ANSWERS)
+def test_an_odd_answer_from_the_storage_is_a_storage_error_and_never_another_exception(monkeypatch, answer, cut):
+    # an etcd restarting, or something in front of it, can cut an answer short or send anything: every caller
+    # handles StorageError, and nothing else may escape
+    monkeypatch.setattr(membership.urllib.request, "urlopen", lambda req, timeout, context: answer())
+    for call in (lambda: membership.missing("etcd://h:1", "/p", ["h:2"]),
+                 lambda: membership.deregister("etcd://h:1", "/p", "h:2"),
+                 lambda: membership.delete("etcd://h:1", "/p/k"),
+                 lambda: membership.keep_alive("etcd://h:1", "7"),
+                 lambda: membership.repair("etcd://h:1", "/p", [["h:2"]], sleep=lambda s: None)):
+        try:
+            call()
+        except membership.StorageError:
+            pass
+    if cut:
+        with pytest.raises(membership.StorageError, match="etcd|h:1"):
+            membership.missing("etcd://h:1", "/p", ["h:2"])
+    else:  # an entry it cannot read is no registration
+        assert membership.missing("etcd://h:1", "/p", ["h:2"]) == ["h:2"]
+
+
+def test_the_start_up_waits_through_an_odd_storage_answer_for_every_worker_to_register(job_in_process, tmp_path,
+                                                                                     monkeypatch):
+    from toolkit.runtime.tls import write_run_certificates
+    write_run_certificates(tmp_path / "secrets" / "etcd")
+    spec = spec_of("membership.enabled=true")
+    j = job_in_process(spec)
+    monkeypatch.setattr(membership, "missing", REAL_MISSING)
+    answers = []
+
+    def urlopen(req, timeout, context):
+        answers.append(req.full_url)
+        if len(answers) == 1:  # etcd restarting: its first answer is cut short
+            return Answer(read_error=http.client.IncompleteRead(b""))
+        workers = [j.nodes.resolve(a) for a in spec.membership.workers.values()]
+        return Answer(_etcd_range(f"{spec.membership.worker_key_prefix.rstrip('/')}/x-{w}-1-1-a" for w in workers))
+    monkeypatch.setattr(membership.urllib.request, "urlopen", urlopen)
+    j.start_up()
+    assert [e["event"] for e in _events(tmp_path)][-1] == "ready" and len(answers) == 2
+
+
+def test_a_repair_that_fails_in_any_way_is_said_and_the_next_one_runs(job_in_process, tmp_path, monkeypatch):
+    from toolkit.runtime.tls import write_run_certificates
+    write_run_certificates(tmp_path / "secrets" / "etcd")
+    j = _serving(job_in_process(spec_of("membership.enabled=true")))
+
+    def repair(*a, **k):
+        raise KeyError("kvs")  # anything at all: the repair thread must still report back
+    monkeypatch.setattr(membership, "repair", repair)
+    j.repair_in_background()
+    assert j.repairing
+    item = j.inbox.get(timeout=10)
+    j.inbox.put(item)
+    j.drain_inbox(j.clock())
+    assert not j.repairing  # the next time etcd comes back, membership is repaired again
+    (ev,) = [e for e in _events(tmp_path) if e["event"] == "membership-repaired"]
+    assert "could not be repaired" in ev["reason"] and "kvs" in ev["reason"]
 
 
 def test_prefix_end_covers_every_key_under_the_prefix():
