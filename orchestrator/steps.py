@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import selectors
 import signal
 import subprocess
 import time
@@ -25,6 +26,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 SLURM_TIMEOUT_S = 10
 KILL_WAIT_S = 15
+TERM_GRACE_S = 5.0  # a command past its bound: SIGTERM, then SIGKILL this much later
+EXIT_LINGER_S = 1.0  # a command that exited: how long its pipes may stay open (held by a process it started)
+MAX_OUTPUT = 1 << 20  # bytes kept of each output of a command
 # What srun itself says when it never created the step (srun's own messages, as the Slurm client prints them:
 # "srun: error: Unable to create step for job N: ...", "Job N step creation temporarily disabled, retrying",
 # "Unable to confirm allocation for job N: ...", "Unable to contact slurm controller (connect failure)",
@@ -37,24 +41,68 @@ WRAPPER = ('export CUDA_VISIBLE_DEVICES="$1"; if [ -n "$2" ]; then set -a; . "$2
 
 
 def run_bounded(argv: Sequence[str], timeout_s: float, **kw: Any) -> Tuple[int, str, str]:
-    """(exit code, stdout, stderr); 124 when it ran past timeout_s (SIGTERM, as GNU timeout sends, then SIGKILL),
-    127 when it is not there."""
+    """(exit code, stdout, stderr); 124 when it ran past timeout_s (SIGTERM, as GNU timeout sends, then SIGKILL
+    after TERM_GRACE_S), 127 when it is not there. Bounded in every way: each output keeps its first MAX_OUTPUT
+    bytes (the rest is read and dropped, so the command never blocks on a full pipe); a command that has exited
+    is not waited for past EXIT_LINGER_S while something it started still holds its pipes open; after SIGKILL the
+    wait is bounded too."""
     try:
         proc = subprocess.Popen(list(argv), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 **kw)
     except OSError as exc:
         return 127, "", f"{argv[0]}: {exc.strerror or exc}"
+    out, err = bytearray(), bytearray()
+    pipes = {proc.stdout: out, proc.stderr: err}
     try:
-        out, err = proc.communicate(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
+        if _drain(proc, pipes, time.monotonic() + timeout_s):
+            return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
         proc.terminate()
-        try:
-            out, err = proc.communicate(timeout=5)
-        except subprocess.TimeoutExpired:
+        _drain(proc, pipes, time.monotonic() + TERM_GRACE_S)
+        if proc.poll() is None:
             proc.kill()
-            out, err = proc.communicate()
+            try:
+                proc.wait(timeout=KILL_WAIT_S)
+            except subprocess.TimeoutExpired:
+                pass
         return 124, out.decode(errors="replace"), f"{argv[0]} did not answer within {timeout_s:g}s"
-    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+    finally:
+        for pipe in pipes:
+            if pipe is not None:
+                pipe.close()
+
+
+def _drain(proc: subprocess.Popen, pipes: Dict[Any, bytearray], deadline: float) -> bool:
+    """Read proc's pipes into their buffers (each up to MAX_OUTPUT) until it has exited and they are at their end,
+    or it has exited EXIT_LINGER_S ago (a process it started holds them), True; or until the deadline, False."""
+    selector = selectors.DefaultSelector()
+    for pipe in pipes:
+        if pipe is not None and not pipe.closed:
+            selector.register(pipe, selectors.EVENT_READ)
+    exited_at: Optional[float] = None
+    try:
+        while True:
+            now = time.monotonic()
+            if proc.poll() is not None:
+                exited_at = now if exited_at is None else exited_at
+                if not selector.get_map() or now - exited_at >= EXIT_LINGER_S:
+                    return True
+            elif now >= deadline:
+                return False
+            if not selector.get_map():  # its pipes are closed and it runs on: wait for it alone
+                try:
+                    proc.wait(timeout=max(0.0, deadline - now))
+                except subprocess.TimeoutExpired:
+                    return False
+                continue
+            for key, _ in selector.select(timeout=max(0.0, min(deadline - now, 0.2))):
+                chunk = os.read(key.fd, 64 << 10)
+                if not chunk:
+                    selector.unregister(key.fileobj)
+                    continue
+                buf = pipes[key.fileobj]
+                buf += chunk[:max(0, MAX_OUTPUT - len(buf))]
+    finally:
+        selector.close()
 
 
 class Steps:

@@ -291,6 +291,83 @@ def test_a_step_lookup_begun_before_a_restart_does_not_name_the_new_process_s_st
     assert j.step_of == {"gen-1": "77.4"}  # the old step is not taken for the new process's
 
 
+def test_a_slurm_command_s_output_is_kept_only_up_to_its_bound(tmp_path):
+    from orchestrator.steps import MAX_OUTPUT, run_bounded
+    rc, out, err = run_bounded([sys.executable, "-c", "import sys; sys.stdout.write('x' * (3 << 20)); "
+                                "sys.stderr.write('e' * (3 << 20))"], 30)
+    assert rc == 0 and len(out) == MAX_OUTPUT == 1 << 20 and len(err) == MAX_OUTPUT
+
+
+def _grandchild(tmp_path, script: str) -> list:
+    """argv of a bash that leaves a `sleep 20` holding its output pipes; the sleep's pid goes to tmp_path/pid."""
+    return ["bash", "-c", f"sleep 20 & echo $! > {tmp_path}/pid; {script}"]
+
+
+def _end_grandchild(tmp_path):
+    import os
+    import signal as sig
+    try:
+        os.kill(int((tmp_path / "pid").read_text()), sig.SIGKILL)
+    except (OSError, ValueError):
+        pass
+
+
+def test_a_command_that_exits_while_a_child_of_its_holds_the_pipe_is_not_waited_for(tmp_path):
+    import time
+    from orchestrator.steps import run_bounded
+    t0 = time.monotonic()
+    try:
+        rc, out, _ = run_bounded(_grandchild(tmp_path, "echo done"), 10)
+    finally:
+        _end_grandchild(tmp_path)
+    assert (rc, out) == (0, "done\n") and time.monotonic() - t0 < 5
+
+
+def test_a_command_past_its_bound_is_ended_even_when_a_child_of_its_holds_the_pipe(tmp_path, monkeypatch):
+    import time
+    from orchestrator import steps as steps_mod
+    monkeypatch.setattr(steps_mod, "TERM_GRACE_S", 0.5)
+    t0 = time.monotonic()
+    try:  # it ignores SIGTERM, and its child keeps the pipes open after SIGKILL
+        rc, _, err = steps_mod.run_bounded(_grandchild(tmp_path, "trap '' TERM; while :; do sleep 0.1; done"), 1)
+    finally:
+        _end_grandchild(tmp_path)
+    assert rc == 124 and "did not answer within 1s" in err and time.monotonic() - t0 < 8
+
+
+def test_the_provenance_reader_reads_lines_of_bounded_length(tmp_path, monkeypatch):
+    import base64
+
+    class Output:  # a node that prints one endless line, then its fields
+        def __init__(self):
+            self.left = 64 << 20
+            self.tail = [b"TKPROV n0 kernel " + base64.b64encode(b"6.1") + b"\n"]
+
+        def readline(self, limit=-1):
+            assert 0 < limit <= 1 << 20, "an unbounded read of a line"
+            if self.left:
+                n = min(limit, self.left)
+                self.left -= n
+                return b"x" * n if self.left else b"x" * (n - 1) + b"\n"
+            return self.tail.pop(0) if self.tail else b""
+
+        def __iter__(self):
+            raise AssertionError("an unbounded read of a line")
+
+    class Proc:
+        stdout = Output()
+
+        def wait(self, timeout=None):
+            return 0
+
+        def kill(self):
+            pass
+    monkeypatch.setattr(startup.subprocess, "Popen", lambda *a, **k: Proc())
+    (tmp_path / "logs").mkdir()
+    startup.provenance(spec_of(), str(tmp_path), lambda proc: None).join(30)
+    assert json.loads((tmp_path / "provenance" / "n0.json").read_text())["kernel"] == "6.1"
+
+
 def test_the_marker_directory_is_listed_afresh_before_its_absence_is_believed(tmp_path, monkeypatch):
     # NFS: a name the client has cached as absent can stay "absent" to stat for a while after another host made it
     from orchestrator.steps import Steps
