@@ -571,6 +571,16 @@ def test_prefix_end_covers_every_key_under_the_prefix():
 
 # --- job.pyz -------------------------------------------------------------------------------------------------
 
+def test_the_package_s_docstring_names_every_module_it_ships():
+    import pkgutil
+    import re
+
+    import orchestrator
+    listed = re.findall(r"^    ([a-z_]+) {2,}\S", orchestrator.__doc__ or "", re.MULTILINE)
+    shipped = [m.name for m in pkgutil.iter_modules(orchestrator.__path__) if m.name != "__main__"]
+    assert sorted(listed) == sorted(shipped)
+
+
 def test_the_rendered_job_pyz_runs_with_python3_and_reads_its_job_json(tmp_path):
     out, _ = render(load_plan(STANDIN), tmp_path / "out")
     usage = subprocess.run([sys.executable, str(out / "job.pyz")], capture_output=True, text=True, timeout=60)
