@@ -16,8 +16,9 @@ disagg_auto_scaling.py, get_worker_key; docs/trtllm-versions.md "Membership").
   next, and keeps the others' leases alive meanwhile, so no role ever loses all its workers.
 Every call is bounded (TIMEOUT_S); every failure raises StorageError with the reason: no connection, an answer
 cut short or malformed (http.client's IncompleteRead, LineTooLong, RemoteDisconnected...: an etcd restarting) or
-a JSON document not shaped as etcd's, never another exception (the job's callers handle StorageError only). The etcd the job starts speaks
-HTTPS and wants the run's client certificate (orchestrator.tls), which every call then presents.
+a JSON document not shaped as etcd's; never another exception (the job's callers handle StorageError only). The
+etcd the job starts speaks HTTPS and wants the run's client certificate (orchestrator.tls), which every call then
+presents.
 """
 
 from __future__ import annotations
