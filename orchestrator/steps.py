@@ -32,7 +32,7 @@ MAX_OUTPUT = 1 << 20  # bytes kept of each output of a command
 # What srun itself says when it never created the step (srun's own messages, as the Slurm client prints them:
 # "srun: error: Unable to create step for job N: ...", "Job N step creation temporarily disabled, retrying",
 # "Unable to confirm allocation for job N: ...", "Unable to contact slurm controller (connect failure)",
-# "Slurm controller not responding, sleeping and retrying"; strings of /usr/bin/srun, Slurm 22.05-24.11).
+# "Slurm controller not responding, sleeping and retrying"; the strings of Debian 12's srun, Slurm 22.05.8).
 NOT_CREATED = re.compile(r"unable to create step|step creation (temporarily|still) disabled|unable to confirm "
                          r"allocation|unable to contact slurm controller|slurm controller not responding|"
                          r"could not establish a configuration source", re.IGNORECASE)
@@ -94,7 +94,8 @@ def _drain(proc: subprocess.Popen, pipes: Dict[Any, bytearray], deadline: float)
                 except subprocess.TimeoutExpired:
                     return False
                 continue
-            for key, _ in selector.select(timeout=max(0.0, min(deadline - now, 0.2))):
+            wait_s = EXIT_LINGER_S - (now - exited_at) if exited_at is not None else deadline - now
+            for key, _ in selector.select(timeout=max(0.0, min(wait_s, 0.2))):
                 chunk = os.read(key.fd, 64 << 10)
                 if not chunk:
                     selector.unregister(key.fileobj)
