@@ -11,6 +11,7 @@ Modules, one job each:
     probe       concurrent, bounded HTTP probes (liveness rounds, progress probes)
     steps       srun steps: start, find, kill; every Slurm call bounded
     membership  TensorRT-LLM's cluster storage: registered, deregister, repair after an etcd outage
+    tls         the run's client certificate, presented on every call to the etcd the job starts
     events      state/events.jsonl and state/servers/NAME.json
     startup     nodes, ports, placeholders, provenance, the config check, launcher staggering
     job         the job's life: start-up, supervision, teardown on every signal

@@ -77,6 +77,7 @@ class Job:
         self.supervisor: Optional[Supervisor] = None
         self.progress = ProgressWatch(spec.supervision.stall_after_s, spec.supervision.health_interval_s)
         self.step_of: Dict[str, str] = {}
+        self.launches: Dict[str, int] = {}  # starts of each component so far: a step lookup's answer is its own
         self.killing: set = set()
         self.repairing = False
         self.step_lookup_at = float("-inf")
@@ -233,6 +234,7 @@ class Job:
                                             c.name) from None
             return False
         self.step_of.pop(c.name, None)
+        self.launches[c.name] = self.launches.get(c.name, 0) + 1
         self.progress.reset(c.name)
         env = " ".join(f"{k}={v}" for k, v in c.instance_env)
         where = ",".join(self.nodes.names[i] for i in c.nodes)
@@ -330,6 +332,14 @@ class Job:
 
     # -- serving --------------------------------------------------------------------------------------------------
     def serve(self) -> None:
+        self.begin_supervision()
+        interval = self.spec.supervision.health_interval_s
+        while True:
+            self._check_signal()
+            self.round()
+            self._wait(interval)
+
+    def begin_supervision(self) -> None:
         spec = self.spec
         etcd = next((c.name for c in spec.components if c.kind == "etcd"), None)
         self.supervisor = sv = Supervisor(spec.supervision, {c.name: c.role for c in spec.components},
@@ -337,11 +347,6 @@ class Job:
         sv.begin(self.clock())
         for name in sv.take_dirty():
             self.write_state(name)
-        interval = spec.supervision.health_interval_s
-        while True:
-            self._check_signal()
-            self.round()
-            self._wait(interval)
 
     def round(self) -> None:
         """One look at everything: exits, background results, liveness (concurrently), progress, the clock."""
@@ -355,7 +360,7 @@ class Job:
                 continue
             rc = proc.poll()
             if rc is not None:
-                created = self.steps.step_created(name)
+                created = self.step_created(name)
                 why = None if created else (self.steps.srun_said(name) or "srun said nothing")
                 actions += sv.exited(name, rc, now, step_created=created, why=why)
         actions += self.drain_inbox(now)
@@ -369,13 +374,18 @@ class Job:
                 actions += sv.probed(c.name, answers.get(c.name) == 200, now, url=c.live)
         self.start_progress_probes(now)
         for name, seconds in self.progress.stalls(now):
-            actions += sv.stalled(name, seconds, now)
+            actions += sv.stalled(name, seconds, now, failing=self.progress.failing(name))
         actions += sv.tick(now)
         self.execute(actions)
         self.execute(sv.overall(self.clock()))
         self.maybe_lookup_steps()
         for name in sv.take_dirty():
             self.write_state(name)
+
+    def step_created(self, name: str) -> Optional[bool]:
+        """Whether its current start's step was created: squeue listed it (step_of holds only steps found after
+        the start) or its marker is there (True), srun said it could not (False), or nothing says (None)."""
+        return self.steps.step_created(name, listed=name in self.step_of)
 
     def start_progress_probes(self, now: float) -> None:
         sv = self.supervisor
@@ -406,7 +416,7 @@ class Job:
             if kind == "killed":
                 _, name, died, rc = item
                 self.killing.discard(name)
-                actions += sv.killed(name, died, rc, now, step_created=self.steps.step_created(name))
+                actions += sv.killed(name, died, rc, now, step_created=self.step_created(name))
             elif kind == "progress":
                 _, name, generation, status = item
                 refused = self.progress.answered(name, generation, status, now)
@@ -418,11 +428,15 @@ class Job:
                 self.repairing = False
                 self.events.write(item[1])
             elif kind == "steps":
+                _, found, launches = item
                 self.step_lookup_busy = False
-                self.step_lookup_every = (STEP_LOOKUP_EVERY_S if item[1]
+                self.step_lookup_every = (STEP_LOOKUP_EVERY_S if found
                                           else min(STEP_LOOKUP_MAX_S, self.step_lookup_every * 2))
-                changed = {n for n, s in item[1].items() if self.step_of.get(n) != s and n in sv.components}
-                self.step_of.update({n: s for n, s in item[1].items() if n in sv.components})
+                # a component (re)started after the lookup began: what squeue listed may be its previous step
+                found = {n: s for n, s in found.items()
+                         if n in sv.components and self.launches.get(n) == launches.get(n)}
+                changed = {n for n, s in found.items() if self.step_of.get(n) != s}
+                self.step_of.update(found)
                 sv.dirty.update(changed)
 
     def execute(self, actions: list) -> None:
@@ -492,6 +506,7 @@ class Job:
                 by_role.setdefault(sv.components[name].role, []).append(self.nodes.resolve(addr))
 
         def run() -> None:
+            reason = "the cluster storage came back, but its registrations could not be repaired"
             try:
                 done = membership.repair(uri, m.worker_key_prefix, list(by_role.values()), stop=self.stop.is_set)
                 reason = (f"the cluster storage came back: {len(done['replaced'])} worker registration(s) replaced "
@@ -499,8 +514,11 @@ class Job:
                 if done["not_back"]:
                     reason += f"; not registered again yet: {', '.join(done['not_back'])}"
             except membership.StorageError as exc:
-                reason = f"the cluster storage came back, but its registrations could not be repaired ({exc})"
-            self.inbox.put(("repaired", Event(E.MEMBERSHIP_REPAIRED, None, None, reason)))
+                reason += f" ({exc})"
+            except Exception as exc:  # noqa: BLE001  (said, and the next time the storage returns it runs again)
+                reason += f" ({type(exc).__name__}: {exc})"
+            finally:  # whatever happened: `repairing` must be cleared, or membership is never repaired again
+                self.inbox.put(("repaired", Event(E.MEMBERSHIP_REPAIRED, None, None, reason)))
         threading.Thread(target=run, name="tk-membership-repair", daemon=True).start()
 
     def maybe_lookup_steps(self) -> None:
@@ -512,13 +530,14 @@ class Job:
         if all(n in self.step_of for n in self.procs) or self.clock() - self.step_lookup_at < self.step_lookup_every:
             return
         self.step_lookup_busy, self.step_lookup_at = True, self.clock()
+        launches = dict(self.launches)
 
         def run() -> None:
             try:
                 found = self.steps.step_ids()
             except Exception:  # noqa: BLE001
                 found = {}
-            self.inbox.put(("steps", found))
+            self.inbox.put(("steps", found, launches))
         threading.Thread(target=run, name="tk-steps", daemon=True).start()
 
 

@@ -14,19 +14,24 @@ disagg_auto_scaling.py, get_worker_key; docs/trtllm-versions.md "Membership").
   expire at the same moment: the proxy then has no worker of any role and refuses every request. repair()
   deletes the stale keys one worker per role at a time, waiting for that worker's new registration before the
   next, and keeps the others' leases alive meanwhile, so no role ever loses all its workers.
-Every call is bounded (TIMEOUT_S); failures raise StorageError with the reason. The etcd the job starts speaks
-HTTPS and wants the run's client certificate (orchestrator.tls), which every call then presents.
+Every call is bounded (TIMEOUT_S); every failure raises StorageError with the reason: no connection, an answer
+cut short or malformed (http.client's IncompleteRead, LineTooLong, RemoteDisconnected...: an etcd restarting) or
+a JSON document not shaped as etcd's; never another exception (the job's callers handle StorageError only). The
+etcd the job starts speaks HTTPS and wants the run's client certificate (orchestrator.tls), which every call then
+presents.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
+import http.client
 import json
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from typing import Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, TypeVar, cast
 
 from orchestrator import tls
 
@@ -38,17 +43,38 @@ class StorageError(RuntimeError):
     pass
 
 
+F = TypeVar("F", bound=Callable[..., Any])
+# what a storage answer cut short or shaped unexpectedly raises on its way through urllib, json and our reading
+_ODD_ANSWER = (http.client.HTTPException, OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError)
+
+
+def _storage_call(fn: F) -> F:
+    """Every failure of fn is a StorageError that names it."""
+    @functools.wraps(fn)
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except StorageError:
+            raise
+        except _ODD_ANSWER as exc:
+            raise StorageError(f"{fn.__name__}: an answer it could not read ({type(exc).__name__}: {exc})"
+                               ) from None
+    return cast(F, call)
+
+
 def _http(method: str, url: str, body: Optional[dict] = None) -> Tuple[int, dict]:
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
     ctx = tls.context() if url.startswith("https:") else None
     try:
-        with urllib.request.urlopen(req, timeout=TIMEOUT_S, context=ctx) as resp:  # noqa: S310
-            return resp.status, _json(resp.read(MAX_BODY))
-    except urllib.error.HTTPError as exc:  # the HTTP storage answers 400 for an empty result
-        return exc.code, _json(exc.read(MAX_BODY))
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        raise StorageError(f"{method} {url}: {exc}") from None
+        try:
+            with urllib.request.urlopen(req, timeout=TIMEOUT_S, context=ctx) as resp:  # noqa: S310
+                return resp.status, _json(resp.read(MAX_BODY))
+        except urllib.error.HTTPError as exc:  # the HTTP storage answers 400 for an empty result
+            return exc.code, _json(exc.read(MAX_BODY))
+    except (urllib.error.URLError, http.client.HTTPException, OSError, ValueError) as exc:
+        # no connection; or an answer cut short or malformed (IncompleteRead, LineTooLong, RemoteDisconnected)
+        raise StorageError(f"{method} {url}: {type(exc).__name__}: {exc}") from None
 
 
 def _json(raw: bytes) -> dict:
@@ -79,6 +105,7 @@ def _etcd_host(uri: str) -> str:
     return uri.partition("://")[2].split(",")[0]
 
 
+@_storage_call
 def entries(uri: str, prefix: str) -> Dict[str, Optional[str]]:
     """Every key under prefix -> its etcd lease id (None for the HTTP storage)."""
     scheme = uri.partition("://")[0]
@@ -89,7 +116,12 @@ def entries(uri: str, prefix: str) -> Dict[str, Optional[str]]:
         if status != 200:
             raise StorageError(f"etcd {host} answered {status} to a range of {prefix}")
         out: Dict[str, Optional[str]] = {}
-        for kv in doc.get("kvs") or []:
+        kvs = doc.get("kvs") or []
+        if not isinstance(kvs, list):
+            raise StorageError(f"etcd {host} answered a range of {prefix} without a list of keys")
+        for kv in kvs:
+            if not isinstance(kv, dict):
+                continue
             try:
                 out[base64.b64decode(kv["key"]).decode()] = str(kv["lease"]) if kv.get("lease") else None
             except (KeyError, TypeError, ValueError):
@@ -107,6 +139,7 @@ def keys(uri: str, prefix: str) -> List[str]:
     return list(entries(uri, prefix))
 
 
+@_storage_call
 def delete(uri: str, key: str) -> bool:
     """True when the storage says the key is gone."""
     if uri.startswith("etcd://"):
@@ -119,6 +152,7 @@ def delete(uri: str, key: str) -> bool:
     return status == 200 and bool(doc.get("result"))
 
 
+@_storage_call
 def keep_alive(uri: str, lease: str) -> bool:
     """One etcd lease keep-alive (what a worker's heartbeat does)."""
     if not uri.startswith("etcd://") or not lease:
@@ -136,17 +170,20 @@ def _prefix(prefix: str) -> str:
     return prefix.rstrip("/") + "/"
 
 
+@_storage_call
 def missing(uri: str, prefix: str, workers: List[str]) -> List[str]:
     """The workers (host:port) with no key in the storage."""
     found = keys(uri, _prefix(prefix))
     return [w for w in workers if not of_worker(found, w)]
 
 
+@_storage_call
 def deregister(uri: str, prefix: str, worker: str) -> int:
     """Delete a dead worker's keys; how many."""
     return sum(1 for key in of_worker(keys(uri, _prefix(prefix)), worker) if delete(uri, key))
 
 
+@_storage_call
 def repair(uri: str, prefix: str, roles: List[List[str]], *, wait_s: float = 15.0, poll_s: float = 0.5,
            clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep,
            stop: Callable[[], bool] = lambda: False) -> Dict[str, List[str]]:

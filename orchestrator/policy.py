@@ -3,9 +3,10 @@
 Nothing here sleeps, spawns or probes. The serving loop (orchestrator.job) feeds it what it saw, with the time
 (``now``, seconds on a monotonic clock), and carries out the actions it returns:
 
-    exited(name, rc, now, step_created)   the component's step ended (or srun never created one)
+    exited(name, rc, now, step_created)   the component's step ended (or srun never created one: False; None
+                                          when nothing says whether it did)
     probed(name, ok, now)                 one liveness probe (HTTP 200 or not)
-    stalled(name, seconds, now)           its progress probe has had no answer for stall_after_s
+    stalled(name, seconds, now, failing)  its progress probe has shown no progress for stall_after_s
     killed(name, died, rc, now)           a Kill finished: it died (rc), or it survived SIGKILL
     tick(now)                             time passed: restarts whose backoff is over
     overall(now)                          after a round: degraded <-> serving
@@ -17,7 +18,10 @@ failure, capped at backoff_max_s), up to max_restarts in a row, after which the 
 fewer live (not lost) components than its minimum ends the run. Healthy for stable_after_s resets the
 consecutive count. Liveness failing for unhealthy_after_s, or no progress for stall_after_s, is killed (and
 restarted). fail-fast: the first exit, or liveness lost, ends the run. An srun that never created its step (the
-Slurm controller unreachable, resources not yet released) is retried with backoff and not counted.
+Slurm controller unreachable, resources not yet released) is retried with backoff and not counted, up to
+NOT_CREATED_MAX times in a row where srun said so; where nothing said either way (no marker, squeue never listed
+the step, srun silent: a marker on a shared filesystem can be missed), only UNCONFIRMED_MAX times in a row, so a
+crash loop still reaches max_restarts. After that every such exit counts until the component is healthy again.
 """
 
 from __future__ import annotations
@@ -29,6 +33,10 @@ from orchestrator.spec import Supervision
 from orchestrator.states import ComponentState as C
 from orchestrator.states import EventKind as E
 from orchestrator.states import RunState
+
+
+NOT_CREATED_MAX = 30  # restarts in a row srun said it could not create (about 30 min at backoff_max_s 60), uncounted
+UNCONFIRMED_MAX = 3  # restarts in a row with no sign either way whether a step was created, uncounted
 
 
 @dataclass(frozen=True)
@@ -113,7 +121,8 @@ class Tracked:
     since: float = 0.0
     restarts: int = 0  # restarts by supervision in this run
     failures: int = 0  # consecutive counted failures (resets after stable_after_s healthy)
-    uncounted: int = 0  # consecutive starts whose step was never created
+    uncounted: int = 0  # consecutive starts whose step was never created (or not known to be)
+    unconfirmed: int = 0  # of those, the ones nothing said whether their step was created
     last_exit: Optional[int] = None
     reason: Optional[str] = None
     bad_since: float = 0.0
@@ -167,26 +176,37 @@ class Supervisor:
             t.healthy_since = now
         return []
 
-    def exited(self, name: str, rc: int, now: float, step_created: bool = True, why: Optional[str] = None
-               ) -> List[Action]:
+    def exited(self, name: str, rc: int, now: float, step_created: Optional[bool] = True,
+               why: Optional[str] = None) -> List[Action]:
+        """step_created: True (its step ran), False (srun said it could not create it), None (nothing says)."""
         t = self.components[name]
         code = exit_code(rc)
         what = (f"{why}; " if why else "") + exit_text(rc)
         t.kill_reason = None
         actions: List[Action] = [Deregister(name)]
-        if not step_created and self.restart:
-            # srun never started it: not the component's failure. Retry, without spending the budget.
-            wait = backoff_s(max(self.p.backoff_initial_s, 2.0), self.p.backoff_max_s, t.uncounted)
-            t.uncounted += 1
-            t.next_start = now + wait
-            t.retrying = True
-            self._set(t, C.BACKOFF, now, f"srun did not create its step ({what}); retry in {wait:g}s, "
-                                         "not counted against max_restarts")
-            return actions + [self._record(E.STEP_NOT_CREATED, t, f"{name}: srun did not create its step "
-                                           f"({what}); retry {t.uncounted} in {wait:g}s, not counted against "
-                                           f"max_restarts (log: {self.log_of(name)})", code)]
+        if step_created is not True and self.restart:
+            if step_created is None:
+                t.unconfirmed += 1
+            if t.uncounted < NOT_CREATED_MAX and t.unconfirmed <= UNCONFIRMED_MAX:
+                # srun never started it: not the component's failure. Retry, without spending the budget.
+                wait = backoff_s(max(self.p.backoff_initial_s, 2.0), self.p.backoff_max_s, t.uncounted)
+                t.uncounted += 1
+                t.next_start = now + wait
+                t.retrying = True
+                said = "srun did not create its step" if step_created is False else \
+                    "no sign that srun created its step (no marker, not listed by squeue, srun silent about it)"
+                self._set(t, C.BACKOFF, now, f"{said} ({what}); retry in {wait:g}s, not counted against "
+                                             "max_restarts")
+                return actions + [self._record(E.STEP_NOT_CREATED, t, f"{name}: {said} ({what}); retry "
+                                               f"{t.uncounted} in {wait:g}s, not counted against max_restarts "
+                                               f"(log: {self.log_of(name)})", code)]
+            if step_created is None:
+                what += f"; no sign its step was created {t.unconfirmed - 1} times in a row before, so it counts"
+            else:
+                what += f"; srun could not create its step {t.uncounted} times in a row, so it counts"
+        else:
+            t.uncounted = t.unconfirmed = 0
         t.last_exit = code
-        t.uncounted = 0
         t.retrying = False
         if not self.restart:
             self._set(t, C.EXITED, now, what)
@@ -216,6 +236,7 @@ class Supervisor:
             if t.state == C.STARTING:
                 self._set(t, C.HEALTHY, now)
                 t.healthy_since = now
+                t.uncounted = t.unconfirmed = 0
                 out: List[Action] = [self._record(E.RESTARTED, t, f"{name} healthy again (restart {t.restarts} "
                                                                    "of this run)")]
                 if name == self.storage_component:
@@ -249,12 +270,17 @@ class Supervisor:
             return self._kill(t, f"not healthy within {self.p.startup_timeout_s:g}s of its restart, killed", now)
         return []
 
-    def stalled(self, name: str, seconds: float, now: float) -> List[Action]:
-        """Its progress probe (a bounded generation request) has produced no token for `seconds`."""
+    def stalled(self, name: str, seconds: float, now: float, failing: Optional[str] = None) -> List[Action]:
+        """Its progress probe (a bounded generation request) has produced no token for `seconds`; `failing`: what
+        its probes answered meanwhile when they did answer ("HTTP 500": the generation failed)."""
         t = self.components[name]
         if t.state not in (C.HEALTHY, C.UNHEALTHY):
             return []
-        why = f"wedged: no token for {seconds:g}s from a request in flight while /health answers"
+        if failing:
+            why = (f"wedged: no progress for {seconds:g}s, its generation probe answers {failing} while /health "
+                   "answers")
+        else:
+            why = f"wedged: no token for {seconds:g}s from a request in flight while /health answers"
         if not self.restart:
             self._set(t, t.state, now, why)
             reason = f"{name} {why} (supervision policy fail-fast; log: {self.log_of(name)})"
@@ -267,7 +293,7 @@ class Supervisor:
         self._set(t, C.KILLING, now, reason)
         return [self._record(E.KILLED, t, f"{t.name} {reason}"), Kill(t.name, reason)]
 
-    def killed(self, name: str, died: bool, rc: Optional[int], now: float, step_created: bool = True
+    def killed(self, name: str, died: bool, rc: Optional[int], now: float, step_created: Optional[bool] = True
                ) -> List[Action]:
         """A Kill finished. A restart whose srun was still waiting for the controller (no step created) when its
         deadline passed is not the component's failure either."""
@@ -321,25 +347,39 @@ class _Watch:
     done_at: float = float("-inf")  # the last answer
     progress_at: Optional[float] = None  # the last time progress was seen (an answer; at first, the first probe)
     reported: bool = False  # its stall was reported
-    disabled: bool = False
+    disabled: bool = False  # the server has no progress route (this life of it)
+    failing: Optional[str] = None  # what its last probe answered when that was no progress ("HTTP 500")
 
 
 class ProgressWatch:
     """Liveness as progress: a bounded generation request (``/health_generate``, one token) every interval per
     server, at most one in flight. A server whose probe is in flight and that has shown no progress for
-    ``stall_after_s`` (since its last answer) is stalled, reported once: so a wedge is seen within stall_after_s
-    plus one round of the loop. An error answer (the route missing, or a refusal) turns the watch off for that
-    server rather than guess."""
+    ``stall_after_s`` (since its last 200) is stalled, reported once: so a wedge is seen within stall_after_s plus
+    one round of the loop. A 5xx answer or none (timed out, no connection) is no progress: trtllm-serve's
+    /health_generate answers 500 "Generation health check failed" when its one-token generation fails or raises
+    (tensorrt_llm/serve/openai_server.py, OpenAIServer.health_generate, NVIDIA/TensorRT-LLM @
+    00057725d9a6591f033e44f31c219e2426827bb7), the very failure the watch is for. Only an answer that says the
+    route is not there (ROUTE_MISSING) or that the probe is refused (another 4xx: e.g. an auth layer in front)
+    turns the watch off for that server, until it is restarted (``reset``). A 5xx from a server whose probe has
+    never answered 200 in this run is not judged (said once): the probe itself may not work for its model (a
+    tokenizer without a chat template fails every chat request, /health_generate included), and killing every
+    server of such a deployment would be tk's failure, not the engine's; once it has answered 200, it is."""
+
+    # 404/405: no such route or method (a build without /health_generate); 501: not implemented
+    ROUTE_MISSING = (404, 405, 501)
 
     def __init__(self, stall_after_s: float, interval_s: float):
         self.stall_after_s, self.interval_s = stall_after_s, interval_s
         self.watches: Dict[str, _Watch] = {}
+        self.proven: Set[str] = set()  # servers whose probe has answered 200 in this run (in any life)
+        self.told: Set[str] = set()  # servers whose unproven 5xx was said
 
     def reset(self, name: str) -> None:
         """The component was (re)started: forget probes of its previous life."""
         w = self.watches.setdefault(name, _Watch())
         w.generation += 1
         w.sent_at, w.done_at, w.progress_at, w.reported = None, float("-inf"), None, False
+        w.disabled, w.failing = False, None  # a restarted server (perhaps another build) is watched again
 
     def due(self, names: Iterable[str], now: float) -> List[tuple]:
         """(name, generation) of each server a probe should be sent to now; marks them sent."""
@@ -357,18 +397,38 @@ class ProgressWatch:
         return out
 
     def answered(self, name: str, generation: int, status: Optional[int], now: float) -> Optional[str]:
-        """A probe ended: status 200 (progress), another status, or None (no answer: timed out or refused the
-        connection). Returns a reason when the watch turns itself off for that server."""
+        """A probe ended: status 2xx (progress), 5xx or None (no progress: the generation failed, the probe timed
+        out or the connection was refused), or a status saying there is no such route or the probe is refused.
+        Returns a reason when the watch turns itself off for that server (until its next restart)."""
         w = self.watches.setdefault(name, _Watch())
         if generation != w.generation:
             return None
         w.sent_at, w.done_at = None, now
-        if status == 200:
-            w.progress_at = now
-        elif status is not None and not w.disabled:
+        if status is not None and 200 <= status < 300:
+            w.progress_at, w.failing = now, None
+            self.proven.add(name)
+        elif status is None:
+            w.failing = None
+        elif status >= 500 and status not in self.ROUTE_MISSING:
+            w.failing = f"HTTP {status}"
+            if name not in self.proven:  # the probe has never worked for it: no judgement yet
+                w.progress_at = now
+                if name not in self.told:
+                    self.told.add(name)
+                    return (f"its progress probe answered HTTP {status} and has never answered 200 in this run "
+                            "(a model without a chat template fails it); a failing generation is judged once it has")
+        elif not w.disabled:
             w.disabled = True
-            return f"its progress probe answered HTTP {status}; wedge detection is off for it"
+            what = "has no progress route" if status in self.ROUTE_MISSING else "refuses the progress probe"
+            return (f"its progress probe answered HTTP {status} (the server {what}); wedge detection is off for it "
+                    "until it restarts")
         return None
+
+    def failing(self, name: str) -> Optional[str]:
+        """What the server's last progress probe answered when it was no progress ("HTTP 500"); None when it
+        showed progress, or timed out."""
+        w = self.watches.get(name)
+        return w.failing if w else None
 
     def stalls(self, now: float) -> List[tuple]:
         """(name, seconds without progress) of each server with a probe in flight and no progress for

@@ -25,6 +25,7 @@ from orchestrator.steps import run_bounded
 
 NODE_PROBE_TIMEOUT_S = 120
 PROVENANCE_TIMEOUT_S = 300
+PROVENANCE_MAX_LINE = 16 << 10
 
 # On every node: its hostname, and which of the ports this plan puts on it already accept connections.
 NODE_PROBE_SH = r'''host=$(hostname); busy=""
@@ -174,9 +175,18 @@ def provenance(spec: JobSpec, run_dir: str, register: Callable[[subprocess.Popen
         docs: Dict[str, Dict[str, Optional[str]]] = {}
         try:
             assert proc.stdout is not None
-            for raw in proc.stdout:
+            whole = True  # the previous read ended its line
+            while True:
+                raw = proc.stdout.readline(PROVENANCE_MAX_LINE)  # a field is at most ~2.7 kB of base64
+                if not raw:
+                    break
+                starts, whole = whole, raw.endswith(b"\n")
+                if not (starts and whole):  # a line longer than any the script prints: skipped, piece by piece
+                    continue
                 parts = raw.decode(errors="replace").split()
                 if len(parts) not in (3, 4) or parts[0] != "TKPROV" or parts[2] not in PROVENANCE_FIELDS:
+                    continue
+                if parts[1] not in docs and len(docs) >= n:  # one node name per node of the job
                     continue
                 try:
                     value = base64.b64decode(parts[3]).decode(errors="replace") if len(parts) == 4 else ""

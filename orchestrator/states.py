@@ -84,7 +84,7 @@ class EventKind(str, enum.Enum):
     LOST = "lost"  # given up
     DEREGISTERED = "deregistered"  # its keys deleted from the cluster storage
     MEMBERSHIP_REPAIRED = "membership-repaired"  # stale registrations replaced after the storage came back
-    PROBE_REFUSED = "progress-probe-refused"  # the progress probe answered an error: wedge detection is off for it
+    PROBE_REFUSED = "progress-probe-refused"  # no progress route (404/405/501) or a 4xx: wedge detection off until restart
     DEGRADED = "degraded"  # some component is down (reason: which)
     SERVING = "serving"  # every component healthy again
     # the end

@@ -258,47 +258,71 @@ def test_every_fixture_is_claimed_by_exactly_its_signature():
 
 # --- first-hour failures: a missing model, no serving command, Ctrl-C, and requests a client got refused ----------
 
-def _run_dir(tmp_path: Path, phases: str, logs: dict[str, str]) -> Path:
+def _run_dir(tmp_path: Path, events: list[tuple[str, str | None, str]], logs: dict[str, str]) -> Path:
+    """A run directory as the job leaves it: its events (kind, component, reason) in state/events.jsonl, which
+    is what tk doctor reads of the job's own account, and its logs."""
     run = tmp_path / "r"
     (run / "logs").mkdir(parents=True)
     (run / "state").mkdir()
-    (run / "state" / "phases.tsv").write_text(phases)
+    (run / "state" / "events.jsonl").write_text("".join(_event(1760000000 + i, kind, component, reason)
+                                                        for i, (kind, component, reason) in enumerate(events)))
     for name, text in logs.items():
         (run / "logs" / name).write_text(text)
     return run
 
 
+def _files(finding: dict) -> set[str]:
+    return {e["file"] for e in finding["evidence"]}
+
+
 def test_a_missing_model_path_found_by_the_config_check_is_diagnosed(tmp_path):
     message = "MODEL: model directory /nonexistent/model does not exist (nor does /nonexistent)"
-    run = _run_dir(tmp_path, f"1\tchecking\toptions\n2\tfailed\tconfig check: {message} (log: logs/config-check.log)\n",
+    run = _run_dir(tmp_path, [("checking", None, "options"),
+                              ("failed", None, f"config check: {message} (log: logs/config-check.log)")],
                    {"config-check.log": f"tk-standin-serve: {message}\n", "job.log": "[tk] failed\n"})
     doc = diagnose(run, state="failed")
     assert doc["findings"][0]["id"] == "model-path"
-    assert {e["file"] for e in doc["findings"][0]["evidence"]} >= {"logs/config-check.log"}
+    assert _files(doc["findings"][0]) >= {"logs/config-check.log", "state/events.jsonl"}  # the job said so too
+    assert doc["phases"][-1].startswith("failed\tconfig check: MODEL: model directory")
     assert format_diagnosis(doc).count("Llama") == 0  # no list of built-in models, let alone three
 
 
 def test_a_serving_command_that_is_not_there_is_diagnosed(tmp_path):
-    run = _run_dir(tmp_path, "1\tfailed\tproxy exited with code 127 (log: logs/proxy.log)\n",
+    run = _run_dir(tmp_path, [("failed", "proxy", "proxy exited with code 127 (log: logs/proxy.log)")],
                    {"proxy.log": "tk-proxy: line 2: exec: trtllm-serve: not found\n", "job.log": "[tk] started\n"})
     doc = diagnose(run, state="failed")
     assert doc["findings"][0]["id"] == "engine-not-found"
     assert "cluster.container_image" in doc["findings"][0]["fix"]
-    assert doc["first_error"]["file"] == "logs/proxy.log"  # the log that says why, not the job's
+    assert _files(doc["findings"][0]) == {"logs/proxy.log", "state/events.jsonl"}
+    assert doc["failing"] == "proxy" and doc["first_error"]["file"] == "logs/proxy.log"  # the log that says why
+
+
+def test_a_server_the_job_saw_miss_its_health_deadline_is_diagnosed_from_the_job_s_events_alone(tmp_path):
+    run = _run_dir(tmp_path, [("started", "gen-0", "gen-0 on n1"),
+                              ("failed", "gen-0", "gen-0 not healthy at http://n1:8001 after 300s (log: "
+                                                  "logs/gen-0.log)")],
+                   {"gen-0.log": "[tk-standin] INFO loading weights\n"})
+    doc = diagnose(run, state="failed")
+    assert doc["findings"][0]["id"] == "health-timeout" and doc["failing"] == "gen-0"
+    (evidence,) = doc["findings"][0]["evidence"]
+    assert evidence["file"] == "state/events.jsonl" and evidence["line"] == 2
+    assert doc["tail"]["file"] == "logs/gen-0.log"  # and the log of the server it names
 
 
 def test_an_interrupted_launch_says_so(tmp_path):
-    run = _run_dir(tmp_path, "1\tstarted\tctx-0 on n0\n2\tfailed\tsignal received\n", {"ctx-0.log": "loading\n"})
+    run = _run_dir(tmp_path, [("started", "ctx-0", "ctx-0 on n0"), ("failed", None, "signal received (SIGINT)")],
+                   {"ctx-0.log": "loading\n"})
     doc = diagnose(run, state="failed", reason="interrupted; cleanup: none")
     assert [f["id"] for f in doc["findings"]] == ["interrupted"]
     assert "launch again" in doc["findings"][0]["fix"]
+    assert doc["phases"] == ["started\tctx-0 on n0", "failed\tsignal received (SIGINT)"]
 
 
 def test_a_request_the_servers_refused_is_not_the_run_s_diagnosis(tmp_path):
     refused = (FIXTURES / "prompt-exceeds-max-num-tokens.proxy.log").read_text()
-    run = _run_dir(tmp_path, "1\tready\thttp://127.0.0.1:8000\n", {"proxy.log": "serving\n" + refused})
+    run = _run_dir(tmp_path, [("ready", None, "http://127.0.0.1:8000")], {"proxy.log": "serving\n" + refused})
     doc = diagnose(run, state="ready")
-    assert doc["findings"] == []
+    assert doc["findings"] == [] and doc["phases"] == ["ready\thttp://127.0.0.1:8000"]
     assert [f["id"] for f in doc["refused_requests"]] == ["prompt-exceeds-max-num-tokens"]
     text = format_diagnosis(doc)
     assert "diagnosis [" not in text and "not a failure of the run" in text

@@ -5,6 +5,7 @@ its files (events, state files that are never stale); the membership repair afte
 from __future__ import annotations
 
 import errno
+import http.client
 import json
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from toolkit.api import load_plan
 from toolkit.render import job_spec, render
 
 STANDIN = str(ROOT / "recipes" / "standin-2p2d.yaml")
+REAL_MISSING = membership.missing  # the job_in_process fixture replaces it
 
 
 def spec_of(*overrides: str) -> JobSpec:
@@ -93,7 +95,7 @@ class FakeSteps:
         self.started.append((name, argv))
         return FakeProc(3 if name in self.exits else None)
 
-    def step_created(self, name):
+    def step_created(self, name, listed=False):
         return True
 
     def srun_said(self, name):
@@ -172,6 +174,29 @@ def test_when_ready_each_servers_state_file_names_its_slurm_step(job_in_process,
     steps = {f.stem: json.loads(f.read_text())["step"] for f in (tmp_path / "state" / "servers").glob("*.json")}
     assert steps == {"proxy": "77.0", "ctx-0": "77.1", "ctx-1": "77.2", "gen-0": "77.3", "gen-1": "77.4"}
 
+def _serving(j):
+    j.start_up()
+    j.begin_supervision()
+    return j
+
+
+def test_a_server_whose_step_squeue_listed_is_counted_when_it_exits_though_its_marker_is_not_seen(job_in_process,
+                                                                                                   tmp_path):
+    class StepsNoMarkerSeen(FakeSteps):  # the marker on NFS is not seen yet from the batch host; srun said nothing
+        def step_created(self, name, listed=False):
+            return True if listed else None
+
+        def step_ids(self):
+            return {"gen-0": "77.3"}
+    j = _serving(job_in_process(spec_of("membership.enabled=false"), steps=StepsNoMarkerSeen()))
+    assert j.step_of["gen-0"] == "77.3"
+    j.procs["gen-0"].rc = 1
+    j.round()
+    (ev,) = [e for e in _events(tmp_path) if e["component"] == "gen-0" and e["event"] in ("server-exited",
+                                                                                          "step-not-created")]
+    assert ev["event"] == "server-exited" and "restart 1 of" in ev["reason"]
+
+
 def test_a_run_directory_without_the_runs_certificates_fails_the_job_saying_why(job_in_process, tmp_path):
     j = job_in_process(spec_of("membership.enabled=true"))
     with pytest.raises(startup.StartupFailed, match=r"no ca.crt, client.crt, client.key in .*secrets/etcd: tk launch"):
@@ -198,6 +223,158 @@ def test_a_server_that_never_turns_healthy_fails_the_job_after_the_startup_timeo
     with pytest.raises(startup.StartupFailed, match=r"ctx-1 not healthy at http://127.0.0.1:\d+ after 120s \(log: logs/ctx-1.log\)") as info:
         j.start_up()
     assert info.value.component == "ctx-1"
+
+
+# --- steps ----------------------------------------------------------------------------------------------------
+
+def test_a_step_is_created_when_squeue_listed_it_or_its_marker_is_there_and_not_when_srun_says_so(tmp_path):
+    from orchestrator.steps import Steps
+    steps = Steps(str(tmp_path), "77", [])
+    err = tmp_path / "state" / "steps" / "gen-0.srun.err"
+    err.write_text("srun: error: Unable to create step for job 77: Socket timed out on send/recv operation\n")
+    assert steps.step_created("gen-0") is False  # srun's own words
+    assert steps.step_created("gen-0", listed=True) is True  # squeue listed it: created, whatever srun said
+    err.write_text("srun: error: n1: task 0: Exited with exit code 1\n")
+    assert steps.step_created("gen-0") is None  # no marker, and srun says nothing about the step: unknown
+    (tmp_path / "state" / "steps" / "gen-0.started").touch()
+    assert steps.step_created("gen-0") is True
+
+
+class SignalledProc(FakeProc):
+    def __init__(self):
+        super().__init__()
+        self.signals = []
+
+    def send_signal(self, sig):
+        self.signals.append(sig)
+
+    def wait(self, timeout=None):
+        return -9
+
+
+@pytest.mark.parametrize("scancel_rc,sigints", [(0, 0), (1, 2), (124, 2)])
+def test_a_kill_falls_back_to_srun_ending_its_step_when_scancel_fails(tmp_path, monkeypatch, scancel_rc, sigints):
+    # scancel fails when the controller is down or the step id is stale: SIGKILL of srun alone would leave the
+    # step's tasks running on the node while the server is reported dead
+    import signal as sig
+    from orchestrator import steps as steps_mod
+    calls = []
+    monkeypatch.setattr(steps_mod, "run_bounded", lambda argv, timeout_s: calls.append(argv) or (scancel_rc, "", ""))
+    monkeypatch.setattr(steps_mod.time, "sleep", lambda s: None)
+    proc = SignalledProc()
+    assert steps_mod.Steps(str(tmp_path), "77", []).kill("gen-0", proc, "77.3") == (True, -9)
+    assert calls == [["scancel", "--signal=KILL", "77.3"]]
+    assert proc.signals == [sig.SIGINT] * sigints + [sig.SIGKILL]
+
+
+def test_a_step_lookup_begun_before_a_restart_does_not_name_the_new_process_s_step(job_in_process, tmp_path):
+    import threading
+    release, asked = threading.Event(), threading.Event()
+
+    class SlowSqueue(FakeSteps):
+        listing: dict = {}
+
+        def step_ids(self):
+            if not self.listing:  # the start-up's lookup
+                return {}
+            asked.set()
+            release.wait(10)
+            return dict(self.listing)
+    j = _serving(job_in_process(spec_of("membership.enabled=false"), steps=SlowSqueue()))
+    SlowSqueue.listing = {"gen-0": "77.3", "gen-1": "77.4"}  # gen-0's old step, listed before its restart
+    j.maybe_lookup_steps()
+    assert asked.wait(10)
+    j.launch(spec_of("membership.enabled=false").component("gen-0"), restart=True)  # gen-0 restarted meanwhile
+    release.set()
+    j.inbox.put(j.inbox.get(timeout=10))  # the lookup's answer is in
+    j.drain_inbox(j.clock())
+    assert j.step_of == {"gen-1": "77.4"}  # the old step is not taken for the new process's
+
+
+def test_a_slurm_command_s_output_is_kept_only_up_to_its_bound(tmp_path):
+    from orchestrator.steps import MAX_OUTPUT, run_bounded
+    rc, out, err = run_bounded([sys.executable, "-c", "import sys; sys.stdout.write('x' * (3 << 20)); "
+                                "sys.stderr.write('e' * (3 << 20))"], 30)
+    assert rc == 0 and len(out) == MAX_OUTPUT == 1 << 20 and len(err) == MAX_OUTPUT
+
+
+def _grandchild(tmp_path, script: str) -> list:
+    """argv of a bash that leaves a `sleep 20` holding its output pipes; the sleep's pid goes to tmp_path/pid."""
+    return ["bash", "-c", f"sleep 20 & echo $! > {tmp_path}/pid; {script}"]
+
+
+def _end_grandchild(tmp_path):
+    import os
+    import signal as sig
+    try:
+        os.kill(int((tmp_path / "pid").read_text()), sig.SIGKILL)
+    except (OSError, ValueError):
+        pass
+
+
+def test_a_command_that_exits_while_a_child_of_its_holds_the_pipe_is_not_waited_for(tmp_path):
+    import time
+    from orchestrator.steps import run_bounded
+    t0 = time.monotonic()
+    try:
+        rc, out, _ = run_bounded(_grandchild(tmp_path, "echo done"), 10)
+    finally:
+        _end_grandchild(tmp_path)
+    assert (rc, out) == (0, "done\n") and time.monotonic() - t0 < 5
+
+
+def test_a_command_past_its_bound_is_ended_even_when_a_child_of_its_holds_the_pipe(tmp_path, monkeypatch):
+    import time
+    from orchestrator import steps as steps_mod
+    monkeypatch.setattr(steps_mod, "TERM_GRACE_S", 0.5)
+    t0 = time.monotonic()
+    try:  # it ignores SIGTERM, and its child keeps the pipes open after SIGKILL
+        rc, _, err = steps_mod.run_bounded(_grandchild(tmp_path, "trap '' TERM; while :; do sleep 0.1; done"), 1)
+    finally:
+        _end_grandchild(tmp_path)
+    assert rc == 124 and "did not answer within 1s" in err and time.monotonic() - t0 < 8
+
+
+def test_the_provenance_reader_reads_lines_of_bounded_length(tmp_path, monkeypatch):
+    import base64
+
+    class Output:  # a node that prints one endless line, then its fields
+        def __init__(self):
+            self.left = 64 << 20
+            self.tail = [b"TKPROV n0 kernel " + base64.b64encode(b"6.1") + b"\n"]
+
+        def readline(self, limit=-1):
+            assert 0 < limit <= 1 << 20, "an unbounded read of a line"
+            if self.left:
+                n = min(limit, self.left)
+                self.left -= n
+                return b"x" * n if self.left else b"x" * (n - 1) + b"\n"
+            return self.tail.pop(0) if self.tail else b""
+
+        def __iter__(self):
+            raise AssertionError("an unbounded read of a line")
+
+    class Proc:
+        stdout = Output()
+
+        def wait(self, timeout=None):
+            return 0
+
+        def kill(self):
+            pass
+    monkeypatch.setattr(startup.subprocess, "Popen", lambda *a, **k: Proc())
+    (tmp_path / "logs").mkdir()
+    startup.provenance(spec_of(), str(tmp_path), lambda proc: None).join(30)
+    assert json.loads((tmp_path / "provenance" / "n0.json").read_text())["kernel"] == "6.1"
+
+
+def test_the_marker_directory_is_listed_afresh_before_its_absence_is_believed(tmp_path, monkeypatch):
+    # NFS: a name the client has cached as absent can stay "absent" to stat for a while after another host made it
+    from orchestrator.steps import Steps
+    steps = Steps(str(tmp_path), "77", [])
+    (tmp_path / "state" / "steps" / "gen-0.started").touch()
+    monkeypatch.setattr("os.path.exists", lambda path: False)
+    assert steps.step_created("gen-0") is True
 
 
 # --- the job's files ---------------------------------------------------------------------------------------
@@ -285,6 +462,106 @@ def test_a_worker_that_does_not_register_again_is_reported_and_the_repair_goes_o
     assert done == {"replaced": [], "not_back": ["ctx:1", "gen:3"]}
 
 
+class Answer:
+    """What urlopen returns: a status and a body (or a read that fails as a half-sent answer does)."""
+
+    def __init__(self, body=b"{}", status=200, read_error=None):
+        self.status, self.body, self.read_error = status, body, read_error
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+    def read(self, limit=-1):
+        if self.read_error is not None:
+            raise self.read_error
+        return self.body
+
+
+def _etcd_range(keys) -> bytes:
+    import base64
+    return json.dumps({"kvs": [{"key": base64.b64encode(k.encode()).decode(), "lease": "7"} for k in keys]}).encode()
+
+
+def _raises(exc):
+    def answer():
+        raise exc
+    return answer
+
+
+ODD_ANSWERS = [  # (what urlopen does, whether no answer at all came back)
+    pytest.param(lambda: Answer(read_error=http.client.IncompleteRead(b'{"kvs"')), True, id="incomplete-read"),
+    pytest.param(_raises(http.client.LineTooLong("header line")), True, id="line-too-long"),
+    pytest.param(_raises(http.client.BadStatusLine("HTTP/9")), True, id="bad-status-line"),
+    pytest.param(_raises(http.client.RemoteDisconnected("closed")), True, id="remote-disconnected"),
+    pytest.param(lambda: Answer(b'{"kvs": 5}'), True, id="kvs-not-a-list"),
+    pytest.param(lambda: Answer(b'{"kvs": {"key": 1}}'), True, id="kvs-an-object"),
+    pytest.param(lambda: Answer(b'{"kvs": [{"key": "%%%"}, 3, null]}'), False, id="kvs-entries-malformed"),
+    pytest.param(lambda: Answer(b'{"deleted": [1]}'), False, id="deleted-not-a-number"),
+]
+
+
+@pytest.mark.parametrize("answer,cut", ODD_ANSWERS)
+def test_an_odd_answer_from_the_storage_is_a_storage_error_and_never_another_exception(monkeypatch, answer, cut):
+    # an etcd restarting, or something in front of it, can cut an answer short or send anything: every caller
+    # handles StorageError, and nothing else may escape
+    monkeypatch.setattr(membership.urllib.request, "urlopen", lambda req, timeout, context: answer())
+    for call in (lambda: membership.missing("etcd://h:1", "/p", ["h:2"]),
+                 lambda: membership.deregister("etcd://h:1", "/p", "h:2"),
+                 lambda: membership.delete("etcd://h:1", "/p/k"),
+                 lambda: membership.keep_alive("etcd://h:1", "7"),
+                 lambda: membership.repair("etcd://h:1", "/p", [["h:2"]], sleep=lambda s: None)):
+        try:
+            call()
+        except membership.StorageError:
+            pass
+    if cut:
+        with pytest.raises(membership.StorageError, match="etcd|h:1"):
+            membership.missing("etcd://h:1", "/p", ["h:2"])
+    else:  # an entry it cannot read is no registration
+        assert membership.missing("etcd://h:1", "/p", ["h:2"]) == ["h:2"]
+
+
+def test_the_start_up_waits_through_an_odd_storage_answer_for_every_worker_to_register(job_in_process, tmp_path,
+                                                                                     monkeypatch):
+    from toolkit.runtime.tls import write_run_certificates
+    write_run_certificates(tmp_path / "secrets" / "etcd")
+    spec = spec_of("membership.enabled=true")
+    j = job_in_process(spec)
+    monkeypatch.setattr(membership, "missing", REAL_MISSING)
+    answers = []
+
+    def urlopen(req, timeout, context):
+        answers.append(req.full_url)
+        if len(answers) == 1:  # etcd restarting: its first answer is cut short
+            return Answer(read_error=http.client.IncompleteRead(b""))
+        workers = [j.nodes.resolve(a) for a in spec.membership.workers.values()]
+        return Answer(_etcd_range(f"{spec.membership.worker_key_prefix.rstrip('/')}/x-{w}-1-1-a" for w in workers))
+    monkeypatch.setattr(membership.urllib.request, "urlopen", urlopen)
+    j.start_up()
+    assert [e["event"] for e in _events(tmp_path)][-1] == "ready" and len(answers) == 2
+
+
+def test_a_repair_that_fails_in_any_way_is_said_and_the_next_one_runs(job_in_process, tmp_path, monkeypatch):
+    from toolkit.runtime.tls import write_run_certificates
+    write_run_certificates(tmp_path / "secrets" / "etcd")
+    j = _serving(job_in_process(spec_of("membership.enabled=true")))
+
+    def repair(*a, **k):
+        raise KeyError("kvs")  # anything at all: the repair thread must still report back
+    monkeypatch.setattr(membership, "repair", repair)
+    j.repair_in_background()
+    assert j.repairing
+    item = j.inbox.get(timeout=10)
+    j.inbox.put(item)
+    j.drain_inbox(j.clock())
+    assert not j.repairing  # the next time etcd comes back, membership is repaired again
+    (ev,) = [e for e in _events(tmp_path) if e["event"] == "membership-repaired"]
+    assert "could not be repaired" in ev["reason"] and "kvs" in ev["reason"]
+
+
 def test_prefix_end_covers_every_key_under_the_prefix():
     import base64
     assert base64.b64decode(membership.prefix_end("/trtllm-disagg/c/workers/")) == b"/trtllm-disagg/c/workers0"
@@ -293,6 +570,16 @@ def test_prefix_end_covers_every_key_under_the_prefix():
 
 
 # --- job.pyz -------------------------------------------------------------------------------------------------
+
+def test_the_package_s_docstring_names_every_module_it_ships():
+    import pkgutil
+    import re
+
+    import orchestrator
+    listed = re.findall(r"^    ([a-z_]+) {2,}\S", orchestrator.__doc__ or "", re.MULTILINE)
+    shipped = [m.name for m in pkgutil.iter_modules(orchestrator.__path__) if m.name != "__main__"]
+    assert sorted(listed) == sorted(shipped)
+
 
 def test_the_rendered_job_pyz_runs_with_python3_and_reads_its_job_json(tmp_path):
     out, _ = render(load_plan(STANDIN), tmp_path / "out")

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.policy import (Deregister, Fail, Kill, ProgressWatch, Record, RepairMembership, Start, Supervisor,
-                                 backoff_s, exit_text)
+from orchestrator.policy import (NOT_CREATED_MAX, UNCONFIRMED_MAX, Deregister, Fail, Kill, ProgressWatch, Record,
+                                 RepairMembership, Start, Supervisor, backoff_s, exit_text)
 from orchestrator.spec import Supervision
 from orchestrator.states import ComponentState as C
 from orchestrator.states import EventKind as E
@@ -168,6 +168,56 @@ def test_a_step_srun_never_created_is_retried_and_not_counted():
     assert t.state == C.HEALTHY and t.restarts == 1 and t.last_exit == 137
 
 
+def test_a_crash_loop_whose_steps_leave_no_sign_of_creation_still_reaches_max_restarts():
+    # The marker lives on a shared filesystem: with attribute caching the batch host can miss it. A server that
+    # crashes at once after each restart, srun saying nothing about its step, must not be retried for ever.
+    sv = serving(max_restarts=2)
+    t = sv.components["gen-0"]
+    now, exits, uncounted = 0.0, 0, 0
+    while t.state != C.LOST:
+        actions = sv.exited("gen-0", 1, now, step_created=None)
+        exits += 1
+        uncounted += len(events(actions, E.STEP_NOT_CREATED))
+        now = t.next_start
+        sv.tick(now)
+        assert exits < 20, "a crash loop never given up"
+    assert uncounted == UNCONFIRMED_MAX and exits == UNCONFIRMED_MAX + 3  # then 2 restarts, then lost
+    (ev,) = [e for e in events(actions, E.LOST)]
+    assert "given up after 2 restart(s)" in ev.reason
+
+
+def test_an_exit_after_the_uncounted_ones_says_why_it_counts():
+    sv = serving()
+    for i in range(UNCONFIRMED_MAX):
+        sv.exited("gen-0", 1, float(i), step_created=None)
+    (ev,) = events(sv.exited("gen-0", 1, 10.0, step_created=None), E.EXITED)
+    assert f"{UNCONFIRMED_MAX} times in a row" in ev.reason and "restart 1 of 3" in ev.reason
+
+
+def test_steps_srun_says_it_could_not_create_are_retried_uncounted_longer_but_not_for_ever():
+    sv = serving(max_restarts=1, backoff_max_s=1)
+    t = sv.components["gen-0"]
+    now = 0.0
+    for _ in range(NOT_CREATED_MAX):  # the controller away for a long while: not the server's failure
+        assert events(sv.exited("gen-0", 1, now, step_created=False, why="Unable to create step"),
+                      E.STEP_NOT_CREATED)
+        now = t.next_start
+        sv.tick(now)
+    assert t.failures == 0
+    assert events(sv.exited("gen-0", 1, now, step_created=False), E.EXITED) and t.failures == 1
+
+
+def test_a_healthy_restart_starts_the_uncounted_count_again():
+    sv = serving()
+    t = sv.components["gen-0"]
+    for i in range(UNCONFIRMED_MAX):
+        sv.exited("gen-0", 1, float(i), step_created=None)
+    sv.tick(t.next_start)
+    sv.probed("gen-0", True, t.next_start + 1)  # it came up after all
+    assert t.state == C.HEALTHY
+    assert events(sv.exited("gen-0", 1, 100.0, step_created=None), E.STEP_NOT_CREATED)
+
+
 def test_a_restart_whose_srun_waits_for_the_controller_past_its_deadline_is_killed_and_not_counted():
     sv = serving(startup_timeout_s=60)
     sv.exited("gen-0", -9, 0.0)
@@ -260,12 +310,72 @@ def test_an_answer_from_a_previous_life_is_ignored():
     assert w.stalls(31.0) == [("gen-0", 30.0)]  # the new probe is still in flight
 
 
-def test_a_server_whose_progress_probe_answers_an_error_is_not_probed_again():
+@pytest.mark.parametrize("status", [404, 405, 501, 401])  # 401: an auth layer refuses it, whatever the engine does
+def test_a_server_without_the_progress_route_is_not_probed_again(status):
     w = ProgressWatch(stall_after_s=30, interval_s=2)
     w.reset("gen-0")
     (_, gen), = w.due(["gen-0"], 0.0)
-    assert "HTTP 404" in w.answered("gen-0", gen, 404, 1.0)
+    assert f"HTTP {status}" in w.answered("gen-0", gen, status, 1.0)
     assert w.due(["gen-0"], 10.0) == []
+
+
+@pytest.mark.parametrize("status", [500, 503, None])
+def test_a_failing_generation_is_no_progress_and_a_stall_not_a_reason_to_stop_watching(status):
+    # trtllm-serve's /health_generate answers 500 when its one-token generation fails: the very failure the watch
+    # is there to catch (a None is a probe that timed out or found no connection)
+    w = ProgressWatch(stall_after_s=30, interval_s=2)
+    w.reset("gen-0")
+    (_, gen), = w.due(["gen-0"], 0.0)
+    assert w.answered("gen-0", gen, 200, 0.5) is None  # progress at 0.5
+    now = 2.5
+    while now < 40:
+        if w.due(["gen-0"], now):
+            if w.stalls(now):
+                break
+            assert w.answered("gen-0", gen, status, now + 0.1) is None  # not turned off
+        now += 2.0
+    assert 30.5 <= now <= 30.5 + 2 * 2.0  # within stall_after_s and a round or two of the last progress
+    assert w.failing("gen-0") == (f"HTTP {status}" if status else None)
+
+
+def test_a_5xx_from_a_probe_that_never_worked_is_said_once_and_judged_only_once_it_has_worked():
+    w = ProgressWatch(stall_after_s=30, interval_s=2)
+    w.reset("gen-0")
+    said, now = [], 0.0
+    while now < 100:  # every probe fails from the start (the model has no chat template, say): not a wedge
+        sent = w.due(["gen-0"], now)
+        assert sent and w.stalls(now) == []
+        for name, gen in sent:
+            said.append(w.answered(name, gen, 500, now))
+        now += 2.0
+    assert "never answered 200" in said[0] and said[1:] == [None] * (len(said) - 1)
+    (_, gen), = w.due(["gen-0"], now)
+    w.answered("gen-0", gen, 200, now)  # it works after all: from now on a failing generation is judged
+    w.reset("gen-0")  # even in its next life
+    start = now
+    while True:  # as the job's round does: send what is due, look for stalls, answers come later
+        sent = w.due(["gen-0"], now)
+        if w.stalls(now):
+            break
+        for name, gen in sent:
+            assert w.answered(name, gen, 500, now + 0.1) is None
+        now += 2.0
+    assert 30 <= now - start <= 34
+
+
+def test_a_restarted_server_is_watched_again_even_after_its_probe_was_turned_off():
+    w = ProgressWatch(stall_after_s=30, interval_s=2)
+    w.reset("gen-0")
+    (_, gen), = w.due(["gen-0"], 0.0)
+    w.answered("gen-0", gen, 404, 1.0)
+    w.reset("gen-0")  # restarted, perhaps as another build that has the route
+    assert w.due(["gen-0"], 2.0) == [("gen-0", gen + 1)] and w.failing("gen-0") is None
+
+
+def test_a_stall_while_the_generation_probe_fails_says_so():
+    sv = serving()
+    (ev,) = events(sv.stalled("gen-0", 30.0, 40.0, failing="HTTP 500"), E.WEDGED)
+    assert "no progress for 30s" in ev.reason and "answers HTTP 500" in ev.reason
 
 
 @pytest.mark.parametrize("stall", [0, -1])
