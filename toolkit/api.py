@@ -693,7 +693,7 @@ def import_config(source: str | os.PathLike, *, kind: str | None = None, name: s
     from toolkit.errors import RecipeError, TkError, Violation
     from toolkit.importer import import_config as convert
 
-    result = convert(source, kind=kind, name=name)
+    result = convert(source, kind=kind, name=name, output=output)
     if output is None:
         return result
     out = Path(output)

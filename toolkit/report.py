@@ -142,7 +142,12 @@ def memory_lines(plan: Plan) -> list[str]:
 def print_import(result, output) -> None:
     """What `tk import` did: where the recipe went, what was not carried, what tk renders differently, the plan."""
     from rich.console import Console
-    from rich.markup import escape as esc
+    from rich.markup import escape as rich_escape
+
+    from toolkit.recipe.loader import escape_controls
+
+    def esc(text: str) -> str:  # a source's keys and values may hold ESC or line breaks: one line each, inert
+        return rich_escape(escape_controls(text))
 
     console = Console(stderr=True, highlight=False)
     if not console.is_terminal:

@@ -38,15 +38,26 @@ def _ports(base: int) -> list[str]:
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
 def test_a_signal_to_a_local_launch_while_servers_start_stops_every_process_it_started(tmp_path, sig):
     run_dir = tmp_path / "run"
-    proc = _start("launch", str(STANDIN_RECIPE), "--local", "--run-dir", str(run_dir), *_ports(28000), env={})
-    wait_until(lambda: _record(run_dir).get("job_pid") and processes_mentioning(str(run_dir / "ctx.yaml")), 60,
-               "the local job to start its servers")
-    proc.send_signal(sig)
-    out, err = proc.communicate(timeout=90)
-    assert proc.returncode == 128 + sig, err[-2000:]
-    record = _record(run_dir)
-    assert record["state"] == "failed" and f"interrupted by {sig.name}" in record["reason"], err
-    assert processes_mentioning(str(run_dir)) == []
+    # every token takes 3 s (the stand-in's rehearsal delay), so the launch's smoke request keeps it from serving
+    # for about 12 s after the servers start: the signal surely arrives while it is still starting, even on a loaded
+    # machine
+    proc = _start("launch", str(STANDIN_RECIPE), "--local", "--run-dir", str(run_dir), *_ports(28000),
+                  env={"TK_STANDIN_DECODE_MS": "3000"})
+    try:
+        wait_until(lambda: _record(run_dir).get("job_pid") and processes_mentioning(str(run_dir / "ctx.yaml")), 60,
+                   "the local job to start its servers")
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=90)
+        assert proc.returncode == 128 + sig, err[-2000:]
+        record = _record(run_dir)
+        assert record["state"] == "failed" and f"interrupted by {sig.name}" in record["reason"], err
+        assert processes_mentioning(str(run_dir)) == []
+    finally:  # whatever failed above, no deployment is left holding the ports the next specs use
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+        if processes_mentioning(str(run_dir)):
+            tk("stop", str(run_dir), timeout=120)
 
 
 def test_stopping_one_local_run_leaves_a_run_whose_directory_extends_its_name_serving(tmp_path):

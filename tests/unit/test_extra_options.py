@@ -122,9 +122,12 @@ def test_owned_options_may_repeat_tks_value():
                 "context.extra_options.kv_cache_config.tokens_per_block=32",
                 "context.extra_options.cache_transceiver_config.backend=NIXL")
     assert p.context.llm_api_options["tensor_parallel_size"] == 4 and p.context.ep == 4
-    # ... but not the same number in another kind: true is not 1
-    v = only(BASE, "context.extra_options.tensor_parallel_size=true")
-    assert "true is not a positive integer" in v.message
+    # ... in another kind only where pydantic (lax mode) converts it: int(true) is 1, "one" is not a number
+    p = plan_of(BASE, "context.extra_options.tensor_parallel_size=true")
+    assert p.context.llm_api_options["tensor_parallel_size"] == 1
+    assert any("converts it to 1" in w for w in p.warnings)
+    v = only(BASE, "context.extra_options.tensor_parallel_size=one")
+    assert "'one' is not a positive integer" in v.message
 
 
 def test_options_tk_does_not_own_stay_tunable():
@@ -237,3 +240,135 @@ def test_hostile_extra_options_and_serve_args_plan_or_are_recipe_errors(opts, ar
     assert isinstance(opts_out["max_num_tokens"], int) and opts_out["max_num_tokens"] > 0
     assert all(k in trtllm.get(p.trtllm_version).llm_api_keys for k in opts_out)
     assert not {"--port", "--host", "--tp_size"} & {a.split("=")[0] for a in spec.serve_args[6:]}
+
+
+# --- values the 1.3 transceiver rules compare: checked first, and a reported value is never compared ---------------
+
+B13 = 'trtllm_version: "1.3"\n' + QWEN
+PIPELINED = "enable_chunked_prefill: true, cache_transceiver_config: {enable_pipelined_transfer: true"
+
+
+@pytest.mark.parametrize("extra,field,expect", [
+    (PIPELINED + ', kv_cache_bounce_size_mb: "x"}', "cache_transceiver_config.kv_cache_bounce_size_mb",
+     "'x' is not an integer"),
+    (PIPELINED + '}, context_parallel_size: "two"', "context_parallel_size", "'two' is not a positive integer"),
+    (PIPELINED + ", kv_cache_bounce_size_mb: [1]}", "cache_transceiver_config.kv_cache_bounce_size_mb",
+     "[1] is not an integer"),
+    (PIPELINED + ", kv_transfer_poll_interval_ms: {a: 1}}", "cache_transceiver_config.kv_transfer_poll_interval_ms",
+     "is not a positive integer"),
+    ("enable_chunked_prefill: true, cache_transceiver_config: {enable_pipelined_transfer: maybe}",
+     "cache_transceiver_config.enable_pipelined_transfer", "'maybe' is not a boolean"),
+])
+def test_transceiver_values_of_the_wrong_kind_are_violations_not_type_errors(extra, field, expect):
+    v = only(B13, f"context.extra_options={{{extra}}}")
+    assert v.field == f"context.extra_options.{field}" and expect in v.message
+
+
+def test_a_section_reported_as_the_wrong_kind_is_not_read_by_the_transceiver_rules():
+    vs = violations_of(B13, "kv_transfer.runtime=PYTHON", "context.extra_options.cache_transceiver_config=5")
+    assert [v.field for v in vs] == ["context.extra_options.cache_transceiver_config"]
+
+
+def test_pipelined_transfer_with_context_parallelism_is_still_refused_when_the_value_is_right():
+    vs = violations_of(B13, f"context.extra_options={{{PIPELINED}}}, context_parallel_size: 2}}")
+    assert any("context parallelism" in v.message for v in vs)
+
+
+_hostile = st.one_of(st.none(), st.booleans(), st.integers(-3, 3), st.sampled_from(["x", "2", "", "CPP", "PYTHON"]),
+                     st.lists(st.integers(0, 2), max_size=2), st.dictionaries(st.sampled_from(["a"]), st.integers(),
+                                                                              max_size=1))
+_ct_key = st.sampled_from(["enable_pipelined_transfer", "kv_cache_bounce_size_mb", "kv_transfer_poll_interval_ms",
+                           "transceiver_runtime", "backend"])
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(ct=st.dictionaries(_ct_key, _hostile, max_size=4), top=st.dictionaries(st.sampled_from(
+    ["enable_chunked_prefill", "context_parallel_size", "kv_cache_config", "cache_transceiver_config"]), _hostile,
+    max_size=2), role=st.sampled_from(["context", "generation"]), pipelined=st.sampled_from([None, "true", "false"]))
+def test_hostile_1_3_transceiver_options_plan_or_are_recipe_errors(ct, top, role, pipelined):
+    import json
+
+    extra = {**top, "cache_transceiver_config": ct} if "cache_transceiver_config" not in top else top
+    overrides = [f"{role}.extra_options={json.dumps(extra)}"]
+    if pipelined:
+        overrides.append(f"kv_transfer.pipelined={pipelined}")
+    try:
+        plan_of(B13, *overrides)
+    except RecipeError as exc:
+        assert exc.violations and all(v.message and v.fix for v in exc.violations)
+
+
+# --- the 1.0/1.1 hand tables list only what tk needed: a top-level key missing there is unverified, not refused ------
+
+@pytest.mark.parametrize("version,key", [
+    ("1.1.0rc0", "use_torch_sampler=true"),  # NVIDIA's 1.1.0rc0 blog config sets it
+    ("1.1.0", "sampler_type=TorchSampler"),
+    ("1.0", "use_torch_sampler=true"),
+    ("1.0.0", "sampler_type=TorchSampler"),
+])
+def test_a_top_level_key_the_1_0_1_1_hand_tables_lack_is_a_warning_and_rendered(version, key):
+    name, value = key.split("=")
+    p = plan_of(BASE, f"trtllm_version={version}", f"context.extra_options.{key}")
+    assert name in p.context.llm_api_options
+    assert any(w.startswith(f"context.extra_options.{name}:") and "unverified" in w for w in p.warnings)
+
+
+def test_the_1_0_kv_cache_config_list_is_still_whole():
+    # its 14 fields were read whole, so a key there that came with 1.1 is refused for a 1.0 release
+    v = only(BASE, "trtllm_version=1.0.0", "context.extra_options.kv_cache_config.max_gpu_total_bytes=1")
+    assert "has no option kv_cache_config.max_gpu_total_bytes" in v.message
+
+
+# --- what TensorRT-LLM's pydantic converts (lax mode: TorchLlmArgs is extra="forbid", not strict) is accepted -------
+
+@pytest.mark.parametrize("override,key,value", [
+    ("context.extra_options.enable_chunked_prefill=1", ("enable_chunked_prefill",), True),
+    ("context.extra_options.enable_chunked_prefill=0", ("enable_chunked_prefill",), False),
+    ('context.extra_options.enable_chunked_prefill="yes"', ("enable_chunked_prefill",), True),
+    ('context.extra_options.enable_chunked_prefill="Off"', ("enable_chunked_prefill",), False),
+    ('context.extra_options.kv_cache_config.enable_block_reuse="true"', ("kv_cache_config", "enable_block_reuse"),
+     True),
+    ('generation.extra_options.cuda_graph_config.max_batch_size="16"', ("cuda_graph_config", "max_batch_size"), 16),
+    ('generation.extra_options.cuda_graph_config.batch_sizes=[1, "2", 4.0]', ("cuda_graph_config", "batch_sizes"),
+     [1, 2, 4]),
+    ('context.extra_options.kv_cache_config.event_buffer_max_size="64"', ("kv_cache_config", "event_buffer_max_size"),
+     64),
+])
+def test_a_value_pydantic_converts_is_accepted_written_converted_and_warned(override, key, value):
+    p = plan_of(QWEN, override)
+    opts = getattr(p, override.split(".")[0]).llm_api_options
+    for k in key:
+        opts = opts[k]
+    assert opts == value and type(opts) is type(value)
+    assert any(w.startswith(f"{override.split('=')[0]}:") and "converts it to" in w for w in p.warnings)
+
+
+@pytest.mark.parametrize("override,expect", [
+    ("context.extra_options.enable_chunked_prefill=2", "2 is not a boolean"),
+    ('context.extra_options.enable_chunked_prefill=""', "'' is not a boolean"),
+    ("context.extra_options.enable_chunked_prefill=0.5", "0.5 is not a boolean"),
+    ('context.extra_options.kv_cache_config.enable_block_reuse="maybe"', "'maybe' is not a boolean"),
+    ('generation.extra_options.cuda_graph_config.max_batch_size="1e3"', "'1e3' is not a non-negative integer"),
+    ("generation.extra_options.cuda_graph_config.max_batch_size=2.5", "2.5 is not a non-negative integer"),
+])
+def test_a_value_pydantic_refuses_is_still_refused(override, expect):
+    assert expect in only(QWEN, override).message
+
+
+def test_a_converted_value_of_a_key_tk_owns_may_repeat_tks_value():
+    p = plan_of(QWEN, 'context.extra_options.max_batch_size="8"')  # tk writes 8 for the context servers
+    assert p.context.llm_api_options["max_batch_size"] == 8
+
+
+def test_a_converted_context_parallel_size_is_read_by_the_transceiver_rules():
+    vs = violations_of(B13, f"context.extra_options={{{PIPELINED}}}, context_parallel_size: \"2\"}}")
+    assert any("context parallelism" in v.message for v in vs)
+
+
+def test_the_aggregated_baseline_writes_the_converted_value_too():
+    from toolkit.plan import build_plan
+    from toolkit.recipe import load_recipe_text
+
+    p = build_plan(load_recipe_text(QWEN, "r.yaml", ["generation.extra_options.enable_chunked_prefill=1"]),
+                   aggregated=True)
+    assert p.aggregated.llm_api_options["enable_chunked_prefill"] is True

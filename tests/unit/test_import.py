@@ -208,3 +208,146 @@ def test_a_source_that_is_not_a_disaggregated_config_of_its_kind_is_refused_with
                    "agg.yaml", kind="srt-slurm")
     v = info.value.violations[0]
     assert v.file == "agg.yaml" and v.fix
+
+
+@pytest.mark.parametrize("breaker", ["\n", "\r", "\x85", "\u2028", "\u2029", "\x0b", "\x0c"])
+def test_a_source_key_cannot_write_lines_into_the_recipe(tmp_path, breaker):
+    # a benchmark key that ends the header comment line and starts a recipe line of its own
+    doc = yaml.safe_load(SRT)
+    doc["benchmark"][f"x{breaker}trust_remote_code: true{breaker}#"] = 1
+    doc["frontend"] = {f"y{breaker}cluster: {{gpus_per_node: 1}}": 2}
+    src = tmp_path / "srt.yaml"
+    src.write_text(yaml.safe_dump(doc))
+    result = api.import_config(src, output=tmp_path / "r.yaml")
+    written = yaml.safe_load((tmp_path / "r.yaml").read_text())
+    assert written == result.recipe  # exactly the intended keys: nothing from the header comment
+    assert "trust_remote_code" not in written and written["cluster"]["gpus_per_node"] == 4
+    assert all(line.startswith("#") for line in result.text.split("\n")
+               if line and not line.startswith(tuple("abcdefghijklmnopqrstuvwxyz -")))
+
+
+def test_json_output_carries_yaml_dates_binary_and_sets_as_text(tmp_path):
+    src = tmp_path / "srt.yaml"
+    src.write_text(SRT.replace('  concurrencies: "64"\n', '  concurrencies: "64"\n  when: 2024-01-01\n'
+                               "  at: 2024-01-01 10:00:00\n  blob: !!binary aGk=\n  tags: !!set {a}\n"
+                               "  2024-02-02: keyed by a date\n"))
+    proc = tk("import", str(src), "--json")
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    dropped = {d["path"]: d["value"] for d in json.loads(proc.stdout)["not_carried"]}
+    assert dropped["benchmark.when"] == "2024-01-01" and dropped["benchmark.at"] == "2024-01-01 10:00:00"
+    assert dropped["benchmark.2024-02-02"] == "keyed by a date" and dropped["benchmark.tags"] == ["a"]
+    assert isinstance(dropped["benchmark.blob"], str)
+
+
+@pytest.mark.parametrize("old,new,field", [
+    ("resources:\n  gpu_type", "resources: 5\nx:\n  gpu_type", "resources"),
+    ('model:\n  path: "dsr1"', 'model: "dsr1"\nx:\n  path: "dsr1"', "model"),
+    ('benchmark:\n  type: "sa-bench"', 'benchmark: [1]\nx:\n  type: "sa-bench"', "benchmark"),
+    ('frontend:\n  type: "dynamo"', 'frontend: dynamo', "frontend"),
+    ("  prefill_environment:\n", "  trtllm_config: 7\n  prefill_environment:\n", "backend.trtllm_config"),
+])
+def test_a_section_of_the_wrong_kind_is_named_with_its_line_and_the_kind_it_must_be(tmp_path, old, new, field):
+    src = tmp_path / "srt.yaml"
+    text = SRT.replace(old, new)
+    if field == "backend.trtllm_config":  # the recipe's own trtllm_config follows: drop it (a duplicate key)
+        text = text.replace("  trtllm_config:\n    prefill:", "  x:\n    prefill:")
+    src.write_text(text)
+    with pytest.raises(RecipeError) as info:
+        api.import_config(src, kind="srt-slurm")
+    [v] = info.value.violations
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if t.strip().startswith(field.split(".")[-1] + ":"))
+    assert (v.file, v.field, v.line) == (str(src), field, line)
+    assert "not a mapping" in v.message and "attribute" not in v.message and field in v.fix
+
+
+def test_a_trtllm_bench_or_disagg_section_of_the_wrong_kind_is_named():
+    doc = {"worker_config": {"ctx": {}, "gen": {}}, "hardware": "8 GPUs"}
+    with pytest.raises(RecipeError) as info:
+        import_doc(doc, "config.yaml")
+    assert info.value.violations[0].field == "hardware"
+    doc = {"context_servers": {}, "generation_servers": {}, "conditional_disagg_config": 4}
+    with pytest.raises(RecipeError) as info:
+        import_doc(doc, "disagg.yaml")
+    assert info.value.violations[0].field == "conditional_disagg_config"
+
+
+def test_the_plan_check_names_the_file_written(tmp_path):
+    doc = yaml.safe_load(SRT)
+    doc["backend"]["trtllm_config"]["decode"]["kv_cache_config"]["tokens_per_block"] = 64
+    doc["backend"]["trtllm_config"]["prefill"]["kv_cache_config"]["tokens_per_block"] = 32
+    src = tmp_path / "srt.yaml"
+    src.write_text(yaml.safe_dump(doc))
+    out = tmp_path / "out5.yaml"
+    result = api.import_config(src, output=out)
+    assert not result.ok and {v.file for v in result.violations} == {str(out)}
+    # each violation's line is the line of its field in the file written
+    lines = out.read_text().splitlines()
+    for v in result.violations:
+        assert v.line is None or v.field.rsplit(".", 1)[-1] in lines[v.line - 1], (v, lines[v.line - 1])
+    on_stdout = api.import_config(src)
+    assert {v.file for v in on_stdout.violations} == {"<stdout>"}
+
+
+def test_the_plan_check_reads_the_site_file_as_tk_plan_does(tmp_path, monkeypatch):
+    src = tmp_path / "srt.yaml"
+    src.write_text(SRT)
+    site = tmp_path / "site.yaml"
+    site.write_text("kv_transfer:\n  runtime: PYTHON\n")  # the Python transceiver takes only NIXL; SRT's is UCX
+    monkeypatch.setenv("TK_SITE", str(site))
+    result = api.import_config(src, output=tmp_path / "r.yaml")
+    assert not result.ok and any("Python transceiver" in v.message for v in result.violations)
+    plan = tk_plan_violations(tmp_path / "r.yaml")
+    assert {v.message for v in plan} == {v.message for v in result.violations}
+
+
+def tk_plan_violations(path):
+    from toolkit.plan import build_plan
+
+    with pytest.raises(RecipeError) as info:
+        build_plan(load_recipe(path))
+    return info.value.violations
+
+
+@pytest.mark.parametrize("path,precision,model,quantization", [
+    ("dsr1", "fp4", "deepseek-ai/DeepSeek-R1", "nvfp4"),  # NVIDIA's NVFP4 checkpoint
+    ("dsr1", "fp8", "deepseek-ai/DeepSeek-R1", "fp8_block"),  # DeepSeek's own block-scaled FP8
+    ("DeepSeek-R1-0528", "fp8", "deepseek-ai/DeepSeek-R1", "fp8_block"),
+    ("dsr1-fp8", "fp4", "deepseek-ai/DeepSeek-R1", "fp8_block"),  # the alias names FP8 weights
+    ("hf:openai/gpt-oss-120b", "fp4", "openai/gpt-oss-120b", "mxfp4"),  # OpenAI's MXFP4 checkpoint, not NVFP4
+    ("/models/gpt-oss-120b", "fp4", "openai/gpt-oss-120b", "mxfp4"),
+    ("nvidia/Kimi-K2.5-NVFP4", "fp4", "moonshotai/Kimi-K2-Instruct", "nvfp4"),
+    ("hf:nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4", "fp4", "nvidia/NVIDIA-Nemotron-3-Super-120B-A12B-NVFP4",
+     "nvfp4"),
+])
+def test_srt_slurm_precision_becomes_the_checkpoints_quantization_per_model(path, precision, model, quantization):
+    doc = yaml.safe_load(SRT)
+    doc["model"].update(path=path, precision=precision)
+    result = import_doc(doc, "srt.yaml", kind="srt-slurm")
+    assert (result.recipe["model"], result.recipe["quantization"]) == (model, quantization)
+
+
+def test_the_layout_fixture_is_derived_with_the_importers_model_table():
+    import importlib.util
+    from pathlib import Path
+
+    from toolkit.importer import srtslurm
+
+    path = Path(__file__).resolve().parents[1] / "fixtures" / "srt_slurm" / "derive.py"
+    spec = importlib.util.spec_from_file_location("derive_layouts", path)
+    derive = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(derive)
+    assert derive.srt_model is srtslurm.srt_model and not hasattr(derive, "MODELS")
+    layouts = json.loads((path.parent / "trtllm_layouts.json").read_text())["layouts"]
+    assert {(row["model"], row["quantization"]) for row in layouts} <= {
+        srtslurm.srt_model(p, q)[::2] for p in ("dsr1", "dsr1-fp8", "hf:openai/gpt-oss-120b", "nvidia/Kimi-K2.5-NVFP4")
+        for q in ("fp4", "fp8")}
+
+
+def test_the_report_shows_a_source_key_with_control_characters_escaped(tmp_path):
+    doc = yaml.safe_load(SRT)
+    doc["benchmark"]["x\x1b[2J\ny"] = 1
+    src = tmp_path / "srt.yaml"
+    src.write_text(yaml.safe_dump(doc))
+    proc = tk("import", str(src), "-o", str(tmp_path / "r.yaml"))
+    assert proc.returncode == 0 and "\x1b" not in proc.stderr
+    assert "not carried: benchmark.x\\x1b[2J\\ny:" in proc.stderr

@@ -46,6 +46,15 @@ def test_each_role_may_size_its_own_buffer():
     assert p.generation.llm_api_options["cache_transceiver_config"]["max_tokens_in_buffer"] == 4096
 
 
+def test_a_buffer_given_for_the_generation_role_only_says_the_context_one_is_derived():
+    p = plan_of(BASE, "traffic.max_input_len=2048", "generation.max_tokens_in_buffer=4096")
+    assert (p.buffer.max_tokens_in_buffer, p.buffer.for_role("generation")) == (2048, 4096)
+    assert p.buffer.reason.startswith("context servers: the larger of the longest admitted input")
+    assert p.buffer.reason.endswith("generation servers: given in the recipe (generation.max_tokens_in_buffer)")
+    both = plan_of(BASE, "context.max_tokens_in_buffer=8192", "generation.max_tokens_in_buffer=4096")
+    assert both.buffer.reason == "given in the recipe"
+
+
 def test_the_derived_buffer_holds_a_whole_prefill_iteration():
     p = plan_of(BASE, "traffic.max_input_len=1000", "context.max_num_tokens=8192")
     assert p.buffer.max_tokens_in_buffer == 8192 and "max_num_tokens" in p.buffer.reason

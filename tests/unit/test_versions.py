@@ -157,6 +157,35 @@ def test_a_pre_release_image_is_named_in_a_warning():
     assert any("pre-release (1.2.0rc5)" in w for w in plan.warnings)
 
 
+@pytest.mark.parametrize("version,image,field", [
+    ("1.2.99", f"{IMG}:1.2.99", "trtllm_version '1.2.99'"),  # said once, for the field the user wrote
+    ("1.2", f"{IMG}:1.2.99", f"cluster.container_image '{IMG}:1.2.99' (tag 1.2.99)"),
+    (None, f"{IMG}:1.3.0rc99", f"cluster.container_image '{IMG}:1.3.0rc99' (tag 1.3.0rc99)"),
+])
+def test_a_release_tk_does_not_know_was_published_is_a_warning_naming_the_known_releases(version, image, field):
+    plan = build_plan(loaded(image, version=version))
+    [w] = [w for w in plan.warnings if "that tk knows of" in w]
+    line = trtllm.parse_version(image.rsplit(":", 1)[1]).line
+    first, last = trtllm.KNOWN_RELEASES[line]
+    assert w.startswith(f"{field}: TensorRT-LLM has no release") and f"{first} .. {last}" in w
+    assert plan.trtllm_version == line
+
+
+@pytest.mark.parametrize("version", ["1.2", "1.2.0", "1.2.0rc6.post1", "1.0.0rc0", "1.1.0", "1.3.0rc24"])
+def test_a_known_release_or_a_line_alone_is_not_warned(version):
+    text = RECIPE.format(image=f"{IMG}:{version}") if version != "1.2" else RECIPE.format(image=f"{IMG}:1.2.0")
+    plan = build_plan(load_recipe_text(text + f'trtllm_version: "{version}"\n', "r.yaml"))
+    assert not [w for w in plan.warnings if "that tk knows of" in w]
+
+
+def test_a_section_given_as_a_list_says_it_must_be_a_mapping():
+    with pytest.raises(RecipeError) as info:
+        loaded(f"{IMG}:1.2.0", "context=[1,2]")
+    [v] = info.value.violations
+    assert v.field == "context" and "mapping" in v.message and v.fix.startswith("give a mapping")
+    assert "RoleSpec" not in v.message and "type model" not in v.fix
+
+
 def test_the_stand_in_does_not_read_the_image():
     text = ("schema_version: 1\nname: s\nengine: standin\nmodel: tk/standin-tiny\ncluster:\n  gpus_per_node: 1\n"
             f"  gpu: CPU\n  container_image: {IMG}:1.0.0\ntrtllm_version: \"1.2\"\n")

@@ -35,11 +35,7 @@ class TrtllmVersion:
     release: str  # the tag the facts were read from
     llm_api_keys: frozenset[str]  # top-level keys of the --extra_llm_api_options YAML (pytorch backend)
     kv_cache_config_keys: frozenset[str]
-    cache_transceiver_keys: frozenset[str]
     cache_transceiver_backends: tuple[str, ...]
-    cuda_graph_config_keys: frozenset[str]
-    mtp_config_keys: frozenset[str]
-    moe_config_keys: frozenset[str]
     disagg_keys: frozenset[str]  # top level of `trtllm-serve disaggregated -c` YAML
     disagg_server_keys: frozenset[str]  # keys tk writes under context_servers / generation_servers
     routers: tuple[str, ...]
@@ -111,8 +107,11 @@ TK_OWNED_OPTIONS = {
 # Owned keys tk passes on the command line rather than in the options file, with the value it passes there
 # (None: the plan supplies it, e.g. the role's model path).
 TK_IMPLIED_OPTIONS = {"backend": PYTORCH_BACKEND, "model": None}
-# The kind of value TensorRT-LLM's pydantic models take for the option keys tk (or the stand-in) reads; a value
-# of another kind fails at start-up, or in tk's own checks. "mapping?" also takes null.
+# The kind of value TensorRT-LLM's pydantic models take for the option keys tk (or the stand-in) reads. A kind ending
+# in "?" also takes null (an Optional field). The models validate in pydantic's lax mode (StrictBaseModel is
+# extra="forbid", not strict, tensorrt_llm/llmapi/llm_args.py), so a value of another kind that pydantic converts
+# (enable_chunked_prefill: 1 or "true", max_batch_size: "8") is accepted and written converted, with a warning; one
+# it cannot convert fails at start-up, and tk refuses it (toolkit/plan/rules.py check_extra_options).
 OPTION_KINDS = {
     "tensor_parallel_size": "positive integer", "pipeline_parallel_size": "positive integer",
     "moe_expert_parallel_size": "positive integer", "max_batch_size": "positive integer",
@@ -123,19 +122,20 @@ OPTION_KINDS = {
     "moe_config": "mapping?", "speculative_config": "mapping?",
     "kv_cache_config.tokens_per_block": "positive integer", "kv_cache_config.enable_block_reuse": "boolean",
     "kv_cache_config.free_gpu_memory_fraction": "fraction", "kv_cache_config.dtype": "kv dtype",
-    "kv_cache_config.max_tokens": "positive integer", "kv_cache_config.event_buffer_max_size": "integer",
+    "kv_cache_config.max_tokens": "positive integer", "kv_cache_config.event_buffer_max_size": "non-negative integer",
     "cache_transceiver_config.max_tokens_in_buffer": "positive integer",
     "cache_transceiver_config.kv_transfer_timeout_ms": "positive integer",
-    "cache_transceiver_config.kv_transfer_sender_future_timeout_ms": "positive integer",
-    "cuda_graph_config.batch_sizes": "list of positive integers", "cuda_graph_config.max_batch_size": "integer",
-    "cuda_graph_config.enable_padding": "boolean",
-}
-# Sections of the options file whose keys the version table lists: section -> the TrtllmVersion field.
-# speculative_config is checked only for decoding_type MTP (the one tk renders).
-OPTION_SECTIONS = {
-    "kv_cache_config": "kv_cache_config_keys", "cache_transceiver_config": "cache_transceiver_keys",
-    "cuda_graph_config": "cuda_graph_config_keys", "moe_config": "moe_config_keys",
-    "speculative_config": "mtp_config_keys",
+    "cache_transceiver_config.kv_transfer_sender_future_timeout_ms": "positive integer?",
+    "cuda_graph_config.batch_sizes": "list of positive integers",
+    "cuda_graph_config.max_batch_size": "non-negative integer", "cuda_graph_config.enable_padding": "boolean",
+    # What the 1.3 transceiver rules compare (toolkit/plan/rules.py check_transceiver); types from the 1.3 golden
+    # manifest (tensorrt_llm/usage/llm_args_golden_manifest.json @ 0004396720054fd8e205cbf616f21f0b57c6b412):
+    # context_parallel_size int, enable_pipelined_transfer bool, kv_cache_bounce_size_mb int,
+    # kv_transfer_poll_interval_ms and kv_transfer_sender_future_timeout_ms Optional[Annotated[int, Gt(gt=0)]].
+    "context_parallel_size": "positive integer",
+    "cache_transceiver_config.enable_pipelined_transfer": "boolean",
+    "cache_transceiver_config.kv_cache_bounce_size_mb": "integer",
+    "cache_transceiver_config.kv_transfer_poll_interval_ms": "positive integer?",
 }
 # What TensorRT-LLM checks when a generation server connects to a context server:
 # (what, path in the LLM-API options, the recipe field that sets it once for both roles).
@@ -259,10 +259,7 @@ def _from_data(line: str, release: str, **hand) -> TrtllmVersion:
     return TrtllmVersion(
         line=line, release=release,
         llm_api_keys=keys(""), kv_cache_config_keys=keys("kv_cache_config"),
-        cache_transceiver_keys=keys("cache_transceiver_config"),
         cache_transceiver_backends=llm_args.line_choices(line, "cache_transceiver_config.backend"),
-        cuda_graph_config_keys=keys("cuda_graph_config"), mtp_config_keys=keys("speculative_config"),
-        moe_config_keys=keys("moe_config"),
         # tk writes `backend: pytorch` at the top of the proxy config: extract_disagg_cfg takes unknown top-level keys
         # as **kwargs and copies them into both server sections (DISAGG_MID, DISAGG_NEWEST), so it is accepted.
         disagg_keys=frozenset(proxy["top"]) | {"backend"}, disagg_server_keys=frozenset(proxy["server"]),
@@ -435,6 +432,26 @@ def unverified_options(version: "TrtllmVersion") -> tuple[OptionFact, ...]:
 
 LATEST = "1.2"
 PRERELEASE_LINES = ("1.3",)
+# The releases of each line tk knows were published, first and last (PyPI uploads and release tags; the dates are in
+# docs/trtllm-versions.md, "The snapshots"); no patch release (1.2.1) is known. A version of a line outside its
+# range is named in a warning (a typo such as 1.2.99, or a release newer than tk's facts), never refused: the line's
+# facts still apply.
+KNOWN_RELEASES = {"1.0": ("1.0.0rc0", "1.0.0"), "1.1": ("1.1.0rc0", "1.1.0"), "1.2": ("1.2.0rc0", "1.2.0"),
+                  "1.3": ("1.3.0rc0", "1.3.0rc29")}
+
+
+def unknown_release(text: str) -> str | None:
+    """Why ``text`` (a release, not a line alone) is not a release tk knows of its line, or None."""
+    from toolkit.facts import llm_args
+
+    parsed = parse_version(text)
+    if parsed is None or parsed.line not in KNOWN_RELEASES or re.fullmatch(r"[0-9]+\.[0-9]+", text):
+        return None
+    first, last = KNOWN_RELEASES[parsed.line]
+    if llm_args.version_key(first) <= llm_args.version_key(text) <= llm_args.version_key(last):
+        return None
+    return (f"TensorRT-LLM has no release {text} that tk knows of: the {parsed.line} line's releases it knows are "
+            f"{first} .. {last}; tk checks the recipe against the {parsed.line} line's facts")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -517,8 +534,8 @@ def image_version(image: str) -> ImageVersion:
 #        mtp_eagle_one_model = True, so the mode is MTP_EAGLE_ONE_MODEL (LATE25_LLM_ARGS); get_num_spec_layers
 #        returns num_nextn_predict_layers for is_mtp_one_model() = MTP or MTP_EAGLE_ONE_MODEL
 #        (speculative/utils.py@3e906a0ed7c66ed4df90aa4856bf1a6c98ca7df6, interface.py of the same era).
-#   Not a supported line: 2026 main returns 1 for MTP-Eagle one-model
-#        (speculative/utils.py@011d0933dcb5e592f5fa2626beaf42a96324c578); a line with that code gets "one".
+#   1.3: 2026 main returns 1 for MTP-Eagle one-model
+#        (speculative/utils.py@011d0933dcb5e592f5fa2626beaf42a96324c578): the 1.3 line's table says "one".
 def mtp_kv_layers(version: TrtllmVersion, mtp_layers: int) -> int:
     """KV layers TensorRT-LLM allocates beyond the model's own for ``mtp_layers`` MTP draft tokens."""
     if not mtp_layers:

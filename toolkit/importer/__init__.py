@@ -18,7 +18,8 @@ import yaml
 
 from toolkit.errors import RecipeError, Violation
 from toolkit.importer import srtslurm, trtllm_bench, trtllm_disagg
-from toolkit.importer.common import Ledger, flatten
+from toolkit.importer.common import Ledger, SourceError, flatten
+from toolkit.recipe.loader import cut, escape_controls
 
 KINDS = {m.KIND: m for m in (srtslurm, trtllm_bench, trtllm_disagg)}
 MAX_SOURCE_BYTES = 1 << 20
@@ -44,7 +45,12 @@ class ImportResult:
 
 
 def read_source(path: str | Path) -> dict:
-    from toolkit.recipe.loader import cut, parse_yaml
+    return _read(path)[0]
+
+
+def _read(path: str | Path) -> tuple[dict, dict]:
+    """The source's mapping and the line of each field path in it (toolkit.recipe.loader.parse_yaml)."""
+    from toolkit.recipe.loader import parse_yaml
 
     p = Path(path)
     file = cut(str(path))
@@ -60,11 +66,11 @@ def read_source(path: str | Path) -> dict:
     if len(data) > MAX_SOURCE_BYTES:
         raise RecipeError([Violation(file, None, "(size)", f"larger than {MAX_SOURCE_BYTES} bytes",
                                      "give the deployment config, not a data file")])
-    doc, _ = parse_yaml(text, file)
+    doc, lines = parse_yaml(text, file)
     if not isinstance(doc, dict):
         raise RecipeError([Violation(file, 1, "(top level)", "not a YAML mapping",
                                      f"give a config of one of the formats {', '.join(KINDS)}")])
-    return doc
+    return doc, lines
 
 
 def detect(doc: dict) -> str | None:
@@ -74,20 +80,35 @@ def detect(doc: dict) -> str | None:
     return None
 
 
-def import_config(path: str | Path, kind: str | None = None, name: str | None = None) -> ImportResult:
-    """Convert, write nothing. Raises RecipeError when the source cannot be read or converted at all."""
-    return import_doc(read_source(path), str(path), kind=kind, name=name)
+STDOUT = "<stdout>"  # what the plan check's messages name when the recipe is printed, not written
+SITE_AUTO = "auto"  # check with the site file `tk plan` reads (toolkit.recipe.site.load_site)
 
 
-def import_doc(doc: dict, file: str, kind: str | None = None, name: str | None = None) -> ImportResult:
-    """Convert a source already read (``file`` names it in messages)."""
+def import_config(path: str | Path, kind: str | None = None, name: str | None = None,
+                  output: str | Path | None = None, site=SITE_AUTO) -> ImportResult:
+    """Convert, write nothing. Raises RecipeError when the source cannot be read or converted at all. ``output``:
+    where the recipe will be written (the plan check's messages name it); ``site``: the site defaults the check
+    merges under the recipe, as `tk plan` will (a SiteDefaults, None for none, or the user's site file)."""
+    doc, lines = _read(path)
+    return import_doc(doc, str(path), kind=kind, name=name, lines=lines, output=output, site=site)
+
+
+def import_doc(doc: dict, file: str, kind: str | None = None, name: str | None = None,
+               lines: dict | None = None, output: str | Path | None = None, site=None) -> ImportResult:
+    """Convert a source already read (``file`` names it in messages; ``lines``: field path -> line in it; ``output``
+    and ``site`` as for ``import_config``)."""
     found = kind or detect(doc)
     if found is None or found not in KINDS:
         raise RecipeError([Violation(file, 1, "(format)", "not a config tk can import" if found is None else
                                      f"unknown format {found!r}", f"give one of: {', '.join(KINDS)} (--kind)")])
     ledger = Ledger(kind=found, source=file)
+    doc = as_data(doc)
     try:
         recipe = KINDS[found].convert(doc, ledger)
+    except SourceError as exc:
+        raise RecipeError([Violation(file, (lines or {}).get(tuple(exc.path.split("."))), exc.path,
+                                     f"{cut(str(exc))}: tk cannot import it as {found}",
+                                     f"write {exc.path} as {exc.expected}, as a {found} config has it")]) from None
     except (ValueError, TypeError, KeyError, AttributeError) as exc:
         raise RecipeError([Violation(file, None, "(format)", f"cannot import it as {found}: {exc}",
                                      "import a disaggregated config of this format")]) from None
@@ -99,8 +120,26 @@ def import_doc(doc: dict, file: str, kind: str | None = None, name: str | None =
     recipe = {**head, **recipe}
     text = render_text(recipe, ledger)
     result = ImportResult(kind=found, source=file, recipe=recipe, text=text, ledger=ledger)
-    check(result)
+    check(result, STDOUT if output is None else str(output), site)
     return result
+
+
+def as_data(value):
+    """The source as JSON-like data: YAML's dates and times, binary and sets (yaml.safe_load builds date, datetime,
+    bytes and set objects) as text and lists, keys too, so that the recipe, the ledger and `tk import --json` carry
+    only what a JSON document and a recipe can hold."""
+    if isinstance(value, dict):
+        return {k if isinstance(k, (str, int, float, bool)) or k is None else str(k): as_data(v)
+                for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [as_data(v) for v in value]
+    if isinstance(value, (set, frozenset)):
+        return sorted((as_data(v) for v in value), key=str)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "backslashreplace")
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)  # datetime.date / datetime.datetime: ISO 8601, as YAML wrote it
 
 
 def render_text(recipe: dict, ledger: Ledger) -> str:
@@ -113,17 +152,20 @@ def render_text(recipe: dict, ledger: Ledger) -> str:
         head.append("# To check:")
         head += [f"#   {n}" for n in ledger.notes]
     body = yaml.safe_dump(recipe, sort_keys=False, default_flow_style=None, width=120)
-    lines = [re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "?", h) for h in head]
-    return "\n".join(lines) + "\n" + body
+    # each header entry stays one comment line: a source's key or value with a line break (\n, \r, \x85, \u2028)
+    # would otherwise end the comment and write a recipe line of its own
+    return "\n".join(escape_controls(h) for h in head) + "\n" + body
 
 
-def check(result: ImportResult) -> None:
-    """Load and plan the imported recipe; compare what tk renders with the source's options."""
+def check(result: ImportResult, file: str = STDOUT, site=None) -> None:
+    """Load and plan the imported recipe as `tk plan FILE` will (``file``: where it is written; ``site``: the site
+    defaults, or SITE_AUTO for the user's site file); compare what tk renders with the source's options."""
     from toolkit.plan import build_plan
     from toolkit.recipe import load_recipe_text
+    from toolkit.recipe.site import load_site
 
     try:
-        loaded = load_recipe_text(result.text, f"{result.recipe['name']}.yaml")
+        loaded = load_recipe_text(result.text, file, site=load_site() if site == SITE_AUTO else site)
         plan = build_plan(loaded)
     except RecipeError as exc:
         result.violations = list(exc.violations)

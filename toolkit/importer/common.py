@@ -64,6 +64,36 @@ class Ledger:
         self.carried.append(path)
 
 
+class SourceError(ValueError):
+    """A part of the source of the wrong kind: ``path`` (dotted, in the source) holds ``value``, not ``expected``."""
+
+    def __init__(self, path: str, value, expected: str):
+        super().__init__(f"{path} is {kind_of(value)}, not {expected}")
+        self.path, self.value, self.expected = path, value, expected
+
+
+def kind_of(value) -> str:
+    """What a YAML value is, in words: "a list", "the number 5", "the text 'dsr1'"."""
+    if isinstance(value, bool):
+        return f"the boolean {'true' if value else 'false'}"
+    if isinstance(value, (int, float)):
+        return f"the number {value}"
+    if isinstance(value, str):
+        return f"the text {value[:40]!r}"
+    return {list: "a list", dict: "a mapping"}.get(type(value), type(value).__name__)
+
+
+def section(parent: dict, key: str, where: str = "") -> dict:
+    """The mapping at ``parent[key]`` ({} when absent or null); anything else raises SourceError naming the path
+    (``where``: the parent's dotted path in the source)."""
+    value = parent.get(key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise SourceError(f"{where}.{key}" if where else key, value, "a mapping")
+    return value
+
+
 def flatten(d: dict, prefix: str = "") -> dict:
     """{dotted path: value} of the leaves (a mapping value is walked; a list or null is a leaf)."""
     out = {}

@@ -12,11 +12,45 @@ wraps them in trtllm-llmapi-launch, and serves through Dynamo's frontend or ``tr
 
 from __future__ import annotations
 
-from toolkit.importer.common import (Ledger, env_mapping, gpu_name, launcher_for, model_name, role_options,
+from toolkit.facts.models import BUILTIN_MODELS, FOUR_BIT
+from toolkit.importer.common import (Ledger, env_mapping, gpu_name, launcher_for, model_name, role_options, section,
                                      shared_fields, speculative, transport_for)
 
 KIND = "srt-slurm"
 ROLES = {"prefill": "context", "decode": "generation"}
+
+# srt-slurm model paths tk sizes as one of its built-in models (beyond what common.model_name finds): srtslurm.yaml
+# aliases and Hugging Face ids of NVIDIA/srt-slurm recipes (@ c88ef731; the Kimi-K2.5 ones @ 7eef3dfd, K2.6 @
+# 161e476a). Kimi-K2.5/2.6 keep Kimi-K2's language model (61 layers, MLA): tk sizes them as Kimi-K2-Instruct.
+MODELS = {"nvidia/Kimi-K2.5-NVFP4": "moonshotai/Kimi-K2-Instruct", "nvidia/Kimi-K2.6-NVFP4": "moonshotai/Kimi-K2-Instruct"}
+# Aliases that name the weights whatever `precision` says: dsr1-fp8 is DeepSeek's own FP8 (block-scaled) checkpoint.
+ALIAS_WEIGHTS = {"dsr1-fp8": "fp8_block"}
+
+
+def srt_model(path: str, precision) -> tuple[str, str | None, str | None]:
+    """(the model tk sizes, the path the servers load when it is not that, the weights' quantization) of a srt-slurm
+    recipe's model.path and model.precision. srtctl's precision is the checkpoint's family, not its format: "fp4" is
+    NVIDIA's NVFP4 (nvidia/*-NVFP4 checkpoints) except for a model whose own checkpoint is another 4-bit format
+    (gpt-oss: MXFP4, quant_method mxfp4 in its config.json; facts.models); "fp8" is the checkpoint's FP8 flavour
+    (DeepSeek-R1's block-scaled FP8). Shared with tests/fixtures/srt_slurm/derive.py."""
+    text = str(path).strip()
+    if text.removeprefix("hf:") in MODELS:
+        name, served = MODELS[text.removeprefix("hf:")], text.removeprefix("hf:")
+    else:
+        name, served = model_name(text)
+    if precision is None:
+        return name, served, None
+    own = BUILTIN_MODELS[name].quantization if name in BUILTIN_MODELS else ""
+    wanted = str(precision)
+    if text in ALIAS_WEIGHTS:
+        quant = ALIAS_WEIGHTS[text]
+    elif wanted == "fp4":
+        quant = own if own in FOUR_BIT else "nvfp4"
+    elif wanted == "fp8":
+        quant = own if own.startswith("fp8") else "fp8"
+    else:
+        quant = wanted
+    return name, served, quant
 
 
 def looks_like(doc: dict) -> bool:
@@ -27,10 +61,10 @@ def looks_like(doc: dict) -> bool:
 def convert(doc: dict, ledger: Ledger) -> dict:
     recipe: dict = {"schema_version": 1, "name": str(doc.get("name") or "imported")}
     ledger.carry("name")
-    model = doc.get("model") or {}
-    res = doc.get("resources") or {}
-    backend = doc.get("backend") or {}
-    configs = backend.get("trtllm_config") or {}
+    model = section(doc, "model")
+    res = section(doc, "resources")
+    backend = section(doc, "backend")
+    configs = section(backend, "trtllm_config", "backend")
     if configs.get("aggregated") or res.get("agg_workers"):
         raise ValueError("an aggregated-only srt-slurm recipe (resources.agg_workers, trtllm_config.aggregated): tk "
                          "deploys disaggregated serving, and runs the aggregated baseline of a disaggregated recipe "
@@ -40,15 +74,18 @@ def convert(doc: dict, ledger: Ledger) -> dict:
         raise ValueError(f"backend.trtllm_config has no {' / '.join(missing)} section")
 
     path = str(model.get("path", ""))
-    name, served = model_name(path)
+    name, served, quant = srt_model(path, model.get("precision"))
     recipe["model"] = name
-    if served is not None:
+    if served is not None and "/" in served.removeprefix("hf:"):
+        recipe["model_path"] = served.removeprefix("hf:")
+        ledger.notes.append(f"model.path {path!r} is sized as {name}, tk's built-in of the same architecture")
+    elif served is not None:
         recipe["model_path"] = served
         ledger.notes.append(f"model.path {path!r} is a srt-slurm model alias (srtslurm.yaml model_paths) for "
                             f"{name}; set model_path to the checkpoint directory the servers load")
     ledger.carry("model.path")
-    if model.get("precision") is not None:
-        recipe["quantization"] = str(model["precision"])
+    if quant is not None:
+        recipe["quantization"] = quant
         ledger.carry("model.precision")
 
     cluster: dict = {}
@@ -61,18 +98,18 @@ def convert(doc: dict, ledger: Ledger) -> dict:
     if res.get("gpus_per_node") is not None:
         cluster["gpus_per_node"] = res["gpus_per_node"]
         ledger.carry("resources.gpus_per_node")
-    container = model.get("container") or (doc.get("identity") or {}).get("container", {}).get("image")
+    container = model.get("container") or section(section(doc, "identity"), "container", "identity").get("image")
     if container:
         cluster["container_image"] = str(container)
         ledger.carry("model.container")
         if "/" not in str(container) and "#" not in str(container):
             ledger.notes.append(f"model.container {container!r} is a srtctl container alias (srtslurm.yaml "
                                 "containers); set cluster.container_image to the image it names")
-    sbatch = [f"--{k}={v}" if v not in (None, "") else f"--{k}" for k, v in (doc.get("sbatch_directives") or {}).items()]
+    sbatch = [f"--{k}={v}" if v not in (None, "") else f"--{k}" for k, v in section(doc, "sbatch_directives").items()]
     if sbatch:
         cluster["sbatch_args"] = sbatch
         ledger.carry("sbatch_directives")
-    srun = [f"--{k}={v}" if v not in (None, "") else f"--{k}" for k, v in (doc.get("srun_options") or {}).items()]
+    srun = [f"--{k}={v}" if v not in (None, "") else f"--{k}" for k, v in section(doc, "srun_options").items()]
     if srun:
         cluster["srun_args"] = srun
         ledger.carry("srun_options")
@@ -108,7 +145,7 @@ def convert(doc: dict, ledger: Ledger) -> dict:
     if spec:
         recipe["speculative"] = spec
 
-    bench = doc.get("benchmark") or {}
+    bench = section(doc, "benchmark")
     traffic = {}
     for key, fld in (("isl", "max_input_len"), ("osl", "max_output_len")):
         if isinstance(bench.get(key), int) and not isinstance(bench.get(key), bool):
@@ -124,7 +161,7 @@ def convert(doc: dict, ledger: Ledger) -> dict:
             ledger.notes.append(f"resources.{key} = {res[key]}: tk places the servers itself from tp x pp and "
                                 "gpus_per_node (tk plan shows the nodes)")
             ledger.carry(f"resources.{key}")
-    frontend = doc.get("frontend") or {}
+    frontend = section(doc, "frontend")
     if frontend.get("type") not in (None, "trtllm_serve"):
         ledger.drop("frontend", frontend, "tk serves through TensorRT-LLM's own proxy (trtllm-serve disaggregated) "
                     "and trtllm-serve workers, not the Dynamo frontend and dynamo.trtllm workers")

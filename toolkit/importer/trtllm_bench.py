@@ -9,8 +9,8 @@ Sections: ``slurm`` (partition, account, job_time, job_name, numa_bind, extra_ar
 
 from __future__ import annotations
 
-from toolkit.importer.common import (Ledger, env_mapping, launcher_for, model_name, role_options, set_path,
-                                     shared_fields, speculative, transport_for)
+from toolkit.importer.common import (Ledger, env_mapping, launcher_for, model_name, role_options, section,
+                                     set_path, shared_fields, speculative, transport_for)
 
 KIND = "trtllm-bench"
 ROLES = {"ctx": "context", "gen": "generation"}
@@ -22,11 +22,11 @@ def looks_like(doc: dict) -> bool:
 
 
 def convert(doc: dict, ledger: Ledger) -> dict:
-    slurm = doc.get("slurm") or {}
-    hw = doc.get("hardware") or {}
-    seq = doc.get("sequence") or {}
-    envs = doc.get("environment") or {}
-    wc = doc.get("worker_config") or {}
+    slurm = section(doc, "slurm")
+    hw = section(doc, "hardware")
+    seq = section(doc, "sequence")
+    envs = section(doc, "environment")
+    wc = section(doc, "worker_config")
     name = str(slurm.get("job_name") or "imported")
     if name.startswith("<"):
         name = "imported"
@@ -117,9 +117,9 @@ def convert(doc: dict, ledger: Ledger) -> dict:
         if key not in ("model_path", "container_image", "container_mount", "worker_env_var", "server_env_var"):
             ledger.drop(f"environment.{key}", value, "the benchmark script's own setting (a TensorRT-LLM checkout, "
                         "a work or dataset directory): tk needs none")
-    for section in ("benchmark", "profiling", "accuracy"):
-        if section in doc:
-            ledger.drop(section, doc[section], "the benchmark script's run settings: use tk bench")
+    for key in ("benchmark", "profiling", "accuracy"):
+        if key in doc:
+            ledger.drop(key, doc[key], "the benchmark script's run settings: use tk bench")
     for key, value in slurm.items():
         if key not in ("job_name", "partition", "account", "job_time", "numa_bind", "extra_args"):
             ledger.drop(f"slurm.{key}", value, "tk writes its own batch script")

@@ -9,7 +9,8 @@ num_instances, urls and router of each section; the rest of a section are that r
 from __future__ import annotations
 
 from toolkit.facts import llm_args
-from toolkit.importer.common import Ledger, model_name, role_options, shared_fields, speculative, transport_for
+from toolkit.importer.common import (Ledger, model_name, role_options, section, shared_fields, speculative,
+                                     transport_for)
 
 KIND = "trtllm-disagg"
 ROLES = {"context_servers": "context", "generation_servers": "generation"}
@@ -43,7 +44,7 @@ def convert(doc: dict, ledger: Ledger, line: str = "1.3") -> dict:
     if isinstance(doc.get("perf_metrics_max_requests"), int):
         proxy["perf_metrics_max_requests"] = doc["perf_metrics_max_requests"]
         ledger.carry("perf_metrics_max_requests")
-    cond = doc.get("conditional_disagg_config") or {}
+    cond = section(doc, "conditional_disagg_config")
     if isinstance(cond.get("max_local_prefill_length"), int):
         proxy["conditional_max_local_prefill_length"] = cond["max_local_prefill_length"]
         ledger.carry("conditional_disagg_config")
@@ -56,9 +57,9 @@ def convert(doc: dict, ledger: Ledger, line: str = "1.3") -> dict:
     elif "backend" in doc:
         ledger.carry("backend")
     per_role, roles, where = {}, {}, {}
-    for section, title in ROLES.items():
-        src = dict(doc[section])
-        where[title] = section
+    for servers, title in ROLES.items():
+        src = dict(doc[servers])
+        where[title] = servers
         for key, value in inherited.items():  # extract_disagg_cfg: the top level is inherited by both sections
             target = FLAG_KEYS.get(key, key)
             if target != key:
@@ -71,10 +72,10 @@ def convert(doc: dict, ledger: Ledger, line: str = "1.3") -> dict:
         router = src.pop("router", None)
         role, rest = role_options(src, title, where[title], ledger)
         role["instances"] = instances
-        ledger.carry(f"{section}.num_instances")
-        if "urls" in doc[section]:
-            ledger.notes.append(f"{section}.urls: tk places the servers and writes the urls itself")
-            ledger.carry(f"{section}.urls")
+        ledger.carry(f"{servers}.num_instances")
+        if "urls" in doc[servers]:
+            ledger.notes.append(f"{servers}.urls: tk places the servers and writes the urls itself")
+            ledger.carry(f"{servers}.urls")
         if isinstance(router, dict):
             args = dict(router)
             rtype = args.pop("type", "round_robin")
@@ -83,7 +84,7 @@ def convert(doc: dict, ledger: Ledger, line: str = "1.3") -> dict:
             args.pop("tokens_per_block", None)  # tk writes the servers' own
             if args:
                 proxy[f"{prefix}_router_args"] = args
-            ledger.carry(f"{section}.router")
+            ledger.carry(f"{servers}.router")
         per_role[title], roles[title] = rest, role
     for key in inherited:
         ledger.carry(key)

@@ -77,7 +77,8 @@ def aggregated_plan(plan: Plan, loaded: LoadedRecipe) -> Plan:
         raise RecipeError(c.violations)
 
     derived = options.derived_options(r, "generation", spec, plan.model, version, plan.buffer)
-    extra = {k: v for k, v in gen.extra_options.items() if k != "cache_transceiver_config"}
+    extra = rules.lax_converted({k: v for k, v in gen.extra_options.items() if k != "cache_transceiver_config"},
+                                version)  # as TensorRT-LLM reads them, as the disaggregated plan writes them
     opts = options.deep_merge(derived, extra)
     opts.pop("cache_transceiver_config", None)  # aggregated: no KV transfer (what makes a server disaggregated)
     opts["max_num_tokens"] = mnt  # over an extra_options value: the longest request must fit

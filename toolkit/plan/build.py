@@ -100,9 +100,10 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
     merged = {}
     for title, spec in (("context", r.context), ("generation", r.generation)):
         derived = options.derived_options(r, title, spec, model, version, buffer, target)
-        rules.check_extra_options(r, title, spec, derived, version, c, target)
+        # the rules below read values from the merged options: only what check_extra_options did not report
+        checked = rules.check_extra_options(r, title, spec, derived, version, c, target)
         rules.check_extra_serve_args(title, spec, version, c)
-        merged[title] = options.deep_merge(derived, spec.extra_options)
+        merged[title] = options.deep_merge(derived, checked)
     ctx_opts, gen_opts = merged["context"], merged["generation"]
     rules.check_unverified_options(version, merged, c)
     rules.check_transceiver(r, target, merged, c)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import functools
 import math
 import re
 from pathlib import Path
@@ -348,13 +349,24 @@ def _show(value) -> str:
 
 
 def _is_kind(value, kind: str, version) -> bool:
+    """Whether ``value`` is of ``kind`` (facts.trtllm.OPTION_KINDS); a kind ending in "?" also takes null."""
+    if kind.endswith("?"):
+        if value is None:
+            return True
+        kind = kind[:-1]
+
+    def whole(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
     def pos_int(v) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool) and 0 < v <= _INT_MAX
+        return whole(v) and 0 < v <= _INT_MAX
 
     if kind == "positive integer":
         return pos_int(value)
+    if kind == "non-negative integer":
+        return whole(value) and 0 <= value <= _INT_MAX
     if kind == "integer":
-        return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _INT_MAX
+        return whole(value) and -_INT_MAX - 1 <= value <= _INT_MAX
     if kind == "boolean":
         return isinstance(value, bool)
     if kind == "fraction":
@@ -364,22 +376,67 @@ def _is_kind(value, kind: str, version) -> bool:
         return value in version.kv_dtypes
     if kind == "mapping":
         return isinstance(value, dict)
-    if kind == "mapping?":
-        return value is None or isinstance(value, dict)
     if kind == "list of positive integers":
         return isinstance(value, list) and all(pos_int(v) for v in value)
     raise AssertionError(kind)
 
 
+# What TensorRT-LLM's pydantic makes of a value for an option of each kind tk checks: its option models are
+# StrictBaseModel = pydantic BaseModel with extra="forbid" (tensorrt_llm/llmapi/llm_args.py), not strict=True, so
+# pydantic's lax mode converts (bool: 0/1, "true"/"false", "yes"/"no", "on"/"off", "t"/"f", "y"/"n", "1"/"0" in any
+# case; int: "2", 2.0, true; float: "0.5"; lists item by item). The kinds without a row take no conversion.
+_LAX_TYPES = {"positive integer": "int", "non-negative integer": "int", "integer": "int", "boolean": "bool",
+              "fraction": "float", "list of positive integers": "list[int]"}
+
+
+@functools.lru_cache(maxsize=None)
+def _adapter(name: str):
+    from pydantic import TypeAdapter
+
+    return TypeAdapter({"int": int, "bool": bool, "float": float, "list[int]": list[int]}[name])
+
+
+def _lax(value, kind: str, version):
+    """``value`` as TensorRT-LLM's pydantic (lax mode) converts it for an option of ``kind``, where the result is of
+    that kind; else _ABSENT (pydantic refuses it, or tk would: a kind's range is tk's check too)."""
+    name = _LAX_TYPES.get(kind.removesuffix("?"))
+    if name is None or isinstance(value, dict):
+        return _ABSENT
+    from pydantic import ValidationError
+
+    try:
+        converted = _adapter(name).validate_python(value)
+    except (ValidationError, ValueError, TypeError, OverflowError):
+        return _ABSENT
+    return converted if _is_kind(converted, kind, version) else _ABSENT
+
+
+def lax_converted(options: dict, version, prefix: str = "") -> dict:
+    """A copy of ``options`` with every value of a checked kind (facts.trtllm.OPTION_KINDS) that pydantic converts
+    replaced by what it converts to: what TensorRT-LLM reads, written so (toolkit.plan.aggregated)."""
+    out = {}
+    for key, value in options.items():
+        dotted = f"{prefix}.{key}" if prefix else str(key)
+        kind = trtllm.OPTION_KINDS.get(dotted)
+        if kind and not _is_kind(value, kind, version) and _lax(value, kind, version) is not _ABSENT:
+            value = _lax(value, kind, version)
+        elif isinstance(value, dict):
+            value = lax_converted(value, version, dotted)
+        out[key] = value
+    return out
+
+
 def _kind_text(kind: str, version) -> str:
+    if kind.endswith("?"):
+        return f"{_kind_text(kind[:-1], version)} (or null)"
     if kind == "kv dtype":
         return f"a KV dtype TensorRT-LLM {version.line} accepts ({', '.join(version.kv_dtypes)})"
     if kind == "fraction":
         return "a fraction in (0, 1]"
-    if kind == "mapping?":
-        return "a mapping (or null)"
-    if kind in ("positive integer", "integer"):
-        return f"a{'' if kind == 'integer' else ' positive'} integer (at most {_INT_MAX})"
+    if kind in ("positive integer", "non-negative integer"):
+        return f"a {kind} (at most {_INT_MAX})"
+    if kind == "integer":
+        return f"an integer (from {-_INT_MAX - 1} to {_INT_MAX})"
     return f"a {kind}"
 
 
@@ -397,17 +454,28 @@ def _same(a, b) -> bool:
 
 
 def check_extra_options(r: Recipe, title: str, role, derived: dict, version: trtllm.TrtllmVersion,
-                        c: Collector, target: llm_args.Target | None = None) -> None:
+                        c: Collector, target: llm_args.Target | None = None) -> dict:
     """A role's extra_options, every key at every depth: one TensorRT-LLM accepts (facts.llm_args: refused only
     where every snapshot that speaks for the target lists the section whole and lacks the key, else a warning),
     values of the kind tk reads, a fixed-choice value TensorRT-LLM has, nothing tk owns overridden.
 
     ``derived`` is what tk writes before extra_options are merged in. One violation per key at most, and none for
-    the keys below a refused one.
+    the keys below a refused one. A value pydantic converts (lax mode: ``enable_chunked_prefill: 1``) is accepted
+    with a warning. Returns the extra_options as TensorRT-LLM reads them, which the plan writes and the rules that
+    read values read: converted, and without the subtrees reported here (the plan fails anyway; no later rule
+    compares a value of the wrong kind).
     """
     target = target or llm_args.Target(version.line)
     implied = {**trtllm.TK_IMPLIED_OPTIONS, "model": role.model_path or r.model_path or r.model}
     stopped: list[str] = []
+    reported: list[tuple] = []
+    conversions: dict[tuple, object] = {}
+
+    def refuse(path: tuple, dotted: str, *violation) -> None:
+        c.add(*violation)
+        stopped.append(dotted)
+        reported.append(path)
+
     for dotted, key, value in llm_args.walk_options(role.extra_options):
         if any(dotted == s or dotted.startswith(s + ".") for s in stopped):
             continue
@@ -415,18 +483,21 @@ def check_extra_options(r: Recipe, title: str, role, derived: dict, version: trt
         field = (title, "extra_options", *path)
         where = f"{title}.extra_options.{dotted}"
         if not isinstance(key, str):
-            c.add(field, f"option name {_show(key)} is not a string", "write the option name as text")
-            stopped.append(dotted)
+            refuse(path, dotted, field, f"option name {_show(key)} is not a string", "write the option name as text")
             continue
         owner = trtllm.TK_OWNED_OPTIONS.get(dotted)
         owner = owner.replace("{role}", title) if owner else None
         instead = f"set {owner} instead and remove {where}" if owner else ""
         kind = trtllm.OPTION_KINDS.get(dotted)
         if kind and not _is_kind(value, kind, version):
-            c.add(field, f"{_show(value)} is not {_kind_text(kind, version)}",
-                  instead or f"give {dotted} {_kind_text(kind, version)}")
-            stopped.append(dotted)
-            continue
+            converted = _lax(value, kind, version)
+            if converted is _ABSENT:
+                refuse(path, dotted, field, f"{_show(value)} is not {_kind_text(kind, version)}",
+                       instead or f"give {dotted} {_kind_text(kind, version)}")
+                continue
+            c.warnings.append(f"{where}: {_show(value)} is not {_kind_text(kind, version)} as written; TensorRT-LLM's "
+                              f"pydantic (lax mode) converts it to {_show(converted)}, which tk writes")
+            conversions[path] = value = converted
         if owner:
             stopped.append(dotted)  # tk's value stands for the whole subtree
             tk_value = implied[key] if key in implied and len(path) == 1 else _dig_or_absent(derived, path)
@@ -436,12 +507,12 @@ def check_extra_options(r: Recipe, title: str, role, derived: dict, version: trt
                            else f"tk leaves {dotted} out for TensorRT-LLM {version.line}: {owner} is the engine's "
                                 "default, and whether that line accepts the key is unverified" if omitted
                            else f"tk writes no {dotted} for this recipe (it follows {owner})")
-                c.add(field, f"{what_tk}; extra_options would change it to {_show(value)}", instead)
+                refuse(path, dotted, field, f"{what_tk}; extra_options would change it to {_show(value)}", instead)
             continue
         st = llm_args.status(target, dotted)
         if st.verdict is llm_args.Verdict.ABSENT:
-            c.add(field, st.reason, st.fix.replace(dotted, where, 1) if st.fix.startswith("remove") else st.fix)
-            stopped.append(dotted)
+            refuse(path, dotted, field, st.reason,
+                   st.fix.replace(dotted, where, 1) if st.fix.startswith("remove") else st.fix)
             continue
         if st.verdict is llm_args.Verdict.UNSURE:
             c.warnings.append(f"{where}: {st.reason}")
@@ -450,9 +521,25 @@ def check_extra_options(r: Recipe, title: str, role, derived: dict, version: trt
             continue
         bad = llm_args.value_status(target, dotted, value)
         if bad is not None and bad.verdict is llm_args.Verdict.ABSENT:
-            c.add(field, bad.reason, bad.fix)
+            refuse(path, dotted, field, bad.reason, bad.fix)
         elif bad is not None:
             c.warnings.append(f"{where}: {bad.reason}")
+    return _checked(role.extra_options, reported, conversions)
+
+
+def _checked(options: dict, reported: list[tuple], conversions: dict[tuple, object]) -> dict:
+    """A copy of ``options`` less the subtrees at the ``reported`` paths, with the converted values."""
+    out = {}
+    for key, value in options.items():
+        below = [p[1:] for p in reported if p and p[0] == str(key)]
+        if any(not p for p in below):
+            continue
+        if (str(key),) in conversions:
+            value = conversions[(str(key),)]
+        elif isinstance(value, dict):
+            value = _checked(value, below, {p[1:]: v for p, v in conversions.items() if p[0] == str(key)})
+        out[key] = value
+    return out
 
 
 def _dig_or_absent(d: dict, path):
@@ -719,7 +806,8 @@ def check_transceiver(r: Recipe, target: llm_args.Target, merged: dict[str, dict
             continue
 
         def blame(key: str, title: str = title) -> tuple:
-            in_extra = key in (getattr(r, title).extra_options.get("cache_transceiver_config") or {})
+            given = getattr(r, title).extra_options.get("cache_transceiver_config")
+            in_extra = isinstance(given, dict) and key in given
             if key in TRANSCEIVER_FIELDS and not in_extra:
                 return ("kv_transfer", TRANSCEIVER_FIELDS[key])
             return (title, "extra_options", "cache_transceiver_config", key)
@@ -758,16 +846,16 @@ def check_transceiver(r: Recipe, target: llm_args.Target, merged: dict[str, dict
         elif backend != "NIXL":
             reasons.append(("enable_pipelined_transfer", f"the backend is {backend}; pipelined transfer runs on the "
                             "Python transceiver, which needs NIXL", "set kv_transfer.backend: NIXL"))
-        if (ct.get("kv_cache_bounce_size_mb") or 0) > 0:
+        if _number(ct.get("kv_cache_bounce_size_mb"), 0) > 0:
             reasons.append(("kv_cache_bounce_size_mb", "kv_cache_bounce_size_mb must be 0 with pipelined transfer",
                             "set kv_transfer.bounce_size_mb: 0"))
         if opts.get("enable_chunked_prefill") is not True:
             reasons.append(("enable_pipelined_transfer", "pipelined transfer needs enable_chunked_prefill",
                             f"set {title}.extra_options.enable_chunked_prefill: true"))
-        if title == "context" and opts.get("pipeline_parallel_size", 1) != 1:
+        if title == "context" and _number(opts.get("pipeline_parallel_size"), 1) != 1:
             reasons.append(("enable_pipelined_transfer", "pipelined transfer needs pipeline_parallel_size 1 on the "
                             "context servers", "set context.pp: 1"))
-        if (opts.get("context_parallel_size") or 1) > 1:
+        if _number(opts.get("context_parallel_size"), 1) > 1:
             reasons.append(("enable_pipelined_transfer", "pipelined transfer does not support context parallelism",
                             f"remove {title}.extra_options.context_parallel_size"))
         kvc = opts.get("kv_cache_config") or {}
@@ -779,6 +867,11 @@ def check_transceiver(r: Recipe, target: llm_args.Target, merged: dict[str, dict
         for key, why, fix in reasons:
             c.add(blame(key), f"{title} servers: enable_pipelined_transfer is refused by TensorRT-LLM at start-up: "
                   f"{why} ({where}; tensorrt_llm/_torch/disaggregation/transceiver.py)", fix)
+
+
+def _number(value, default: int) -> int | float:
+    """``value`` where it is a number (check_extra_options reported any other kind), else ``default``."""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else default
 
 
 def check_proxy(r: Recipe, version: trtllm.TrtllmVersion, c: Collector) -> None:

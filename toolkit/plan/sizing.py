@@ -47,19 +47,21 @@ def size_buffer(r: Recipe, c) -> BufferSizing:
                 f"{field} = {given} is smaller than the longest input the recipe admits ({longest} tokens = "
                 "max_input_len + prefix_len): the KV of longer requests goes through dynamic buffers on the "
                 f"{title} servers, which is slower and, with NIXL, registers memory per request")
+    ctx_mnt = r.context.max_num_tokens or ceil_to(tpb, longest)
+    derived = ceil_to(tpb, max(longest, ctx_mnt))
+    why = (f"the larger of the longest admitted input ({r.traffic.max_input_len} input + {r.traffic.prefix_len} "
+           f"prefix = {longest} tokens) and the context servers' max_num_tokens ({ctx_mnt}), the most KV one "
+           f"prefill iteration hands to the transceiver, rounded up to tokens_per_block={tpb} (NVIDIA's "
+           "examples/disaggregated/slurm/benchmark/config.yaml sets it to the context max_num_tokens)")
     if not given_any:
-        ctx_mnt = r.context.max_num_tokens or ceil_to(tpb, longest)
-        value = ceil_to(tpb, max(longest, ctx_mnt))
-        why = (f"the larger of the longest admitted input ({r.traffic.max_input_len} input + {r.traffic.prefix_len} "
-               f"prefix = {longest} tokens) and the context servers' max_num_tokens ({ctx_mnt}), the most KV one "
-               f"prefill iteration hands to the transceiver, rounded up to tokens_per_block={tpb} (NVIDIA's "
-               "examples/disaggregated/slurm/benchmark/config.yaml sets it to the context max_num_tokens)")
-        return BufferSizing(value, why, user_given=False)
+        return BufferSizing(derived, why, user_given=False)
     ctx = values.get("context")
     gen = values.get("generation")
-    derived = ceil_to(tpb, max(longest, r.context.max_num_tokens or longest))
-    ctx = ctx if ctx is not None else derived
-    return BufferSizing(ctx, "given in the recipe", user_given=True,
+    reason = "given in the recipe"
+    if ctx is None:  # only the generation role's is given: the context servers' is derived
+        ctx = derived
+        reason = f"context servers: {why}; generation servers: given in the recipe (generation.max_tokens_in_buffer)"
+    return BufferSizing(ctx, reason, user_given=True,
                         generation_max_tokens_in_buffer=gen if gen is not None and gen != ctx else None)
 
 

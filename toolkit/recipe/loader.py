@@ -170,13 +170,20 @@ MAX_VIOLATIONS = 50  # violations reported at once
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
+def escape_controls(text: str) -> str:
+    """``text`` with every control character, surrogate and line or paragraph separator written as its escape
+    (\\n, \\x85, \\u2028): what is left is one line to a terminal and to YAML (whose line breaks include
+    \\x85, \\u2028 and \\u2029)."""
+    return "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp")
+                   else ch for ch in text)
+
+
 def cut(text: str, limit: int = MAX_ECHO) -> str:
     """Text for an error message: control characters escaped (a newline or ESC in a file name or a --set
     must not break the message or drive the terminal), cut to ``limit`` characters (a 20,000-entry mapping
     is not echoed whole)."""
     n = len(text)
-    text = "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp")
-                   else ch for ch in text[:limit])
+    text = escape_controls(text[:limit])
     if len(text) > limit or n > limit:
         text = text[:limit] + f"... ({n} characters)"
     return text
@@ -559,6 +566,23 @@ def _release(recipe: Recipe) -> str | None:
 
 
 def resolve_version(recipe: Recipe, loaded: LoadedRecipe) -> tuple[str, str, list[str]]:
+    """The TensorRT-LLM line the recipe targets, where it came from, and warnings (``_resolve_version``); a release
+    named by trtllm_version or the image's tag that tk does not know was published is a warning too."""
+    line, source, warnings = _resolve_version(recipe, loaded)
+    named = {"trtllm_version": recipe.trtllm_version}
+    image = recipe.cluster.container_image
+    if image and ENGINES[recipe.engine].image_holds_trtllm:
+        found = trtllm.image_version(image).version
+        named["cluster.container_image"] = found.text if found else None
+    for where, text in named.items():
+        why = trtllm.unknown_release(text) if text else None
+        if why and not (where != "trtllm_version" and text == named["trtllm_version"]):  # said once
+            shown = short(text) if where == "trtllm_version" else f"{short(image)} (tag {text})"
+            warnings.append(f"{where} {shown}: {why}")
+    return line, source, warnings
+
+
+def _resolve_version(recipe: Recipe, loaded: LoadedRecipe) -> tuple[str, str, list[str]]:
     """The TensorRT-LLM line the recipe targets, where it came from, and warnings.
 
     The tag of ``cluster.container_image`` is read where tk can (facts.trtllm.image_version): with no
@@ -660,6 +684,9 @@ def _violations(exc: ValidationError, loaded: LoadedRecipe) -> list[Violation]:
         elif kind in ("literal_error", "enum"):
             expected = err.get("ctx", {}).get("expected", "")
             out.append(loaded.violation(loc, f"{short(err['input'])} is not allowed", f"use one of {expected}"))
+        elif kind == "model_type":  # pydantic says "a valid dictionary or instance of RoleSpec": a class name
+            out.append(loaded.violation(loc, f"a section is a mapping of its fields, not {short(err.get('input'))}",
+                                        _fix_for(kind, err)))
         else:
             msg = cut(str(err["msg"]).removeprefix("Value error, "), 2 * MAX_ECHO)
             out.append(loaded.violation(loc, f"{msg} (got {short(err.get('input'))})", _fix_for(kind, err)))
@@ -669,11 +696,18 @@ def _violations(exc: ValidationError, loaded: LoadedRecipe) -> list[Violation]:
     return out
 
 
+# pydantic's error types (int_parsing, model_type, ...) by their first word, as a recipe writer says it: a section
+# (a pydantic model) or any other dict is a mapping.
+_TYPE_WORDS = {"model": "a mapping (the section's fields, key: value)", "dict": "a mapping (key: value)",
+               "list": "a list", "int": "a whole number", "float": "a number", "bool": "true or false",
+               "string": "text (quote it if YAML reads it as something else)"}
+
+
 def _fix_for(kind: str, err: dict) -> str:
     ctx = err.get("ctx", {})
     if kind.startswith(("greater_than", "less_than")):
         bound = next(iter(ctx.values()), None)
         return f"give a value {kind.replace('_', ' ').replace('equal', 'or equal to')} {bound}"
     if kind.endswith("_type") or kind.endswith("_parsing"):
-        return f"give a value of type {kind.split('_')[0]}"
+        return f"give {_TYPE_WORDS.get(kind.split('_')[0], 'a value of type ' + kind.split('_')[0])}"
     return "correct the value"
