@@ -15,21 +15,36 @@ client sends say which, and the TLS connection offers the matching ALPN protocol
 DIR holds ca.crt, client.crt and client.key (tk writes them, owner-only, into RUN/secrets/etcd). The etcd's
 certificate is checked against ca.crt, not against a host name (the run's CA signs nothing else).
 
+Only the gateway's own user gets through. The port is on loopback, but every user of the node reaches loopback
+(another job on a shared node, another user under `tk launch --local`), and whoever writes the worker registry
+chooses where prompts go. So, before a byte is read or forwarded, each accepted connection's other end is looked
+up in the kernel's socket tables (/proc/net/tcp and /proc/net/tcp6: the ESTABLISHED socket whose local address is
+the connection's peer address and whose remote address is the gateway's, and its `uid` column, the socket's
+owner): a connection is carried only when that owner is the gateway's own uid. When the owner cannot be
+established (no such table, no such socket after OWNER_TRIES reads, a table past PROC_TABLE_MAX_BYTES), the
+connection is refused too, and every refusal is logged with its reason (at most REFUSALS_LOGGED_PER_MIN a
+minute, then a count). Root on the node is not kept out: it can read DIR itself.
+
 With `-- COMMAND`, the gateway binds its port, forks itself off, and the command replaces this process (its PID
 is the server's, as supervision expects); the gateway ends as soon as that process has gone. In a step of several
 ranks (a server over several GPUs or nodes), only rank 0 (SLURM_PROCID, PMI_RANK or OMPI_COMM_WORLD_RANK), the
 one that serves HTTP and registers, runs a gateway; the others run the command alone.
-Exit 2 with the reason when the port cannot be bound or DIR cannot be read.
+Exit 2 with the reason when the port cannot be bound, DIR cannot be read, or /proc/net/tcp cannot be read
+(a gateway that could not tell its user's connections from others' would refuse them all).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import os
 import socket
 import ssl
+import struct
 import sys
+import time
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 H2_PREFACE = b"PRI * HTTP/2.0"
 CONNECT_TIMEOUT_S = 5  # per etcd endpoint
@@ -37,6 +52,110 @@ FIRST_BYTES_TIMEOUT_S = 30  # a client that connects and says nothing is dropped
 MAX_CONNECTIONS = 256
 RANK_ENV = ("SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK")
 CHUNK = 65536
+
+# The owner of a connection's other end (Linux). The kernel's socket tables: one line per socket, `sl local_address
+# rem_address st ... uid ...`, addresses as hex ADDR:PORT, ADDR as the kernel holds it in memory printed 32 bits at a
+# time as native integers (127.0.0.1 is 0100007F on a little-endian node), PORT as a plain hex number.
+PROC_NET_TCP = ("/proc/net/tcp", "/proc/net/tcp6")
+PROC_TABLE_MAX_BYTES = 64 * 1024 * 1024  # read at most this much of one table per lookup (~400,000 sockets)
+PROC_LINE_MAX_BYTES = 4096  # a socket's line is ~150 bytes
+TCP_ESTABLISHED = 0x01  # the `st` column (include/net/tcp_states.h); a closed socket's TIME_WAIT row shows uid 0
+OWNER_TRIES = 3  # a table read while sockets come and go may miss a row: read it again, then refuse
+OWNER_RETRY_S = 0.05
+REFUSALS_LOGGED_PER_MIN = 10
+
+IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
+Address = Tuple[IPAddress, int]
+
+
+class OwnerUnknown(Exception):
+    """The owner of a connection's other end could not be established: the connection is refused."""
+
+
+def canonical_address(host: str, port: int) -> Address:
+    """(ip, port) with an IPv4-mapped IPv6 address (::ffff:127.0.0.1, a dual-stack socket's view) as IPv4."""
+    ip = ipaddress.ip_address(host.split("%", 1)[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip, port
+
+
+def proc_addresses(address: Address, byteorder: str = sys.byteorder) -> Tuple[str, ...]:
+    """How /proc/net/tcp{,6} write `address`: 127.0.0.1:8080 is '0100007F:1F90' (IPv4 table) and
+    '0000000000000000FFFF00000100007F:1F90' (IPv6 table, a dual-stack socket) on a little-endian node."""
+    ip, port = address
+    fmt = "<%dI" if byteorder == "little" else ">%dI"
+
+    def hexed(packed: bytes) -> str:
+        words = struct.unpack(fmt % (len(packed) // 4), packed)
+        return "".join("%08X" % w for w in words) + ":%04X" % port
+    if isinstance(ip, ipaddress.IPv4Address):
+        return hexed(ip.packed), hexed(ipaddress.IPv6Address(b"\0" * 10 + b"\xff\xff" + ip.packed).packed)
+    return (hexed(ip.packed),)
+
+
+def owner_in_table(lines: Iterable[str], client: Address, server: Address,
+                   byteorder: str = sys.byteorder) -> Optional[int]:
+    """The uid owning the ESTABLISHED socket at `client` connected to `server` (the other end of a connection the
+    gateway accepted at `server`) in the lines of /proc/net/tcp or /proc/net/tcp6 (`sl local_address rem_address
+    st tx_queue:rx_queue tr:tm->when retrnsmt uid ...`), or None when they hold no such socket."""
+    local, remote = proc_addresses(client, byteorder), proc_addresses(server, byteorder)
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 8 or fields[1].upper() not in local or fields[2].upper() not in remote:
+            continue
+        try:
+            state, uid = int(fields[3], 16), int(fields[7])
+        except ValueError:
+            continue
+        if state == TCP_ESTABLISHED:
+            return uid
+    return None
+
+
+def _table_lines(path: str, max_bytes: int) -> Iterator[str]:
+    read = 0
+    with open(path, "rb") as f:
+        while True:
+            line = f.readline(PROC_LINE_MAX_BYTES)
+            if not line:
+                return
+            read += len(line)
+            if read > max_bytes:
+                raise OwnerUnknown(f"{path} is longer than {max_bytes} bytes")
+            yield line.decode("ascii", "replace")
+
+
+def connection_owner(client: Address, server: Address, tables: Sequence[str] = PROC_NET_TCP,
+                     max_bytes: int = PROC_TABLE_MAX_BYTES, byteorder: str = sys.byteorder) -> int:
+    """The uid owning the other end of the TCP connection `client` -> `server` (both on this node), read from the
+    kernel's socket tables; OwnerUnknown says why it cannot be told."""
+    searched, unreadable = [], []
+    for path in tables:  # a node without IPv6 has no /proc/net/tcp6: the other table may still hold the socket
+        try:
+            owner = owner_in_table(_table_lines(path, max_bytes), client, server, byteorder)
+        except OSError as exc:
+            unreadable.append(f"cannot read {path}: {exc.strerror or exc}")
+            continue
+        if owner is not None:
+            return owner
+        searched.append(path)
+    if not searched:
+        raise OwnerUnknown("; ".join(unreadable))
+    raise OwnerUnknown("; ".join([f"no established socket {_show(client)} -> {_show(server)} in "
+                                  f"{', '.join(searched)}", *unreadable]))
+
+
+def _show(address: Address) -> str:
+    ip, port = address
+    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+
+
+def refusal(owner: int, expected_uid: int) -> Optional[str]:
+    """None when a connection whose other end `owner` holds may pass; else why not."""
+    if owner == expected_uid:
+        return None
+    return f"its socket belongs to uid {owner}, not to this gateway's uid {expected_uid}"
 
 
 def tls_context(tls_dir: str, alpn: str) -> ssl.SSLContext:
@@ -50,7 +169,7 @@ def tls_context(tls_dir: str, alpn: str) -> ssl.SSLContext:
     return ctx
 
 
-def parse_endpoints(text: str) -> list[tuple[str, int]]:
+def parse_endpoints(text: str) -> List[Tuple[str, int]]:
     out = []
     for ep in text.split(","):
         host, sep, port = ep.strip().rpartition(":")
@@ -78,10 +197,54 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 
 
 class Gateway:
-    def __init__(self, endpoints: list[tuple[str, int]], tls_dir: str):
+    def __init__(self, endpoints: List[Tuple[str, int]], tls_dir: str, uid: Optional[int] = None,
+                 owner_of: Callable[[Address, Address], int] = connection_owner):
         self.endpoints = endpoints
         self.contexts = {alpn: tls_context(tls_dir, alpn) for alpn in ("h2", "http/1.1")}
         self.active = 0
+        self.uid = os.getuid() if uid is None else uid  # whose connections pass
+        self.owner_of = owner_of
+        self._log_window = (0.0, 0, 0)  # (start, logged, suppressed) of the current minute
+
+    async def admit(self, c_writer: asyncio.StreamWriter) -> bool:
+        """Whether this connection's other end belongs to the gateway's own user (logged when not)."""
+        peer, ours = c_writer.get_extra_info("peername"), c_writer.get_extra_info("sockname")
+        try:
+            client, server = canonical_address(peer[0], peer[1]), canonical_address(ours[0], ours[1])
+        except (TypeError, ValueError, IndexError):
+            self._log_refusal(str(peer), "not a TCP connection over IP")
+            return False
+        why = "not looked up"
+        for attempt in range(OWNER_TRIES):
+            if attempt:
+                await asyncio.sleep(OWNER_RETRY_S)
+            try:
+                owner = self.owner_of(client, server)
+            except OwnerUnknown as exc:
+                why = f"its owner cannot be established: {exc}"
+                continue
+            reason = refusal(owner, self.uid)
+            if reason is None:
+                return True
+            why = reason
+            break
+        self._log_refusal(_show(client), why)
+        return False
+
+    def _log_refusal(self, peer: str, why: str) -> None:
+        now = time.monotonic()
+        start, logged, suppressed = self._log_window
+        if now - start >= 60:
+            if suppressed:
+                print(f"etcd_gateway: {suppressed} more connections refused in the last minute", file=sys.stderr,
+                      flush=True)
+            start, logged, suppressed = now, 0, 0
+        if logged < REFUSALS_LOGGED_PER_MIN:
+            print(f"etcd_gateway: refused a connection from {peer}: {why}", file=sys.stderr, flush=True)
+            logged += 1
+        else:
+            suppressed += 1
+        self._log_window = (start, logged, suppressed)
 
     async def handle(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
         if self.active >= MAX_CONNECTIONS:
@@ -89,6 +252,8 @@ class Gateway:
             return
         self.active += 1
         try:
+            if not await self.admit(c_writer):
+                return
             try:
                 first = await asyncio.wait_for(c_reader.read(CHUNK), FIRST_BYTES_TIMEOUT_S)
             except (asyncio.TimeoutError, OSError):
@@ -118,7 +283,7 @@ class Gateway:
                 pass
 
 
-async def serve(sock: socket.socket, gateway: Gateway, parent: int | None) -> None:
+async def serve(sock: socket.socket, gateway: Gateway, parent: Optional[int]) -> None:
     server = await asyncio.start_server(gateway.handle, sock=sock)
     async with server:
         if parent is None:
@@ -127,8 +292,8 @@ async def serve(sock: socket.socket, gateway: Gateway, parent: int | None) -> No
             await asyncio.sleep(1)
 
 
-def main(argv: list[str]) -> int:
-    command: list[str] = []
+def main(argv: List[str]) -> int:
+    command: List[str] = []
     if "--" in argv:
         i = argv.index("--")
         argv, command = argv[:i], argv[i + 1:]
@@ -144,6 +309,8 @@ def main(argv: list[str]) -> int:
         endpoints = parse_endpoints(args.etcd)
         host, _, port = args.listen.rpartition(":")
         gateway = Gateway(endpoints, args.tls_dir)
+        with open(PROC_NET_TCP[0], "rb") as table:  # the owner lookup's source: without it every connection is refused
+            table.readline(PROC_LINE_MAX_BYTES)
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, int(port)))
@@ -164,7 +331,7 @@ def main(argv: list[str]) -> int:
     return _exec(command)
 
 
-def _exec(command: list[str]) -> int:
+def _exec(command: List[str]) -> int:
     try:
         os.execvp(command[0], command)
     except OSError as exc:

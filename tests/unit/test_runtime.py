@@ -167,3 +167,40 @@ def test_a_process_of_the_session_with_another_run_id_is_not_the_runs(tmp_path):
     finally:
         procs.terminate(proc.pid, "someone-else", grace_s=5)
         proc.wait(timeout=5)
+
+
+def test_the_runs_certificates_give_the_job_etcds_peer_port_an_identity_of_its_own(tmp_path):
+    """peer.crt: the job's etcd presents it on its loopback peer port and as a member dialing a peer (both usages),
+    naming 127.0.0.1, which etcd checks a peer client certificate's IP SANs against; the job's etcd admits only it
+    there (--peer-cert-allowed-cn). The client certificate every gateway presents is no peer's."""
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    from toolkit.render.job import ETCD_SH
+    from toolkit.runtime.tls import FILES, write_run_certificates
+
+    out = write_run_certificates(tmp_path / "secrets" / "etcd")
+    assert sorted(p.name for p in out.iterdir()) == sorted(FILES)
+    assert all(os.stat(out / f).st_mode & 0o777 == 0o600 for f in FILES) and os.stat(out).st_mode & 0o777 == 0o700
+    ca = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
+    cert = {leaf: x509.load_pem_x509_certificate((out / f"{leaf}.crt").read_bytes())
+            for leaf in ("server", "peer", "client")}
+    for c in cert.values():
+        c.verify_directly_issued_by(ca)
+    both = {ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH}
+    usages = {leaf: set(c.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value) for leaf, c in cert.items()}
+    assert usages == {"server": both, "peer": both, "client": {ExtendedKeyUsageOID.CLIENT_AUTH}}
+    sans = cert["peer"].extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    assert sans.get_values_for_type(x509.IPAddress) == [ipaddress.ip_address("127.0.0.1")]
+    for leaf in ("server", "client"):  # etcd would check these against the address they connect from
+        with pytest.raises(x509.ExtensionNotFound):
+            cert[leaf].extensions.get_extension_for_class(x509.SubjectAlternativeName)
+    peer_cn = cert["peer"].subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value
+    assert f'--peer-cert-allowed-cn "{peer_cn}"' in ETCD_SH
+    assert cert["client"].subject.get_attributes_for_oid(NameOID.COMMON_NAME)[0].value != peer_cn
+    for flag in ('--peer-client-cert-auth', '--peer-trusted-ca-file "$5/ca.crt"', '--peer-cert-file "$5/peer.crt"',
+                 '--peer-key-file "$5/peer.key"', '--listen-peer-urls "$scheme://127.0.0.1:$4"',
+                 '--initial-advertise-peer-urls "$scheme://127.0.0.1:$4"', '--initial-cluster "tk=$scheme://127.0.0.1:$4"'):
+        assert flag in ETCD_SH

@@ -228,10 +228,10 @@ class EtcdPlan:
     started_by_job: bool  # True: launch.sbatch starts it on `node`, client port `port`
     node: int | None  # node index of the etcd the job starts
     port: int | None  # its client port
-    peer_port: int | None  # its peer port (bound on loopback only: a single-member cluster)
-    # Client certificates (ca.crt, client.crt, client.key; for the job's etcd also server.crt/.key): the run's own,
-    # written by tk launch into RUN/secrets/etcd (`<run_dir>/secrets/etcd`), or the recipe's etcd_tls_dir. None: the
-    # etcd takes anyone (an external one the recipe accepts unauthenticated).
+    peer_port: int | None  # its peer port (bound on loopback only: a single-member cluster; TLS with peer.crt)
+    # Client certificates (ca.crt, client.crt, client.key; for the job's etcd also server.crt/.key and peer.crt/.key):
+    # the run's own, written by tk launch into RUN/secrets/etcd (`<run_dir>/secrets/etcd`), or the recipe's
+    # etcd_tls_dir. None: the etcd takes anyone (an external one the recipe accepts unauthenticated).
     tls_dir: str | None = None
 
     @property

@@ -631,8 +631,8 @@ def check_membership(r: Recipe, version: trtllm.TrtllmVersion, servers, c: Colle
     and nothing else (`etcd3.client(host, port)` at NVIDIA/TensorRT-LLM@b3809755; urlparse's hostname and port with
     `secure=False` at @057d4a79, a user:password@ part ignored), tensorrt_llm/serve/cluster_storage.py. So the etcd
     the job starts accepts only clients with a certificate of the run's own authority (--client-cert-auth), and each
-    server reaches it through a gateway on its node's loopback that presents that certificate
-    (templates/etcd_gateway.py). An external etcd gets the same through etcd_tls_dir."""
+    server reaches it through a gateway on its node's loopback that presents that certificate, to connections of
+    the gateway's own user only (templates/etcd_gateway.py). An external etcd gets the same through etcd_tls_dir."""
     from toolkit.plan.model import EtcdPlan, MembershipPlan
     m = r.membership
     if m.enabled is False or (m.enabled == "auto" and not version.cluster_storages):

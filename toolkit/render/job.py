@@ -23,14 +23,20 @@ JOB_MAIN = "from orchestrator.job import main"
 # The etcd the job starts (membership.storage etcd): a one-member cluster, clients on the node's address, peers on
 # loopback. $1 node address (<nodeN>), $2 data directory, $3 client port, $4 peer port, $5 the run's certificates
 # (RUN/secrets/etcd): with them, only a client holding a certificate of the run's own CA gets in (TLS,
-# --client-cert-auth; toolkit.plan.rules.check_membership says why).
+# --client-cert-auth; toolkit.plan.rules.check_membership says why), and the peer port, which every user of the node
+# reaches on loopback, speaks only TLS to a member holding the run's peer certificate (--peer-client-cert-auth, and
+# --peer-cert-allowed-cn: the run's client certificate, which every gateway presents, is no peer's; peer.crt, CN "tk
+# peer", names 127.0.0.1: toolkit.runtime.tls). The flags are etcd's own (`etcd --help` of 3.4; etcd.io
+# docs/v3.3/op-guide/security, "Peer (server-to-server / cluster) communication").
 ETCD_SH = ('ip=$(getent hosts "$1" | awk "{ print \\$1; exit }"); ip=${ip:-$1}\n'
            'tls=(); scheme=http\n'
            'if [ -n "${5:-}" ]; then scheme=https; tls=(--client-cert-auth --trusted-ca-file "$5/ca.crt" '
-           '--cert-file "$5/server.crt" --key-file "$5/server.key"); fi\n'
+           '--cert-file "$5/server.crt" --key-file "$5/server.key" --peer-client-cert-auth '
+           '--peer-trusted-ca-file "$5/ca.crt" --peer-cert-file "$5/peer.crt" --peer-key-file "$5/peer.key" '
+           '--peer-cert-allowed-cn "tk peer"); fi\n'
            'exec etcd --name tk --data-dir "$2" --listen-client-urls "$scheme://$ip:$3" '
-           '--advertise-client-urls "$scheme://$1:$3" --listen-peer-urls "http://127.0.0.1:$4" '
-           '--initial-advertise-peer-urls "http://127.0.0.1:$4" --initial-cluster "tk=http://127.0.0.1:$4" '
+           '--advertise-client-urls "$scheme://$1:$3" --listen-peer-urls "$scheme://127.0.0.1:$4" '
+           '--initial-advertise-peer-urls "$scheme://127.0.0.1:$4" --initial-cluster "tk=$scheme://127.0.0.1:$4" '
            '${tls[@]+"${tls[@]}"}')
 
 

@@ -1,0 +1,194 @@
+"""Spec: the etcd gateway (templates/etcd_gateway.py) carries a connection only for its own user.
+
+Its port is on loopback, which every user of the node reaches; the run's certificate it presents writes the worker
+registry. So each accepted connection's other end is looked up in the kernel's socket tables (/proc/net/tcp and
+/proc/net/tcp6, read here from fixture text shaped as Linux writes them), and the connection passes only when that
+socket's owner is the gateway's uid. An owner that cannot be established refuses the connection (fail closed),
+and every refusal is logged with its reason, at a bounded rate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import ipaddress
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load_gateway():
+    spec = importlib.util.spec_from_file_location("etcd_gateway", ROOT / "templates" / "etcd_gateway.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+gw = _load_gateway()
+
+HEADER = ("  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n")
+HEADER6 = ("  sl  local_address                         remote_address                        st tx_queue rx_queue "
+           "tr tm->when retrnsmt   uid  timeout inode\n")
+
+
+def row(sl: int, local: str, remote: str, state: str, uid: int, inode: int) -> str:
+    return (f"{sl:4d}: {local} {remote} {state} 00000000:00000000 00:00000000 00000000 {uid:5d}        0 {inode} 1 "
+            "0000000000000000 20 4 30 10 -1\n")
+
+
+def addr(host: str, port: int):
+    return gw.canonical_address(host, port)
+
+
+# A gateway (uid 1000) listening on 127.0.0.1:2381 (0x094D) has accepted a connection from 127.0.0.1:51000
+# (0xC738), whose socket belongs to uid 1001. Little-endian hex, as an x86 or Arm node writes it.
+GATEWAY_AT, CLIENT_AT = addr("127.0.0.1", 2381), addr("127.0.0.1", 51000)
+TCP = (HEADER
+       + row(0, "0100007F:094D", "00000000:0000", "0A", 1000, 4001)  # the gateway's listening socket
+       + row(1, "0100007F:094D", "0100007F:C738", "01", 1000, 4002)  # its end of the connection
+       + row(2, "0100007F:C738", "0100007F:094D", "01", 1001, 4003)  # the other end: the client's socket
+       + row(3, "0100007F:C739", "0100007F:094D", "06", 0, 0))       # an earlier client's TIME_WAIT (uid 0)
+
+
+def test_addresses_are_written_as_the_kernel_writes_them():
+    assert gw.proc_addresses(addr("127.0.0.1", 8080), "little") == (
+        "0100007F:1F90", "0000000000000000FFFF00000100007F:1F90")  # IPv4 table, and a dual-stack socket's row
+    assert gw.proc_addresses(addr("127.0.0.1", 8080), "big")[0] == "7F000001:1F90"
+    assert gw.proc_addresses(addr("::1", 8080), "little") == ("00000000000000000000000001000000:1F90",)
+    assert gw.proc_addresses(addr("::1", 8080), "big") == ("00000000000000000000000000000001:1F90",)
+    # a dual-stack listener sees ::ffff:127.0.0.1; it is the same address as the IPv4 socket's
+    assert addr("::ffff:127.0.0.1", 1) == (ipaddress.IPv4Address("127.0.0.1"), 1)
+
+
+def test_the_owner_is_the_uid_of_the_socket_at_the_other_end_not_the_gateways_own_end():
+    assert gw.owner_in_table(TCP.splitlines(), CLIENT_AT, GATEWAY_AT, "little") == 1001
+
+
+def test_only_an_established_socket_counts_a_closed_ones_time_wait_row_shows_uid_0():
+    assert gw.owner_in_table(TCP.splitlines(), addr("127.0.0.1", 0xC739), GATEWAY_AT, "little") is None
+    assert gw.owner_in_table(TCP.splitlines(), addr("127.0.0.1", 40000), GATEWAY_AT, "little") is None
+
+
+def test_ipv6_loopback_and_ipv4_mapped_rows_are_found_in_the_ipv6_table():
+    tcp6 = (HEADER6
+            + row(0, "00000000000000000000000001000000:094D", "00000000000000000000000001000000:C738", "01", 1000, 1)
+            + row(1, "00000000000000000000000001000000:C738", "00000000000000000000000001000000:094D", "01", 1002, 2)
+            # a dual-stack client socket connected to the IPv4 gateway
+            + row(2, "0000000000000000FFFF00000100007F:C73A", "0000000000000000FFFF00000100007F:094D", "01", 1003, 3))
+    lines = tcp6.splitlines()
+    assert gw.owner_in_table(lines, addr("::1", 51000), addr("::1", 2381), "little") == 1002
+    assert gw.owner_in_table(lines, addr("127.0.0.1", 51002), GATEWAY_AT, "little") == 1003
+    assert gw.owner_in_table(lines, addr("::ffff:127.0.0.1", 51002), addr("::ffff:127.0.0.1", 2381), "little") == 1003
+
+
+def test_lines_that_are_not_a_sockets_are_skipped():
+    garbage = ["", "  0: zz:zz 0100007F:094D 01 x x x x 1001", "  1: 0100007F:C738 0100007F:094D 01 a b c d notauid",
+               "0100007F:C738 0100007F:094D 01"]
+    assert gw.owner_in_table(garbage + TCP.splitlines(), CLIENT_AT, GATEWAY_AT, "little") == 1001
+
+
+def test_the_tables_are_read_in_turn_and_an_owner_that_cannot_be_found_says_why(tmp_path):
+    tcp, tcp6 = tmp_path / "tcp", tmp_path / "tcp6"
+    tcp.write_text(HEADER)
+    tcp6.write_text(HEADER6 + row(0, "0000000000000000FFFF00000100007F:C738", "0000000000000000FFFF00000100007F:094D",
+                                  "01", 1001, 1))
+    assert gw.connection_owner(CLIENT_AT, GATEWAY_AT, (str(tcp), str(tcp6)), byteorder="little") == 1001
+    tcp6.unlink()  # a node without IPv6 has no tcp6 table
+    with pytest.raises(gw.OwnerUnknown, match=r"no established socket 127.0.0.1:51000 -> 127.0.0.1:2381 in .*/tcp; "
+                                              r"cannot read .*/tcp6"):
+        gw.connection_owner(CLIENT_AT, GATEWAY_AT, (str(tcp), str(tcp6)), byteorder="little")
+    with pytest.raises(gw.OwnerUnknown, match=r"^cannot read .*/nothing: No such file"):
+        gw.connection_owner(CLIENT_AT, GATEWAY_AT, (str(tmp_path / "nothing"),), byteorder="little")
+
+
+def test_a_table_is_read_only_up_to_its_size_bound(tmp_path):
+    big = tmp_path / "tcp"
+    big.write_text(HEADER + "".join(row(i, "0100007F:1000", "0100007F:2000", "01", 7, i) for i in range(1, 200)) + TCP)
+    with pytest.raises(gw.OwnerUnknown, match="longer than 4096 bytes"):
+        gw.connection_owner(CLIENT_AT, GATEWAY_AT, (str(big),), max_bytes=4096, byteorder="little")
+    assert gw.connection_owner(CLIENT_AT, GATEWAY_AT, (str(big),), byteorder="little") == 1001
+
+
+def test_the_decision_passes_only_the_gateways_own_uid():
+    assert gw.refusal(1000, 1000) is None
+    assert gw.refusal(1001, 1000) == "its socket belongs to uid 1001, not to this gateway's uid 1000"
+    assert gw.refusal(0, 1000) is not None  # root's socket is not the user's either
+
+
+class _Accepted:
+    """What asyncio gives the gateway for an accepted connection: its two addresses."""
+
+    def __init__(self, peer=("127.0.0.1", 51000), ours=("127.0.0.1", 2381)):
+        self.info = {"peername": peer, "sockname": ours}
+
+    def get_extra_info(self, name):
+        return self.info.get(name)
+
+
+@pytest.fixture
+def gateway_of(tmp_path, monkeypatch):
+    from toolkit.runtime.tls import write_run_certificates
+    certs = write_run_certificates(tmp_path / "secrets" / "etcd")
+    monkeypatch.setattr(gw, "OWNER_RETRY_S", 0)
+
+    def make(owners):
+        """A gateway of uid 1000 whose lookups answer `owners` in turn (an int, or an OwnerUnknown to raise)."""
+        looked_up = []
+
+        def owner_of(client, server):
+            looked_up.append((client, server))
+            answer = owners[min(len(looked_up), len(owners)) - 1]
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+        g = gw.Gateway([("127.0.0.1", 2379)], str(certs), uid=1000, owner_of=owner_of)
+        return g, looked_up
+    return make
+
+
+def test_a_connection_of_the_gateways_own_user_passes(gateway_of, capsys):
+    g, looked_up = gateway_of([1000])
+    assert asyncio.run(g.admit(_Accepted()))
+    assert looked_up == [(CLIENT_AT, GATEWAY_AT)] and capsys.readouterr().err == ""
+
+
+def test_a_connection_of_another_user_is_refused_and_the_refusal_is_logged(gateway_of, capsys):
+    g, looked_up = gateway_of([1001])
+    assert not asyncio.run(g.admit(_Accepted()))
+    assert len(looked_up) == 1  # an owner that is known is not asked again
+    assert capsys.readouterr().err == ("etcd_gateway: refused a connection from 127.0.0.1:51000: its socket belongs to "
+                                       "uid 1001, not to this gateway's uid 1000\n")
+
+
+def test_an_owner_that_cannot_be_established_refuses_the_connection_after_a_bounded_retry(gateway_of, capsys):
+    g, looked_up = gateway_of([gw.OwnerUnknown("no established socket x")])
+    assert not asyncio.run(g.admit(_Accepted()))
+    assert len(looked_up) == gw.OWNER_TRIES
+    assert "refused a connection from 127.0.0.1:51000: its owner cannot be established: no established socket x" in (
+        capsys.readouterr().err)
+    g, looked_up = gateway_of([gw.OwnerUnknown("missed while the table changed"), 1000])
+    assert asyncio.run(g.admit(_Accepted()))  # a row missed once is found on the next read
+    assert len(looked_up) == 2
+
+
+def test_a_connection_that_is_not_tcp_over_ip_is_refused(gateway_of, capsys):
+    g, looked_up = gateway_of([1000])
+    assert not asyncio.run(g.admit(_Accepted(peer=None)))
+    assert looked_up == [] and "not a TCP connection over IP" in capsys.readouterr().err
+
+
+def test_refusals_are_logged_at_a_bounded_rate_then_counted(gateway_of, capsys, monkeypatch):
+    g, _ = gateway_of([1001])
+    clock = [1000.0]
+    monkeypatch.setattr(gw.time, "monotonic", lambda: clock[0])
+    for _ in range(gw.REFUSALS_LOGGED_PER_MIN + 15):
+        assert not asyncio.run(g.admit(_Accepted()))
+    assert capsys.readouterr().err.count("refused a connection") == gw.REFUSALS_LOGGED_PER_MIN
+    clock[0] += 61
+    assert not asyncio.run(g.admit(_Accepted()))
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["etcd_gateway: 15 more connections refused in the last minute",
+                   "etcd_gateway: refused a connection from 127.0.0.1:51000: its socket belongs to uid 1001, not to "
+                   "this gateway's uid 1000"]
