@@ -232,6 +232,22 @@ def test_the_command_writes_the_recipe_and_its_json(tmp_path, monkeypatch, capsy
     assert all("rejected" in c and "shape" in c for c in doc["candidates"])
 
 
+def test_answer_len_without_turns_is_refused_before_the_search_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    import toolkit.size
+    from toolkit.cli import main
+
+    replay = Replay(FIXTURES / "aiconfigurator" / "gpt-oss-120b-h200-8.json")
+    searched = []
+    monkeypatch.setattr(replay, "search", lambda *a, **kw: searched.append(a) or replay.rows)
+    monkeypatch.setattr(toolkit.size, "aic", replay)
+    out = tmp_path / "r.yaml"
+    rc = main(["size", "--model", "openai/gpt-oss-120b", "--system", "h200_sxm", "--gpus", "8", "--isl", "4000",
+               "--osl", "1000", "--ttft", "1000", "--tpot", "20", "-o", str(out), "--answer-len", "200"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--answer-len describes a multi-turn shape: add --turns N" in err
+    assert not out.exists() and searched == []
+
+
 # --- rows -> candidates ----------------------------------------------------------------------------------------
 
 def test_rows_are_read_per_role_with_attention_dp_and_moe_sizes():
