@@ -209,7 +209,7 @@ def size(model, system, gpus, isl, osl, ttft, tpot, transport, measured, measure
     if answer_len and not turns:  # before the search, so nothing is written
         raise click.UsageError("--answer-len describes a multi-turn shape: add --turns N")
     result = api.size(model, system, gpus, isl, osl, ttft, tpot, transport=transport, measured=measured,
-                      measured_pick=measured_pick, gpus_per_node=gpus_per_node, name=name)
+                      measured_pick=measured_pick, gpus_per_node=gpus_per_node, name=name, output=output)
     from toolkit.size.report import print_size
 
     if output and result.recheck.get("ok"):

@@ -7,6 +7,7 @@ record.py; tests/integration/test_size_aiconfigurator.py re-runs the searches, s
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -131,6 +132,46 @@ def test_a_model_directory_sizes_as_its_built_in_twin(case, directory, monkeypat
     theirs = built_in.recheck["plan"]["memory"]
     for role in ("context", "generation"):
         assert ours[role]["weights_gib"] == pytest.approx(theirs[role]["weights_gib"], rel=0.02)
+
+
+def test_a_relative_model_directory_is_written_so_the_recipe_deploys_from_its_own_directory(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """`tk size --model ./q72 -o other/dir/q.yaml`: a recipe resolves a relative model against its own directory,
+    so tk writes the absolute directory, and the re-check reads the text as the written file will be read."""
+    import shutil
+
+    import toolkit.size
+    from toolkit.api import load_plan
+    from toolkit.cli import main
+
+    shutil.copytree(FIXTURES / "models" / "qwen2.5-72b", tmp_path / "q72")
+    (tmp_path / "other" / "dir").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(toolkit.size, "aic", Replay(FIXTURES / "aiconfigurator" / "qwen2.5-72b-dir-h100-16.json"))
+    d = json.loads((FIXTURES / "aiconfigurator" / "qwen2.5-72b-dir-h100-16.json").read_text())
+    rc = main(["size", "--model", "./q72", "--system", d["system"], "--gpus", str(d["gpus"]), "--isl", str(d["isl"]),
+               "--osl", str(d["osl"]), "--ttft", str(d["ttft_ms"]), "--tpot", str(d["tpot_ms"]),
+               "-o", "other/dir/q.yaml"])
+    assert rc == 0, capsys.readouterr().err
+    written = (tmp_path / "other" / "dir" / "q.yaml").read_text()
+    assert f"model: {tmp_path / 'q72'}\n" in written
+    monkeypatch.chdir(tmp_path / "other")  # from anywhere: the recipe names the same directory
+    plan = load_plan(str(tmp_path / "other" / "dir" / "q.yaml"))
+    assert plan.model.source == str(tmp_path / "q72" / "config.json")
+
+
+def test_the_recheck_resolves_relative_paths_against_the_output_files_directory(tmp_path):
+    """What the re-check says deploys is what the written file deploys: a relative model in the text is read
+    from the output's directory (where it is missing here), not from the working directory."""
+    from toolkit.size.recipe import recheck
+
+    result = size_from(FIXTURES / "aiconfigurator" / "qwen2.5-72b-dir-h100-16.json")
+    relative = os.path.relpath(FIXTURES / "models" / "qwen2.5-72b")
+    text = result.recipe_text.replace(f"model: {FIXTURES / 'models' / 'qwen2.5-72b'}", f"model: {relative}")
+    assert recheck(text, result.chosen, result)["ok"]  # read from the working directory, as "<tk size>"
+    (tmp_path / "sub").mkdir()
+    check = recheck(text, result.chosen, result, output=str(tmp_path / "sub" / "q.yaml"))
+    assert not check["ok"] and "does not exist" in check["errors"][0]
 
 
 def test_deepseek_v3_on_16_h200_keeps_attention_dp_and_moe_parallelism():

@@ -104,11 +104,13 @@ def add_transfer(cands: list[Candidate], model: ModelSpec, isl: int, gbps: float
 
 def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float, tpot_ms: float, *,
          transport: str | None = None, measured: str | None = None, measured_pick: str = "slowest",
-         gpus_per_node: int | None = None, name: str | None = None, adapter=None) -> SizeResult:
+         gpus_per_node: int | None = None, name: str | None = None, output: str | None = None,
+         adapter=None) -> SizeResult:
     """Search, add the transfer term, rank, choose the best SLA-meeting disaggregated candidate tk can deploy,
     write and re-check its recipe. Raises SizingError (exit 2) for an unsupported model or system, or an SLA no
-    deployable candidate meets. ``adapter``: the aiconfigurator adapter (toolkit/size/aiconfigurator.py; the
-    specs give one that replays recorded aiconfigurator output)."""
+    deployable candidate meets. ``output``: where the recipe will be written (the re-check reads its relative
+    paths from there). ``adapter``: the aiconfigurator adapter (toolkit/size/aiconfigurator.py; the specs give one
+    that replays recorded aiconfigurator output)."""
     adapter = adapter or aic
     for what, value, low, high in (("gpus", gpus, 1, 4096), ("isl", isl, 1, 1 << 21), ("osl", osl, 1, 1 << 21),
                                    ("ttft", ttft_ms, 0.001, 3.6e6), ("tpot", tpot_ms, 0.001, 3.6e6)):
@@ -188,7 +190,7 @@ def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float,
             marked[id(c)] = f"tk cannot express it: {why}"
             continue
         text = write_recipe(result, c, gpu=gpu, gpus_per_node=per_node, name=name)
-        check = recheck(text, c, result)
+        check = recheck(text, c, result, output=output)
         if check["errors"]:  # tk's recipe or plan rules refuse it (the memory plan, heads, placement)
             marked[id(c)] = "tk's plan refuses it: " + check["errors"][0]
             continue

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import yaml
@@ -27,6 +28,17 @@ def weights_quantization(model: ModelSpec, c: Candidate) -> str | None:
         else None
 
 
+def model_field(result) -> str:
+    """The recipe's ``model``: a built-in name, a Hugging Face id as given, or a local directory as an absolute
+    path. A recipe reads a relative model path from its own directory (toolkit.recipe.loader.LoadedRecipe.base_dir),
+    not from where tk size ran, so ``--model ./DIR`` is written as the directory it named here."""
+    model = result.model
+    if model.source == "built-in":
+        return model.name
+    given = os.path.expanduser(result.model_arg)
+    return os.path.abspath(given) if os.path.isdir(given) else result.model_arg
+
+
 def write_recipe(result, c: Candidate, *, gpu: str, gpus_per_node: int, name: str | None = None) -> str:
     """YAML text of a recipe for candidate ``c`` (one tk can express: ``c.why_not()`` is ""), with comments that
     say where it came from."""
@@ -40,7 +52,7 @@ def write_recipe(result, c: Candidate, *, gpu: str, gpus_per_node: int, name: st
         "schema_version": 1,
         "name": name or _name(model.name, c, result.system),
         "description": f"sized by tk size (aiconfigurator {PINNED}): {c.shape()}, ISL {result.isl} / OSL {result.osl}",
-        "model": result.model_arg if model.source != "built-in" else model.name,
+        "model": model_field(result),
     }
     quant = weights_quantization(model, c)
     if quant:
@@ -109,17 +121,18 @@ def compare(plan, c: Candidate) -> list[str]:
     return diffs
 
 
-def recheck(text: str, c: Candidate, result) -> dict:
+def recheck(text: str, c: Candidate, result, output: str | None = None) -> dict:
     """Load the recipe text with tk's recipe and plan stages; every violation, warning and disagreement
     between what the recipe deploys and the candidate's row is returned (never dropped). ``ok``: no errors and
-    no disagreement."""
+    no disagreement. ``output``: where the text will be written; its relative paths are then read from that
+    file's directory, as a recipe's are (without it, from the working directory)."""
     from toolkit.errors import RecipeError
     from toolkit.plan import build_plan
     from toolkit.recipe.loader import load_recipe_text
 
     out: dict = {"ok": True, "errors": [], "warnings": [], "disagreements": [], "notes": []}
     try:
-        plan = build_plan(load_recipe_text(text, "<tk size>"))
+        plan = build_plan(load_recipe_text(text, output or "<tk size>"))
     except RecipeError as exc:
         out["ok"] = False
         out["errors"] = [f"{v.field}: {v.message}" for v in exc.violations]
