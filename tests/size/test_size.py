@@ -6,6 +6,7 @@ record.py; tests/integration/test_size_aiconfigurator.py re-runs the searches, s
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from dataclasses import replace
@@ -287,6 +288,48 @@ def test_answer_len_without_turns_is_refused_before_the_search_and_writes_nothin
     err = capsys.readouterr().err
     assert rc == 2 and "--answer-len describes a multi-turn shape: add --turns N" in err
     assert not out.exists() and searched == []
+
+
+AIC_INSTALLED = importlib.util.find_spec("aiconfigurator") is not None
+needs_aiconfigurator = pytest.mark.skipif(not AIC_INSTALLED, reason="aiconfigurator (the size extra) is not installed")
+
+
+@needs_aiconfigurator
+def test_a_config_json_aiconfigurator_cannot_parse_is_a_sizing_error_naming_the_file_and_key(tmp_path, capsys):
+    """A Qwen2 config.json without max_position_embeddings: tk reads it, aiconfigurator 0.12.0's
+    _parse_hf_config_json raises KeyError on it (about two seconds: it fails before searching)."""
+    from toolkit.cli import main
+
+    cfg = json.loads((FIXTURES / "models" / "qwen2.5-72b" / "config.json").read_text())
+    del cfg["max_position_embeddings"]
+    (tmp_path / "q72").mkdir()
+    (tmp_path / "q72" / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "r.yaml"
+    rc = main(["size", "--model", str(tmp_path / "q72"), "--system", "h100_sxm", "--gpus", "16", "--isl", "4000",
+               "--osl", "500", "--ttft", "2000", "--tpot", "50", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and not out.exists()
+    assert f"{tmp_path / 'q72' / 'config.json'}: aiconfigurator 0.12.0 needs 'max_position_embeddings'" in err
+    assert "Fix: add max_position_embeddings" in err
+
+
+@needs_aiconfigurator
+@pytest.mark.parametrize("raised", [RuntimeError("perf database error: gemm data missing"), IndexError("list index"),
+                                    ValueError("bad head_dim")])
+def test_whatever_aiconfigurator_raises_in_its_search_is_a_sizing_error(raised, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from toolkit.size import SizingError
+
+    def cli_default(**kw):
+        raise raised
+
+    monkeypatch.setattr(aic, "_import", lambda: SimpleNamespace(cli_default=cli_default))
+    with pytest.raises(SizingError, match=f"{tmp_path}/config.json: aiconfigurator 0.12.0 failed on it: "
+                                          f"{type(raised).__name__}: "):
+        aic.search(str(tmp_path), "h100_sxm", 16, 4000, 500, 2000.0, 50.0)
+    with pytest.raises(SizingError, match="aiconfigurator 0.12.0 failed on its config of Qwen/Qwen3-32B: "):
+        aic.search("Qwen/Qwen3-32B", "h100_sxm", 16, 4000, 500, 2000.0, 50.0)
 
 
 # --- rows -> candidates ----------------------------------------------------------------------------------------

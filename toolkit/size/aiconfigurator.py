@@ -184,8 +184,11 @@ def model_path_for(model: ModelSpec) -> tuple[str, str | None]:
 def _check_geometry(model: ModelSpec, aic_path: str) -> None:
     from aiconfigurator_core.sdk.utils import get_model_config_from_model_path
 
-    with _quiet():
-        cfg = get_model_config_from_model_path(aic_path)
+    try:
+        with _quiet():
+            cfg = get_model_config_from_model_path(aic_path)
+    except Exception as exc:  # noqa: BLE001 - aiconfigurator's own failure on its config: a message
+        raise failed_on_model(aic_path, exc) from None
     if model.attention == "mla":
         return  # aiconfigurator models MLA from the checkpoint; tk's num_kv_heads/head_dim are the latent's
     ours = (model.num_layers, model.num_attention_heads, model.num_kv_heads, model.head_dim)
@@ -231,7 +234,10 @@ def check_support(model_path: str, system: str, architecture: str | None = None)
     from aiconfigurator_core.sdk import common
 
     def result(sys_name: str):
-        return common.check_support(model_path, sys_name, BACKEND, architecture=architecture)
+        try:
+            return common.check_support(model_path, sys_name, BACKEND, architecture=architecture)
+        except Exception as exc:  # noqa: BLE001 - it may read the config: a message, never a traceback
+            raise failed_on_model(model_path, exc) from None
 
     r = result(system)
     if r.disagg_supported:
@@ -247,9 +253,33 @@ def check_support(model_path: str, system: str, architecture: str | None = None)
         + (f"--system one of {', '.join(passing)}" if passing else "no system passes it; size a built-in model"))
 
 
+def failed_on_model(model_path: str, exc: BaseException) -> SizingError:
+    """What aiconfigurator raised while reading or modelling ``model_path`` (a local directory, or the id of a
+    config it ships), as a SizingError naming the file and the key or cause: it raises KeyError for a config.json
+    key it needs (``_parse_hf_config_json`` in aiconfigurator_core/sdk/utils.py of 0.12.0 indexes
+    max_position_embeddings, hidden_size, vocab_size... directly) and plain ValueError/RuntimeError for what it
+    cannot model."""
+    local = os.path.isdir(model_path)
+    where = f"{model_path}/config.json" if local else f"its config of {model_path}"
+    if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str):
+        key = exc.args[0]
+        fix = (f"add {key} to {model_path}/config.json (the checkpoint's own value)" if local else
+               "size a local directory holding the checkpoint's config.json")
+        head = f"{where}: aiconfigurator {PINNED} needs {key!r}" if local else \
+            f"aiconfigurator {PINNED} needs {key!r} in {where}"
+        return SizingError(f"{head}, which it does not have. Fix: {fix}")
+    detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else "(no message)"
+    head = f"{where}: aiconfigurator {PINNED} failed on it" if local else f"aiconfigurator {PINNED} failed on {where}"
+    fix = (f"if {model_path}/config.json was edited, restore the checkpoint's own; otherwise aiconfigurator cannot "
+           "model it: size a built-in model of the same shape (tk recipes --models)" if local else
+           "another --system, or a built-in model of the same shape (tk recipes --models)")
+    return SizingError(f"{head}: {type(exc).__name__}: {detail}. Fix: {fix}")
+
+
 def search(model_path: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float, tpot_ms: float,
            top_n: int = 5) -> dict[str, list[dict]]:
-    """aiconfigurator's agg and disagg search: every Pareto row of both (the columns tk reads), by mode."""
+    """aiconfigurator's agg and disagg search: every Pareto row of both (the columns tk reads), by mode. Whatever
+    aiconfigurator raises is a SizingError (failed_on_model), never a traceback."""
     aic_api = _import()
     from aiconfigurator.sdk.errors import NoFeasibleConfigError
 
@@ -260,6 +290,8 @@ def search(model_path: str, system: str, gpus: int, isl: int, osl: int, ttft_ms:
     except NoFeasibleConfigError as exc:
         raise SizingError(f"aiconfigurator found no configuration of {model_path} on {gpus} x {system} "
                           f"for ISL {isl} / OSL {osl} within TTFT {ttft_ms:g} ms: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - aiconfigurator's own failures (KeyError, ValueError, ...) on a model
+        raise failed_on_model(model_path, exc) from None
     out: dict[str, list[dict]] = {}
     for mode in ("agg", "disagg"):
         df = result.pareto_fronts.get(mode)
@@ -316,6 +348,8 @@ def estimate_disagg(model_path: str, system: str, *, isl: int, osl: int, ctx: Ro
             res = run(fmha_quant_mode="bfloat16")
             fallback = (f"attention (FMHA) in bfloat16 on both roles: aiconfigurator {PINNED} has no fp8 context "
                         f"attention data for this model on {system}")
+    except KeyError as exc:  # a config.json key it needs (failed_on_model)
+        raise failed_on_model(model_path, exc) from None
     except Exception as exc:  # aiconfigurator raises plain ValueError/RuntimeError for what it cannot model
         raise SizingError(f"aiconfigurator {PINNED} cannot estimate this configuration: {exc}") from None
     raw = dict(res.raw)
