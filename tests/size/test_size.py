@@ -290,6 +290,22 @@ def test_answer_len_without_turns_is_refused_before_the_search_and_writes_nothin
     assert not out.exists() and searched == []
 
 
+def test_isl_plus_osl_beyond_the_models_context_is_refused_before_the_search():
+    """Qwen2.5-72B's config.json says max_position_embeddings 32768: 30000 + 4000 tokens never fit, whatever the GPUs."""
+    from toolkit.size import SizingError, size
+
+    replay = Replay(FIXTURES / "aiconfigurator" / "qwen2.5-72b-dir-h100-16.json")
+    searched = []
+    replay.search = lambda *a, **kw: searched.append(a) or replay.rows
+    with pytest.raises(SizingError) as caught:
+        size(str(FIXTURES / "models" / "qwen2.5-72b"), "h100_sxm", 16, 30000, 4000, 5000, 50, adapter=replay)
+    message = str(caught.value)
+    assert "--isl 30000 + --osl 4000 = 34000 tokens" in message and "32768-token context" in message
+    assert "max_position_embeddings" in message and "more GPUs" not in message and searched == []
+    assert size(str(FIXTURES / "models" / "qwen2.5-72b"), "h100_sxm", 16, 4000, 500, 2000, 50,
+                adapter=Replay(FIXTURES / "aiconfigurator" / "qwen2.5-72b-dir-h100-16.json")).recheck["ok"]
+
+
 AIC_INSTALLED = importlib.util.find_spec("aiconfigurator") is not None
 needs_aiconfigurator = pytest.mark.skipif(not AIC_INSTALLED, reason="aiconfigurator (the size extra) is not installed")
 

@@ -125,6 +125,13 @@ def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float,
         spec = resolve_model(model)
     except ModelError as exc:
         raise SizingError(str(exc)) from None
+    context = spec.max_position_embeddings
+    if context and isl + osl > context:  # what tk's plan refuses too (traffic.max_input_len, toolkit/plan/rules.py)
+        where = f"{spec.source}: max_position_embeddings" if spec.source != "built-in" else \
+            "max_position_embeddings of the checkpoint"
+        raise SizingError(f"--isl {isl} + --osl {osl} = {isl + osl} tokens exceeds {spec.name}'s {context}-token "
+                          f"context ({where}), whatever the GPUs. Fix: lower --isl or --osl so they sum to at most "
+                          f"{context}")
     adapter.check_system(system)
     aic_model, architecture = adapter.model_path_for(spec)
     support_note = adapter.check_support(aic_model, system, architecture)
