@@ -189,6 +189,34 @@ def test_deepseek_v3_on_16_h200_keeps_attention_dp_and_moe_parallelism():
     assert "quantization" not in result.recipe_text  # the checkpoint's own fp8 blocks
 
 
+def test_a_context_batch_of_several_prompts_gets_the_tokens_to_prefill_them_together():
+    """aiconfigurator's (p)bs 4 at ISL 4000 prefills 4 prompts in one step: the context servers' max_num_tokens must
+    hold 16000 tokens (rounded up to tokens_per_block 32), not ISL, or they would prefill one prompt per step."""
+    from toolkit.plan import build_plan
+    from toolkit.recipe.loader import load_recipe_text
+    from toolkit.size.recipe import compare
+
+    def context_batch_4(rows):
+        for r in rows["disagg"]:
+            r["(p)bs"] = 4
+
+    result = size_from(FIXTURES / "aiconfigurator" / "llama-3.3-70b-h100-16.json", edit=context_batch_4)
+    c = result.chosen
+    assert c.ctx.batch == 4 and result.recheck["ok"], result.recheck
+    assert "  max_batch_size: 4\n  max_num_tokens: 16000\n" in result.recipe_text
+    assert result.recheck["deployed"]["context"]["max_num_tokens"] == 16000
+    fewer = result.recipe_text.replace("  max_num_tokens: 16000\n", "")
+    assert "context max_num_tokens: aiconfigurator 16000, the recipe 4000" in \
+        compare(build_plan(load_recipe_text(fewer, "<old>")), c)
+
+
+def test_context_max_num_tokens_is_the_batch_of_whole_prompts_rounded_up_to_blocks():
+    role = RoleShape(workers=2, tp=4, pp=1, dp=1, moe_tp=4, moe_ep=1, batch=3)
+    assert role.recipe_fields(is_moe=False, prefill_isl=1000)["max_num_tokens"] == 3008  # 3000 up to 32s
+    assert "max_num_tokens" not in RoleShape(2, 4, 1, 1, 4, 1, 1).recipe_fields(is_moe=False, prefill_isl=1000)
+    assert "max_num_tokens" not in role.recipe_fields(is_moe=False)  # a generation role
+
+
 def test_a_row_tk_cannot_express_is_marked_and_never_written():
     def attention_tp_and_dp(rows):  # aiconfigurator's best row, but with attention TP2 x DP4 on the decode side
         best = max(rows["disagg"], key=lambda r: r["tokens/s/gpu"])

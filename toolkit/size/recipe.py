@@ -12,6 +12,8 @@ from toolkit.size.aiconfigurator import PINNED
 from toolkit.size.candidates import Candidate
 from toolkit.size.transfer import kv_dtype_of
 
+TOKENS_PER_BLOCK = 32  # kv_transfer.tokens_per_block of every recipe tk size writes
+
 
 def _name(model: str, c: Candidate, system: str) -> str:
     base = re.sub(r"[^A-Za-z0-9._-]+", "-", model.rstrip("/").split("/")[-1]).strip("-._").lower() or "model"
@@ -58,9 +60,9 @@ def write_recipe(result, c: Candidate, *, gpu: str, gpus_per_node: int, name: st
     if quant:
         recipe["quantization"] = quant
     recipe["cluster"] = {"gpus_per_node": gpus_per_node, "gpu": gpu, **({"share_nodes": True} if share else {})}
-    recipe["context"] = c.ctx.recipe_fields(model.is_moe)
+    recipe["context"] = c.ctx.recipe_fields(model.is_moe, prefill_isl=result.isl, tokens_per_block=TOKENS_PER_BLOCK)
     recipe["generation"] = c.gen.recipe_fields(model.is_moe)
-    recipe["kv_transfer"] = {"backend": "NIXL", "transport": result.transport, "tokens_per_block": 32,
+    recipe["kv_transfer"] = {"backend": "NIXL", "transport": result.transport, "tokens_per_block": TOKENS_PER_BLOCK,
                              "dtype": kv_dtype}
     recipe["traffic"] = {"max_input_len": result.isl, "max_output_len": result.osl}
     bw = result.bandwidth
@@ -77,6 +79,9 @@ def write_recipe(result, c: Candidate, *, gpu: str, gpus_per_node: int, name: st
     ]
     if c.ctx.dp > 1 or c.gen.dp > 1:
         head.append("  Attention DP (attention_dp: true): max_batch_size is each rank's batch; tp is the ranks.")
+    if c.ctx.batch > 1:
+        head.append(f"  Context max_num_tokens holds its batch of {c.ctx.batch} whole {result.isl}-token prompts, "
+                    "prefilled together as sized.")
     head += [
         "A prediction, not a measurement: validate the fabric (tk validate cluster) and benchmark before trusting it.",
         "Set model_path (and container_image, partition, account) for your cluster before launching.",
@@ -92,25 +97,29 @@ def deployed(plan) -> dict:
         out[title] = {"instances": len(role.instances), "GPUs per instance": role.gpus_per_instance,
                       "tp": role.tp, "pp": role.pp, "attention_dp": role.attention_dp, "ep": role.ep,
                       "moe_tp": role.moe_tp, "max_batch_size": role.llm_api_options.get("max_batch_size")}
+    out["context"]["max_num_tokens"] = plan.context.llm_api_options.get("max_num_tokens")
     out["GPUs"] = plan.context.gpu_count + plan.generation.gpu_count
     return out
 
 
-def expected(c: Candidate) -> dict:
-    """What the row asks for, in the same terms as ``deployed``."""
+def expected(c: Candidate, isl: int) -> dict:
+    """What the row asks for, in the same terms as ``deployed``; the context servers' max_num_tokens holds their
+    batch of whole ``isl``-token prompts (aiconfigurator's (p)bs prefilled together)."""
     out = {}
     for title, role in (("context", c.ctx), ("generation", c.gen)):
         out[title] = {"instances": role.workers, "GPUs per instance": role.gpus_per_worker,
                       "tp": role.tp * role.dp, "pp": role.pp, "attention_dp": role.dp > 1,
                       "ep": role.moe_ep if c.is_moe else None, "moe_tp": role.moe_tp if c.is_moe else None,
                       "max_batch_size": role.batch}
+    out["context"]["max_num_tokens"] = c.ctx.prefill_tokens(isl, TOKENS_PER_BLOCK)
     out["GPUs"] = c.gpus_used
     return out
 
 
-def compare(plan, c: Candidate) -> list[str]:
-    """Every difference between what ``plan`` deploys and candidate ``c``'s row."""
-    got, want = deployed(plan), expected(c)
+def compare(plan, c: Candidate, isl: int | None = None) -> list[str]:
+    """Every difference between what ``plan`` deploys and candidate ``c``'s row, sized for ``isl`` input tokens
+    (default: the plan's traffic.max_input_len, which tk size writes as the ISL)."""
+    got, want = deployed(plan), expected(c, isl or plan.traffic.max_input_len)
     diffs = []
     for title in ("context", "generation"):
         for key, value in want[title].items():
@@ -138,7 +147,7 @@ def recheck(text: str, c: Candidate, result, output: str | None = None) -> dict:
         out["errors"] = [f"{v.field}: {v.message}" for v in exc.violations]
         return out
     out["warnings"] = list(plan.warnings)
-    out["disagreements"] = compare(plan, c)
+    out["disagreements"] = compare(plan, c, result.isl)
     gpus = plan.node_count * plan.slurm.gpus_per_node
     if gpus > result.gpus:
         out["disagreements"].append(f"tk's plan places the servers on {plan.node_count} node(s) = {gpus} GPUs, "
