@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 RECORDED = sorted((FIXTURES / "aiconfigurator").glob("*.json"))
 LLAMA8 = BUILTIN_MODELS["meta-llama/Llama-3.1-8B-Instruct"]
+needs_aiconfigurator = pytest.mark.skipif(importlib.util.find_spec("aiconfigurator") is None,
+                                          reason="aiconfigurator (the size extra) is not installed")
 
 
 class Replay:
@@ -334,10 +336,6 @@ def test_isl_plus_osl_beyond_the_models_context_is_refused_before_the_search():
                 adapter=Replay(FIXTURES / "aiconfigurator" / "qwen2.5-72b-dir-h100-16.json")).recheck["ok"]
 
 
-AIC_INSTALLED = importlib.util.find_spec("aiconfigurator") is not None
-needs_aiconfigurator = pytest.mark.skipif(not AIC_INSTALLED, reason="aiconfigurator (the size extra) is not installed")
-
-
 @needs_aiconfigurator
 def test_a_config_json_aiconfigurator_cannot_parse_is_a_sizing_error_naming_the_file_and_key(tmp_path, capsys):
     """A Qwen2 config.json without max_position_embeddings: tk reads it, aiconfigurator 0.12.0's
@@ -449,6 +447,39 @@ def test_predict_of_a_dense_recipe_passes_plain_tp():
     [est] = replay.estimates
     assert est["ctx"] == RoleShape(workers=2, tp=4, pp=1, dp=1, moe_tp=4, moe_ep=1, batch=1)  # 8192 // 8192
     assert not est["is_moe"] and est["quantization"] == "fp8"
+
+
+def test_predict_passes_the_kv_dtype_the_plan_resolved_not_aiconfigurators_guess():
+    """kv_transfer.dtype auto: TensorRT-LLM keeps the KV cache in the checkpoint's dtype when it declares no KV
+    quantization (tk's plan counts 2 bytes), so aiconfigurator is told bfloat16 instead of inferring fp8 for
+    DeepSeek's fp8 checkpoints."""
+    from toolkit.api import load_plan
+    from toolkit.size import predict
+
+    replay = Replay(RECORDED[0])
+    p = predict(load_plan("deepseek-r1-gb200", ["kv_transfer.dtype=auto"]), adapter=replay)
+    [est] = replay.estimates
+    assert est["kv_dtype"] == "bfloat16"
+    assert p["kv_cache_dtype"] == {"recipe": "auto", "estimated_as": "bfloat16"}
+
+
+@needs_aiconfigurator
+@pytest.mark.parametrize("kv_dtype,mode", [("bfloat16", "bfloat16"), ("float16", "bfloat16"), ("fp8", "fp8"),
+                                           ("nvfp4", None)])
+def test_the_adapter_always_names_the_kv_cache_mode_it_can(kv_dtype, mode, monkeypatch):
+    from types import SimpleNamespace
+
+    calls = []
+
+    def cli_estimate(*a, **kw):
+        calls.append(kw)
+        return SimpleNamespace(raw={"ttft": 1.0, "tpot": 1.0}, kv_cache_warning=None)
+
+    monkeypatch.setattr(aic, "_import", lambda: SimpleNamespace(cli_estimate=cli_estimate))
+    shape = RoleShape(workers=1, tp=8, pp=1, dp=1, moe_tp=8, moe_ep=1, batch=1)
+    aic.estimate_disagg("deepseek-ai/DeepSeek-V3", "h200_sxm", isl=1000, osl=100, ctx=shape, gen=shape, is_moe=True,
+                        quantization=None, kv_dtype=kv_dtype)
+    assert calls[0].get("kvcache_quant_mode") == mode
 
 
 # --- the transfer term (pure) ----------------------------------------------------------------------------------

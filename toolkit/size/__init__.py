@@ -237,6 +237,17 @@ def _role_shape(role, instances: int, batch: int) -> RoleShape:
                      moe_tp=max(1, role.tp // ep), moe_ep=ep, batch=batch)
 
 
+def kv_cache_dtype(plan) -> str:
+    """The KV cache dtype the plan's servers use: kv_transfer.dtype, with "auto" resolved as TensorRT-LLM does for
+    a checkpoint that declares no KV quantization (the model's dtype, 2 bytes, as tk's plan counts it)."""
+    if plan.kv_transfer.dtype != "auto":
+        return plan.kv_transfer.dtype
+    from toolkit.facts.models import quant_name
+
+    own = quant_name(plan.model.dtype)
+    return own if own in ("bfloat16", "float16") else "bfloat16"
+
+
 def predict(plan, adapter=None) -> dict:
     """aiconfigurator's estimate for an existing plan's exact configuration, plus tk's transfer term.
 
@@ -244,8 +255,8 @@ def predict(plan, adapter=None) -> dict:
     its tp is then 1), MoE TP x EP (TensorRT-LLM's moe_tp = tp // ep); the generation batch is its max_batch_size
     (per attention-DP rank; the estimate assumes every server runs full), the context batch the whole prompts its
     max_num_tokens holds (at most max_batch_size), ISL (traffic.typical_input_len, else max_input_len), OSL
-    (max_output_len), the recipe's quantization (fp8, fp8_block, nvfp4, mxfp4; else the checkpoint's) and KV
-    dtype fp8. Not modelled (listed in ``not_modelled`` when the recipe uses them): MTP speculative decoding
+    (max_output_len), the recipe's quantization (fp8, fp8_block, nvfp4, mxfp4; else the checkpoint's) and the
+    KV cache dtype the plan resolved (kv_cache_dtype: "auto" is the model's dtype, as TensorRT-LLM keeps it). Not modelled (listed in ``not_modelled`` when the recipe uses them): MTP speculative decoding
     (aiconfigurator needs the accepted draft length, which only a run measures), prefix reuse, max_num_tokens
     chunking, and the KV memory fraction."""
     adapter = adapter or aic
@@ -269,10 +280,11 @@ def predict(plan, adapter=None) -> dict:
     from toolkit.facts.models import quant_name
 
     quant = quant_name(quant) or quant
+    kv_dtype = kv_cache_dtype(plan)
     c_shape = _role_shape(ctx, len(ctx.instances), ctx_bs)
     g_shape = _role_shape(gen, len(gen.instances), gen_bs)
     raw = adapter.estimate_disagg(aic_model, system, isl=isl, osl=osl, ctx=c_shape, gen=g_shape,
-                                  is_moe=plan.model.is_moe, quantization=quant, kv_dtype=plan.kv_transfer.dtype)
+                                  is_moe=plan.model.is_moe, quantization=quant, kv_dtype=kv_dtype)
     nbytes = plan.kv.ctx_bytes_per_token_per_rank
     gbps = plan.kv_transfer.transport.nominal_gbps
     xfer = transfer.transfer_ms(nbytes, isl, gbps)
@@ -283,6 +295,8 @@ def predict(plan, adapter=None) -> dict:
         not_modelled.append(f"prefix reuse ({plan.traffic.prefix_len} tokens)")
     if quant and quant not in aic.QUANT_MODES:
         not_modelled.append(f"quantization {quant!r} (estimated as the checkpoint's own)")
+    if kv_dtype not in aic.KV_MODES:
+        not_modelled.append(f"KV cache {kv_dtype} (aiconfigurator {aic.PINNED} has no such KV mode: it picked its own)")
     if raw.get("fmha_fallback"):
         not_modelled.append(raw["fmha_fallback"])
     not_modelled += ["max_num_tokens chunking", "free_gpu_memory_fraction"]
@@ -310,6 +324,7 @@ def predict(plan, adapter=None) -> dict:
         "concurrency": raw.get("concurrency"), "request_latency_ms": raw.get("request_latency"),
         "gpus": raw.get("num_total_gpus"), "gemm": raw.get("(p)gemm"), "moe": raw.get("(p)moe"),
         "kvcache": raw.get("(p)kvcache"),
+        "kv_cache_dtype": {"recipe": plan.kv_transfer.dtype, "estimated_as": kv_dtype},
         "aiconfigurator_memory_gib": {"context": raw.get("(p)memory"), "generation": raw.get("(d)memory")},
         "aiconfigurator_trtllm_version": raw.get("(p)version"), "kv_cache_warning": raw.get("kv_cache_warning"),
         "support_note": support_note,

@@ -82,6 +82,12 @@ QUANT_MODES = {"fp8": ("fp8", "fp8"), "fp8_block": ("fp8_block", "fp8_block"), "
                "mxfp4": (None, "w4a16_mxfp4"), "bfloat16": ("bfloat16", "bfloat16"),
                "float16": ("bfloat16", "bfloat16")}
 
+# tk's KV cache dtypes (the plan's, "auto" resolved) -> aiconfigurator's KV cache quant mode
+# (aiconfigurator_core.sdk.common.KVCacheQuantMode: bfloat16, int8, fp8; float16 has bfloat16's two bytes). Always
+# passed where it exists: left out, aiconfigurator infers one from the checkpoint (fp8 for DeepSeek's fp8 blocks),
+# which TensorRT-LLM does not do.
+KV_MODES = {"bfloat16": "bfloat16", "float16": "bfloat16", "fp8": "fp8"}
+
 
 class SizingError(TkError):
     """Sizing cannot go on: an unsupported model or system, a missing extra, no feasible configuration.
@@ -321,8 +327,8 @@ def estimate_disagg(model_path: str, system: str, *, isl: int, osl: int, ctx: Ro
         kwargs["gemm_quant_mode"] = gemm
     if moe and is_moe:
         kwargs["moe_quant_mode"] = moe
-    if kv_dtype == "fp8":
-        kwargs["kvcache_quant_mode"] = "fp8"
+    if kv_dtype in KV_MODES:
+        kwargs["kvcache_quant_mode"] = KV_MODES[kv_dtype]
     for prefix, role in (("prefill", ctx), ("decode", gen)):
         kwargs.update({f"{prefix}_tp_size": role.tp, f"{prefix}_pp_size": role.pp,
                        f"{prefix}_attention_dp_size": role.dp, f"{prefix}_batch_size": role.batch,
