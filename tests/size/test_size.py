@@ -31,7 +31,7 @@ class Replay:
     """The aiconfigurator adapter's interface (toolkit/size/aiconfigurator.py), answering from a recording."""
 
     PINNED, SYSTEM_TO_GPU, GPU_TO_SYSTEM = aic.PINNED, aic.SYSTEM_TO_GPU, aic.GPU_TO_SYSTEM
-    QUANT_MODES = aic.QUANT_MODES
+    QUANT_MODES, KV_MODES = aic.QUANT_MODES, aic.KV_MODES
 
     def __init__(self, path: Path, edit=None):
         self.doc = json.loads(path.read_text())
@@ -62,6 +62,13 @@ class Replay:
         self.estimates.append(kwargs)
         return {"ttft": 500.0, "tpot": 20.0, "tokens/s/gpu": 100.0, "tokens/s/user": 50.0, "concurrency": 64,
                 "num_total_gpus": 16, "(p)memory": 60.0, "(d)memory": 70.0}
+
+    def estimate_agg(self, model_path, system, **kwargs):
+        self.estimates.append({"agg": True, **kwargs})
+        server = kwargs["server"]
+        return {"ttft": 900.0, "tpot": 25.0, "tokens/s/gpu": 120.0, "tokens/s/user": 40.0,
+                "concurrency": server.batch * server.dp, "num_total_gpus": server.gpus_per_worker, "memory": 65.0,
+                "gemm": "nvfp4", "kvcache": "fp8", "version": "1.3.0rc20"}
 
 
 def model_of(doc: dict) -> str:
@@ -447,6 +454,42 @@ def test_predict_of_a_dense_recipe_passes_plain_tp():
     [est] = replay.estimates
     assert est["ctx"] == RoleShape(workers=2, tp=4, pp=1, dp=1, moe_tp=4, moe_ep=1, batch=1)  # 8192 // 8192
     assert not est["is_moe"] and est["quantization"] == "fp8"
+
+
+def test_predict_of_an_aggregated_plan_estimates_the_aggregated_servers():
+    """`tk plan RECIPE --aggregated --predict`: aiconfigurator's aggregated (in-flight batching) estimate of one
+    server of the aggregated role, times its instances; no context/generation roles and no KV transfer."""
+    from toolkit.api import load_plan
+    from toolkit.size import predict
+
+    replay = Replay(RECORDED[0])
+    plan = load_plan("deepseek-r1-gb200", ["aggregated.tp=8"], aggregated=True)
+    p = predict(plan, adapter=replay)
+    [est] = replay.estimates
+    assert est["agg"] and est["server"] == RoleShape(workers=3, tp=1, pp=1, dp=8, moe_tp=1, moe_ep=8, batch=256)
+    assert est["ctx_tokens"] == plan.aggregated.llm_api_options["max_num_tokens"] == 8192
+    assert est["quantization"] == "nvfp4" and est["kv_dtype"] == "fp8"
+    assert p["mode"] == "aggregated" and "context" not in p and "generation" not in p
+    assert p["aggregated"]["layout"] == "DEP8" and p["aggregated"]["instances"] == 3
+    assert p["transfer_ms"] == 0.0 and p["ttft_total_ms"] == p["ttft_ms"] == 900.0 and p["transfer"] is None
+    assert p["gpus"] == 24 and p["concurrency"] == 3 * 256 * 8
+    assert p["aiconfigurator_memory_gib"] == {"aggregated": 65.0}
+
+
+def test_plan_aggregated_predict_on_the_command_line_says_aggregated_throughout(monkeypatch, capsys):
+    import toolkit.size
+    from toolkit.cli import main
+
+    monkeypatch.setattr(toolkit.size, "aic", Replay(RECORDED[0]))
+    rc = main(["plan", "llama-3.3-70b-h100", "--aggregated", "--predict", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["prediction"]["mode"] == "aggregated"
+    assert doc["prediction"]["aggregated"] == {"instances": 2, "tp": 8, "pp": 1, "batch": 256}
+    assert not {"context", "generation", "context_batch_basis"} & set(doc["prediction"])
+    rc = main(["plan", "llama-3.3-70b-h100", "--aggregated", "--predict"])
+    err = capsys.readouterr().err
+    assert rc == 0 and "2x agg TP8 bs256 at full batch" in err and "no KV transfer (aggregated)" in err
+    assert "ctx" not in err.split("prediction (")[1]
 
 
 def test_predict_passes_the_kv_dtype_the_plan_resolved_not_aiconfigurators_guess():

@@ -317,10 +317,8 @@ def _plain(value):
     return value
 
 
-def estimate_disagg(model_path: str, system: str, *, isl: int, osl: int, ctx: RoleShape, gen: RoleShape,
-                    is_moe: bool, quantization: str | None, kv_dtype: str) -> dict:
-    """aiconfigurator's estimate of one exact disaggregated configuration: its raw disagg columns."""
-    aic_api = _import()
+def _quant_kwargs(is_moe: bool, quantization: str | None, kv_dtype: str) -> dict:
+    """cli_estimate's quant modes for the recipe's quantization and the plan's KV cache dtype."""
     kwargs = {}
     gemm, moe = QUANT_MODES.get(quantization or "", (None, None))
     if gemm:
@@ -329,16 +327,17 @@ def estimate_disagg(model_path: str, system: str, *, isl: int, osl: int, ctx: Ro
         kwargs["moe_quant_mode"] = moe
     if kv_dtype in KV_MODES:
         kwargs["kvcache_quant_mode"] = KV_MODES[kv_dtype]
-    for prefix, role in (("prefill", ctx), ("decode", gen)):
-        kwargs.update({f"{prefix}_tp_size": role.tp, f"{prefix}_pp_size": role.pp,
-                       f"{prefix}_attention_dp_size": role.dp, f"{prefix}_batch_size": role.batch,
-                       f"{prefix}_num_workers": role.workers})
-        if is_moe:
-            kwargs.update({f"{prefix}_moe_tp_size": role.moe_tp, f"{prefix}_moe_ep_size": role.moe_ep})
+    return kwargs
+
+
+def _estimate(model_path: str, system: str, mode: str, kv_dtype: str, **kwargs) -> dict:
+    """One cli_estimate call (mode "agg" or "disagg"): its raw columns, with its KV-cache warning and the FMHA
+    fallback it needed, if any. Whatever it raises is a SizingError."""
+    aic_api = _import()
+
     def run(**more):
         with _quiet():
-            return aic_api.cli_estimate(model_path, system, mode="disagg", backend_name=BACKEND, isl=isl, osl=osl,
-                                        **kwargs, **more)
+            return aic_api.cli_estimate(model_path, system, mode=mode, backend_name=BACKEND, **kwargs, **more)
 
     fallback = None
     try:
@@ -352,13 +351,39 @@ def estimate_disagg(model_path: str, system: str, *, isl: int, osl: int, ctx: Ro
             if "data missing" not in str(exc) or kv_dtype != "fp8":
                 raise
             res = run(fmha_quant_mode="bfloat16")
-            fallback = (f"attention (FMHA) in bfloat16 on both roles: aiconfigurator {PINNED} has no fp8 context "
-                        f"attention data for this model on {system}")
+            fallback = (f"attention (FMHA) in bfloat16{' on both roles' if mode == 'disagg' else ''}: aiconfigurator "
+                        f"{PINNED} has no fp8 context attention data for this model on {system}")
     except KeyError as exc:  # a config.json key it needs (failed_on_model)
         raise failed_on_model(model_path, exc) from None
     except Exception as exc:  # aiconfigurator raises plain ValueError/RuntimeError for what it cannot model
         raise SizingError(f"aiconfigurator {PINNED} cannot estimate this configuration: {exc}") from None
-    raw = dict(res.raw)
+    raw = {k: _plain(v) for k, v in dict(res.raw).items()}
     raw["kv_cache_warning"] = res.kv_cache_warning
     raw["fmha_fallback"] = fallback
     return raw
+
+
+def estimate_disagg(model_path: str, system: str, *, isl: int, osl: int, ctx: RoleShape, gen: RoleShape,
+                    is_moe: bool, quantization: str | None, kv_dtype: str) -> dict:
+    """aiconfigurator's estimate of one exact disaggregated configuration: its raw disagg columns."""
+    kwargs = _quant_kwargs(is_moe, quantization, kv_dtype)
+    for prefix, role in (("prefill", ctx), ("decode", gen)):
+        kwargs.update({f"{prefix}_tp_size": role.tp, f"{prefix}_pp_size": role.pp,
+                       f"{prefix}_attention_dp_size": role.dp, f"{prefix}_batch_size": role.batch,
+                       f"{prefix}_num_workers": role.workers})
+        if is_moe:
+            kwargs.update({f"{prefix}_moe_tp_size": role.moe_tp, f"{prefix}_moe_ep_size": role.moe_ep})
+    return _estimate(model_path, system, "disagg", kv_dtype, isl=isl, osl=osl, **kwargs)
+
+
+def estimate_agg(model_path: str, system: str, *, isl: int, osl: int, server: RoleShape, ctx_tokens: int,
+                 is_moe: bool, quantization: str | None, kv_dtype: str) -> dict:
+    """aiconfigurator's estimate of one aggregated (in-flight batching) server of ``server``'s shape, ``batch``
+    requests per attention-DP rank and ``ctx_tokens`` prompt tokens per step (TensorRT-LLM's max_num_tokens):
+    its raw agg columns (cli_estimate mode "agg", one server; ``server.workers`` is not passed)."""
+    kwargs = _quant_kwargs(is_moe, quantization, kv_dtype)
+    kwargs.update({"tp_size": server.tp, "pp_size": server.pp, "attention_dp_size": server.dp,
+                   "batch_size": server.batch, "ctx_tokens": ctx_tokens})
+    if is_moe:
+        kwargs.update({"moe_tp_size": server.moe_tp, "moe_ep_size": server.moe_ep})
+    return _estimate(model_path, system, "agg", kv_dtype, isl=isl, osl=osl, **kwargs)
