@@ -184,6 +184,25 @@ def test_the_recheck_resolves_relative_paths_against_the_output_files_directory(
     assert not check["ok"] and "does not exist" in check["errors"][0]
 
 
+def test_a_checkpoint_quantization_tk_cannot_read_is_sized_with_a_warning_not_a_crash(tmp_path):
+    """compressed-tensors with config_groups as a list (not the mapping it writes): the quantization is unknown, the
+    re-check's plan warns naming the file and field, and the recipe is still written."""
+    from toolkit.size import size
+
+    cfg = json.loads((FIXTURES / "models" / "qwen2.5-72b" / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "config_groups": [
+        {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float"}}]}
+    (tmp_path / "q72").mkdir()
+    (tmp_path / "q72" / "config.json").write_text(json.dumps(cfg))
+    replay = Replay(FIXTURES / "aiconfigurator" / "qwen2.5-72b-dir-h100-16.json")
+    d = replay.doc
+    result = size(str(tmp_path / "q72"), d["system"], d["gpus"], d["isl"], d["osl"], d["ttft_ms"], d["tpot_ms"],
+                  adapter=replay)
+    assert result.recheck["ok"] and result.recipe_text
+    assert any(w.startswith(f"{tmp_path / 'q72' / 'config.json'}: quantization_config.config_groups is a list")
+               for w in result.recheck["warnings"])
+
+
 def test_deepseek_v3_on_16_h200_keeps_attention_dp_and_moe_parallelism():
     """newcomer B1: the rank-1 row is decode tp1 dp8 moe_tp4 moe_ep2 (8 GPUs); it used to be written as TP1."""
     result = size_from(FIXTURES / "aiconfigurator" / "deepseek-v3-h200-16.json")
