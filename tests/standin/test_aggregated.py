@@ -11,7 +11,7 @@ import requests
 from toolkit.client import complete
 
 OPTIONS = {"max_batch_size": 4, "max_num_tokens": 64, "max_seq_len": 96, "print_iter_log": True,
-           "kv_cache_config": {"tokens_per_block": 32, "dtype": "auto"}}
+           "enable_iter_perf_stats": True, "kv_cache_config": {"tokens_per_block": 32, "dtype": "auto"}}
 
 
 @pytest.fixture(scope="module")
@@ -116,5 +116,7 @@ def test_models_metrics_health(agg):
     post(agg.url, "/v1/completions", {"model": "m", "prompt": "count me", "max_tokens": 2})
     stats = requests.get(agg.url + "/metrics").json()
     assert len(stats) == 1 and stats[0]["inflightBatchingStats"]["numCtxTokens"] == 2
+    assert {"maxNumBlocks", "freeNumBlocks", "usedNumBlocks", "tokensPerBlock", "reusedBlocks", "missedBlocks",
+            "cacheHitRate"} <= set(stats[0]["kvCacheStats"])  # TensorRT-LLM's names
     assert requests.get(agg.url + "/metrics").json() == []  # iterations since the last call
     assert "tk CPU stand-in, not TensorRT-LLM" in agg.log() and "num_ctx_tokens" in agg.log()

@@ -143,11 +143,9 @@ def test_an_answer_that_does_not_retokenize_to_its_ids_is_not_reused(launcher, w
 def test_kv_cache_events_have_tensorrt_llm_shape(workers):
     events = requests.post(workers["ctx_a"].url + "/kv_cache_events", timeout=5).json()
     assert isinstance(events, list)
-    metrics = requests.get(workers["ctx_a"].url + "/metrics", timeout=5).json()
-    if metrics:
-        kv = metrics[-1]["kvCacheStats"]
-        assert {"maxNumBlocks", "freeNumBlocks", "usedNumBlocks", "tokensPerBlock", "reusedBlocks",
-                "missedBlocks", "cacheHitRate"} <= set(kv)
+    # without enable_iter_perf_stats (TensorRT-LLM's default) the executor keeps no iteration stats: /metrics is
+    # empty however many requests ran (the stats' shape: tests/standin/test_aggregated.py)
+    assert requests.get(workers["ctx_a"].url + "/metrics", timeout=5).json() == []
 
 
 def _line_13():

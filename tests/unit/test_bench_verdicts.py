@@ -141,6 +141,16 @@ def test_answers_that_all_differ_are_a_fail():
     assert not v.passed and "0 of 4" in v.summary
 
 
+
+def test_a_reference_that_could_not_answer_is_a_named_skipped_parity_check_not_a_silent_pass():
+    wl = build_workload("fixed", isl=128, osl=16, concurrency=(4,))
+    res = read_export(FIX / "fixed", wl.cells[0].name)
+    v = decide(wl, {wl.cells[0].name: res}, probes.standin_proof(_stats(0), _stats(44)),
+               reference_error="error: ConnectError: connection refused")
+    (parity,) = [c for c in v.checks if c.stage == "parity"]
+    assert parity.skipped and "connection refused" in parity.reason
+    assert v.exit_code == 0 and "answers not compared" in v.summary, v.summary
+
 def test_a_late_near_tie_flip_in_one_answer_is_not_a_fail():
     theirs = list(ANS)
     theirs[1] = "The sea is wide and deep and grey tonight"  # parts after 6 of 9 words

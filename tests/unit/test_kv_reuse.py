@@ -126,6 +126,19 @@ def test_kv_cache_stats_use_tensorrt_llm_names():
     assert s["usedNumBlocks"] + s["freeNumBlocks"] == 100 and 0 < s["cacheHitRate"] <= 1
 
 
+
+def test_released_blocks_that_stay_reusable_count_as_free_as_tensorrt_llm_reports_them():
+    c = BlockCache(4, 10)
+    p = list(range(20))  # 5 blocks
+    lease = c.begin(p)
+    c.store(lease, p)
+    assert c.kv_cache_stats()["freeNumBlocks"] == 5  # held by the running request
+    c.release(lease, p)
+    s = c.kv_cache_stats()
+    assert s["freeNumBlocks"] == 10 and s["usedNumBlocks"] == 0  # in the free queue, still reusable
+    again = c.begin(p + [7])
+    assert again.cached_tokens == 19 and c.kv_cache_stats()["freeNumBlocks"] < 10
+
 # --- routers -----------------------------------------------------------------------------------------------------
 
 def _events_for(prompt, tpb=4):

@@ -206,6 +206,30 @@ def test_refresh_marks_a_ready_run_degraded_when_a_server_stops_answering(plan, 
     assert run.server("gen-0").state == "unhealthy"
 
 
+
+def test_a_long_runs_stable_servers_stay_probed_after_their_start_left_the_events_tail(plan, fake, tmp_path):
+    # weeks of a flapping gen-1: the events' bounded tail no longer holds the others' `started` nor `ready`, but the
+    # job's state files and endpoint still say what it started and that it served
+    import json
+    http = FakeHttp(all_ports(plan))
+    fake(FakeBackend([JobState("RUNNING")], on_submit=lambda run: write_job_files(run, all_names(plan))), http)
+    run = launch(plan, "fake", str(tmp_path / "run"))
+    assert run.state == "ready"
+    states = run.path / "state" / "servers"
+    states.mkdir(parents=True, exist_ok=True)
+    for name in all_names(plan):
+        (states / f"{name}.json").write_text(json.dumps(
+            {"name": name, "role": name.split("-")[0], "state": "healthy", "since": 1.0, "restarts": 0, "failures": 0,
+             "last_exit": None, "pid": None, "step": None, "reason": None, "policy": "restart"}))
+    (run.path / "endpoint").write_text(f"http://127.0.0.1:{plan.proxy.port}\n")
+    flap = json.dumps({"time": 9.0, "event": "restarted", "component": "gen-1", "state": "starting",
+                       "reason": "gen-1 restarted " + "x" * 200, "exit_code": None, "restarts": 1}) + "\n"
+    (run.path / "state" / "events.jsonl").write_text(flap * (2 * (1 << 20) // len(flap)))
+    http.healthy_ports.discard(plan.context.instances[0].port)
+    run = refresh(run)
+    assert run.state == "degraded" and run.server("ctx-0").state == "unhealthy"  # still probed: its failure is seen
+    assert run.server("gen-0").state == "healthy"
+
 @pytest.mark.parametrize("left_at", ["submitted", "pending", "starting"])
 def test_a_run_whose_launcher_was_killed_takes_its_state_from_the_jobs_events(plan, fake, tmp_path, left_at):
     # `kill -9` of tk launch once the job runs; the job goes on and says ready. tk status

@@ -301,11 +301,13 @@ def _multi_turn(workload: Workload, results: dict, plan, proof, reverse, verdict
     verdict as the stage "reuse" (they never change its exit code)."""
     from toolkit.bench import reuse
     out = {}
+    in_run = sum(len(r.records) for r in results.values() if r is not None)
     for cell in workload.cells:
         res = results.get(cell.name)
         if not cell.multi_turn or res is None:
             continue
-        section, checks = reuse.analyse(cell, res, plan=plan, proof=proof, counts=res.servers, bandwidth=reverse)
+        section, checks = reuse.analyse(cell, res, plan=plan, proof=proof, counts=res.servers, bandwidth=reverse,
+                                        requests_in_run=in_run)
         out[cell.name] = section
         verdict.checks.extend(checks)
     bad = [c for c in verdict.checks if c.stage == reuse.STAGE and not c.ok and not c.skipped]
@@ -443,7 +445,8 @@ def _measure_and_publish(target: Target, workload: Workload, *, aiperf: str, tok
             doc["answers"] = {**answers, "against": target.reference}
     # decided once everything is known: answers that differ are a FAIL of the deployment
     final_verdict = decide(workload, results, proof, objectives, gpus=target.gpus, bounds=bounds, answers=answers,
-                           baseline_error=doc.get("baseline_error"), against=against, conditional=conditional)
+                           baseline_error=doc.get("baseline_error"), reference_error=doc.get("reference_error"),
+                           against=against, conditional=conditional)
     reuse_checks = [c for c in verdict.checks if c.stage == "reuse"]  # informational: they change no exit code
     final_verdict.checks += reuse_checks
     bad = [c for c in reuse_checks if not c.ok and not c.skipped]

@@ -121,8 +121,9 @@ def server_counts(before: dict, after: dict) -> ServerCounts:
 
 
 def analyse(cell, res, *, plan=None, proof=None, counts: ServerCounts | None = None,
-            bandwidth: Bandwidth | None = None) -> tuple[dict, list[Check]]:
-    """The multi-turn section of one cell and its reuse findings."""
+            bandwidth: Bandwidth | None = None, requests_in_run: int | None = None) -> tuple[dict, list[Check]]:
+    """The multi-turn section of one cell and its reuse findings. requests_in_run: the requests of every cell the
+    proof's transfer count covers (default: this cell's)."""
     reqs = MT.request_reuse(res.records)
     setting = setting_of(plan)
     reported = any(r.cached_tokens is not None for r in reqs)
@@ -131,7 +132,7 @@ def analyse(cell, res, *, plan=None, proof=None, counts: ServerCounts | None = N
     kv_bpt, kv_src, pre_ms, pre_src = _plan_figures(plan, counts)
     moved_share = None
     if proof is not None and getattr(proof, "available", False) and proof.kind != "aggregated":
-        sent = sum(len(r.records) for r in [res])
+        sent = requests_in_run or len(res.records)  # the proof counts the transfers of the whole run
         moved_share = min(1.0, proof.kv_transfers / sent) if sent else None
     turns = [t.to_dict() for t in MT.turn_table(reqs, cached_trusted=trusted, kv_bytes_per_token=kv_bpt,
                                                 kv_moved_share=moved_share)]
@@ -140,8 +141,9 @@ def analyse(cell, res, *, plan=None, proof=None, counts: ServerCounts | None = N
            "cached_tokens_reported": reported, "cached_tokens_trusted": trusted, "reuse_share": share,
            "setting": setting.to_dict() if setting else None,
            "servers": counts.to_dict() if counts else None,
-           "kv_bytes_moved_note": ("computed: mean prompt tokens x the plan's KV bytes per token x the share of the "
-                                   "cell's requests whose KV moved (the servers' transfer count)")}
+           "kv_bytes_moved_note": ("computed, per context rank: mean prompt tokens x the plan's KV bytes per token on "
+                                   "one context rank x the share of the run's requests whose KV moved (the servers' "
+                                   "transfer count)")}
     if trusted and pre_ms is not None and kv_bpt is not None and bandwidth is not None:
         doc["pullback_projection"] = projection(turns, prefill_ms_per_token=pre_ms, prefill_source=pre_src,
                                                 kv_bytes_per_token=kv_bpt, kv_source=kv_src, bandwidth=bandwidth)

@@ -232,13 +232,17 @@ def _sla(workload: Workload, results: dict[str, CellResult], objectives: tuple[O
     return checks
 
 
-def _parity(answers: dict | None, baseline_error: str | None) -> list[Check]:
+def _parity(answers: dict | None, baseline_error: str | None, reference_error: str | None = None) -> list[Check]:
     """The deployment's greedy answers against a reference's: the aggregated baseline's, or without one a
-    generation server's own whole answers (toolkit.bench.compare.answers_agree)."""
+    generation server's own whole answers (toolkit.bench.compare.answers_agree). A reference that could not answer
+    is a skipped check, named, never a silent absence."""
     if answers is None:
         if baseline_error:
             return [Check("answers_match", "parity", True, f"not compared: the baseline failed "
                           f"({baseline_error[:200]})", skipped=True)]
+        if reference_error:
+            return [Check("answers_match", "parity", True, f"not compared: the generation server answering whole "
+                          f"requests failed ({reference_error[:200]})", skipped=True)]
         return []
     return [Check("answers_match", "parity", bool(answers.get("agree")), str(answers.get("reason", "")),
                   numbers={k: answers.get(k) for k in ("matching", "prompts")})]
@@ -246,7 +250,7 @@ def _parity(answers: dict | None, baseline_error: str | None) -> list[Check]:
 
 def decide(workload: Workload, results: dict[str, CellResult], proof: Proof | None,
            objectives: tuple[Objective, ...] = (), *, gpus: int | None = None, bounds: Bounds = Bounds(),
-           answers: dict | None = None, baseline_error: str | None = None,
+           answers: dict | None = None, baseline_error: str | None = None, reference_error: str | None = None,
            against: str = "the aggregated baseline's", conditional: bool = False) -> Verdict:
     """answers: the greedy answers compared with a reference's (compare.answers_agree; `against` names it); answers
     that do not agree are a FAIL (exit 2): the deployment computes something else than the model does.
@@ -254,7 +258,7 @@ def decide(workload: Workload, results: dict[str, CellResult], proof: Proof | No
     server (no context leg, no KV moved) are by design, not a deployment that only looks disaggregated."""
     checks = _validity(workload, results, bounds)
     checks += _disaggregation(results, proof, conditional)
-    checks += _parity(answers, baseline_error)
+    checks += _parity(answers, baseline_error, reference_error)
     checks += _sla(workload, results, objectives, gpus)
     failed = [c for c in checks if not c.ok and not c.skipped]
     # A restart during the run is named in every verdict: the numbers include its outage.
@@ -280,5 +284,6 @@ def decide(workload: Workload, results: dict[str, CellResult], proof: Proof | No
                 ", no SLA declared" if not objectives else ", no SLA objective could be judged")
     if unjudged:
         sla_text += f" ({', '.join(unjudged)} not judged: the streams arrived in one chunk)"
+    sla_text += "".join(f"; answers {c.reason}" for c in checks if c.stage == "parity" and c.skipped)
     return Verdict(PASS, "PASS: valid" + (", disaggregated" if proof and proof.kind != "aggregated" else "")
                    + sla_text + during, checks)

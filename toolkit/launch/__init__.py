@@ -247,7 +247,9 @@ def _serving(run: RunRecord) -> bool:
 
 
 def _job_said_ready(run: RunRecord) -> bool:
-    return any(e["event"] == EventKind.READY for e in read_events(run))
+    """The job said `ready` (an event in the events' tail), or wrote the endpoint it writes just before saying so
+    (a long run's early `ready` may have left the bounded tail tk reads)."""
+    return any(e["event"] == EventKind.READY for e in read_events(run)) or (run.path / "endpoint").is_file()
 
 
 def _healthy_counts(run: RunRecord) -> dict:
@@ -271,8 +273,10 @@ def _probe(run: RunRecord) -> None:
     step); update the record. Before a server is started, whatever answers on its host and port is not this
     run's server."""
     nodes = read_nodes(run)
-    started = {e["component"] for e in read_events(run) if e["event"] == EventKind.STARTED}
     supervision = read_supervision(run)
+    # started: a `started` event in the events' tail, or a state file (the job writes one when it starts a server,
+    # so a long run's stable servers stay probed after their `started` event left the bounded tail)
+    started = {e["component"] for e in read_events(run) if e["event"] == EventKind.STARTED} | set(supervision)
     targets = [s for s in run.servers if s.node in nodes and s.name in started]
     for s in targets:
         s.host = nodes[s.node]

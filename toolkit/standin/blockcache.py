@@ -105,6 +105,7 @@ class BlockCache:
         self._ids = count(1)
         self._clock = count(1)
         self.tree_blocks = 0
+        self.pinned_tree_blocks = 0  # tree blocks some running request holds
         self.private_blocks = 0
         self.evictable: OrderedDict[int, _Block] = OrderedDict()  # unpinned leaves, least recently used first
         self.stats = CacheStats()
@@ -124,11 +125,19 @@ class BlockCache:
     def free_blocks(self) -> int:
         return max(0, self.capacity - self.used_blocks)
 
+    @property
+    def reported_free_blocks(self) -> int:
+        """Free as TensorRT-LLM counts it: a released block that is still reusable sits in the free queue and counts
+        as free (``LRUEvictionPolicy::releaseBlock`` adds it to the free queue; kvCacheManager.cpp), so only the
+        blocks running requests hold are used."""
+        return max(0, self.capacity - self.pinned_tree_blocks - self.private_blocks)
+
     def kv_cache_stats(self) -> dict:
         """The ``kvCacheStats`` of an iteration-stats entry (TensorRT-LLM's field names)."""
         s = self.stats
         total = s.reused_blocks + s.missed_blocks
-        return {"maxNumBlocks": self.capacity, "freeNumBlocks": self.free_blocks, "usedNumBlocks": self.used_blocks,
+        free = self.reported_free_blocks
+        return {"maxNumBlocks": self.capacity, "freeNumBlocks": free, "usedNumBlocks": self.capacity - free,
                 "tokensPerBlock": self.tpb, "allocTotalBlocks": total, "allocNewBlocks": s.missed_blocks,
                 "reusedBlocks": s.reused_blocks, "missedBlocks": s.missed_blocks,
                 "cacheHitRate": (s.reused_blocks / total) if total else 0.0}
@@ -223,6 +232,7 @@ class BlockCache:
         for b in lease.pinned.values():
             b.pins -= 1
             b.lru = now
+            self.pinned_tree_blocks -= b.pins == 0
             if b.pins == 0 and not b.children:
                 self.evictable[b.id] = b
                 self.evictable.move_to_end(b.id)
@@ -258,6 +268,7 @@ class BlockCache:
         return matched, path, False
 
     def _pin(self, b: _Block, now: int) -> None:
+        self.pinned_tree_blocks += b.pins == 0
         b.pins += 1
         b.lru = now
         self.evictable.pop(b.id, None)

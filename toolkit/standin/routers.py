@@ -11,7 +11,11 @@ Read in NVIDIA/TensorRT-LLM commit 00895e31dc5f9865c6bdfd2dd0508a9d6d964e9d (fac
   tokens_per_block); a server's match is ``tokens_per_block`` for every leading hash in its block table. The block
   table is filled **only** from the server's ``/kv_cache_events`` (``stored`` adds, ``removed`` drops), polled
   inside ``finish_request`` of a request routed to it; with ``track_routed_blocks`` (1.3; earlier
-  ``backfill_block_hashes_on_finish``) a finished request's own hashes are added too. A worker that emits no
+  ``backfill_block_hashes_on_finish``) a finished request's own hashes are added too: opt-in, default off, as at
+  00895e31 (``backfill_block_hashes_on_finish: bool = False``); later main (3e53e4ad) renamed it
+  ``track_routed_blocks`` and turned it on by default (which release carries that is unverified; tk's plan turns
+  the servers' KV-cache events on wherever a kv_cache_aware router reads them, so its table does not depend on
+  it: toolkit/plan/options.py). A worker that emits no
   events (``event_buffer_max_size: 0``) leaves every match at 0: the router routes by load alone, silently
   (TensorRT-LLM #14882; the stand-in counts it as ``matches_all_zero`` in ``/standin/stats``).
 - ``conversation`` (1.3, PR #12526): a request with a conversation id goes to the server its conversation went to
@@ -238,8 +242,10 @@ class KvCacheAwareRouter(Router):
                 chunks, size = [], 0
                 async for chunk in resp.content.iter_chunked(1 << 16):
                     size += len(chunk)
-                    if size > MAX_EVENTS_BYTES:
-                        raise RuntimeError(f"more than {MAX_EVENTS_BYTES} bytes of events")
+                    if size > MAX_EVENTS_BYTES:  # the stand-in's own bound; the worker has drained them already,
+                        self.tables[server].clear()  # so the removals among them are lost: start the table again
+                        raise RuntimeError(f"more than {MAX_EVENTS_BYTES} bytes of events: the block table of "
+                                           f"{server} was cleared")
                     chunks.append(chunk)
             import json
             self.update_with_events(server, json.loads(b"".join(chunks) or b"[]"))

@@ -2,8 +2,10 @@
 
 Routes: ``GET /health``, ``/health_generate`` (one minimal chat completion through the engine, one token, as
 trtllm-serve does: 200 only once it comes back), ``/version``, ``/v1/models``, ``/metrics`` (the iteration stats
-since the last call, a JSON list, like trtllm-serve), ``/server_info``, ``GET|POST /steady_clock_offset``,
-``POST /kv_cache_events`` (always an empty list), ``POST /v1/completions``, ``POST /v1/chat/completions``
+since the last call, a JSON list, like trtllm-serve; empty unless ``enable_iter_perf_stats`` is set, as the PyTorch
+executor's ``get_latest_iteration_stats`` returns ``[]`` without it), ``/server_info``, ``GET|POST /steady_clock_offset``,
+``POST /kv_cache_events`` (the KV-cache events since the last call, drained; none unless
+``kv_cache_config.event_buffer_max_size`` > 0), ``POST /v1/completions``, ``POST /v1/chat/completions``
 (``stream: true`` gives server-sent events ending ``data: [DONE]``), and ``GET /standin/stats`` (cumulative
 counters, a stand-in addition).
 
@@ -63,6 +65,8 @@ class Worker:
         self.iter_no = itertools.count(0)
         maxlen = int(settings.options.get("iter_stats_max_iterations") or 1000)
         self.iter_stats: deque = deque(maxlen=maxlen)
+        # TensorRT-LLM keeps iteration stats only with enable_iter_perf_stats (default false): /metrics is [] without
+        self.iter_perf_stats = settings.options.get("enable_iter_perf_stats") is True
         self.counters = {"requests": {t: 0 for t in P.REQUEST_TYPES}, "errors": 0, "prompt_tokens": 0,
                          "completion_tokens": 0}
         # which process these counters belong to: a restarted server counts from 0 again (tk bench counts per lifetime)
@@ -172,7 +176,7 @@ class Worker:
             {"id": self.s.model_arg, "object": "model", "created": int(time.time()), "owned_by": P.OWNED_BY}]})
 
     async def metrics(self, request):
-        stats = list(self.iter_stats)
+        stats = list(self.iter_stats) if self.iter_perf_stats else []
         self.iter_stats.clear()  # trtllm-serve returns the iterations since the last call
         return web.json_response(stats)
 
