@@ -347,17 +347,18 @@ def size_multi_turn(result, turns: int, answer_len: int | None = None) -> dict[s
 
 def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float, tpot_ms: float, *,
          transport: str | None = None, measured: str | os.PathLike | None = None, measured_pick: str = "slowest",
-         gpus_per_node: int | None = None, name: str | None = None):
+         gpus_per_node: int | None = None, name: str | None = None, output: str | os.PathLike | None = None):
     """Rank aggregated and disaggregated configurations of `model` on `gpus` x `system` for ISL/OSL under the
     TTFT/TPOT limits (aiconfigurator), add the KV transfer to each disaggregated TTFT (the transport's nominal
     GB/s, or a `tk validate cluster` run's measured pairs), and write the best SLA-meeting disaggregated one as
-    a recipe re-checked by tk's plan -> toolkit.size.SizeResult. Raises TkError (exit 2) for an unsupported
+    a recipe re-checked by tk's plan (reading its relative paths from ``output``'s directory, where it will be
+    written) -> toolkit.size.SizeResult. Raises TkError (exit 2) for an unsupported
     model or system, or an SLA nothing meets (the message has the closest candidate's numbers)."""
     from toolkit.size import size as run_size
 
     return run_size(model, system, gpus, isl, osl, ttft_ms, tpot_ms, transport=transport,
                     measured=os.fspath(measured) if measured else None, measured_pick=measured_pick,
-                    gpus_per_node=gpus_per_node, name=name)
+                    gpus_per_node=gpus_per_node, name=name, output=os.fspath(output) if output else None)
 
 
 def multi_turn_share(plan: Plan, turns: int, answer_len: int | None = None, message_len: int | None = None,

@@ -206,16 +206,16 @@ def size(model, system, gpus, isl, osl, ttft, tpot, transport, measured, measure
     candidate meets (with the closest candidate's numbers)."""
     if transport and measured:
         raise click.UsageError("--transport and --measured exclude each other")
+    if answer_len and not turns:  # before the search, so nothing is written
+        raise click.UsageError("--answer-len describes a multi-turn shape: add --turns N")
     result = api.size(model, system, gpus, isl, osl, ttft, tpot, transport=transport, measured=measured,
-                      measured_pick=measured_pick, gpus_per_node=gpus_per_node, name=name)
+                      measured_pick=measured_pick, gpus_per_node=gpus_per_node, name=name, output=output)
     from toolkit.size.report import print_size
 
     if output and result.recheck.get("ok"):
         from toolkit.size.recipe import write_file
 
         write_file(output, result.recipe_text)
-    if answer_len and not turns:
-        raise click.UsageError("--answer-len describes a multi-turn shape: add --turns N")
     doc = {**result.to_dict(), "output": output}
     multi = api.size_multi_turn(result, turns, answer_len) if turns else None
     if multi:

@@ -70,6 +70,16 @@ def test_plan_predict_answers_for_the_shipped_deepseek_r1_recipe(capsys):
     assert p["gemm"] == "nvfp4" and p["ttft_ms"] > 0 and p["tokens_s_gpu"] > 0
 
 
+def test_plan_aggregated_predict_is_aiconfigurators_aggregated_estimate(capsys):
+    rc, stdout, err = _run(["plan", "deepseek-r1-gb200", "--set", "aggregated.tp=8", "--aggregated", "--predict",
+                            "--json"], capsys)
+    assert rc == 0, err
+    p = json.loads(stdout)["prediction"]
+    assert p["mode"] == "aggregated" and "context" not in p and p["transfer"] is None
+    assert p["aggregated"]["layout"] == "DEP8" and p["aggregated"]["instances"] == 3 and p["gpus"] == 24
+    assert p["ttft_ms"] > 0 and p["tpot_ms"] > 0 and p["tokens_s_gpu"] > 0 and p["gemm"] == "nvfp4"
+
+
 @pytest.mark.parametrize("case", ["kimi-k2-gb200-16", "gpt-oss-120b-h200-8", "qwen3-235b-h100-16",
                                   "deepseek-r1-h100-32", "qwen2.5-72b-dir-h100-16"])
 def test_plan_predict_answers_for_what_tk_size_writes(case, tmp_path):

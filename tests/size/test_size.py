@@ -6,7 +6,9 @@ record.py; tests/integration/test_size_aiconfigurator.py re-runs the searches, s
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 from dataclasses import replace
 from pathlib import Path
 
@@ -21,13 +23,15 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
 RECORDED = sorted((FIXTURES / "aiconfigurator").glob("*.json"))
 LLAMA8 = BUILTIN_MODELS["meta-llama/Llama-3.1-8B-Instruct"]
+needs_aiconfigurator = pytest.mark.skipif(importlib.util.find_spec("aiconfigurator") is None,
+                                          reason="aiconfigurator (the size extra) is not installed")
 
 
 class Replay:
     """The aiconfigurator adapter's interface (toolkit/size/aiconfigurator.py), answering from a recording."""
 
     PINNED, SYSTEM_TO_GPU, GPU_TO_SYSTEM = aic.PINNED, aic.SYSTEM_TO_GPU, aic.GPU_TO_SYSTEM
-    QUANT_MODES = aic.QUANT_MODES
+    QUANT_MODES, KV_MODES = aic.QUANT_MODES, aic.KV_MODES
 
     def __init__(self, path: Path, edit=None):
         self.doc = json.loads(path.read_text())
@@ -58,6 +62,13 @@ class Replay:
         self.estimates.append(kwargs)
         return {"ttft": 500.0, "tpot": 20.0, "tokens/s/gpu": 100.0, "tokens/s/user": 50.0, "concurrency": 64,
                 "num_total_gpus": 16, "(p)memory": 60.0, "(d)memory": 70.0}
+
+    def estimate_agg(self, model_path, system, **kwargs):
+        self.estimates.append({"agg": True, **kwargs})
+        server = kwargs["server"]
+        return {"ttft": 900.0, "tpot": 25.0, "tokens/s/gpu": 120.0, "tokens/s/user": 40.0,
+                "concurrency": server.batch * server.dp, "num_total_gpus": server.gpus_per_worker, "memory": 65.0,
+                "gemm": "nvfp4", "kvcache": "fp8", "version": "1.3.0rc20"}
 
 
 def model_of(doc: dict) -> str:
@@ -133,6 +144,65 @@ def test_a_model_directory_sizes_as_its_built_in_twin(case, directory, monkeypat
         assert ours[role]["weights_gib"] == pytest.approx(theirs[role]["weights_gib"], rel=0.02)
 
 
+def test_a_relative_model_directory_is_written_so_the_recipe_deploys_from_its_own_directory(tmp_path, monkeypatch,
+                                                                                            capsys):
+    """`tk size --model ./q72 -o other/dir/q.yaml`: a recipe resolves a relative model against its own directory,
+    so tk writes the absolute directory, and the re-check reads the text as the written file will be read."""
+    import shutil
+
+    import toolkit.size
+    from toolkit.api import load_plan
+    from toolkit.cli import main
+
+    shutil.copytree(FIXTURES / "models" / "qwen2.5-72b", tmp_path / "q72")
+    (tmp_path / "other" / "dir").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(toolkit.size, "aic", Replay(FIXTURES / "aiconfigurator" / "qwen2.5-72b-dir-h100-16.json"))
+    d = json.loads((FIXTURES / "aiconfigurator" / "qwen2.5-72b-dir-h100-16.json").read_text())
+    rc = main(["size", "--model", "./q72", "--system", d["system"], "--gpus", str(d["gpus"]), "--isl", str(d["isl"]),
+               "--osl", str(d["osl"]), "--ttft", str(d["ttft_ms"]), "--tpot", str(d["tpot_ms"]),
+               "-o", "other/dir/q.yaml"])
+    assert rc == 0, capsys.readouterr().err
+    written = (tmp_path / "other" / "dir" / "q.yaml").read_text()
+    assert f"model: {tmp_path / 'q72'}\n" in written
+    monkeypatch.chdir(tmp_path / "other")  # from anywhere: the recipe names the same directory
+    plan = load_plan(str(tmp_path / "other" / "dir" / "q.yaml"))
+    assert plan.model.source == str(tmp_path / "q72" / "config.json")
+
+
+def test_the_recheck_resolves_relative_paths_against_the_output_files_directory(tmp_path):
+    """What the re-check says deploys is what the written file deploys: a relative model in the text is read
+    from the output's directory (where it is missing here), not from the working directory."""
+    from toolkit.size.recipe import recheck
+
+    result = size_from(FIXTURES / "aiconfigurator" / "qwen2.5-72b-dir-h100-16.json")
+    relative = os.path.relpath(FIXTURES / "models" / "qwen2.5-72b")
+    text = result.recipe_text.replace(f"model: {FIXTURES / 'models' / 'qwen2.5-72b'}", f"model: {relative}")
+    assert recheck(text, result.chosen, result)["ok"]  # read from the working directory, as "<tk size>"
+    (tmp_path / "sub").mkdir()
+    check = recheck(text, result.chosen, result, output=str(tmp_path / "sub" / "q.yaml"))
+    assert not check["ok"] and "does not exist" in check["errors"][0]
+
+
+def test_a_checkpoint_quantization_tk_cannot_read_is_sized_with_a_warning_not_a_crash(tmp_path):
+    """compressed-tensors with config_groups as a list (not the mapping it writes): the quantization is unknown, the
+    re-check's plan warns naming the file and field, and the recipe is still written."""
+    from toolkit.size import size
+
+    cfg = json.loads((FIXTURES / "models" / "qwen2.5-72b" / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "config_groups": [
+        {"targets": ["Linear"], "weights": {"num_bits": 8, "type": "float"}}]}
+    (tmp_path / "q72").mkdir()
+    (tmp_path / "q72" / "config.json").write_text(json.dumps(cfg))
+    replay = Replay(FIXTURES / "aiconfigurator" / "qwen2.5-72b-dir-h100-16.json")
+    d = replay.doc
+    result = size(str(tmp_path / "q72"), d["system"], d["gpus"], d["isl"], d["osl"], d["ttft_ms"], d["tpot_ms"],
+                  adapter=replay)
+    assert result.recheck["ok"] and result.recipe_text
+    assert any(w.startswith(f"{tmp_path / 'q72' / 'config.json'}: quantization_config.config_groups is a list")
+               for w in result.recheck["warnings"])
+
+
 def test_deepseek_v3_on_16_h200_keeps_attention_dp_and_moe_parallelism():
     """newcomer B1: the rank-1 row is decode tp1 dp8 moe_tp4 moe_ep2 (8 GPUs); it used to be written as TP1."""
     result = size_from(FIXTURES / "aiconfigurator" / "deepseek-v3-h200-16.json")
@@ -145,6 +215,34 @@ def test_deepseek_v3_on_16_h200_keeps_attention_dp_and_moe_parallelism():
     assert result.recheck["deployed"]["GPUs"] == 16
     assert c.shape() == "1x ctx TEP8 bs1 + 1x gen ADP8 EP2 ETP4 bs16/rank"
     assert "quantization" not in result.recipe_text  # the checkpoint's own fp8 blocks
+
+
+def test_a_context_batch_of_several_prompts_gets_the_tokens_to_prefill_them_together():
+    """aiconfigurator's (p)bs 4 at ISL 4000 prefills 4 prompts in one step: the context servers' max_num_tokens must
+    hold 16000 tokens (rounded up to tokens_per_block 32), not ISL, or they would prefill one prompt per step."""
+    from toolkit.plan import build_plan
+    from toolkit.recipe.loader import load_recipe_text
+    from toolkit.size.recipe import compare
+
+    def context_batch_4(rows):
+        for r in rows["disagg"]:
+            r["(p)bs"] = 4
+
+    result = size_from(FIXTURES / "aiconfigurator" / "llama-3.3-70b-h100-16.json", edit=context_batch_4)
+    c = result.chosen
+    assert c.ctx.batch == 4 and result.recheck["ok"], result.recheck
+    assert "  max_batch_size: 4\n  max_num_tokens: 16000\n" in result.recipe_text
+    assert result.recheck["deployed"]["context"]["max_num_tokens"] == 16000
+    fewer = result.recipe_text.replace("  max_num_tokens: 16000\n", "")
+    assert "context max_num_tokens: aiconfigurator 16000, the recipe 4000" in \
+        compare(build_plan(load_recipe_text(fewer, "<old>")), c)
+
+
+def test_context_max_num_tokens_is_the_batch_of_whole_prompts_rounded_up_to_blocks():
+    role = RoleShape(workers=2, tp=4, pp=1, dp=1, moe_tp=4, moe_ep=1, batch=3)
+    assert role.recipe_fields(is_moe=False, prefill_isl=1000)["max_num_tokens"] == 3008  # 3000 up to 32s
+    assert "max_num_tokens" not in RoleShape(2, 4, 1, 1, 4, 1, 1).recipe_fields(is_moe=False, prefill_isl=1000)
+    assert "max_num_tokens" not in role.recipe_fields(is_moe=False)  # a generation role
 
 
 def test_a_row_tk_cannot_express_is_marked_and_never_written():
@@ -232,6 +330,76 @@ def test_the_command_writes_the_recipe_and_its_json(tmp_path, monkeypatch, capsy
     assert all("rejected" in c and "shape" in c for c in doc["candidates"])
 
 
+def test_answer_len_without_turns_is_refused_before_the_search_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    import toolkit.size
+    from toolkit.cli import main
+
+    replay = Replay(FIXTURES / "aiconfigurator" / "gpt-oss-120b-h200-8.json")
+    searched = []
+    monkeypatch.setattr(replay, "search", lambda *a, **kw: searched.append(a) or replay.rows)
+    monkeypatch.setattr(toolkit.size, "aic", replay)
+    out = tmp_path / "r.yaml"
+    rc = main(["size", "--model", "openai/gpt-oss-120b", "--system", "h200_sxm", "--gpus", "8", "--isl", "4000",
+               "--osl", "1000", "--ttft", "1000", "--tpot", "20", "-o", str(out), "--answer-len", "200"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "--answer-len describes a multi-turn shape: add --turns N" in err
+    assert not out.exists() and searched == []
+
+
+def test_isl_plus_osl_beyond_the_models_context_is_refused_before_the_search():
+    """Qwen2.5-72B's config.json says max_position_embeddings 32768: 30000 + 4000 tokens never fit, whatever the GPUs."""
+    from toolkit.size import SizingError, size
+
+    replay = Replay(FIXTURES / "aiconfigurator" / "qwen2.5-72b-dir-h100-16.json")
+    searched = []
+    replay.search = lambda *a, **kw: searched.append(a) or replay.rows
+    with pytest.raises(SizingError) as caught:
+        size(str(FIXTURES / "models" / "qwen2.5-72b"), "h100_sxm", 16, 30000, 4000, 5000, 50, adapter=replay)
+    message = str(caught.value)
+    assert "--isl 30000 + --osl 4000 = 34000 tokens" in message and "32768-token context" in message
+    assert "max_position_embeddings" in message and "more GPUs" not in message and searched == []
+    assert size(str(FIXTURES / "models" / "qwen2.5-72b"), "h100_sxm", 16, 4000, 500, 2000, 50,
+                adapter=Replay(FIXTURES / "aiconfigurator" / "qwen2.5-72b-dir-h100-16.json")).recheck["ok"]
+
+
+@needs_aiconfigurator
+def test_a_config_json_aiconfigurator_cannot_parse_is_a_sizing_error_naming_the_file_and_key(tmp_path, capsys):
+    """A Qwen2 config.json without max_position_embeddings: tk reads it, aiconfigurator 0.12.0's
+    _parse_hf_config_json raises KeyError on it (about two seconds: it fails before searching)."""
+    from toolkit.cli import main
+
+    cfg = json.loads((FIXTURES / "models" / "qwen2.5-72b" / "config.json").read_text())
+    del cfg["max_position_embeddings"]
+    (tmp_path / "q72").mkdir()
+    (tmp_path / "q72" / "config.json").write_text(json.dumps(cfg))
+    out = tmp_path / "r.yaml"
+    rc = main(["size", "--model", str(tmp_path / "q72"), "--system", "h100_sxm", "--gpus", "16", "--isl", "4000",
+               "--osl", "500", "--ttft", "2000", "--tpot", "50", "-o", str(out)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and not out.exists()
+    assert f"{tmp_path / 'q72' / 'config.json'}: aiconfigurator 0.12.0 needs 'max_position_embeddings'" in err
+    assert "Fix: add max_position_embeddings" in err
+
+
+@needs_aiconfigurator
+@pytest.mark.parametrize("raised", [RuntimeError("perf database error: gemm data missing"), IndexError("list index"),
+                                    ValueError("bad head_dim")])
+def test_whatever_aiconfigurator_raises_in_its_search_is_a_sizing_error(raised, tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from toolkit.size import SizingError
+
+    def cli_default(**kw):
+        raise raised
+
+    monkeypatch.setattr(aic, "_import", lambda: SimpleNamespace(cli_default=cli_default))
+    with pytest.raises(SizingError, match=f"{tmp_path}/config.json: aiconfigurator 0.12.0 failed on it: "
+                                          f"{type(raised).__name__}: "):
+        aic.search(str(tmp_path), "h100_sxm", 16, 4000, 500, 2000.0, 50.0)
+    with pytest.raises(SizingError, match="aiconfigurator 0.12.0 failed on its config of Qwen/Qwen3-32B: "):
+        aic.search("Qwen/Qwen3-32B", "h100_sxm", 16, 4000, 500, 2000.0, 50.0)
+
+
 # --- rows -> candidates ----------------------------------------------------------------------------------------
 
 def test_rows_are_read_per_role_with_attention_dp_and_moe_sizes():
@@ -305,6 +473,75 @@ def test_predict_of_a_dense_recipe_passes_plain_tp():
     [est] = replay.estimates
     assert est["ctx"] == RoleShape(workers=2, tp=4, pp=1, dp=1, moe_tp=4, moe_ep=1, batch=1)  # 8192 // 8192
     assert not est["is_moe"] and est["quantization"] == "fp8"
+
+
+def test_predict_of_an_aggregated_plan_estimates_the_aggregated_servers():
+    """`tk plan RECIPE --aggregated --predict`: aiconfigurator's aggregated (in-flight batching) estimate of one
+    server of the aggregated role, times its instances; no context/generation roles and no KV transfer."""
+    from toolkit.api import load_plan
+    from toolkit.size import predict
+
+    replay = Replay(RECORDED[0])
+    plan = load_plan("deepseek-r1-gb200", ["aggregated.tp=8"], aggregated=True)
+    p = predict(plan, adapter=replay)
+    [est] = replay.estimates
+    assert est["agg"] and est["server"] == RoleShape(workers=3, tp=1, pp=1, dp=8, moe_tp=1, moe_ep=8, batch=256)
+    assert est["ctx_tokens"] == plan.aggregated.llm_api_options["max_num_tokens"] == 8192
+    assert est["quantization"] == "nvfp4" and est["kv_dtype"] == "fp8"
+    assert p["mode"] == "aggregated" and "context" not in p and "generation" not in p
+    assert p["aggregated"]["layout"] == "DEP8" and p["aggregated"]["instances"] == 3
+    assert p["transfer_ms"] == 0.0 and p["ttft_total_ms"] == p["ttft_ms"] == 900.0 and p["transfer"] is None
+    assert p["gpus"] == 24 and p["concurrency"] == 3 * 256 * 8
+    assert p["aiconfigurator_memory_gib"] == {"aggregated": 65.0}
+
+
+def test_plan_aggregated_predict_on_the_command_line_says_aggregated_throughout(monkeypatch, capsys):
+    import toolkit.size
+    from toolkit.cli import main
+
+    monkeypatch.setattr(toolkit.size, "aic", Replay(RECORDED[0]))
+    rc = main(["plan", "llama-3.3-70b-h100", "--aggregated", "--predict", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert rc == 0 and doc["prediction"]["mode"] == "aggregated"
+    assert doc["prediction"]["aggregated"] == {"instances": 2, "tp": 8, "pp": 1, "batch": 256}
+    assert not {"context", "generation", "context_batch_basis"} & set(doc["prediction"])
+    rc = main(["plan", "llama-3.3-70b-h100", "--aggregated", "--predict"])
+    err = capsys.readouterr().err
+    assert rc == 0 and "2x agg TP8 bs256 at full batch" in err and "no KV transfer (aggregated)" in err
+    assert "ctx" not in err.split("prediction (")[1]
+
+
+def test_predict_passes_the_kv_dtype_the_plan_resolved_not_aiconfigurators_guess():
+    """kv_transfer.dtype auto: TensorRT-LLM keeps the KV cache in the checkpoint's dtype when it declares no KV
+    quantization (tk's plan counts 2 bytes), so aiconfigurator is told bfloat16 instead of inferring fp8 for
+    DeepSeek's fp8 checkpoints."""
+    from toolkit.api import load_plan
+    from toolkit.size import predict
+
+    replay = Replay(RECORDED[0])
+    p = predict(load_plan("deepseek-r1-gb200", ["kv_transfer.dtype=auto"]), adapter=replay)
+    [est] = replay.estimates
+    assert est["kv_dtype"] == "bfloat16"
+    assert p["kv_cache_dtype"] == {"recipe": "auto", "estimated_as": "bfloat16"}
+
+
+@needs_aiconfigurator
+@pytest.mark.parametrize("kv_dtype,mode", [("bfloat16", "bfloat16"), ("float16", "bfloat16"), ("fp8", "fp8"),
+                                           ("nvfp4", None)])
+def test_the_adapter_always_names_the_kv_cache_mode_it_can(kv_dtype, mode, monkeypatch):
+    from types import SimpleNamespace
+
+    calls = []
+
+    def cli_estimate(*a, **kw):
+        calls.append(kw)
+        return SimpleNamespace(raw={"ttft": 1.0, "tpot": 1.0}, kv_cache_warning=None)
+
+    monkeypatch.setattr(aic, "_import", lambda: SimpleNamespace(cli_estimate=cli_estimate))
+    shape = RoleShape(workers=1, tp=8, pp=1, dp=1, moe_tp=8, moe_ep=1, batch=1)
+    aic.estimate_disagg("deepseek-ai/DeepSeek-V3", "h200_sxm", isl=1000, osl=100, ctx=shape, gen=shape, is_moe=True,
+                        quantization=None, kv_dtype=kv_dtype)
+    assert calls[0].get("kvcache_quant_mode") == mode
 
 
 # --- the transfer term (pure) ----------------------------------------------------------------------------------

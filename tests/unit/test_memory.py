@@ -151,6 +151,31 @@ def test_the_checkpoint_quantization_is_read_from_the_directory(tmp_path, cfg, f
     assert m.quantization == expected
 
 
+@pytest.mark.parametrize("qc,field", [
+    ({"quant_method": "compressed-tensors", "format": "nvfp4-pack-quantized",
+      "config_groups": [{"targets": ["Linear"], "weights": {"num_bits": 4, "type": "float", "group_size": 16}}]},
+     "quantization_config.config_groups is a list"),
+    ({"quant_method": "compressed-tensors", "config_groups": "W4A16"}, "quantization_config.config_groups is a str"),
+    ({"quant_method": "compressed-tensors", "config_groups": {"g": {"weights": {"num_bits": [4], "type": "float"}}}},
+     "quantization_config.config_groups: no group"),
+    ({"quant_method": "hqq"}, "quantization_config.quant_method 'hqq'"),
+    ({"quant_method": "modelopt", "quant_algo": "W2A2"}, "quantization_config.quant_algo 'W2A2' (modelopt)"),
+    (["fp8"], "quantization_config is a list"),
+])
+def test_a_declared_quantization_tk_cannot_read_is_unknown_named_and_judged_at_four_bits(tmp_path, qc, field):
+    """Never a crash: the file and field are named, the weights' quantization is unknown (the lower bound assumes
+    4 bits, as for a recipe quantization tk does not know) and the plan warns."""
+    d = model_dir(tmp_path, {**QWEN25_72B, "quantization_config": qc})
+    m = resolve_model(str(d))
+    assert m.quantization == "" and m.quantization_unread.startswith(f"{d / 'config.json'}: {field}")
+    q, warning = memory.weights_quant(m, None, False)
+    assert not q.certain and warning.startswith(m.quantization_unread) and "4 bits" in warning
+    assert "set quantization" in warning
+    p = plan_of(BASE.replace("model: meta-llama/Llama-3.3-70B-Instruct", f"model: {d}").replace("quantization: fp8\n", ""))
+    assert any(w.startswith(f"{d / 'config.json'}: {field}") for w in p.warnings)
+    assert p.context.memory.weights_min_bytes < p.context.memory.weights_bytes
+
+
 def test_attention_dp_replicates_attention_and_dense_layers_but_splits_experts():
     m = BUILTIN_MODELS["deepseek-ai/DeepSeek-R1"]
     q, _ = memory.weights_quant(m, None, False)

@@ -65,6 +65,9 @@ class ModelSpec:
     # for plain ``dtype`` weights; ``quantization_note`` says where it was read.
     quantization: str = ""
     quantization_note: str = ""
+    # Why the quantization the checkpoint declares could not be read (the file and field), "" when it was read or
+    # none is declared: it is then unknown (the memory plan's lower bound assumes 4 bits, and the plan warns).
+    quantization_unread: str = ""
     sliding_window: int = 0  # tokens a sliding-window layer attends to (gpt-oss: 128)
     sliding_layers: int = 0  # how many of the layers use it
 
@@ -394,13 +397,14 @@ def from_config_json(path: Path, name: str | None = None) -> ModelSpec:
         and re.fullmatch(r"[A-Za-z0-9_]{1,128}", archs[0]) else ""
     if experts and not shared and arch.startswith("Llama4"):
         shared = 1  # Llama 4's MoE layers add one shared expert (its config has no key for it)
-    quant, quant_note = checkpoint_quantization(cfg, path.parent)
+    quant, quant_note, quant_unread = checkpoint_quantization(cfg, path.parent)
     tied = cfg.get("tie_word_embeddings") is True
     name = name or os.path.normpath(path.parent)
     more = dict(architecture=arch, intermediate_size=ffn, moe_intermediate_size=moe_ffn if experts else 0,
                 vocab_size=vocab, tie_word_embeddings=tied, num_shared_experts=shared if experts else 0,
                 shared_expert_intermediate_size=shared_ffn if experts else 0, dense_layers=dense_layers,
                 mtp_layers=mtp, quantization=quant, quantization_note=quant_note,
+                quantization_unread=quant_unread,
                 sliding_window=window if sliding else 0, sliding_layers=sliding if window else 0)
 
     def spec(hidden_for_estimate: int, **attention) -> ModelSpec:
@@ -468,34 +472,58 @@ def quant_name(value: str | None) -> str | None:
     return key if key in QUANT_BYTES else None
 
 
-def checkpoint_quantization(cfg: dict, directory: Path | None = None) -> tuple[str, str]:
+def checkpoint_quantization(cfg: dict, directory: Path | None = None) -> tuple[str, str, str]:
     """The weights quantization a checkpoint declares: config.json `quantization_config` (quant_method fp8 /
     mxfp4 / modelopt / compressed-tensors / awq / gptq), else a ModelOpt `hf_quant_config.json` beside it
-    (`quantization.quant_algo`). ("", note) when it declares none (plain dtype weights) or one tk cannot read."""
+    (`quantization.quant_algo`). Returns (name, note, unread): ("", "", "") when it declares none (plain dtype
+    weights); ("", note, unread) when it declares one tk cannot read, ``unread`` naming the file and field (the
+    quantization is then unknown; never an exception, whatever the shape)."""
+    config = f"{directory / 'config.json'}" if directory is not None else "config.json"
     qc = cfg.get("quantization_config")
+
+    def unread(why: str) -> tuple[str, str, str]:
+        text = f"{config}: {why}"
+        return "", text, text
+
+    if qc is not None and not isinstance(qc, dict):
+        return unread(f"quantization_config is a {type(qc).__name__}, not a mapping")
     if isinstance(qc, dict):
         method = str(qc.get("quant_method") or "").lower()
         if method == "fp8":
             block = qc.get("weight_block_size")
             return ("fp8_block" if block else "fp8"), "config.json quantization_config: quant_method fp8" + \
-                (f", weight_block_size {block}" if block else "")
+                (f", weight_block_size {_short(block)}" if block else ""), ""
         if method in ("mxfp4", "awq", "gptq"):
-            return quant_name(method) or "", f"config.json quantization_config: quant_method {method}"
+            return quant_name(method) or "", f"config.json quantization_config: quant_method {method}", ""
         if method == "modelopt":
             algo = str(qc.get("quant_algo") or "")
             if quant_name(algo):
-                return quant_name(algo), f"config.json quantization_config: modelopt {algo}"
+                return quant_name(algo) or "", f"config.json quantization_config: modelopt {algo}", ""
+            return unread(f"quantization_config.quant_algo {_short(algo)} (modelopt) is not one tk reads")
         if method == "compressed-tensors":
-            for group in (qc.get("config_groups") or {}).values():
+            # compressed-tensors writes config_groups as a mapping of group name -> scheme, and TensorRT-LLM reads
+            # it as one (update_quant_config_from_compressed_tensors in tensorrt_llm/models/quant_config_utils.py
+            # @ 21156a7a57acd21e17feb5c2721c30f035e0f2af iterates config_groups.values()).
+            groups = qc.get("config_groups")
+            if not isinstance(groups, dict):
+                return unread(f"quantization_config.config_groups is a {type(groups).__name__}, not the mapping of "
+                              "group names to schemes compressed-tensors writes (TensorRT-LLM reads it as one and "
+                              "may not load this checkpoint)")
+            for group in groups.values():
                 weights = group.get("weights") if isinstance(group, dict) else None
                 if isinstance(weights, dict):
                     bits, kind = weights.get("num_bits"), weights.get("type")
+                    if not (isinstance(bits, int) and isinstance(kind, str)):
+                        continue
                     name = {(4, "float"): "nvfp4" if weights.get("group_size") == 16 else "mxfp4",
                             (8, "float"): "fp8", (4, "int"): "int4", (8, "int"): "int8"}.get((bits, kind))
                     if name:
-                        return name, f"config.json quantization_config: compressed-tensors {bits}-bit {kind}"
+                        return name, f"config.json quantization_config: compressed-tensors {bits}-bit {kind}", ""
+            return unread("quantization_config.config_groups: no group has a weights scheme tk reads (num_bits 4 "
+                          "or 8, type float or int)")
         if method:
-            return "", f"config.json quantization_config: quant_method {method!r} is not one tk sizes"
+            return unread(f"quantization_config.quant_method {_short(method)} is not one tk reads (fp8, mxfp4, "
+                          "modelopt, compressed-tensors, awq, gptq)")
     if directory is not None:
         try:
             with open(Path(directory) / "hf_quant_config.json", "rb") as f:  # a bounded read: a few kB in practice
@@ -505,8 +533,8 @@ def checkpoint_quantization(cfg: dict, directory: Path | None = None) -> tuple[s
         quant = hf.get("quantization") if isinstance(hf, dict) else None
         algo = str(quant.get("quant_algo") or "") if isinstance(quant, dict) else ""
         if quant_name(algo):
-            return quant_name(algo), f"hf_quant_config.json: quant_algo {algo}"
-    return "", ""
+            return quant_name(algo) or "", f"hf_quant_config.json: quant_algo {algo}", ""
+    return "", "", ""
 
 
 @dataclass(frozen=True)

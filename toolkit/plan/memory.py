@@ -84,6 +84,12 @@ def weights_quant(model: ModelSpec, recipe_quantization: str | None, model_path_
                 f"({', '.join(sorted(QUANT_BYTES))}); weights are estimated as {own} and only refused when they "
                 "could not fit even at 4 bits")
         return WeightsQuant(name, "the recipe's quantization", certain=True), None
+    if model.source != "built-in" and model.quantization_unread:
+        return WeightsQuant(own, "unknown: the checkpoint's quantization could not be read (see the warning)",
+                            certain=False), (
+            f"{model.quantization_unread}: the weights' quantization is unknown; they are estimated as {own} and only "
+            "refused when they could not fit even at 4 bits. Fix: set quantization in the recipe to the checkpoint's "
+            f"({', '.join(sorted(QUANT_BYTES))})")
     if model.source != "built-in":
         note = model.quantization_note or f"config.json: no quantization_config, {model.dtype} weights"
         return WeightsQuant(own, note, certain=True), None

@@ -104,11 +104,13 @@ def add_transfer(cands: list[Candidate], model: ModelSpec, isl: int, gbps: float
 
 def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float, tpot_ms: float, *,
          transport: str | None = None, measured: str | None = None, measured_pick: str = "slowest",
-         gpus_per_node: int | None = None, name: str | None = None, adapter=None) -> SizeResult:
+         gpus_per_node: int | None = None, name: str | None = None, output: str | None = None,
+         adapter=None) -> SizeResult:
     """Search, add the transfer term, rank, choose the best SLA-meeting disaggregated candidate tk can deploy,
     write and re-check its recipe. Raises SizingError (exit 2) for an unsupported model or system, or an SLA no
-    deployable candidate meets. ``adapter``: the aiconfigurator adapter (toolkit/size/aiconfigurator.py; the
-    specs give one that replays recorded aiconfigurator output)."""
+    deployable candidate meets. ``output``: where the recipe will be written (the re-check reads its relative
+    paths from there). ``adapter``: the aiconfigurator adapter (toolkit/size/aiconfigurator.py; the specs give one
+    that replays recorded aiconfigurator output)."""
     adapter = adapter or aic
     for what, value, low, high in (("gpus", gpus, 1, 4096), ("isl", isl, 1, 1 << 21), ("osl", osl, 1, 1 << 21),
                                    ("ttft", ttft_ms, 0.001, 3.6e6), ("tpot", tpot_ms, 0.001, 3.6e6)):
@@ -123,6 +125,13 @@ def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float,
         spec = resolve_model(model)
     except ModelError as exc:
         raise SizingError(str(exc)) from None
+    context = spec.max_position_embeddings
+    if context and isl + osl > context:  # what tk's plan refuses too (traffic.max_input_len, toolkit/plan/rules.py)
+        where = f"{spec.source}: max_position_embeddings" if spec.source != "built-in" else \
+            "max_position_embeddings of the checkpoint"
+        raise SizingError(f"--isl {isl} + --osl {osl} = {isl + osl} tokens exceeds {spec.name}'s {context}-token "
+                          f"context ({where}), whatever the GPUs. Fix: lower --isl or --osl so they sum to at most "
+                          f"{context}")
     adapter.check_system(system)
     aic_model, architecture = adapter.model_path_for(spec)
     support_note = adapter.check_support(aic_model, system, architecture)
@@ -188,7 +197,7 @@ def size(model: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float,
             marked[id(c)] = f"tk cannot express it: {why}"
             continue
         text = write_recipe(result, c, gpu=gpu, gpus_per_node=per_node, name=name)
-        check = recheck(text, c, result)
+        check = recheck(text, c, result, output=output)
         if check["errors"]:  # tk's recipe or plan rules refuse it (the memory plan, heads, placement)
             marked[id(c)] = "tk's plan refuses it: " + check["errors"][0]
             continue
@@ -228,17 +237,31 @@ def _role_shape(role, instances: int, batch: int) -> RoleShape:
                      moe_tp=max(1, role.tp // ep), moe_ep=ep, batch=batch)
 
 
+def kv_cache_dtype(plan) -> str:
+    """The KV cache dtype the plan's servers use: kv_transfer.dtype, with "auto" resolved as TensorRT-LLM does for
+    a checkpoint that declares no KV quantization (the model's dtype, 2 bytes, as tk's plan counts it)."""
+    if plan.kv_transfer.dtype != "auto":
+        return plan.kv_transfer.dtype
+    from toolkit.facts.models import quant_name
+
+    own = quant_name(plan.model.dtype)
+    return own if own in ("bfloat16", "float16") else "bfloat16"
+
+
 def predict(plan, adapter=None) -> dict:
     """aiconfigurator's estimate for an existing plan's exact configuration, plus tk's transfer term.
 
-    Mapped: model, GPU (system), context and generation instances x TP x PP, attention DP (aiconfigurator's dp;
-    its tp is then 1), MoE TP x EP (TensorRT-LLM's moe_tp = tp // ep); the generation batch is its max_batch_size
-    (per attention-DP rank; the estimate assumes every server runs full), the context batch the whole prompts its
-    max_num_tokens holds (at most max_batch_size), ISL (traffic.typical_input_len, else max_input_len), OSL
-    (max_output_len), the recipe's quantization (fp8, fp8_block, nvfp4, mxfp4; else the checkpoint's) and KV
-    dtype fp8. Not modelled (listed in ``not_modelled`` when the recipe uses them): MTP speculative decoding
-    (aiconfigurator needs the accepted draft length, which only a run measures), prefix reuse, max_num_tokens
-    chunking, and the KV memory fraction."""
+    A disaggregated plan (cli_estimate mode "disagg"): context and generation instances x TP x PP, attention DP
+    (aiconfigurator's dp; its tp is then 1), MoE TP x EP (TensorRT-LLM's moe_tp = tp // ep); the generation batch
+    is its max_batch_size (per attention-DP rank; the estimate assumes every server runs full), the context batch
+    the whole prompts its max_num_tokens holds (at most max_batch_size). An aggregated plan (``tk plan
+    --aggregated``: mode "agg"): one aggregated server of the same sizes with its max_batch_size and its
+    max_num_tokens as the prompt tokens per step, times its instances; no KV moves, so no transfer term. Both:
+    ISL (traffic.typical_input_len, else max_input_len), OSL (max_output_len), the recipe's quantization (fp8,
+    fp8_block, nvfp4, mxfp4; else the checkpoint's) and the KV cache dtype the plan resolved (kv_cache_dtype:
+    "auto" is the model's dtype, as TensorRT-LLM keeps it). Not modelled (listed in ``not_modelled`` when the
+    recipe uses them): MTP speculative decoding (aiconfigurator needs the accepted draft length, which only a run
+    measures), prefix reuse, max_num_tokens chunking (disaggregated), and the KV memory fraction."""
     adapter = adapter or aic
     system = adapter.GPU_TO_SYSTEM.get(plan.gpu)
     if system is None:
@@ -247,40 +270,13 @@ def predict(plan, adapter=None) -> dict:
     adapter.check_system(system)
     aic_model, architecture = adapter.model_path_for(plan.model)
     support_note = adapter.check_support(aic_model, system, architecture)
-    ctx, gen = plan.context, plan.generation
     isl = plan.traffic.typical_input_len or plan.traffic.max_input_len
     osl = plan.traffic.max_output_len
-    # A context server batches as many whole prompts as its max_num_tokens holds (TensorRT-LLM's token budget
-    # per step), at most max_batch_size: the prefill batch aiconfigurator should model.
-    ctx_max_bs = int(ctx.llm_api_options.get("max_batch_size") or 1)
-    ctx_tokens = ctx.llm_api_options.get("max_num_tokens")
-    ctx_bs = max(1, min(ctx_max_bs, int(ctx_tokens) // isl)) if ctx_tokens else ctx_max_bs
-    gen_bs = int(gen.llm_api_options.get("max_batch_size") or 1)
-    quant = plan.quantization
     from toolkit.facts.models import quant_name
 
-    quant = quant_name(quant) or quant
-    c_shape = _role_shape(ctx, len(ctx.instances), ctx_bs)
-    g_shape = _role_shape(gen, len(gen.instances), gen_bs)
-    raw = adapter.estimate_disagg(aic_model, system, isl=isl, osl=osl, ctx=c_shape, gen=g_shape,
-                                  is_moe=plan.model.is_moe, quantization=quant, kv_dtype=plan.kv_transfer.dtype)
-    nbytes = plan.kv.ctx_bytes_per_token_per_rank
-    gbps = plan.kv_transfer.transport.nominal_gbps
-    xfer = transfer.transfer_ms(nbytes, isl, gbps)
-    not_modelled = []
-    if "speculative_config" in plan.context.llm_api_options:
-        not_modelled.append("MTP speculative decoding (estimated without it)")
-    if plan.traffic.prefix_len:
-        not_modelled.append(f"prefix reuse ({plan.traffic.prefix_len} tokens)")
-    if quant and quant not in aic.QUANT_MODES:
-        not_modelled.append(f"quantization {quant!r} (estimated as the checkpoint's own)")
-    if raw.get("fmha_fallback"):
-        not_modelled.append(raw["fmha_fallback"])
-    not_modelled += ["max_num_tokens chunking", "free_gpu_memory_fraction"]
-    if not isinstance(raw.get("ttft"), (int, float)) or not isinstance(raw.get("tpot"), (int, float)):
-        raise SizingError(f"aiconfigurator gave no TTFT/TPOT estimate for this configuration ({sorted(raw)[:12]}); "
-                          "nothing is predicted")
-    ttft = float(raw["ttft"])
+    quant = quant_name(plan.quantization) or plan.quantization
+    kv_dtype = kv_cache_dtype(plan)
+    common = dict(is_moe=plan.model.is_moe, quantization=quant, kv_dtype=kv_dtype)
 
     def role_doc(role, shape: RoleShape) -> dict:
         doc = {"instances": shape.workers, "tp": role.tp, "pp": role.pp, "batch": shape.batch}
@@ -289,22 +285,88 @@ def predict(plan, adapter=None) -> dict:
                         "layout": shape.layout(True)})
         return doc
 
+    def not_modelled(raw: dict, options: dict) -> list[str]:
+        out = []
+        if "speculative_config" in options:
+            out.append("MTP speculative decoding (estimated without it)")
+        if plan.traffic.prefix_len:
+            out.append(f"prefix reuse ({plan.traffic.prefix_len} tokens)")
+        if quant and quant not in aic.QUANT_MODES:
+            out.append(f"quantization {quant!r} (estimated as the checkpoint's own)")
+        if kv_dtype not in aic.KV_MODES:
+            out.append(f"KV cache {kv_dtype} (aiconfigurator {aic.PINNED} has no such KV mode: it picked its own)")
+        if raw.get("fmha_fallback"):
+            out.append(raw["fmha_fallback"])
+        return out
+
+    def estimated(raw: dict) -> tuple[float, float]:
+        ttft, tpot = raw.get("ttft"), raw.get("tpot")
+        if not isinstance(ttft, (int, float)) or not isinstance(tpot, (int, float)) \
+                or not (math.isfinite(ttft) and math.isfinite(tpot)):
+            raise SizingError(f"aiconfigurator gave no TTFT/TPOT estimate for this configuration "
+                              f"({sorted(raw)[:12]}); nothing is predicted")
+        return float(ttft), float(tpot)
+
+    head = {"recipe": plan.name, "mode": plan.mode, "aiconfigurator": aic.PINNED, "aiconfigurator_model": aic_model,
+            "system": system, "isl": isl, "osl": osl}
+    if plan.is_aggregated:
+        agg = plan.aggregated
+        instances = len(agg.instances)
+        mnt = int(agg.llm_api_options.get("max_num_tokens") or isl)
+        shape = _role_shape(agg, instances, int(agg.llm_api_options.get("max_batch_size") or 1))
+        raw = adapter.estimate_agg(aic_model, system, isl=isl, osl=osl, server=shape, ctx_tokens=mnt, **common)
+        ttft, tpot = estimated(raw)
+        per_server = raw.get("num_total_gpus")
+        concurrency = raw.get("concurrency")
+        return {
+            **head,
+            "aggregated": role_doc(agg, shape),
+            "prompt_tokens_per_step": mnt,  # max_num_tokens: aiconfigurator's ctx_tokens
+            "ttft_ms": round(ttft, 3), "transfer_ms": 0.0, "ttft_total_ms": round(ttft, 3),
+            "tpot_ms": tpot, "tokens_s_gpu": raw.get("tokens/s/gpu"), "tokens_s_user": raw.get("tokens/s/user"),
+            "concurrency": concurrency * instances if isinstance(concurrency, (int, float)) else None,
+            "request_latency_ms": raw.get("request_latency"),
+            "gpus": per_server * instances if isinstance(per_server, int) else None,
+            "gemm": raw.get("gemm"), "moe": raw.get("moe"), "kvcache": raw.get("kvcache"),
+            "kv_cache_dtype": {"recipe": plan.kv_transfer.dtype, "estimated_as": kv_dtype},
+            "aiconfigurator_memory_gib": {"aggregated": raw.get("memory")},
+            "aiconfigurator_trtllm_version": raw.get("version"), "kv_cache_warning": raw.get("kv_cache_warning"),
+            "support_note": support_note,
+            "transfer": None,  # aggregated serving moves no KV between servers
+            "not_modelled": not_modelled(raw, agg.llm_api_options) + ["free_gpu_memory_fraction"],
+        }
+
+    ctx, gen = plan.context, plan.generation
+    # A context server batches as many whole prompts as its max_num_tokens holds (TensorRT-LLM's token budget
+    # per step), at most max_batch_size: the prefill batch aiconfigurator should model.
+    ctx_max_bs = int(ctx.llm_api_options.get("max_batch_size") or 1)
+    ctx_tokens = ctx.llm_api_options.get("max_num_tokens")
+    ctx_bs = max(1, min(ctx_max_bs, int(ctx_tokens) // isl)) if ctx_tokens else ctx_max_bs
+    gen_bs = int(gen.llm_api_options.get("max_batch_size") or 1)
+    c_shape = _role_shape(ctx, len(ctx.instances), ctx_bs)
+    g_shape = _role_shape(gen, len(gen.instances), gen_bs)
+    raw = adapter.estimate_disagg(aic_model, system, isl=isl, osl=osl, ctx=c_shape, gen=g_shape, **common)
+    ttft, tpot = estimated(raw)
+    nbytes = plan.kv.ctx_bytes_per_token_per_rank
+    gbps = plan.kv_transfer.transport.nominal_gbps
+    xfer = transfer.transfer_ms(nbytes, isl, gbps)
     return {
-        "recipe": plan.name, "aiconfigurator": aic.PINNED, "aiconfigurator_model": aic_model, "system": system,
-        "isl": isl, "osl": osl,
+        **head,
         "context": role_doc(ctx, c_shape),
         "context_batch_basis": f"min(max_batch_size {ctx_max_bs}, max_num_tokens {ctx_tokens} // ISL {isl}), at least 1"
                                if ctx_tokens else f"max_batch_size {ctx_max_bs}",
         "generation": role_doc(gen, g_shape),
         "ttft_ms": round(ttft, 3), "transfer_ms": round(xfer, 3), "ttft_total_ms": round(ttft + xfer, 3),
-        "tpot_ms": raw.get("tpot"), "tokens_s_gpu": raw.get("tokens/s/gpu"), "tokens_s_user": raw.get("tokens/s/user"),
+        "tpot_ms": tpot, "tokens_s_gpu": raw.get("tokens/s/gpu"), "tokens_s_user": raw.get("tokens/s/user"),
         "concurrency": raw.get("concurrency"), "request_latency_ms": raw.get("request_latency"),
         "gpus": raw.get("num_total_gpus"), "gemm": raw.get("(p)gemm"), "moe": raw.get("(p)moe"),
         "kvcache": raw.get("(p)kvcache"),
+        "kv_cache_dtype": {"recipe": plan.kv_transfer.dtype, "estimated_as": kv_dtype},
         "aiconfigurator_memory_gib": {"context": raw.get("(p)memory"), "generation": raw.get("(d)memory")},
         "aiconfigurator_trtllm_version": raw.get("(p)version"), "kv_cache_warning": raw.get("kv_cache_warning"),
         "support_note": support_note,
         "transfer": {"bytes_per_token_per_ctx_rank": nbytes, "isl": isl, "gbps": gbps,
                      "transport": plan.kv_transfer.transport.name, "source": "nominal"},
-        "not_modelled": not_modelled,
+        "not_modelled": not_modelled(raw, ctx.llm_api_options) + ["max_num_tokens chunking",
+                                                                  "free_gpu_memory_fraction"],
     }

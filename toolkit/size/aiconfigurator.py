@@ -82,6 +82,12 @@ QUANT_MODES = {"fp8": ("fp8", "fp8"), "fp8_block": ("fp8_block", "fp8_block"), "
                "mxfp4": (None, "w4a16_mxfp4"), "bfloat16": ("bfloat16", "bfloat16"),
                "float16": ("bfloat16", "bfloat16")}
 
+# tk's KV cache dtypes (the plan's, "auto" resolved) -> aiconfigurator's KV cache quant mode
+# (aiconfigurator_core.sdk.common.KVCacheQuantMode: bfloat16, int8, fp8; float16 has bfloat16's two bytes). Always
+# passed where it exists: left out, aiconfigurator infers one from the checkpoint (fp8 for DeepSeek's fp8 blocks),
+# which TensorRT-LLM does not do.
+KV_MODES = {"bfloat16": "bfloat16", "float16": "bfloat16", "fp8": "fp8"}
+
 
 class SizingError(TkError):
     """Sizing cannot go on: an unsupported model or system, a missing extra, no feasible configuration.
@@ -184,8 +190,11 @@ def model_path_for(model: ModelSpec) -> tuple[str, str | None]:
 def _check_geometry(model: ModelSpec, aic_path: str) -> None:
     from aiconfigurator_core.sdk.utils import get_model_config_from_model_path
 
-    with _quiet():
-        cfg = get_model_config_from_model_path(aic_path)
+    try:
+        with _quiet():
+            cfg = get_model_config_from_model_path(aic_path)
+    except Exception as exc:  # noqa: BLE001 - aiconfigurator's own failure on its config: a message
+        raise failed_on_model(aic_path, exc) from None
     if model.attention == "mla":
         return  # aiconfigurator models MLA from the checkpoint; tk's num_kv_heads/head_dim are the latent's
     ours = (model.num_layers, model.num_attention_heads, model.num_kv_heads, model.head_dim)
@@ -231,7 +240,10 @@ def check_support(model_path: str, system: str, architecture: str | None = None)
     from aiconfigurator_core.sdk import common
 
     def result(sys_name: str):
-        return common.check_support(model_path, sys_name, BACKEND, architecture=architecture)
+        try:
+            return common.check_support(model_path, sys_name, BACKEND, architecture=architecture)
+        except Exception as exc:  # noqa: BLE001 - it may read the config: a message, never a traceback
+            raise failed_on_model(model_path, exc) from None
 
     r = result(system)
     if r.disagg_supported:
@@ -247,9 +259,33 @@ def check_support(model_path: str, system: str, architecture: str | None = None)
         + (f"--system one of {', '.join(passing)}" if passing else "no system passes it; size a built-in model"))
 
 
+def failed_on_model(model_path: str, exc: BaseException) -> SizingError:
+    """What aiconfigurator raised while reading or modelling ``model_path`` (a local directory, or the id of a
+    config it ships), as a SizingError naming the file and the key or cause: it raises KeyError for a config.json
+    key it needs (``_parse_hf_config_json`` in aiconfigurator_core/sdk/utils.py of 0.12.0 indexes
+    max_position_embeddings, hidden_size, vocab_size... directly) and plain ValueError/RuntimeError for what it
+    cannot model."""
+    local = os.path.isdir(model_path)
+    where = f"{model_path}/config.json" if local else f"its config of {model_path}"
+    if isinstance(exc, KeyError) and exc.args and isinstance(exc.args[0], str):
+        key = exc.args[0]
+        fix = (f"add {key} to {model_path}/config.json (the checkpoint's own value)" if local else
+               "size a local directory holding the checkpoint's config.json")
+        head = f"{where}: aiconfigurator {PINNED} needs {key!r}" if local else \
+            f"aiconfigurator {PINNED} needs {key!r} in {where}"
+        return SizingError(f"{head}, which it does not have. Fix: {fix}")
+    detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else "(no message)"
+    head = f"{where}: aiconfigurator {PINNED} failed on it" if local else f"aiconfigurator {PINNED} failed on {where}"
+    fix = (f"if {model_path}/config.json was edited, restore the checkpoint's own; otherwise aiconfigurator cannot "
+           "model it: size a built-in model of the same shape (tk recipes --models)" if local else
+           "another --system, or a built-in model of the same shape (tk recipes --models)")
+    return SizingError(f"{head}: {type(exc).__name__}: {detail}. Fix: {fix}")
+
+
 def search(model_path: str, system: str, gpus: int, isl: int, osl: int, ttft_ms: float, tpot_ms: float,
            top_n: int = 5) -> dict[str, list[dict]]:
-    """aiconfigurator's agg and disagg search: every Pareto row of both (the columns tk reads), by mode."""
+    """aiconfigurator's agg and disagg search: every Pareto row of both (the columns tk reads), by mode. Whatever
+    aiconfigurator raises is a SizingError (failed_on_model), never a traceback."""
     aic_api = _import()
     from aiconfigurator.sdk.errors import NoFeasibleConfigError
 
@@ -260,6 +296,8 @@ def search(model_path: str, system: str, gpus: int, isl: int, osl: int, ttft_ms:
     except NoFeasibleConfigError as exc:
         raise SizingError(f"aiconfigurator found no configuration of {model_path} on {gpus} x {system} "
                           f"for ISL {isl} / OSL {osl} within TTFT {ttft_ms:g} ms: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - aiconfigurator's own failures (KeyError, ValueError, ...) on a model
+        raise failed_on_model(model_path, exc) from None
     out: dict[str, list[dict]] = {}
     for mode in ("agg", "disagg"):
         df = result.pareto_fronts.get(mode)
@@ -279,28 +317,27 @@ def _plain(value):
     return value
 
 
-def estimate_disagg(model_path: str, system: str, *, isl: int, osl: int, ctx: RoleShape, gen: RoleShape,
-                    is_moe: bool, quantization: str | None, kv_dtype: str) -> dict:
-    """aiconfigurator's estimate of one exact disaggregated configuration: its raw disagg columns."""
-    aic_api = _import()
+def _quant_kwargs(is_moe: bool, quantization: str | None, kv_dtype: str) -> dict:
+    """cli_estimate's quant modes for the recipe's quantization and the plan's KV cache dtype."""
     kwargs = {}
     gemm, moe = QUANT_MODES.get(quantization or "", (None, None))
     if gemm:
         kwargs["gemm_quant_mode"] = gemm
     if moe and is_moe:
         kwargs["moe_quant_mode"] = moe
-    if kv_dtype == "fp8":
-        kwargs["kvcache_quant_mode"] = "fp8"
-    for prefix, role in (("prefill", ctx), ("decode", gen)):
-        kwargs.update({f"{prefix}_tp_size": role.tp, f"{prefix}_pp_size": role.pp,
-                       f"{prefix}_attention_dp_size": role.dp, f"{prefix}_batch_size": role.batch,
-                       f"{prefix}_num_workers": role.workers})
-        if is_moe:
-            kwargs.update({f"{prefix}_moe_tp_size": role.moe_tp, f"{prefix}_moe_ep_size": role.moe_ep})
+    if kv_dtype in KV_MODES:
+        kwargs["kvcache_quant_mode"] = KV_MODES[kv_dtype]
+    return kwargs
+
+
+def _estimate(model_path: str, system: str, mode: str, kv_dtype: str, **kwargs) -> dict:
+    """One cli_estimate call (mode "agg" or "disagg"): its raw columns, with its KV-cache warning and the FMHA
+    fallback it needed, if any. Whatever it raises is a SizingError."""
+    aic_api = _import()
+
     def run(**more):
         with _quiet():
-            return aic_api.cli_estimate(model_path, system, mode="disagg", backend_name=BACKEND, isl=isl, osl=osl,
-                                        **kwargs, **more)
+            return aic_api.cli_estimate(model_path, system, mode=mode, backend_name=BACKEND, **kwargs, **more)
 
     fallback = None
     try:
@@ -314,11 +351,39 @@ def estimate_disagg(model_path: str, system: str, *, isl: int, osl: int, ctx: Ro
             if "data missing" not in str(exc) or kv_dtype != "fp8":
                 raise
             res = run(fmha_quant_mode="bfloat16")
-            fallback = (f"attention (FMHA) in bfloat16 on both roles: aiconfigurator {PINNED} has no fp8 context "
-                        f"attention data for this model on {system}")
+            fallback = (f"attention (FMHA) in bfloat16{' on both roles' if mode == 'disagg' else ''}: aiconfigurator "
+                        f"{PINNED} has no fp8 context attention data for this model on {system}")
+    except KeyError as exc:  # a config.json key it needs (failed_on_model)
+        raise failed_on_model(model_path, exc) from None
     except Exception as exc:  # aiconfigurator raises plain ValueError/RuntimeError for what it cannot model
         raise SizingError(f"aiconfigurator {PINNED} cannot estimate this configuration: {exc}") from None
-    raw = dict(res.raw)
+    raw = {k: _plain(v) for k, v in dict(res.raw).items()}
     raw["kv_cache_warning"] = res.kv_cache_warning
     raw["fmha_fallback"] = fallback
     return raw
+
+
+def estimate_disagg(model_path: str, system: str, *, isl: int, osl: int, ctx: RoleShape, gen: RoleShape,
+                    is_moe: bool, quantization: str | None, kv_dtype: str) -> dict:
+    """aiconfigurator's estimate of one exact disaggregated configuration: its raw disagg columns."""
+    kwargs = _quant_kwargs(is_moe, quantization, kv_dtype)
+    for prefix, role in (("prefill", ctx), ("decode", gen)):
+        kwargs.update({f"{prefix}_tp_size": role.tp, f"{prefix}_pp_size": role.pp,
+                       f"{prefix}_attention_dp_size": role.dp, f"{prefix}_batch_size": role.batch,
+                       f"{prefix}_num_workers": role.workers})
+        if is_moe:
+            kwargs.update({f"{prefix}_moe_tp_size": role.moe_tp, f"{prefix}_moe_ep_size": role.moe_ep})
+    return _estimate(model_path, system, "disagg", kv_dtype, isl=isl, osl=osl, **kwargs)
+
+
+def estimate_agg(model_path: str, system: str, *, isl: int, osl: int, server: RoleShape, ctx_tokens: int,
+                 is_moe: bool, quantization: str | None, kv_dtype: str) -> dict:
+    """aiconfigurator's estimate of one aggregated (in-flight batching) server of ``server``'s shape, ``batch``
+    requests per attention-DP rank and ``ctx_tokens`` prompt tokens per step (TensorRT-LLM's max_num_tokens):
+    its raw agg columns (cli_estimate mode "agg", one server; ``server.workers`` is not passed)."""
+    kwargs = _quant_kwargs(is_moe, quantization, kv_dtype)
+    kwargs.update({"tp_size": server.tp, "pp_size": server.pp, "attention_dp_size": server.dp,
+                   "batch_size": server.batch, "ctx_tokens": ctx_tokens})
+    if is_moe:
+        kwargs.update({"moe_tp_size": server.moe_tp, "moe_ep_size": server.moe_ep})
+    return _estimate(model_path, system, "agg", kv_dtype, isl=isl, osl=osl, **kwargs)

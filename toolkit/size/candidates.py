@@ -84,8 +84,15 @@ class RoleShape:
                     "(TensorRT-LLM needs moe_tp x moe_ep = tensor_parallel_size)")
         return ""
 
-    def recipe_fields(self, is_moe: bool) -> dict:
-        """The recipe role that deploys exactly this (call only when why_not is "")."""
+    def prefill_tokens(self, isl: int, tokens_per_block: int) -> int:
+        """max_num_tokens a context server needs to prefill its batch of whole ``isl``-token prompts in one step
+        (TensorRT-LLM's per-step token budget), rounded up to tokens_per_block as tk rounds token counts."""
+        return math.ceil(self.batch * isl / tokens_per_block) * tokens_per_block
+
+    def recipe_fields(self, is_moe: bool, prefill_isl: int | None = None, tokens_per_block: int = 32) -> dict:
+        """The recipe role that deploys exactly this (call only when why_not is ""). ``prefill_isl``: a context
+        role's input length; a batch of several prompts then gets the max_num_tokens to prefill them together
+        (one prompt's, tk's default, would prefill one per step)."""
         out: dict = {"instances": self.workers, "tp": self.tp * self.dp}
         if self.pp > 1:
             out["pp"] = self.pp
@@ -94,6 +101,8 @@ class RoleShape:
         if self.dp > 1:
             out["attention_dp"] = True
         out["max_batch_size"] = self.batch
+        if prefill_isl and self.batch > 1:
+            out["max_num_tokens"] = self.prefill_tokens(prefill_isl, tokens_per_block)
         return out
 
 

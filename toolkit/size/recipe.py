@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import yaml
@@ -10,6 +11,8 @@ from toolkit.facts.models import ModelSpec, quant_name
 from toolkit.size.aiconfigurator import PINNED
 from toolkit.size.candidates import Candidate
 from toolkit.size.transfer import kv_dtype_of
+
+TOKENS_PER_BLOCK = 32  # kv_transfer.tokens_per_block of every recipe tk size writes
 
 
 def _name(model: str, c: Candidate, system: str) -> str:
@@ -27,6 +30,17 @@ def weights_quantization(model: ModelSpec, c: Candidate) -> str | None:
         else None
 
 
+def model_field(result) -> str:
+    """The recipe's ``model``: a built-in name, a Hugging Face id as given, or a local directory as an absolute
+    path. A recipe reads a relative model path from its own directory (toolkit.recipe.loader.LoadedRecipe.base_dir),
+    not from where tk size ran, so ``--model ./DIR`` is written as the directory it named here."""
+    model = result.model
+    if model.source == "built-in":
+        return model.name
+    given = os.path.expanduser(result.model_arg)
+    return os.path.abspath(given) if os.path.isdir(given) else result.model_arg
+
+
 def write_recipe(result, c: Candidate, *, gpu: str, gpus_per_node: int, name: str | None = None) -> str:
     """YAML text of a recipe for candidate ``c`` (one tk can express: ``c.why_not()`` is ""), with comments that
     say where it came from."""
@@ -40,15 +54,15 @@ def write_recipe(result, c: Candidate, *, gpu: str, gpus_per_node: int, name: st
         "schema_version": 1,
         "name": name or _name(model.name, c, result.system),
         "description": f"sized by tk size (aiconfigurator {PINNED}): {c.shape()}, ISL {result.isl} / OSL {result.osl}",
-        "model": result.model_arg if model.source != "built-in" else model.name,
+        "model": model_field(result),
     }
     quant = weights_quantization(model, c)
     if quant:
         recipe["quantization"] = quant
     recipe["cluster"] = {"gpus_per_node": gpus_per_node, "gpu": gpu, **({"share_nodes": True} if share else {})}
-    recipe["context"] = c.ctx.recipe_fields(model.is_moe)
+    recipe["context"] = c.ctx.recipe_fields(model.is_moe, prefill_isl=result.isl, tokens_per_block=TOKENS_PER_BLOCK)
     recipe["generation"] = c.gen.recipe_fields(model.is_moe)
-    recipe["kv_transfer"] = {"backend": "NIXL", "transport": result.transport, "tokens_per_block": 32,
+    recipe["kv_transfer"] = {"backend": "NIXL", "transport": result.transport, "tokens_per_block": TOKENS_PER_BLOCK,
                              "dtype": kv_dtype}
     recipe["traffic"] = {"max_input_len": result.isl, "max_output_len": result.osl}
     bw = result.bandwidth
@@ -65,6 +79,9 @@ def write_recipe(result, c: Candidate, *, gpu: str, gpus_per_node: int, name: st
     ]
     if c.ctx.dp > 1 or c.gen.dp > 1:
         head.append("  Attention DP (attention_dp: true): max_batch_size is each rank's batch; tp is the ranks.")
+    if c.ctx.batch > 1:
+        head.append(f"  Context max_num_tokens holds its batch of {c.ctx.batch} whole {result.isl}-token prompts, "
+                    "prefilled together as sized.")
     head += [
         "A prediction, not a measurement: validate the fabric (tk validate cluster) and benchmark before trusting it.",
         "Set model_path (and container_image, partition, account) for your cluster before launching.",
@@ -80,25 +97,29 @@ def deployed(plan) -> dict:
         out[title] = {"instances": len(role.instances), "GPUs per instance": role.gpus_per_instance,
                       "tp": role.tp, "pp": role.pp, "attention_dp": role.attention_dp, "ep": role.ep,
                       "moe_tp": role.moe_tp, "max_batch_size": role.llm_api_options.get("max_batch_size")}
+    out["context"]["max_num_tokens"] = plan.context.llm_api_options.get("max_num_tokens")
     out["GPUs"] = plan.context.gpu_count + plan.generation.gpu_count
     return out
 
 
-def expected(c: Candidate) -> dict:
-    """What the row asks for, in the same terms as ``deployed``."""
+def expected(c: Candidate, isl: int) -> dict:
+    """What the row asks for, in the same terms as ``deployed``; the context servers' max_num_tokens holds their
+    batch of whole ``isl``-token prompts (aiconfigurator's (p)bs prefilled together)."""
     out = {}
     for title, role in (("context", c.ctx), ("generation", c.gen)):
         out[title] = {"instances": role.workers, "GPUs per instance": role.gpus_per_worker,
                       "tp": role.tp * role.dp, "pp": role.pp, "attention_dp": role.dp > 1,
                       "ep": role.moe_ep if c.is_moe else None, "moe_tp": role.moe_tp if c.is_moe else None,
                       "max_batch_size": role.batch}
+    out["context"]["max_num_tokens"] = c.ctx.prefill_tokens(isl, TOKENS_PER_BLOCK)
     out["GPUs"] = c.gpus_used
     return out
 
 
-def compare(plan, c: Candidate) -> list[str]:
-    """Every difference between what ``plan`` deploys and candidate ``c``'s row."""
-    got, want = deployed(plan), expected(c)
+def compare(plan, c: Candidate, isl: int | None = None) -> list[str]:
+    """Every difference between what ``plan`` deploys and candidate ``c``'s row, sized for ``isl`` input tokens
+    (default: the plan's traffic.max_input_len, which tk size writes as the ISL)."""
+    got, want = deployed(plan), expected(c, isl or plan.traffic.max_input_len)
     diffs = []
     for title in ("context", "generation"):
         for key, value in want[title].items():
@@ -109,23 +130,24 @@ def compare(plan, c: Candidate) -> list[str]:
     return diffs
 
 
-def recheck(text: str, c: Candidate, result) -> dict:
+def recheck(text: str, c: Candidate, result, output: str | None = None) -> dict:
     """Load the recipe text with tk's recipe and plan stages; every violation, warning and disagreement
     between what the recipe deploys and the candidate's row is returned (never dropped). ``ok``: no errors and
-    no disagreement."""
+    no disagreement. ``output``: where the text will be written; its relative paths are then read from that
+    file's directory, as a recipe's are (without it, from the working directory)."""
     from toolkit.errors import RecipeError
     from toolkit.plan import build_plan
     from toolkit.recipe.loader import load_recipe_text
 
     out: dict = {"ok": True, "errors": [], "warnings": [], "disagreements": [], "notes": []}
     try:
-        plan = build_plan(load_recipe_text(text, "<tk size>"))
+        plan = build_plan(load_recipe_text(text, output or "<tk size>"))
     except RecipeError as exc:
         out["ok"] = False
         out["errors"] = [f"{v.field}: {v.message}" for v in exc.violations]
         return out
     out["warnings"] = list(plan.warnings)
-    out["disagreements"] = compare(plan, c)
+    out["disagreements"] = compare(plan, c, result.isl)
     gpus = plan.node_count * plan.slurm.gpus_per_node
     if gpus > result.gpus:
         out["disagreements"].append(f"tk's plan places the servers on {plan.node_count} node(s) = {gpus} GPUs, "

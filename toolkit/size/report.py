@@ -83,23 +83,33 @@ def print_prediction(p: dict) -> None:
     console = _console()
     console.print(Text(f"prediction (aiconfigurator {p['aiconfigurator']}, {p['system']}, {p['aiconfigurator_model']}, "
                        f"ISL {p['isl']} / OSL {p['osl']}):", style="bold"))
-    ctx, gen = p["context"], p["generation"]
 
     def shape(r: dict) -> str:
         return f"{r['layout'] if 'layout' in r else 'TP' + str(r['tp'])}{' PP' + str(r['pp']) if r['pp'] > 1 else ''}" \
                f" bs{r['batch']}{'/rank' if r.get('attention_dp') else ''}"
 
-    console.print(Text(f"  {ctx['instances']}x ctx {shape(ctx)} + {gen['instances']}x gen {shape(gen)} at full batch"))
-    tr = p["transfer"]
-    console.print(Text(f"  TTFT {p['ttft_total_ms']:.1f} ms = {p['ttft_ms']:.1f} prefill + {p['transfer_ms']:.2f} KV "
-                       f"transfer ({tr['bytes_per_token_per_ctx_rank']} B/token/rank x {tr['isl']} at "
-                       f"{tr['gbps']:g} GB/s {tr['transport']}, nominal)"))
+    mem = p.get("aiconfigurator_memory_gib") or {}
+    if p.get("mode") == "aggregated":
+        agg = p["aggregated"]
+        console.print(Text(f"  {agg['instances']}x agg {shape(agg)} at full batch, up to "
+                           f"{p['prompt_tokens_per_step']} prompt tokens per step (max_num_tokens)"))
+        console.print(Text(f"  TTFT {p['ttft_ms']:.1f} ms, no KV transfer (aggregated)"))
+    else:
+        ctx, gen = p["context"], p["generation"]
+        console.print(Text(f"  {ctx['instances']}x ctx {shape(ctx)} + {gen['instances']}x gen {shape(gen)} "
+                           "at full batch"))
+        tr = p["transfer"]
+        console.print(Text(f"  TTFT {p['ttft_total_ms']:.1f} ms = {p['ttft_ms']:.1f} prefill + {p['transfer_ms']:.2f} "
+                           f"KV transfer ({tr['bytes_per_token_per_ctx_rank']} B/token/rank x {tr['isl']} at "
+                           f"{tr['gbps']:g} GB/s {tr['transport']}, nominal)"))
     console.print(Text(f"  TPOT {p['tpot_ms']:.2f} ms, {p['tokens_s_gpu']:.1f} tokens/s/GPU, "
                        f"{p['tokens_s_user']:.1f} tokens/s/user, concurrency {p['concurrency']}"))
-    mem = p.get("aiconfigurator_memory_gib") or {}
     if mem.get("context") is not None:
         console.print(Text(f"  aiconfigurator's memory per GPU: context {mem['context']:.1f} GiB, generation "
                            f"{mem['generation']:.1f} GiB (tk's memory plan is in the table above)"))
+    elif mem.get("aggregated") is not None:
+        console.print(Text(f"  aiconfigurator's memory per GPU: {mem['aggregated']:.1f} GiB (tk's memory plan is in "
+                           "the table above)"))
     if p.get("support_note"):
         console.print(Text(f"  note: {p['support_note']}", style="yellow"))
     if p.get("kv_cache_warning"):
