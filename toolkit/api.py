@@ -337,8 +337,9 @@ def size_multi_turn(result, turns: int, answer_len: int | None = None) -> dict[s
         shape = MultiTurnShape(turns, result.isl, answer_len or result.osl)
     except ValueError as exc:
         raise TkError(f"--turns/--answer-len: {exc}") from None
-    kv = transfer.bytes_per_token(result.model, transfer.kv_dtype_of(getattr(c, "kvcache", None)),
-                                  getattr(c, "ctx_tp", 1) or 1, getattr(c, "ctx_pp", 1) or 1)
+    ctx = c.ctx  # the KV one context rank sends (None: an aggregated candidate, whose one rank holds it all)
+    kv = transfer.bytes_per_token(result.model, transfer.kv_dtype_of(c.kvcache),
+                                  ctx.tp if ctx else 1, ctx.pp if ctx else 1)
     return recompute(shape, prefill_ms_per_token=c.ttft_ms / result.isl,
                      prefill_source=f"aiconfigurator's context TTFT of the chosen configuration "
                                     f"({c.ttft_ms:g} ms for ISL {result.isl})",

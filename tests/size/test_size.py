@@ -647,3 +647,15 @@ def test_fixture_model_directories_resolve_to_the_published_geometry():
     assert kimi.architecture == "DeepseekV3ForCausalLM" and kimi.quantization == "fp8_block"
     assert kimi.params == pytest.approx(BUILTIN_MODELS["moonshotai/Kimi-K2-Instruct"].params, rel=0.01)
     assert resolve_model(str(FIXTURES / "models" / "qwen2.5-72b")).architecture == "Qwen2ForCausalLM"
+
+
+def test_the_multi_turn_pull_back_moves_what_one_context_rank_holds():
+    # Llama-3.3-70B on 16 H100: context TP2, so one context rank holds half the KV of a token (GQA heads split)
+    from toolkit import api
+    from toolkit.size import transfer
+    result = size_from(FIXTURES / "aiconfigurator" / "llama-3.3-70b-h100-16.json")
+    chosen = result.chosen or result.best_overall
+    assert chosen.ctx.tp == 2
+    whole = transfer.bytes_per_token(result.model, transfer.kv_dtype_of(chosen.kvcache))
+    estimate = api.size_multi_turn(result, 3)
+    assert estimate["inputs"]["kv_bytes_per_token_per_rank"] == whole // 2 == 163840
