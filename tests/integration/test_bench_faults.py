@@ -49,8 +49,12 @@ def test_sigterm_to_tk_bench_stops_the_deployment_ends_aiperf_and_leaves_no_stag
                             env={**os.environ, **_env(tmp_path)}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL, text=True)
     try:
-        wait_until(lambda: any("aiperf" in cmd for _, cmd in processes_mentioning(str(run_dir / "bench"))), 300,
+        wait_until(lambda: proc.poll() is not None or
+                   any("aiperf" in cmd for _, cmd in processes_mentioning(str(run_dir / "bench"))), 300,
                    "aiperf to run against the deployment")
+        if proc.poll() is not None:
+            _, err = proc.communicate(timeout=30)
+            pytest.fail(f"tk bench ended (exit {proc.returncode}) before aiperf ran:\n{err[-3000:]}")
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=120)
     finally:

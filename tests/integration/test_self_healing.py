@@ -238,7 +238,7 @@ def test_a_wedged_generation_server_under_load_is_detected_and_restarted_and_ser
     # most); then, until it is healthy again, the proxy's static round robin still sends it requests (TensorRT-LLM's
     # disagg server with static urls does not drop a dead server), and each fails after the proxy's retries
     # (max_retries, 1 s apart): so a client fails at most once per retry window while gen-0 restarts.
-    t_kill = t_fault + (exited[0]["time"] - wall_fault)
+    t_kill = t_fault + (wedged[0]["time"] - wall_fault)  # found wedged, then killed at once
     retry_s = max(1.0, 1.0 * yaml.safe_load((Path(run_dir) / "disagg.yaml").read_text()).get("max_retries", 1))
     in_flight = [r for r in failed if r.t_start <= t_kill]
     while_restarting = [r for r in failed if r.t_start > t_kill]

@@ -19,9 +19,16 @@ from tests.integration.helpers import STANDIN_RECIPE, processes_mentioning, tk, 
 pytestmark = [pytest.mark.slow, pytest.mark.nixl]
 
 
+def _default_signals() -> None:
+    # as from a terminal: tk keeps a signal its caller ignores ignored (`nohup tk launch` survives the terminal
+    # closing), so a test suite started under nohup must not hand its SIG_IGN for SIGHUP on to the tk it signals
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def _start(*args: str, env: dict) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "toolkit.cli", *args], env={**os.environ, **env},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                            preexec_fn=_default_signals)
 
 
 def _record(run_dir: Path) -> dict:
