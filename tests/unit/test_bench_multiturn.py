@@ -198,7 +198,7 @@ def test_whole_prompt_counts_without_the_servers_counters_leave_reuse_unjudged()
 
 def test_reverse_bandwidth_comes_from_the_reverse_pairs_of_a_validation_report():
     bw = pullback.reverse_bandwidth(FIX / "validate" / "report-bidirectional.json")
-    assert bw.gbps == 1.25 and bw.source == "measured" and "generation->context" in bw.detail
+    assert bw.gbps == 1.25 and bw.source == "measured" and "generation→context" in bw.detail
     assert pullback.reverse_bandwidth(FIX / "validate" / "report-bidirectional.json", "median").gbps == 1.6091
     with pytest.raises(pullback.ReportError, match="forward direction only"):
         pullback.reverse_bandwidth(FIX / "validate" / "report-forward-only.json")

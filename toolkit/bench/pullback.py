@@ -15,76 +15,21 @@ generation->context figure (``pairs`` entries with ``"direction": "reverse"``), 
 
 from __future__ import annotations
 
-import json
-import math
-import statistics
-from dataclasses import asdict, dataclass
 from pathlib import Path
+
+from toolkit.size.transfer import Bandwidth, MeasuredError, measured
 
 LABEL = ("projection, not a measurement: the TTFT a pull-back of the previous answers' KV (generation -> context "
          "server) would save instead of their recompute")
-MAX_REPORT_BYTES = 64 << 20
-
-
-class ReportError(ValueError):
-    """A validation report tk cannot take a reverse bandwidth from; the message says why and what to do."""
-
-
-@dataclass(frozen=True)
-class Bandwidth:
-    gbps: float
-    source: str  # "measured" | "nominal"
-    detail: str
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+# One reader of a validation report's bandwidth for tk size (forward) and tk bench (reverse): toolkit.size.transfer.
+ReportError = MeasuredError
 
 
 def reverse_bandwidth(path: str | Path, pick: str = "slowest") -> Bandwidth:
-    """The generation->context bandwidth a ``tk validate cluster`` run measured: ``pairs`` entries with
-    ``"direction": "reverse"`` (src = the context agent, dst = the generation agent, the answer's KV moving back),
-    WRITE where there are such entries (READ when the agents shared a host, where WRITE figures measure the host:
-    the report's ``timing.shared_host``), else every reverse one; ``pick`` "slowest" (a deployment is as fast as its
-    slowest pair) or "median"."""
-    p = Path(path)
-    report = p / "report.json" if p.is_dir() else p
-    try:
-        if report.stat().st_size > MAX_REPORT_BYTES:
-            raise ReportError(f"{report}: larger than {MAX_REPORT_BYTES >> 20} MiB: not a validation report")
-        doc = json.loads(report.read_text())
-    except FileNotFoundError:
-        raise ReportError(f"{report}: no such file; give the run directory (or report.json) of a "
-                          f"`tk validate cluster` run") from None
-    except (OSError, ValueError) as exc:
-        raise ReportError(f"{report}: cannot read the validation report ({exc})") from None
-    if not isinstance(doc, dict) or doc.get("kind") != "tk-validate-cluster":
-        raise ReportError(f"{report}: not a `tk validate cluster` report")
-    pairs = [e for e in (doc.get("pairs") if isinstance(doc.get("pairs"), list) else [])
-             if isinstance(e, dict) and e.get("direction") == "reverse"]
-    if not pairs:
-        raise ReportError(f"{report}: no generation->context (\"direction\": \"reverse\") pairs: that validation "
-                          f"measured the forward direction only; validate again with a tk that measures both")
-
-    def good(e) -> bool:
-        v = e.get("gbps")
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and math.isfinite(v)
-    timing = doc.get("timing") if isinstance(doc.get("timing"), dict) else {}
-    prefer = "READ" if timing.get("shared_host") is True else "WRITE"
-    preferred = [e for e in pairs if e.get("op") == prefer and good(e)]
-    chosen = preferred or [e for e in pairs if good(e)]
-    if not chosen:
-        raise ReportError(f"{report}: every generation->context pair failed; fix the cluster and validate again")
-    values = [float(e["gbps"]) for e in chosen]
-    if pick == "slowest":
-        gbps = min(values)
-    elif pick == "median":
-        gbps = statistics.median(values)
-    else:
-        raise ValueError(f"pick must be 'slowest' or 'median', got {pick!r}")
-    op = prefer if preferred else "any op"
-    note = "" if doc.get("passed") else " (that validation did NOT pass)"
-    return Bandwidth(round(gbps, 6), "measured",
-                     f"{pick} of {len(values)} generation->context pair(s) ({op}) in {report}{note}")
+    """The generation->context bandwidth a ``tk validate cluster`` run measured (``pairs`` entries with
+    ``"direction": "reverse"``: the answer's KV moving back), ``pick`` "slowest" (a deployment is as fast as its
+    slowest pair) or "median"; ReportError says why a report cannot give one."""
+    return measured(path, pick, direction="reverse")
 
 
 def projection(turns: list[dict], *, prefill_ms_per_token: float, prefill_source: str,

@@ -77,47 +77,68 @@ class MeasuredError(ValueError):
     """A validate run directory tk cannot take a bandwidth from; the message says why."""
 
 
-def measured(run_dir: str | Path, pick: str = "slowest") -> Bandwidth:
-    """The context→generation bandwidth a ``tk validate cluster`` run measured: ``pick`` is "slowest"
-    (default: the deployment is as fast as its slowest pair) or "median" of the pairs' figures.
+def measured(run_dir: str | Path, pick: str = "slowest", direction: str = "forward") -> Bandwidth:
+    """The bandwidth a ``tk validate cluster`` run measured in one direction: ``pick`` is "slowest" (default: the
+    deployment is as fast as its slowest pair) or "median" of the pairs' figures.
 
-    Reads ``report.json``'s ``bandwidth_matrix`` (written since tk size), else the per-pair ``pairs`` list."""
+    ``forward`` (context→generation, the KV of every request): ``report.json``'s ``bandwidth_matrix`` (written
+    since tk size), else the forward WRITE ``pairs``. ``reverse`` (generation→context, an answer's KV moving back:
+    the multi-turn pull-back): the ``pairs`` with ``"direction": "reverse"``, WRITE where there are such entries
+    (READ when the agents shared a host, where WRITE figures measure the host: the report's
+    ``timing.shared_host``), else every reverse one."""
+    if direction not in ("forward", "reverse"):
+        raise ValueError(f"direction must be 'forward' or 'reverse', got {direction!r}")
+    if pick not in ("slowest", "median"):
+        raise ValueError(f"pick must be 'slowest' or 'median', got {pick!r}")
     path = Path(run_dir)
     report_file = path / "report.json" if path.is_dir() else path
     try:
         report = files.read_json(report_file, REPORT_MAX_BYTES)
     except FileNotFoundError:
-        raise MeasuredError(f"{report_file}: no report.json; give the run directory of a `tk validate cluster` "
-                            "run") from None
+        raise MeasuredError(f"{report_file}: no such file; give the run directory (or report.json) of a "
+                            "`tk validate cluster` run") from None
     except (OSError, ValueError) as exc:  # files.FileProblem: too big, too deep, not JSON, not a regular file
         raise MeasuredError(f"{report_file}: cannot read the validation report ({str(exc)[:300]})") from None
     if not isinstance(report, dict) or report.get("kind") != "tk-validate-cluster":
         raise MeasuredError(f"{report_file}: not a `tk validate cluster` report")
-    def number(v) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
 
-    matrix = report.get("bandwidth_matrix")
-    rows = matrix.get("gbps") if isinstance(matrix, dict) else None
-    values = [v for row in rows if isinstance(row, list) for v in row if number(v)] if isinstance(rows, list) else []
-    where = "bandwidth_matrix"
-    if not values:
-        pairs = report.get("pairs")
-        values = [p["gbps"] for p in (pairs if isinstance(pairs, list) else [])
-                  if isinstance(p, dict) and number(p.get("gbps")) and p.get("op", "WRITE") == "WRITE"
-                  and p.get("direction", "forward") == "forward"]
-        where = "pairs (WRITE)"
-    values = [float(v) for v in values if math.isfinite(v)]
-    if not values:
-        raise MeasuredError(f"{report_file}: no measured context→generation bandwidth (every pair failed or "
-                            "none ran); fix the cluster and validate again")
-    if pick == "slowest":
-        gbps = min(values)
-    elif pick == "median":
-        gbps = statistics.median(values)
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and math.isfinite(v)
+    pairs = [p for p in (report.get("pairs") if isinstance(report.get("pairs"), list) else [])
+             if isinstance(p, dict) and p.get("direction", "forward") == direction]
+    if direction == "forward":
+        what = "context→generation"
+        matrix = report.get("bandwidth_matrix")
+        rows = matrix.get("gbps") if isinstance(matrix, dict) else None
+        values = [v for row in rows if isinstance(row, list) for v in row if number(v)] if isinstance(rows, list) \
+            else []
+        where = "bandwidth_matrix"
+        if not values:
+            values = [p["gbps"] for p in pairs if number(p.get("gbps")) and p.get("op", "WRITE") == "WRITE"]
+            where = "pairs (WRITE)"
+        if not values:
+            raise MeasuredError(f"{report_file}: no measured context→generation bandwidth (every pair failed or "
+                                "none ran); fix the cluster and validate again")
     else:
-        raise ValueError(f"pick must be 'slowest' or 'median', got {pick!r}")
-    transport = (report.get("thresholds") or {}).get("transport")
+        what = "generation→context"
+        if not pairs:
+            raise MeasuredError(f"{report_file}: no generation→context (\"direction\": \"reverse\") pairs: that "
+                                "validation measured the forward direction only; validate again with a tk that "
+                                "measures both")
+        timing = report.get("timing") if isinstance(report.get("timing"), dict) else {}
+        prefer = "READ" if timing.get("shared_host") is True else "WRITE"
+        values = [p["gbps"] for p in pairs if p.get("op") == prefer and number(p.get("gbps"))]
+        where = f"pairs ({prefer})"
+        if not values:
+            values = [p["gbps"] for p in pairs if number(p.get("gbps"))]
+            where = "pairs (any op)"
+        if not values:
+            raise MeasuredError(f"{report_file}: every generation→context pair failed; fix the cluster and "
+                                "validate again")
+    values = [float(v) for v in values]
+    gbps = min(values) if pick == "slowest" else statistics.median(values)
+    thresholds = report.get("thresholds") if isinstance(report.get("thresholds"), dict) else {}
     note = "" if report.get("passed") else " (that validation did NOT pass)"
     return Bandwidth(round(gbps, 6), "measured",
-                     f"{pick} of {len(values)} context→generation pair(s) in {report_file} ({where}){note}",
-                     transport)
+                     f"{pick} of {len(values)} {what} pair(s) in {report_file} ({where}){note}",
+                     thresholds.get("transport"))
