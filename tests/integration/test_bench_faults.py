@@ -24,8 +24,9 @@ pytest.importorskip("aiperf")
 pytestmark = [pytest.mark.slow, pytest.mark.nixl]
 
 RECIPE = str(ROOT / "recipes" / "standin-2p2d.yaml")
-PORTS = ["--set", "proxy.port=46100", "--set", "cluster.worker_base_port=46200",
-         "--set", "cluster.internal_base_port=46400"]
+# ports below Linux's ephemeral range (32768-60999), where an outgoing connection can hold one
+PORTS = ["--set", "proxy.port=25100", "--set", "cluster.worker_base_port=25200",
+         "--set", "cluster.internal_base_port=25400"]
 SMALL = ["--isl", "64", "--osl", "8", "--concurrency", "2", "--requests", "16"]
 
 
@@ -71,7 +72,7 @@ def test_sigterm_to_tk_bench_stops_the_deployment_ends_aiperf_and_leaves_no_stag
 
 def test_a_membership_run_with_its_etcd_benchmarks_as_pass(tmp_path):
     proc, doc, _ = _bench(tmp_path, *SMALL, "--set", "membership.enabled=true", "--set",
-                          "membership.etcd_port=46300")
+                          "membership.etcd_port=25300")
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert doc["verdict"]["summary"].startswith("PASS: valid, disaggregated"), doc["verdict"]["summary"]
 

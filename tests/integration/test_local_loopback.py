@@ -70,8 +70,9 @@ def _run_pids(run_id: str) -> list[int]:
 
 def test_a_local_deployment_listens_on_loopback_only_ucx_included(tmp_path):
     env = {"TK_RUNS_DIR": str(tmp_path / "runs"), "TK_STATE_DIR": str(tmp_path / "state")}
-    record = tk_json("launch", str(STANDIN_RECIPE), "--local", "--set", "proxy.port=45100",
-                     "--set", "cluster.worker_base_port=45200", "--set", "cluster.internal_base_port=45400",
+    # ports below Linux's ephemeral range (32768-60999), where an outgoing connection can hold one
+    record = tk_json("launch", str(STANDIN_RECIPE), "--local", "--set", "proxy.port=24100",
+                     "--set", "cluster.worker_base_port=24200", "--set", "cluster.internal_base_port=24400",
                      env=env, timeout=400)
     try:
         for i in range(4):  # KV moves: NIXL's UCX transport is up in every server
