@@ -123,12 +123,14 @@ SIGNATURES: tuple[Signature, ...] = (
     ),
     Signature(
         id="transceiver-buffer-too-small",
-        title="transfer buffer smaller than a request's KV (dynamic buffer, fails with NIXL)",
-        patterns=(r"bufferCoverTargetNum:\s*0\s*<\s*targetNum", r"may use dynamic buffer which will fail with NIXL",
-                  r"does not fit the pre-allocated transfer buffer"),
+        title="transfer buffer smaller than a request's KV (\"Agent need all buffer pre-allocated\")",
+        patterns=(r"bufferCoverTargetNum:\s*\d+\s*<\s*targetNum", r"may use dynamic buffer which will fail with NIXL",
+                  r"Agent need (all )?buffer pre-allocated", r"does not fit the pre-allocated transfer buffer"),
         where=(SERVER,),
-        cause="cache_transceiver_config.max_tokens_in_buffer is smaller than the longest prompt, so TensorRT-LLM "
-              "falls back to dynamic buffers, which the NIXL backend does not support",
+        cause="cache_transceiver_config.max_tokens_in_buffer is smaller than the prompt: the C++ transceiver's "
+              "pre-allocated transfer buffer does not hold the request's KV, and over NIXL (or MOONCAKE) its agent "
+              "connection has no dynamic-buffer fallback, so the request fails (TLLM_CHECK \"Agent need all buffer "
+              "pre-allocated\" in CacheFormatter::format, cacheFormatter.cpp); tk plan refuses such a recipe",
         fix="raise kv_transfer.max_tokens_in_buffer to at least traffic.max_input_len (rounded up to "
             "tokens_per_block), or leave it unset so tk derives it; mind its GPU memory next to "
             "free_gpu_memory_fraction",
