@@ -371,10 +371,6 @@ def bandwidth_matrix(pairs: list) -> dict:
     return out
 
 
-# Transports whose copies a CPU makes (UCX transport names before the "/"): host memory over shared memory or TCP.
-CPU_TRANSPORTS = ("cma", "tcp", "posix", "sysv", "xpmem", "knem", "self")
-
-
 def cpu_progressed(params: dict, results: dict) -> tuple[bool, str]:
     """Whether the transfers were progressed by a CPU (so a WRITE between agents of one host completes when its
     destination runs): host memory, or a WRITE that UCX served by software emulation. CUDA memory over cuda_ipc or
@@ -488,8 +484,8 @@ def advise(transfer: dict, rows: list, pairs: list, tpb: int, trusted: bool, why
                        "coalesced into one descriptor, as one descriptor measured here)")
     return {**base, "status": "change" if options else "keep", "tokens_per_block": pick or tpb,
             "bounce_size_mb": bounce, "reason": (
-                f"{count} descriptors of {base['descriptor_bytes']} bytes reach {at:.3f} GB/s where one descriptor of "
-                f"the same bytes reaches {one:.3f} GB/s ({at / one:.0%})" +
+                f"{count} descriptors of {base['descriptor_bytes']} bytes (the request as validated) reach {at:.3f} "
+                f"GB/s where one descriptor of the same bytes reaches {one:.3f} GB/s ({at / one:.0%})" +
                 (f"; to cut the descriptor count: {'; or '.join(options)}" if options else
                  "; no block size up to 512 reaches 90 % of one descriptor"))}
 
