@@ -736,8 +736,8 @@ def print_report(report: dict) -> None:
         console.print(t)
     curve = report.get("curve") or []
     if any(row.get("gbps_median") for row in curve):
-        t = Table(title="Descriptor-size curve (raw NIXL WRITE, context -> generation, the longest request's bytes "
-                        "of one rank pair; median [slowest-fastest] over the pairs)", title_justify="left")
+        t = Table(title=esc("Descriptor-size curve (raw NIXL WRITE, context -> generation, the longest request's "
+                            "bytes of one rank pair; median [slowest-fastest] over the pairs)"), title_justify="left")
         for col in ("descriptors", "each", "GB/s"):
             t.add_column(col, justify="right")
         for row in curve:
