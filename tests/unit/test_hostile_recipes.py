@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from toolkit.errors import RecipeError
 from toolkit.plan import build_plan
 from toolkit.recipe import load_recipe, load_recipe_text
-from toolkit.recipe.loader import MAX_DEPTH, MAX_NODES, MAX_RECIPE_BYTES
+from toolkit.recipe.yaml import MAX_DEPTH, MAX_NODES, MAX_RECIPE_BYTES
 from orchestrator.spec import JobSpec
 from toolkit.render import render_files
 from tests.conftest import ROOT

@@ -19,7 +19,8 @@ import yaml
 from toolkit.errors import RecipeError, Violation
 from toolkit.importer import srtslurm, trtllm_bench, trtllm_disagg
 from toolkit.importer.common import Ledger, SourceError, flatten
-from toolkit.recipe.loader import cut, escape_controls
+from toolkit.recipe.yaml import parse_yaml
+from toolkit.text import cut, escape_controls
 
 KINDS = {m.KIND: m for m in (srtslurm, trtllm_bench, trtllm_disagg)}
 MAX_SOURCE_BYTES = 1 << 20
@@ -49,9 +50,7 @@ def read_source(path: str | Path) -> dict:
 
 
 def _read(path: str | Path) -> tuple[dict, dict]:
-    """The source's mapping and the line of each field path in it (toolkit.recipe.loader.parse_yaml)."""
-    from toolkit.recipe.loader import parse_yaml
-
+    """The source's mapping and the line of each field path in it (toolkit.recipe.yaml.parse_yaml)."""
     p = Path(path)
     file = cut(str(path))
     if not p.is_file():
