@@ -17,11 +17,10 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
+from orchestrator.states import ComponentKind, RestartPolicy, Role
+
 SCHEMA = 1
 ArgItem = Union[str, Dict[str, str]]
-
-KINDS = ("worker", "proxy", "etcd")
-POLICIES = ("restart", "fail-fast")
 
 
 class SpecError(ValueError):
@@ -30,7 +29,7 @@ class SpecError(ValueError):
 
 @dataclass(frozen=True)
 class Supervision:
-    policy: str  # "restart" | "fail-fast"
+    policy: RestartPolicy
     max_restarts: int  # consecutive failed restarts of one component before it is given up
     backoff_initial_s: float
     backoff_max_s: float
@@ -39,15 +38,15 @@ class Supervision:
     health_interval_s: float  # one probe round every this many seconds
     stall_after_s: float  # a progress probe unanswered this long: wedged (0: no progress probes)
     startup_timeout_s: float  # each start-up wait, and a restarted component's time to turn healthy
-    minimum: Dict[str, int]  # role -> fewer live components than this ends the run
+    minimum: Dict[Role, int]  # fewer live components of a role than this ends the run
     probe_timeout_s: float = 3.0  # one liveness probe
 
 
 @dataclass(frozen=True)
 class Component:
     name: str  # ctx-0, gen-1, agg-0, proxy, etcd; its step is tk-NAME, its log logs/NAME.log
-    role: str  # ctx | gen | agg | proxy | etcd
-    kind: str  # worker | proxy | etcd
+    role: Role
+    kind: ComponentKind
     nodes: List[int]  # plan node indices; the first is where it is reached
     ntasks: int
     ntasks_per_node: int
@@ -151,7 +150,7 @@ class JobSpec:
 
     @property
     def front(self) -> Optional[Component]:
-        return next((c for c in self.components if c.kind == "proxy"), None)
+        return next((c for c in self.components if c.kind == ComponentKind.PROXY), None)
 
 
 def _need(doc: Dict[str, Any], key: str, kind: Any, where: str) -> Any:
@@ -189,6 +188,15 @@ def _argv(value: Any, where: str) -> List[ArgItem]:
 NUMBER = (int, float)
 
 
+def _word(vocabulary: Any, text: Any, where: str) -> Any:
+    """``text`` as a word of ``vocabulary`` (an Enum of orchestrator.states), or SpecError naming the words."""
+    try:
+        return vocabulary(text)
+    except ValueError:
+        raise SpecError(f"{where}: {str(text)[:40]!r} is not one of "
+                        f"{', '.join(w.value for w in vocabulary)}") from None
+
+
 def _spec(doc: Any) -> JobSpec:
     if not isinstance(doc, dict):
         raise SpecError("not a JSON object")
@@ -196,14 +204,13 @@ def _spec(doc: Any) -> JobSpec:
         raise SpecError(f"schema: {doc.get('schema')!r}; this job reads schema {SCHEMA} (re-render with this tk)")
     sv = _need(doc, "supervision", dict, "")
     minimum = _need(sv, "minimum", dict, "supervision.")
-    if not all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in minimum.items()):
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in minimum.values()):
         raise SpecError("supervision.minimum: not role -> count")
-    policy = _need(sv, "policy", str, "supervision.")
-    if policy not in POLICIES:
-        raise SpecError(f"supervision.policy: {policy[:40]!r} is not one of {', '.join(POLICIES)}")
     supervision = Supervision(
-        policy=policy, max_restarts=_need(sv, "max_restarts", int, "supervision."),
-        minimum=dict(minimum), **{k: float(_need(sv, k, NUMBER, "supervision.")) for k in (
+        policy=_word(RestartPolicy, _need(sv, "policy", str, "supervision."), "supervision.policy"),
+        max_restarts=_need(sv, "max_restarts", int, "supervision."),
+        minimum={_word(Role, k, "supervision.minimum"): v for k, v in minimum.items()},
+        **{k: float(_need(sv, k, NUMBER, "supervision.")) for k in (
             "backoff_initial_s", "backoff_max_s", "unhealthy_after_s", "stable_after_s", "health_interval_s",
             "stall_after_s", "startup_timeout_s", "probe_timeout_s")})
     components = []
@@ -211,9 +218,7 @@ def _spec(doc: Any) -> JobSpec:
         where = f"components[{i}]."
         if not isinstance(c, dict):
             raise SpecError(f"components[{i}]: not an object")
-        kind = _need(c, "kind", str, where)
-        if kind not in KINDS:
-            raise SpecError(f"{where}kind: {kind[:40]!r} is not one of {', '.join(KINDS)}")
+        kind = _word(ComponentKind, _need(c, "kind", str, where), where + "kind")
         nodes = _need(c, "nodes", list, where)
         if not nodes or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 100000 for n in nodes):
             raise SpecError(f"{where}nodes: not a list of node indices")
@@ -229,7 +234,8 @@ def _spec(doc: Any) -> JobSpec:
                 start_after is not None and not isinstance(start_after, str):
             raise SpecError(f"{where}progress/start_after: not text")
         components.append(Component(
-            name=_need(c, "name", str, where), role=_need(c, "role", str, where), kind=kind, nodes=list(nodes),
+            name=_need(c, "name", str, where), role=_word(Role, _need(c, "role", str, where), where + "role"),
+            kind=kind, nodes=list(nodes),
             ntasks=_need(c, "ntasks", int, where), ntasks_per_node=_need(c, "ntasks_per_node", int, where),
             gpus=_need(c, "gpus", str, where), env_file=_need(c, "env_file", str, where),
             instance_env=[(k, v) for k, v in env], argv=_argv(_need(c, "argv", list, where), where + "argv"),

@@ -245,7 +245,8 @@ def status(run: RunRecord | str | os.PathLike | None = None) -> RunRecord:
 
 def logs(run: RunRecord | str | os.PathLike | None = None, role: str | None = None,
          instance: int | None = None) -> list[Path]:
-    """The log files of the run's servers, optionally only one role (ctx, gen, proxy) and instance."""
+    """The log files of the run's components, optionally only one role (an orchestrator.states.Role: ctx, gen, agg,
+    proxy, etcd) and instance."""
     from toolkit.launch.logs import select_logs
 
     return select_logs(_record(run), role, instance)

@@ -9,8 +9,10 @@ import sys
 
 import click
 
+from orchestrator.states import Role
 from toolkit import __version__, api
 from toolkit.errors import RecipeError, TkError
+from toolkit.facts.hardware import Transport
 
 
 def _emit_json(doc) -> None:
@@ -34,6 +36,29 @@ WEEK_S = 7 * 24 * 3600.0
 
 def _seconds(minimum: float) -> _Finite:
     return _Finite(min=minimum, max=WEEK_S)
+
+
+class _LazyChoice(click.Choice):
+    """A click.Choice whose words are a vocabulary defined in a module `tk --help` does not import: read when the
+    option is used or its help is shown."""
+
+    def __init__(self, words):
+        self._words = words
+        super().__init__(())
+
+    @property  # type: ignore[override]
+    def choices(self):
+        return tuple(self._words())
+
+    @choices.setter
+    def choices(self, _value) -> None:
+        pass
+
+
+def _import_formats() -> tuple[str, ...]:
+    from toolkit.importer import KINDS
+
+    return tuple(KINDS)
 
 
 def _say(msg: str) -> None:
@@ -137,7 +162,7 @@ def plan(recipe: str, predict: bool, turns: int | None, answer_len: int | None, 
 @cli.command(name="import")
 @click.argument("source", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the recipe here (default: stdout).")
-@click.option("--kind", type=click.Choice(["srt-slurm", "trtllm-bench", "trtllm-disagg"]),
+@click.option("--kind", type=_LazyChoice(_import_formats),
               help="The source's format (default: detected).")
 @click.option("--name", help="The recipe's name (default: the source's).")
 @click.option("--force", is_flag=True, help="Overwrite an existing -o file.")
@@ -179,7 +204,7 @@ def import_(source, output, kind, name, force, as_json):
 @click.option("--osl", required=True, type=click.IntRange(1, 1 << 20), help="Output tokens per request.")
 @click.option("--ttft", required=True, type=_Finite(min=0.1, max=3_600_000.0), help="TTFT limit, ms.")
 @click.option("--tpot", required=True, type=_Finite(min=0.01, max=60_000.0), help="TPOT limit, ms.")
-@click.option("--transport", type=click.Choice(["infiniband", "roce", "efa", "nvlink-single-node", "tcp"]),
+@click.option("--transport", type=click.Choice([t.value for t in Transport]),
               help="KV transport (its nominal GB/s is the transfer term's bandwidth; default nvlink-single-node "
                    "when the budget fits one node, else infiniband).")
 @click.option("--measured", type=click.Path(exists=True), metavar="RUN_DIR",
@@ -396,7 +421,7 @@ def status(run, as_json):
 
 @cli.command()
 @click.argument("run", required=False)
-@click.option("--role", type=click.Choice(["ctx", "gen", "proxy"]), help="Only this role's logs.")
+@click.option("--role", type=click.Choice([r.value for r in Role]), help="Only this role's logs.")
 @click.option("--instance", type=int, help="Only this instance of the role.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends (Ctrl-C stops).")
 @click.option("--lines", "-n", type=click.IntRange(0, 1_000_000), default=50, show_default=True,

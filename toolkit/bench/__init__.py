@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from orchestrator.states import EventKind
+from orchestrator.states import SERVER_ROLES, EventKind, Role
 from toolkit.bench import probe as probes
 from toolkit.bench.results import CellResult, ExportError, read_export
 from toolkit.bench.runner import AiperfFailed, find_aiperf, log_tail, run_aiperf
 from toolkit.bench.sla import Objective
-from toolkit.bench.verdict import Bounds, decide
+from toolkit.bench.verdict import Bounds, Stage, decide
 from toolkit.bench.workload import BenchInputError, Limits, Workload, aiperf_argv
 from toolkit.errors import TkError
 from toolkit.runtime import signals
@@ -76,14 +76,14 @@ def target_for_run(run, plan=None, *, name: str = "disaggregated", aggregated: b
     gpus = plan.gpu_count if plan is not None else None
     # The servers whose counters tk reads: context, generation (or aggregated) servers only, never the proxy nor
     # the etcd a membership run starts, which has no such counters (M1)
-    roles = {s.name for s in run.servers if s.role in ("ctx", "gen", "agg")}
+    roles = {s.name for s in run.servers if s.role in SERVER_ROLES}
     servers = {k: v for k, v in _server_urls(run).items() if k in roles}
     reference = None
     if aggregated:
         pr = probes.AggregatedProbe()
     else:
         pr = probes.probe_for(run.endpoint, servers)
-        reference = next((servers[s.name] for s in run.servers if s.role == "gen" and s.name in servers), None)
+        reference = next((servers[s.name] for s in run.servers if s.role == Role.GEN and s.name in servers), None)
     urls = tuple(getattr(run, "endpoints", None) or ()) if aggregated else ()
     return Target(name=name, endpoint=run.endpoint, model=run.model, probe=pr, gpus=gpus, run=run.public(),
                   urls=urls, workers=servers, reference=None if aggregated else reference)
@@ -447,7 +447,7 @@ def _measure_and_publish(target: Target, workload: Workload, *, aiperf: str, tok
     final_verdict = decide(workload, results, proof, objectives, gpus=target.gpus, bounds=bounds, answers=answers,
                            baseline_error=doc.get("baseline_error"), reference_error=doc.get("reference_error"),
                            against=against, conditional=conditional)
-    reuse_checks = [c for c in verdict.checks if c.stage == "reuse"]  # informational: they change no exit code
+    reuse_checks = [c for c in verdict.checks if c.stage == Stage.REUSE]  # informational: they change no exit code
     final_verdict.checks += reuse_checks
     bad = [c for c in reuse_checks if not c.ok and not c.skipped]
     if bad:

@@ -8,6 +8,8 @@ import json
 import time
 from pathlib import Path
 
+from toolkit.bench.verdict import Outcome, Stage
+
 CSV_COLUMNS = ["target", "cell", "isl", "osl", "turns", "concurrency", "request_rate", "requests", "errors",
                "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
                "e2e_p50_ms", "e2e_p99_ms", "request_throughput", "output_tokens_per_s",
@@ -306,12 +308,12 @@ def print_summary(doc: dict) -> None:
                   " [red](they differ: see report.md)[/red]"))
     print_turns(con, doc)
     v = doc["verdict"]
-    for stage in ("validity", "disaggregation", "parity", "sla", "reuse"):
+    for stage in Stage:
         checks = [c for c in v["checks"] if c["stage"] == stage and not c.get("skipped")]
         if not checks:
             continue
         bad = [c for c in checks if not c["ok"]]
-        if stage == "reuse":  # findings explain the numbers; they do not change the exit code
+        if stage == Stage.REUSE:  # findings explain the numbers; they do not change the exit code
             con.print(f"{stage}: " + (f"{len(checks)} check(s) passed" if not bad else
                                       f"[yellow]{len(bad)} finding(s)[/yellow] (the exit code is unchanged)"))
         else:
@@ -325,7 +327,7 @@ def print_summary(doc: dict) -> None:
         con.print(f"note: the streams arrived in one chunk in {len(one_chunk)} cell(s): ITL, TPOT and tokens/s per "
                   "user are not measurable there (shown as -), and no SLA objective on them was judged",
                   highlight=False)
-    style = "green" if v["exit_code"] == 0 else "red"
+    style = "green" if v["exit_code"] == Outcome.PASS else "red"
     con.print(f"[{style}]{v['summary']}[/{style}]", soft_wrap=True)  # one line, whatever its length (grep-able)
     con.print(f"report: {doc['bench_dir']}/report.md", soft_wrap=True)  # a path is never split across lines
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from orchestrator.states import Word
+
 
 @dataclass(frozen=True)
 class GpuFigures:
@@ -77,11 +79,23 @@ DECODE_EFFICIENCY = 0.7  # memory-bound phase: achieved / peak HBM bandwidth
 MNNVL_GPUS = ("GB200", "GB300")
 
 
+class Transport(Word):
+    """The KV transport profiles (recipe kv_transfer.transport, `tk size --transport`): one TransportProfile each."""
+
+    INFINIBAND = "infiniband"
+    INFINIBAND_800G = "infiniband-800g"
+    NVLINK_MULTI_NODE = "nvlink-multi-node"
+    ROCE = "roce"
+    EFA = "efa"
+    NVLINK_SINGLE_NODE = "nvlink-single-node"
+    TCP = "tcp"
+
+
 @dataclass(frozen=True)
 class TransportProfile:
     """How KV bytes cross between context and generation GPUs, and the env that selects it."""
 
-    name: str
+    name: Transport
     nominal_gbps: float  # GB/s per GPU, one direction
     ucx_tls_gpu: str  # UCX_TLS with GPU memory transports; "": left unset, UCX chooses (ucx_tls_reason says why)
     ucx_tls_host: str  # UCX_TLS when the KV cache lives in host memory
@@ -90,6 +104,7 @@ class TransportProfile:
     multi_node: bool = True
     description: str = ""
     gpus: tuple[str, ...] = ()  # the GPUs the fabric exists for; () = any
+    rdma: bool = False  # KV moves over RDMA NICs (the validation agents check each node has one)
     # Why tk sets UCX_TLS for this profile (or leaves it unset), for the env files and `tk plan`.
     ucx_tls_reason: str = ("set so that a host-wide UCX_TLS (e.g. tcp from the site's MPI module) is never "
                            "inherited; TensorRT-LLM's own Slurm scripts unset it and let UCX choose. Set UCX_TLS in "
@@ -104,37 +119,38 @@ TRANSPORT_PROFILES = {
     p.name: p
     for p in [
         TransportProfile(
-            "infiniband", 50.0, "rc,cuda_copy,cuda_ipc,gdr_copy,sm,self", "rc,sm,self",
+            Transport.INFINIBAND, 50.0, "rc,cuda_copy,cuda_ipc,gdr_copy,sm,self", "rc,sm,self", rdma=True,
             description="InfiniBand NDR, 400 Gb/s per GPU, GPUDirect RDMA"),
         TransportProfile(
-            "infiniband-800g", 100.0, "rc,cuda_copy,cuda_ipc,gdr_copy,sm,self", "rc,sm,self",
+            Transport.INFINIBAND_800G, 100.0, "rc,cuda_copy,cuda_ipc,gdr_copy,sm,self", "rc,sm,self", rdma=True,
             description="InfiniBand XDR, 800 Gb/s per GPU (ConnectX-8 SuperNIC on B300/GB300), GPUDirect RDMA"),
         TransportProfile(
             # Context and generation in one NVL72 NVLink domain across nodes: UCX's cuda_ipc reaches the other
             # nodes' GPUs over MNNVL (UCX_CUDA_IPC_ENABLE_MNNVL, on by default). NVIDIA's GB200/GB300 recipes leave
             # UCX_TLS unset (NVIDIA/srt-slurm recipes/trtllm/gb200-*, gb300-* @ c88ef731): so does this profile.
-            "nvlink-multi-node", 900.0, "", "sm,self,tcp", gpus=("GB200", "GB300"),
+            Transport.NVLINK_MULTI_NODE, 900.0, "", "sm,self,tcp", gpus=("GB200", "GB300"),
             description="GB200/GB300 NVL72: multi-node NVLink (MNNVL), 1.8 TB/s per GPU both ways",
             ucx_tls_reason=("left unset: UCX picks cuda_ipc over MNNVL itself, as in NVIDIA's GB200/GB300 recipes "
                             "(NVIDIA/srt-slurm @ c88ef731)")),
         TransportProfile(
-            "roce", 50.0, "rc,cuda_copy,cuda_ipc,gdr_copy,sm,self", "rc,sm,self",
-            env={"UCX_IB_GID_INDEX": "3"},
+            Transport.ROCE, 50.0, "rc,cuda_copy,cuda_ipc,gdr_copy,sm,self", "rc,sm,self",
+            env={"UCX_IB_GID_INDEX": "3"}, rdma=True,
             description="RoCE v2, 400 Gb/s per GPU; GID index 3 is RoCE v2 over IPv4 on most hosts"),
         TransportProfile(
-            "efa", 50.0, "tcp,cuda_copy,cuda_ipc,sm,self", "tcp,sm,self",
-            env={"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}, nixl_transport="LIBFABRIC",
+            Transport.EFA, 50.0, "tcp,cuda_copy,cuda_ipc,sm,self", "tcp,sm,self",
+            env={"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1"}, nixl_transport="LIBFABRIC", rdma=True,
             description="AWS EFA, NIXL over libfabric (UCX only for the control path)"),
         TransportProfile(
-            "nvlink-single-node", 450.0, "cuda_copy,cuda_ipc,sm,self,tcp", "sm,self,tcp",
+            Transport.NVLINK_SINGLE_NODE, 450.0, "cuda_copy,cuda_ipc,sm,self,tcp", "sm,self,tcp",
             multi_node=False,
             description="context and generation on the same NVLink domain, CUDA IPC"),
         TransportProfile(
-            "tcp", 3.125, "tcp,cuda_copy,sm,self", "tcp,sm,self",
+            Transport.TCP, 3.125, "tcp,cuda_copy,sm,self", "tcp,sm,self",
             description="plain TCP, 25 GbE; for rehearsal and for the CPU stand-in"),
     ]
 }
-TRANSPORTS = tuple(TRANSPORT_PROFILES)
+TRANSPORTS = tuple(t.value for t in Transport)
+assert set(TRANSPORT_PROFILES) == set(Transport), "one TransportProfile per Transport"
 
 # What the runtime takes besides weights, activations and the KV pool, per GPU (bytes). aiconfigurator 0.12.0's
 # memory model (aiconfigurator_core/systems/*.yaml `misc`, "nonofficial correction based on observations"):

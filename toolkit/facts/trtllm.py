@@ -22,6 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from orchestrator.states import Role, Word
+
 
 class UnsupportedVersion(ValueError):
     pass
@@ -170,7 +172,16 @@ CTX_GEN_MUST_AGREE = (
 # Router types the recipe may name (the union over every line; each line's own list is in the data file, and the plan
 # checks the recipe's against it): tensorrt_llm/serve/router.py create_router(); "conversation" from PR #12526
 # (2026-03-25, router.py @ 00895e31dc5f9865c6bdfd2dd0508a9d6d964e9d).
-ROUTERS = ("round_robin", "load_balancing", "kv_cache_aware", "conversation")
+class Router(Word):
+    """A router type of `trtllm-serve disaggregated` (proxy.context_router / generation_router)."""
+
+    ROUND_ROBIN = "round_robin"
+    LOAD_BALANCING = "load_balancing"
+    KV_CACHE_AWARE = "kv_cache_aware"  # routes by the servers' KV-cache blocks (their KV-cache events)
+    CONVERSATION = "conversation"  # keeps a conversation on one server (1.3, toolkit.facts.kvreuse)
+
+
+ROUTERS = tuple(r.value for r in Router)
 
 # `trtllm-serve MODEL` flags tk passes (--host, --port, --backend, --tp_size, --pp_size, --ep_size,
 # --extra_llm_api_options) and a few more; spot-checked in stored tensorrt_llm/commands/serve.py versions
@@ -231,7 +242,7 @@ _DISAGG_FLAGS_BASE = {*PROXY_FLAG.values(), "-l"}
 # ---------------------------------------------------------------------------------------------------
 MEMBERSHIP_KEY = "disagg_cluster"  # top-level key of the proxy config
 MEMBERSHIP_FLAG = {"uri": "--disagg_cluster_uri", "role": "--server_role"}  # `trtllm-serve MODEL` flags
-MEMBERSHIP_ROLES = {"ctx": "context", "gen": "generation"}  # --server_role values (ServerRole[value.upper()])
+MEMBERSHIP_ROLES = {Role.CTX: "context", Role.GEN: "generation"}  # --server_role values (ServerRole[value.upper()])
 MEMBERSHIP_STORAGES = ("http", "etcd")  # http: hosted by the proxy itself; etcd: an etcd v3 server
 MEMBERSHIP_URI_SCHEMES = {"http": "http", "etcd": "etcd"}  # cluster_uri scheme per storage
 # DisaggClusterConfig defaults (DISAGG_MID): the recipe's defaults.

@@ -18,7 +18,7 @@ from typing import Callable
 import requests
 
 import toolkit.doctor as doctor
-from orchestrator.states import SUPERVISED_STATES, ComponentState, EventKind, RunState
+from orchestrator.states import SUPERVISED_STATES, ComponentState, EventKind, Role, RunState
 from toolkit.errors import TkError
 from toolkit.launch.backends import LaunchError, backend_for
 from toolkit.launch.run import (RunRecord, find_run, load_run, log_tail, new_run_dir, read_events, read_nodes,
@@ -254,7 +254,7 @@ def _job_said_ready(run: RunRecord) -> bool:
 
 def _healthy_counts(run: RunRecord) -> dict:
     out = {}
-    for role in dict.fromkeys(["ctx", "gen", "proxy"] if run.front else [s.role for s in run.servers]):
+    for role in dict.fromkeys([Role.CTX, Role.GEN, Role.PROXY] if run.front else [s.role for s in run.servers]):
         servers = [s for s in run.servers if s.role == role]
         out[role] = (sum(s.state == ComponentState.HEALTHY for s in servers), len(servers))
     return out

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from orchestrator.states import Role
 from toolkit.errors import RecipeError
 from toolkit.facts import trtllm
 from toolkit.plan import memory, options, placement, rules
@@ -32,7 +33,7 @@ from toolkit.plan.model import Plan, RolePlan
 from toolkit.plan.sizing import ceil_to, longest_input, role_kv, spec_layers
 from toolkit.recipe.loader import LoadedRecipe
 
-ROLE = "agg"
+ROLE = Role.AGG
 TITLE = "aggregated"
 
 

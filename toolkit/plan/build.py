@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from orchestrator.states import RestartPolicy, Role
 from toolkit import __version__
 from toolkit.errors import RecipeError
 from toolkit.facts import llm_args, trtllm
@@ -118,10 +119,10 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
 
     port = r.cluster.worker_base_port
     cursor = placement.GpuCursor(gpn)
-    ctx_instances = placement.place("ctx", r.context, cursor, first_port=port, uses_mpi=engine.uses_mpi)
+    ctx_instances = placement.place(Role.CTX, r.context, cursor, first_port=port, uses_mpi=engine.uses_mpi)
     if not r.cluster.share_nodes:
         cursor.next_node()
-    gen_instances = placement.place("gen", r.generation, cursor, first_port=port + len(ctx_instances),
+    gen_instances = placement.place(Role.GEN, r.generation, cursor, first_port=port + len(ctx_instances),
                                     uses_mpi=engine.uses_mpi)
     servers = placement.internal_ports(ctx_instances + gen_instances, version, engine,
                                        r.cluster.internal_base_port or r.cluster.worker_base_port + 1000)
@@ -162,7 +163,7 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
         estimates = sizing.estimates(r, model, geometry, transport)
     dtype = r.kv_transfer.dtype
 
-    def role_plan(name: str, title: str, spec, span: int, nodes: int, instances, opts: dict, env: dict) -> RolePlan:
+    def role_plan(name: Role, title: str, spec, span: int, nodes: int, instances, opts: dict, env: dict) -> RolePlan:
         return RolePlan(role=name, title=title, tp=spec.tp, pp=spec.pp, ep=opts.get("moe_expert_parallel_size"),
                         attention_dp=spec.attention_dp, gpus_per_instance=spec.tp * spec.pp,
                         nodes_per_instance=span, node_count=nodes, instances=instances,
@@ -171,8 +172,8 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
                         kv=sizing.role_kv(model, dtype, spec, extra_layers),
                         launcher_prefix=tuple(spec.launcher_prefix), memory=memories.get(title))
 
-    ctx_plan = role_plan("ctx", "context", r.context, ctx_span, ctx_nodes, ctx_instances, ctx_opts, ctx_env)
-    gen_plan = role_plan("gen", "generation", r.generation, gen_span, gen_nodes, gen_instances, gen_opts, gen_env)
+    ctx_plan = role_plan(Role.CTX, "context", r.context, ctx_span, ctx_nodes, ctx_instances, ctx_opts, ctx_env)
+    gen_plan = role_plan(Role.GEN, "generation", r.generation, gen_span, gen_nodes, gen_instances, gen_opts, gen_env)
     proxy = options.proxy_plan(r, ctx_instances, gen_instances, transport, engine, membership, version)
     if r.cluster.mpi and not engine.uses_mpi:
         c.warnings.append(f"cluster.mpi {r.cluster.mpi} is not used: the {engine.label} starts one process per "
@@ -189,7 +190,7 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
                       gpu_request=r.cluster.gpu_request, exclusive=r.cluster.exclusive,
                       sbatch_args=tuple(r.cluster.sbatch_args), srun_args=tuple(r.cluster.srun_args))
     sv = r.supervision
-    supervision = SupervisionPlan(policy=sv.policy, max_restarts=sv.max_restarts,
+    supervision = SupervisionPlan(policy=RestartPolicy(sv.policy), max_restarts=sv.max_restarts,
                                   backoff_initial_s=sv.backoff_initial_s, backoff_max_s=sv.backoff_max_s,
                                   unhealthy_after_s=sv.unhealthy_after_s, stable_after_s=sv.stable_after_s,
                                   health_interval_s=HEALTH_INTERVAL_S, min_context=sv.min_context,

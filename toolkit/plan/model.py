@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from orchestrator.states import RestartPolicy, Role
 from toolkit.facts import trtllm
 from toolkit.facts.engines import EngineProfile
 from toolkit.facts.hardware import TransportProfile
@@ -131,7 +132,7 @@ class BufferSizing:
 class ServerInstance:
     """One context or generation server: an MPI world of tp*pp ranks on one or more nodes."""
 
-    role: str  # "ctx" | "gen" | "agg" (an aggregated plan's plain trtllm-serve instance)
+    role: Role  # ctx | gen | agg (an aggregated plan's plain trtllm-serve instance)
     index: int
     nodes: tuple[int, ...]  # indices into Plan.nodes
     gpus: tuple[int, ...]  # GPU ids on each node (CUDA_VISIBLE_DEVICES)
@@ -156,7 +157,7 @@ class ServerInstance:
 
 @dataclass(frozen=True)
 class RolePlan:
-    role: str  # "ctx" | "gen" | "agg"
+    role: Role  # ctx | gen | agg
     title: str  # "context" | "generation" | "aggregated"
     tp: int
     pp: int
@@ -203,7 +204,7 @@ class SupervisionPlan:
     """What the job's orchestrator does when a component exits, stops answering /health or stops making progress
     once the deployment serves (orchestrator.policy)."""
 
-    policy: str  # "restart" | "fail-fast"
+    policy: RestartPolicy
     max_restarts: int  # consecutive failed restarts of one component before it is given up ("lost")
     backoff_initial_s: int
     backoff_max_s: int
@@ -217,7 +218,7 @@ class SupervisionPlan:
 
     @property
     def restarts(self) -> bool:
-        return self.policy == "restart"
+        return self.policy == RestartPolicy.RESTART
 
 
 @dataclass(frozen=True)
@@ -356,8 +357,8 @@ class Plan:
     def gpu_count(self) -> int:
         return sum(role.gpu_count for role in self.roles)
 
-    def role(self, name: str) -> RolePlan:
-        """The role named "ctx", "gen" or "agg"."""
+    def role(self, name: Role | str) -> RolePlan:
+        """The role named ctx, gen or agg."""
         for role in self.roles:
             if role.role == name:
                 return role

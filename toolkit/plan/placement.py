@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from orchestrator.states import Role
 from toolkit.facts import trtllm
 from toolkit.facts.engines import EngineProfile
 from toolkit.plan.model import ServerInstance
@@ -55,7 +56,7 @@ class GpuCursor:
         return (node,), gpus
 
 
-def place(role_name: str, role: RoleSpec, cursor: GpuCursor, first_port: int,
+def place(role_name: Role, role: RoleSpec, cursor: GpuCursor, first_port: int,
           uses_mpi: bool) -> tuple[ServerInstance, ...]:
     """The role's instances, in order, from the cursor's next free GPU; ports count up from first_port."""
     world = role.tp * role.pp

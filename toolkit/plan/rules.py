@@ -8,6 +8,7 @@ import math
 import re
 from pathlib import Path
 
+from orchestrator.states import Role
 from toolkit.errors import Violation
 from toolkit.facts import llm_args, trtllm
 from toolkit.facts.engines import ENGINES, EngineProfile
@@ -155,7 +156,7 @@ def check_parallelism(r: Recipe, model: ModelSpec, c: Collector) -> None:
               f" tokens exceeds the model's {model.max_position_embeddings}-token context",
               "lower max_input_len, prefix_len or max_output_len")
     local_prefill = r.proxy.conditional_max_local_prefill_length
-    if local_prefill is not None and r.proxy.generation_router != "kv_cache_aware":
+    if local_prefill is not None and r.proxy.generation_router != trtllm.Router.KV_CACHE_AWARE:
         c.add("proxy.conditional_max_local_prefill_length",
               "conditional disaggregation needs a KV-cache-aware generation router "
               "(TensorRT-LLM asserts this at start-up)", "set proxy.generation_router: kv_cache_aware")
@@ -651,7 +652,7 @@ def check_membership(r: Recipe, version: trtllm.TrtllmVersion, servers, c: Colle
               f"after inactive_timeout_s", f"set it to at least {2 * m.heartbeat_interval_s}")
     # minimal_instances is the supervision minimum (checked by check_supervision): a proxy that required every
     # instance would refuse all requests while one worker restarts.
-    minimal = {"ctx": r.supervision.min_context, "gen": r.supervision.min_generation}
+    minimal = {Role.CTX: r.supervision.min_context, Role.GEN: r.supervision.min_generation}
     etcd = None
     if m.etcd_endpoint is not None and m.storage != "etcd":
         c.add("membership.etcd_endpoint", "etcd_endpoint is only read with storage: etcd",
@@ -709,7 +710,7 @@ def check_membership(r: Recipe, version: trtllm.TrtllmVersion, servers, c: Colle
     name = m.cluster_name or r.name
     return MembershipPlan(storage=m.storage, cluster_uri=uri, cluster_name=name,
                           heartbeat_interval_s=m.heartbeat_interval_s, inactive_timeout_s=m.inactive_timeout_s,
-                          minimal_context=minimal["ctx"], minimal_generation=minimal["gen"],
+                          minimal_context=minimal[Role.CTX], minimal_generation=minimal[Role.GEN],
                           worker_key_prefix=trtllm.MEMBERSHIP_KEY_PREFIX.format(cluster_name=name),
                           etcd=etcd, gateways=gateways, unauthenticated=bool(unauthenticated))
 

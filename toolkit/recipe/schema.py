@@ -13,10 +13,11 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
+from orchestrator.states import RestartPolicy
 from toolkit.facts import trtllm
-from toolkit.facts.hardware import EMULATED_GPUS, GPUS, TRANSPORTS
+from toolkit.facts.hardware import EMULATED_GPUS, GPUS, TRANSPORTS, Transport
 from toolkit.facts.roofline import PRECISIONS
-from toolkit.facts.trtllm import ROUTERS
+from toolkit.facts.trtllm import ROUTERS, Router
 
 # Every pattern is used with fullmatch (``$`` would accept a trailing newline) and spells digits [0-9]
 # (``\d`` matches Arabic-Indic and other Unicode digits, which Slurm and bash do not read).
@@ -290,7 +291,7 @@ class KvTransferSpec(Section):
     """How the KV cache moves from context to generation servers."""
 
     backend: Literal["DEFAULT", "UCX", "NIXL", "MPI", "MOONCAKE"] = "NIXL"
-    transport: Literal[TRANSPORTS] = "infiniband"  # type: ignore[valid-type]
+    transport: Literal[TRANSPORTS] = Transport.INFINIBAND.value  # type: ignore[valid-type]
     tokens_per_block: int = Field(32, ge=1, le=1024)
     dtype: Literal["auto", "fp8", "nvfp4"] = "auto"
     max_tokens_in_buffer: Optional[int] = Field(None, ge=1, le=INT32_MAX)
@@ -336,8 +337,8 @@ class ProxySpec(Section):
     """The `trtllm-serve disaggregated` proxy."""
 
     port: int = Field(8000, ge=1024, le=65535)
-    context_router: Literal[ROUTERS] = "round_robin"  # type: ignore[valid-type]
-    generation_router: Literal[ROUTERS] = "round_robin"  # type: ignore[valid-type]
+    context_router: Literal[ROUTERS] = Router.ROUND_ROBIN.value  # type: ignore[valid-type]
+    generation_router: Literal[ROUTERS] = Router.ROUND_ROBIN.value  # type: ignore[valid-type]
     # Further router arguments, written under the section's `router:` beside `type` (e.g. use_tokens: true of
     # load_balancing, max_batch_size of kv_cache_aware); TensorRT-LLM passes them to the router's constructor.
     context_router_args: Annotated[dict, BeforeValidator(_check_options)] = Field(default_factory=dict)
@@ -367,7 +368,7 @@ class SupervisionSpec(Section):
     worse than no number). Before the deployment first serves, any exit ends the job under either policy (a
     start-up crash is a configuration error, and restarting it only hides it)."""
 
-    policy: Literal["restart", "fail-fast"] = "restart"
+    policy: Literal[tuple(p.value for p in RestartPolicy)] = RestartPolicy.RESTART.value  # type: ignore[misc]
     max_restarts: int = Field(5, ge=0, le=100)  # consecutive failed restarts of one component before it is given up
     backoff_initial_s: int = Field(2, ge=0, le=600)  # wait before the first restart; doubled each time
     backoff_max_s: int = Field(60, ge=1, le=3600)
