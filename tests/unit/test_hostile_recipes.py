@@ -437,6 +437,17 @@ def test_bug20_error_lines_are_capped():
     assert len(str(v)) < 1000
 
 
+def test_one_escaper_for_messages_and_comment_lines():
+    """A bidirectional override or a zero-width space in a name reorders or hides what a terminal shows: the error
+    message escapes it as a rendered comment line does (before, messages escaped control characters only)."""
+    from toolkit.render.escape import comment
+
+    hostile = "a\u202eb\u200bc\nd"
+    [v] = _refused(STANDIN, f"foo{hostile}=1")
+    assert "a\\u202eb\\u200bc\\nd" in str(v) and "\u202e" not in str(v) and "\u200b" not in str(v)
+    assert comment(hostile) == "a\\u202eb\\u200bc\\nd"
+
+
 def test_bug20_many_unknown_keys_are_summarised():
     text = STANDIN + "".join(f"unknown{i}: 1\n" for i in range(500))
     violations = _refused(text)
