@@ -202,70 +202,13 @@ def _spec(doc: Any) -> JobSpec:
         raise SpecError("not a JSON object")
     if doc.get("schema") != SCHEMA:
         raise SpecError(f"schema: {doc.get('schema')!r}; this job reads schema {SCHEMA} (re-render with this tk)")
-    sv = _need(doc, "supervision", dict, "")
-    minimum = _need(sv, "minimum", dict, "supervision.")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in minimum.values()):
-        raise SpecError("supervision.minimum: not role -> count")
-    supervision = Supervision(
-        policy=_word(RestartPolicy, _need(sv, "policy", str, "supervision."), "supervision.policy"),
-        max_restarts=_need(sv, "max_restarts", int, "supervision."),
-        minimum={_word(Role, k, "supervision.minimum"): v for k, v in minimum.items()},
-        **{k: float(_need(sv, k, NUMBER, "supervision.")) for k in (
-            "backoff_initial_s", "backoff_max_s", "unhealthy_after_s", "stable_after_s", "health_interval_s",
-            "stall_after_s", "startup_timeout_s", "probe_timeout_s")})
-    components = []
-    for i, c in enumerate(_need(doc, "components", list, "")):
-        where = f"components[{i}]."
-        if not isinstance(c, dict):
-            raise SpecError(f"components[{i}]: not an object")
-        kind = _word(ComponentKind, _need(c, "kind", str, where), where + "kind")
-        nodes = _need(c, "nodes", list, where)
-        if not nodes or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 100000 for n in nodes):
-            raise SpecError(f"{where}nodes: not a list of node indices")
-        env = _need(c, "instance_env", list, where)
-        if not all(isinstance(kv, list) and len(kv) == 2 and all(isinstance(x, str) for x in kv) for kv in env):
-            raise SpecError(f"{where}instance_env: not a list of [NAME, VALUE]")
-        port = _need(c, "port", int, where)
-        if not 0 < port < 65536:
-            raise SpecError(f"{where}port: {port} is not a port")
-        progress = c.get("progress")
-        start_after = c.get("start_after")
-        if progress is not None and not isinstance(progress, str) or \
-                start_after is not None and not isinstance(start_after, str):
-            raise SpecError(f"{where}progress/start_after: not text")
-        components.append(Component(
-            name=_need(c, "name", str, where), role=_word(Role, _need(c, "role", str, where), where + "role"),
-            kind=kind, nodes=list(nodes),
-            ntasks=_need(c, "ntasks", int, where), ntasks_per_node=_need(c, "ntasks_per_node", int, where),
-            gpus=_need(c, "gpus", str, where), env_file=_need(c, "env_file", str, where),
-            instance_env=[(k, v) for k, v in env], argv=_argv(_need(c, "argv", list, where), where + "argv"),
-            port=port, health=_need(c, "health", str, where), live=_need(c, "live", str, where),
-            progress=progress, start_after=start_after, tls=bool(c.get("tls", False))))
+    supervision = _supervision(_need(doc, "supervision", dict, ""))
+    components = [_component(i, c) for i, c in enumerate(_need(doc, "components", list, ""))]
     names = [c.name for c in components]
     if len(set(names)) != len(names) or not all(n and n.replace("-", "").replace("_", "").isalnum() for n in names):
         raise SpecError("components: names must be unique letters, digits, '-' or '_'")
-    m = doc.get("membership")
-    membership = None
-    if m is not None:
-        if not isinstance(m, dict):
-            raise SpecError("membership: not an object")
-        workers = _need(m, "workers", dict, "membership.")
-        if not all(isinstance(k, str) and isinstance(v, str) for k, v in workers.items()):
-            raise SpecError("membership.workers: not name -> host:port")
-        tls_dir = m.get("tls_dir")
-        if tls_dir is not None and not isinstance(tls_dir, str):
-            raise SpecError("membership.tls_dir: not a directory")
-        membership = Membership(storage=_need(m, "storage", str, "membership."),
-                                cluster_uri=_need(m, "cluster_uri", str, "membership."),
-                                worker_key_prefix=_need(m, "worker_key_prefix", str, "membership."),
-                                workers=dict(workers), tls_dir=tls_dir)
-    ch = _need(doc, "check", dict, "")
-    options = _need(ch, "options", list, "check.")
-    if not all(isinstance(o, list) and len(o) == 2 and all(isinstance(x, str) for x in o) for o in options):
-        raise SpecError("check.options: not a list of [file, model]")
-    check = ConfigCheck(argv=_strings(_need(ch, "argv", list, "check."), "check.argv"),
-                        options=[(a, b) for a, b in options], disagg=_need(ch, "disagg", bool, "check."),
-                        timeout_s=float(_need(ch, "timeout_s", NUMBER, "check.")))
+    membership = _membership(doc.get("membership"))
+    check = _check(_need(doc, "check", dict, ""))
     pv = _need(doc, "provenance", dict, "")
     provenance = Provenance(flags=_strings(_need(pv, "flags", list, "provenance."), "provenance.flags"),
                             image=_need(pv, "image", str, "provenance."),
@@ -284,13 +227,80 @@ def _spec(doc: Any) -> JobSpec:
     spec = JobSpec(name=_need(doc, "name", str, ""), nodes=_need(doc, "nodes", int, ""), node_ports=node_ports,
                    srun_flags=_strings(_need(doc, "srun_flags", list, ""), "srun_flags"), components=components,
                    supervision=supervision, check=check, provenance=provenance, launcher=launcher,
-                   proxy_first=bool(doc.get("proxy_first", False)), membership=membership, disagg_config=disagg,
-                   toolkit_version=str(doc.get("toolkit_version", "")),
+                   proxy_first=bool(doc.get("proxy_first", False)), membership=membership,
+                   disagg_config=disagg, toolkit_version=str(doc.get("toolkit_version", "")),
                    trtllm_version=str(doc.get("trtllm_version", "")))
     for c in components:
         if any(n >= spec.nodes for n in c.nodes) or c.start_after is not None and c.start_after not in names:
             raise SpecError(f"components: {c.name} names a node or a predecessor the job does not have")
     return spec
+
+
+def _supervision(sv: Dict[str, Any]) -> Supervision:
+    minimum = _need(sv, "minimum", dict, "supervision.")
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in minimum.values()):
+        raise SpecError("supervision.minimum: not role -> count")
+    return Supervision(
+        policy=_word(RestartPolicy, _need(sv, "policy", str, "supervision."), "supervision.policy"),
+        max_restarts=_need(sv, "max_restarts", int, "supervision."),
+        minimum={_word(Role, k, "supervision.minimum"): v for k, v in minimum.items()},
+        **{k: float(_need(sv, k, NUMBER, "supervision.")) for k in (
+            "backoff_initial_s", "backoff_max_s", "unhealthy_after_s", "stable_after_s", "health_interval_s",
+            "stall_after_s", "startup_timeout_s", "probe_timeout_s")})
+
+
+def _component(i: int, c: Any) -> Component:
+    where = f"components[{i}]."
+    if not isinstance(c, dict):
+        raise SpecError(f"components[{i}]: not an object")
+    nodes = _need(c, "nodes", list, where)
+    if not nodes or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 100000 for n in nodes):
+        raise SpecError(f"{where}nodes: not a list of node indices")
+    env = _need(c, "instance_env", list, where)
+    if not all(isinstance(kv, list) and len(kv) == 2 and all(isinstance(x, str) for x in kv) for kv in env):
+        raise SpecError(f"{where}instance_env: not a list of [NAME, VALUE]")
+    port = _need(c, "port", int, where)
+    if not 0 < port < 65536:
+        raise SpecError(f"{where}port: {port} is not a port")
+    progress = c.get("progress")
+    start_after = c.get("start_after")
+    if progress is not None and not isinstance(progress, str) or \
+            start_after is not None and not isinstance(start_after, str):
+        raise SpecError(f"{where}progress/start_after: not text")
+    return Component(
+        name=_need(c, "name", str, where), role=_word(Role, _need(c, "role", str, where), where + "role"),
+        kind=_word(ComponentKind, _need(c, "kind", str, where), where + "kind"), nodes=list(nodes),
+        ntasks=_need(c, "ntasks", int, where), ntasks_per_node=_need(c, "ntasks_per_node", int, where),
+        gpus=_need(c, "gpus", str, where), env_file=_need(c, "env_file", str, where),
+        instance_env=[(k, v) for k, v in env], argv=_argv(_need(c, "argv", list, where), where + "argv"),
+        port=port, health=_need(c, "health", str, where), live=_need(c, "live", str, where),
+        progress=progress, start_after=start_after, tls=bool(c.get("tls", False)))
+
+
+def _membership(m: Any) -> Optional[Membership]:
+    if m is None:
+        return None
+    if not isinstance(m, dict):
+        raise SpecError("membership: not an object")
+    workers = _need(m, "workers", dict, "membership.")
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in workers.items()):
+        raise SpecError("membership.workers: not name -> host:port")
+    tls_dir = m.get("tls_dir")
+    if tls_dir is not None and not isinstance(tls_dir, str):
+        raise SpecError("membership.tls_dir: not a directory")
+    return Membership(storage=_need(m, "storage", str, "membership."),
+                      cluster_uri=_need(m, "cluster_uri", str, "membership."),
+                      worker_key_prefix=_need(m, "worker_key_prefix", str, "membership."),
+                      workers=dict(workers), tls_dir=tls_dir)
+
+
+def _check(ch: Dict[str, Any]) -> ConfigCheck:
+    options = _need(ch, "options", list, "check.")
+    if not all(isinstance(o, list) and len(o) == 2 and all(isinstance(x, str) for x in o) for o in options):
+        raise SpecError("check.options: not a list of [file, model]")
+    return ConfigCheck(argv=_strings(_need(ch, "argv", list, "check."), "check.argv"),
+                       options=[(a, b) for a, b in options], disagg=_need(ch, "disagg", bool, "check."),
+                       timeout_s=float(_need(ch, "timeout_s", NUMBER, "check.")))
 
 
 __all__ = ["ArgItem", "Component", "ConfigCheck", "JobSpec", "Launcher", "Membership", "Provenance", "SpecError",

@@ -343,3 +343,30 @@ def test_harmless_extra_slurm_arguments_are_rendered():
                 'cluster.srun_args=["--container-writable", "--cpu-bind=none"]')
     assert p.slurm.sbatch_args == ("--constraint=h100", "--exclude=node1,node2", "--qos=high")
     assert p.slurm.srun_args == ("--container-writable", "--cpu-bind=none")
+
+
+# --- rules after derivation ----------------------------------------------------------------------
+
+def test_the_planner_derives_first_and_every_rule_only_reads_and_reports():
+    """The derivation is complete for a recipe that breaks rules; then every rule in RULES reads it and reports to
+    the collector, returning nothing and changing nothing (a rule never computes plan data)."""
+    import copy
+
+    from toolkit.plan.derive import derive
+    from toolkit.plan.rules import RULES, Collector
+    from toolkit.recipe import load_recipe_text
+
+    broken = load_recipe_text(BASE, "r.yaml", ["kv_transfer.max_tokens_in_buffer=1050", "context.tp=3",
+                                               "membership.enabled=true", "membership.storage=http",
+                                               "supervision.backoff_initial_s=500", "supervision.backoff_max_s=60"])
+    d = derive(broken)  # no RecipeError: deriving refuses nothing
+    assert d.membership is not None and d.membership.unauthenticated and d.buffer.max_tokens_in_buffer == 1050
+    assert set(d.memories) == {"context", "generation"} and d.context.instances and d.generation.instances
+    before = copy.deepcopy(d)
+    c = Collector(broken)
+    for rule in RULES:
+        assert rule(d, c) is None, rule
+    assert d == before
+    assert {"kv_transfer.max_tokens_in_buffer", "context.tp", "membership.storage",
+            "supervision.backoff_initial_s"} <= fields(c.violations)
+    assert fields(c.violations) == fields(violations_of(BASE, *broken.overrides))  # what build_plan refuses

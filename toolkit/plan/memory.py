@@ -196,16 +196,10 @@ def activation_bytes(model: ModelSpec, s: Sharding, tokens: int) -> int:
 
 def kv_bytes_per_token(model: ModelSpec, kv_dtype: str, s: Sharding, extra_layers: int, full_only: bool = False
                        ) -> int:
-    """KV bytes one token takes on the fullest rank: all heads under attention DP, ceil(kv_heads / tp) otherwise
-    (MLA's latent on every rank), the rank's layers plus ``extra_layers`` (MTP) on the last stage.
-    ``full_only``: sliding-window layers left out (they hold at most a window of tokens)."""
-    per_layer = model.kv_bytes_per_token_per_layer_per_rank(kv_dtype, s.attn_tp)
-    if model.attention != "mla" and s.attn_tp > model.num_kv_heads:
-        per_layer = 2 * model.head_dim * KV_DTYPE_BYTES[kv_dtype]  # one (replicated) KV head per rank
-    layers = model.layers_per_rank(s.pp, extra_layers)
-    if full_only and model.sliding_layers:
-        layers = max(1, layers - math.ceil(model.sliding_layers / s.pp))
-    return int(per_layer * layers)
+    """KV bytes one token takes on the fullest rank of a server sharded as ``s``: all heads under attention DP,
+    ceil(kv_heads / tp) otherwise (MLA's latent on every rank), the rank's layers plus ``extra_layers`` (MTP) on the
+    last stage (facts.models.ModelSpec.kv_bytes_per_token_per_rank, the one computation)."""
+    return model.kv_bytes_per_token_per_rank(kv_dtype, s.attn_tp, s.pp, extra_layers, full_only=full_only)
 
 
 def role_memory(model: ModelSpec, gpu: GpuFigures, q: WeightsQuant, s: Sharding, *, opts: dict,
@@ -401,18 +395,23 @@ def sharding_of(model: ModelSpec, opts: dict) -> Sharding:
                     lm_head_tp=bool(opts.get("enable_lm_head_tp_in_adp")))
 
 
+def heads_problems(title: str, model: ModelSpec, s: Sharding) -> list[tuple[str, str, str]]:
+    """The attention split TensorRT-LLM refuses (``check_heads``) as a violation (field, message, fix), or none."""
+    why = check_heads(model, s.tp, s.attention_dp)
+    if not why:
+        return []
+    valid = [t for t in (1 << i for i in range(10)) if t <= max(64, s.tp) and check_heads(model, t, False) is None]
+    return [(f"{title}.tp", why, f"use a tp that fits the heads ({', '.join(map(str, valid))})"
+             + (", or attention_dp: true" if model.is_moe else ""))]
+
+
 def plan_role(title: str, model: ModelSpec, gpu: GpuFigures, q: WeightsQuant, opts: dict, *, sequence_tokens: int,
               kv_extra_layers: int, buffer_tokens: int = 0
               ) -> tuple[RoleMemory | None, list[tuple[str, str, str]], list[str]]:
-    """One role's memory plan and its verdicts: (plan, violations as (field, message, fix), warnings). No plan
-    for a GPU whose memory tk does not know."""
+    """One server's memory plan and its verdicts, for options outside a plan (a published recipe's): (plan,
+    violations as (field, message, fix), warnings). No plan for a GPU whose memory tk does not know."""
     s = sharding_of(model, opts)
-    errors: list[tuple[str, str, str]] = []
-    why = check_heads(model, s.tp, s.attention_dp)
-    if why:
-        valid = [t for t in (1 << i for i in range(10)) if t <= max(64, s.tp) and check_heads(model, t, False) is None]
-        errors.append((f"{title}.tp", why, f"use a tp that fits the heads ({', '.join(map(str, valid))})"
-                       + (", or attention_dp: true" if model.is_moe else "")))
+    errors = heads_problems(title, model, s)
     if not gpu.memory_bytes:
         return None, errors, []
     m = role_memory(model, gpu, q, s, opts=opts, sequence_tokens=sequence_tokens, kv_extra_layers=kv_extra_layers,
@@ -421,35 +420,53 @@ def plan_role(title: str, model: ModelSpec, gpu: GpuFigures, q: WeightsQuant, op
     return m, errors + more, warnings
 
 
-def plan_roles(r, model: ModelSpec, engine, merged: dict[str, dict], kv_extra_layers: int, buffer, c,
-               general: bool = True) -> dict[str, RoleMemory]:
-    """The memory plans of a recipe's roles (``merged``: title -> LLM-API options), their violations and
-    warnings added to the rules' collector ``c`` (``general``: also the plan-wide quantization warnings). Only
-    for an engine whose KV cache lives on the GPU (TensorRT-LLM)."""
-    from toolkit.facts.hardware import GPU_FIGURES
+def sequence_tokens(r, title: str, opts: dict) -> int:
+    """The longest request a role's server holds: a context server's longest input, a generation server's
+    max_seq_len."""
     from toolkit.plan.sizing import longest_input
 
-    if engine.kv_memory != "gpu":
-        return {}
+    if title == "context":
+        return longest_input(r)
+    return _count(opts.get("max_seq_len"), longest_input(r) + r.traffic.max_output_len)
+
+
+def role_memories(r, model: ModelSpec, engine, q: WeightsQuant, merged: dict[str, dict], kv_extra_layers: int
+                  ) -> dict[str, RoleMemory]:
+    """The memory plan of one GPU of each role's servers (``merged``: title -> LLM-API options): only for an engine
+    whose KV cache lives on the GPU (TensorRT-LLM) and a GPU whose memory tk knows. ``check_roles`` judges them."""
+    from toolkit.facts.hardware import GPU_FIGURES
+
     gpu = GPU_FIGURES[r.cluster.gpu]
-    stated = r.context.quantization or r.quantization
-    path_given = bool(r.model_path or r.context.model_path or r.generation.model_path)
-    q, note = weights_quant(model, stated, path_given)
+    if engine.kv_memory != "gpu" or not gpu.memory_bytes:
+        return {}
+    return {title: role_memory(model, gpu, q, sharding_of(model, opts), opts=opts,
+                               sequence_tokens=sequence_tokens(r, title, opts), kv_extra_layers=kv_extra_layers,
+                               buffer_tokens=_count(_mapping(opts.get("cache_transceiver_config")).get(
+                                   "max_tokens_in_buffer"), 0))
+            for title, opts in merged.items()}
+
+
+def check_roles(r, model: ModelSpec, engine, q: WeightsQuant, note: str | None, merged: dict[str, dict],
+                memories: dict[str, RoleMemory], kv_extra_layers: int, c, general: bool = True) -> None:
+    """The rules on the roles' memory (module doc), to the rules' collector ``c``: the attention split, weights
+    that cannot fit, a KV pool that cannot hold one sequence; warnings for what depends on the estimates
+    (``general``: also the plan-wide quantization warnings). Only for an engine whose KV cache lives on the GPU."""
+    from toolkit.facts.hardware import GPU_FIGURES
+
+    if engine.kv_memory != "gpu":
+        return
+    gpu = GPU_FIGURES[r.cluster.gpu]
     if note and general:
         c.warnings.append(note)
     if general:
         c.warnings.extend(check_quantization_hardware(gpu, q, r.kv_transfer.dtype))
-    out = {}
     for title, opts in merged.items():
-        sequence = longest_input(r) if title == "context" else \
-            _count(opts.get("max_seq_len"), longest_input(r) + r.traffic.max_output_len)
-        transceiver = _mapping(opts.get("cache_transceiver_config"))
-        m, errors, warnings = plan_role(title, model, gpu, q, opts, sequence_tokens=sequence,
-                                        kv_extra_layers=kv_extra_layers,
-                                        buffer_tokens=_count(transceiver.get("max_tokens_in_buffer"), 0))
+        s = sharding_of(model, opts)
+        errors, warnings = heads_problems(title, model, s), []
+        if title in memories:
+            more, warnings = verdicts(title, memories[title], model, gpu, q, opts, kv_extra_layers=kv_extra_layers,
+                                      pp=s.pp)
+            errors += more
         for field, message, fix in errors:
             c.add(field, message, fix)
         c.warnings.extend(warnings)
-        if m is not None:
-            out[title] = m
-    return out

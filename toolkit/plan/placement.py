@@ -12,19 +12,21 @@ from toolkit.plan.model import ServerInstance
 from toolkit.recipe.schema import RoleSpec
 
 
-def nodes_per_instance(role: RoleSpec, gpn: int, title: str, c) -> int:
-    """How many nodes one instance of the role spans; a violation (to c) when it does not pack evenly."""
+def nodes_per_instance(role: RoleSpec, gpn: int) -> int:
+    """How many nodes one instance of the role spans (``packing_problem`` says when it does not pack evenly)."""
+    return math.ceil(role.tp * role.pp / gpn)
+
+
+def packing_problem(role: RoleSpec, gpn: int) -> tuple[str, str] | None:
+    """Why an instance of the role does not pack evenly onto gpn-GPU nodes, and the fix; None when it does."""
     world = role.tp * role.pp
-    if world <= gpn:
-        if gpn % world:
-            c.add(f"{title}.tp", f"an instance of tp*pp={world} GPUs does not pack evenly into "
-                  f"{gpn}-GPU nodes", f"use tp*pp that divides {gpn}")
-        return 1
-    if world % gpn:
-        c.add(f"{title}.tp", f"an instance of tp*pp={world} GPUs spans nodes but is not a multiple of "
-              f"gpus_per_node={gpn}", f"use tp*pp that is a multiple of {gpn}")
-        return math.ceil(world / gpn)
-    return world // gpn
+    if world <= gpn and gpn % world:
+        return (f"an instance of tp*pp={world} GPUs does not pack evenly into {gpn}-GPU nodes",
+                f"use tp*pp that divides {gpn}")
+    if world > gpn and world % gpn:
+        return (f"an instance of tp*pp={world} GPUs spans nodes but is not a multiple of gpus_per_node={gpn}",
+                f"use tp*pp that is a multiple of {gpn}")
+    return None
 
 
 class GpuCursor:
