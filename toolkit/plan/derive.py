@@ -117,7 +117,8 @@ def derive(loaded: LoadedRecipe) -> Derivation:
     extra_layers = sizing.spec_layers(r, version)
     q, note = memory.weights_quant(model, r.context.quantization or r.quantization,
                                    bool(r.model_path or r.context.model_path or r.generation.model_path))
-    memories = memory.role_memories(r, model, engine, q, merged, extra_layers)
+    drafts = {title: draft_model_of(loaded, opts) for title, opts in merged.items()}
+    memories = memory.role_memories(r, model, engine, q, merged, extra_layers, drafts)
 
     gpn = r.cluster.gpus_per_node
     port = r.cluster.worker_base_port
@@ -163,15 +164,36 @@ def model_config_dirs(r: Recipe) -> tuple[tuple[str, str], ...]:
     """Where a model given by its Hugging Face id may have its config.json on this machine: the checkpoint
     directories the recipe names (model_path, per role too), as written and, where a container mount maps one
     into the container, at its source on the host (a login node sees /lustre/models/X, the servers /models/X)."""
-    out: list[tuple[str, str]] = []
-    for path in dict.fromkeys(p for p in (r.model_path, r.context.model_path, r.generation.model_path) if p):
-        out.append(("model_path", path))
-        for mount in r.cluster.container_mounts:
-            src, dst = mount.split(":")[:2]
-            dst = dst.rstrip("/") or "/"
-            if path == dst or path.startswith(dst.rstrip("/") + "/"):
-                out.append((f"model_path through the mount {mount}", src.rstrip("/") + path[len(dst.rstrip("/")):]))
-    return tuple(out)
+    paths = dict.fromkeys(p for p in (r.model_path, r.context.model_path, r.generation.model_path) if p)
+    return tuple(d for path in paths for d in host_dirs("model_path", path, r.cluster.container_mounts))
+
+
+def host_dirs(what: str, path: str, mounts) -> list[tuple[str, str]]:
+    """A directory the servers see, as written and, where a container mount maps it, at its source on the host."""
+    out = [(what, path)]
+    for mount in mounts:
+        src, dst = mount.split(":")[:2]
+        dst = dst.rstrip("/") or "/"
+        if path == dst or path.startswith(dst.rstrip("/") + "/"):
+            out.append((f"{what} through the mount {mount}", src.rstrip("/") + path[len(dst.rstrip("/")):]))
+    return out
+
+
+def draft_model_of(loaded: LoadedRecipe, opts: dict) -> ModelSpec | None:
+    """The config.json of the speculative draft model a server loads (speculative_config's speculative_model /
+    speculative_model_dir: a directory, through a container mount too, or a Hugging Face id in the cache), where
+    tk can read it on this machine; None otherwise (the memory plan then estimates, and says so)."""
+    spec = opts.get("speculative_config")
+    if not isinstance(spec, dict) or spec.get("decoding_type") not in memory.EAGLE_DRAFTS + memory.SEPARATE_DRAFTS:
+        return None
+    path = spec.get("speculative_model") or spec.get("speculative_model_dir")
+    if not isinstance(path, str) or not path:
+        return None
+    dirs = tuple(d for d in host_dirs("speculative model", path, loaded.recipe.cluster.container_mounts)[1:])
+    try:
+        return resolve_model(path, base_dir=loaded.base_dir, config_dirs=dirs)
+    except ModelError:
+        return None
 
 
 def extra_as_read(r: Recipe, title: str, spec: RoleSpec, derived: dict, version: trtllm.TrtllmVersion) -> dict:

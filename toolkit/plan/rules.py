@@ -962,6 +962,31 @@ def check_memory(d, c: Collector) -> None:
                        d.extra_layers, c)
 
 
+def check_load_balancer(d, c: Collector) -> None:
+    """moe_config.load_balancer.num_slots (EPLB): a multiple of the role's expert parallelism, which TensorRT-LLM
+    asserts at start-up (MoeLoadBalancerConfig.setup: "`num_slots` (...) must be divisible by `ep_size` (...)",
+    tensorrt_llm/llmapi/llm_args.py @ 0004396720054fd8e205cbf616f21f0b57c6b412); fewer slots than experts is a
+    warning ("There should be at least `num_experts` slots", WideEPMoE, tensorrt_llm/_torch/modules/fused_moe/
+    fused_moe_wide_ep.py @ 01303b3887e039d6dda1b5487ec8a94d9ef9db76). The memory plan counts the redundant slots."""
+    experts = d.model.num_experts
+    for role in d.roles:
+        moe = role.options.get("moe_config")
+        balancer = moe.get("load_balancer") if isinstance(moe, dict) else None
+        slots = balancer.get("num_slots") if isinstance(balancer, dict) else None
+        if not experts or not isinstance(slots, int) or isinstance(slots, bool) or slots <= 0:
+            continue
+        ep = _number(role.options.get("moe_expert_parallel_size"), role.spec.tp)
+        field = f"{role.title}.extra_options.moe_config.load_balancer.num_slots"
+        if slots % ep:
+            c.add(field, f"num_slots {slots} is not a multiple of the {role.title} servers' expert parallelism "
+                  f"({ep}): TensorRT-LLM refuses it at start-up (MoeLoadBalancerConfig.setup: num_slots must be "
+                  "divisible by ep_size, tensorrt_llm/llmapi/llm_args.py)", f"use a multiple of {ep}, e.g. "
+                  f"{ceil_to(ep, max(slots, experts))}")
+        elif slots < experts:
+            c.warnings.append(f"{field} = {slots} is fewer than {d.model.name}'s {experts} experts: TensorRT-LLM "
+                              "expects at least one slot per expert (fused_moe_wide_ep.py)")
+
+
 def check_role_inputs(d, c: Collector) -> None:
     """Each role's extra_options and extra_serve_args."""
     for role in d.roles:
@@ -989,7 +1014,7 @@ def warn_unused(d, c: Collector) -> None:
 # none computes plan data.
 RULES: tuple[Callable[[Any, Collector], None], ...] = (
     check_version_features, check_speculative, check_proxy, check_parallelism, check_emulation, check_buffer,
-    check_role_inputs, check_unverified_options, check_transceiver, check_role_options, check_agreement,
+    check_role_inputs, check_load_balancer, check_unverified_options, check_transceiver, check_role_options, check_agreement,
     check_memory, check_packing, check_placement, check_internal_ports, check_slurm_args, check_supervision,
     check_membership, check_envs, warn_unused,
 )
