@@ -29,6 +29,7 @@ from orchestrator.states import Role
 from toolkit.errors import RecipeError
 from toolkit.facts import trtllm
 from toolkit.plan import memory, options, placement, rules
+from toolkit.plan.derive import draft_model_of
 from toolkit.plan.model import Plan, RolePlan
 from toolkit.plan.sizing import ceil_to, longest_input, role_kv, spec_layers
 from toolkit.recipe.loader import LoadedRecipe
@@ -71,7 +72,8 @@ def aggregated_plan(plan: Plan, loaded: LoadedRecipe) -> Plan:
     # The memory plan of an aggregated server (toolkit/plan/memory.py), its refusals naming aggregated.tp.
     q, note = memory.weights_quant(plan.model, r.context.quantization or r.quantization,
                                    bool(r.model_path or r.context.model_path or r.generation.model_path))
-    memories = memory.role_memories(r, plan.model, plan.engine, q, {TITLE: opts}, extra_layers)
+    memories = memory.role_memories(r, plan.model, plan.engine, q, {TITLE: opts}, extra_layers,
+                                    {TITLE: draft_model_of(loaded, opts)})
     instances = placement.place(ROLE, spec, placement.GpuCursor(gpn), first_port=r.cluster.worker_base_port,
                                 uses_mpi=plan.engine.uses_mpi)
     instances = placement.internal_ports(instances, version, plan.engine,
