@@ -94,32 +94,37 @@ def _lengths(plan: Plan, opts: Options, tpb: int) -> list[int]:
     return out
 
 
-def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
-    """The payload shape per side, the pool sizes and the lengths, within --max-memory-mb; plus notes."""
-    kv = plan.kv
-    tpb = kv.tokens_per_block
-    ctx, gen = plan.context, plan.generation
-    notes: list[str] = []
-    kvf = plan.model.kv_factor  # one descriptor per K and per V (GQA), or per latent (MLA)
-    slot = {Role.CTX: ctx.kv.bytes_per_token_per_layer_per_rank / kvf,
-            Role.GEN: gen.kv.bytes_per_token_per_layer_per_rank / kvf}
-    layers_rank = {Role.CTX: ctx.kv.layers_per_rank, Role.GEN: gen.kv.layers_per_rank}
-    layers_total = min(layers_rank.values())
+def _slices(plan: Plan, tpbs: list[int], notes: list[str]) -> tuple[dict, int, str]:
+    """Per role the bytes one token takes in one layer slice (K or V, or the latent) on a rank, the fragment a
+    context rank sends a generation rank, and the mode: "block" where both roles' slices match, else "fragment"
+    (TP differs). Rounded up to 8 bytes (with a note) where a slice is not, so every byte is checked as 64-bit
+    words at every tokens_per_block in ``tpbs``."""
+    kvf = plan.model.kv_factor
+    slot = {Role.CTX: plan.context.kv.bytes_per_token_per_layer_per_rank / kvf,
+            Role.GEN: plan.generation.kv.bytes_per_token_per_layer_per_rank / kvf}
     mode = "block" if slot[Role.CTX] == slot[Role.GEN] else "fragment"
     frag = min(slot.values())
-    sweep_tpbs = sorted({*SWEEP_TOKENS_PER_BLOCK, tpb}) if opts.sweep else []
-    all_tpbs = [tpb, *sweep_tpbs]
 
     def aligned(x):
-        return all((t * x) % 8 == 0 for t in all_tpbs) and float(x).is_integer()
+        return all((t * x) % 8 == 0 for t in tpbs) and float(x).is_integer()
 
     if not (aligned(slot[Role.CTX]) and aligned(slot[Role.GEN]) and aligned(frag)):
         slot = {s: ceil_to(8, math.ceil(v)) for s, v in slot.items()}
         frag = min(slot.values()) if mode == "fragment" else slot[Role.CTX]
         notes.append("per-token slices rounded up to a multiple of 8 bytes so every byte can be checked as "
                      "64-bit words")
-    slot = {s: int(v) for s, v in slot.items()}
-    frag = int(frag)
+    return {s: int(v) for s, v in slot.items()}, int(frag), mode
+
+
+def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
+    """The payload shape per side, the pool sizes and the lengths, within --max-memory-mb; plus notes."""
+    kv = plan.kv
+    tpb = kv.tokens_per_block
+    notes: list[str] = []
+    kvf = plan.model.kv_factor  # one descriptor per K and per V (GQA), or per latent (MLA)
+    layers_total = min(plan.context.kv.layers_per_rank, plan.generation.kv.layers_per_rank)
+    sweep_tpbs = sorted({*SWEEP_TOKENS_PER_BLOCK, tpb}) if opts.sweep else []
+    slot, frag, mode = _slices(plan, [tpb, *sweep_tpbs], notes)
 
     lengths = _lengths(plan, opts, tpb)
     longest = max(lengths)
@@ -148,8 +153,8 @@ def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
         layers = max(1, cap // per_layer)
         pools = pool_bytes(layers, pool_tokens)
         effect = ("descriptor sizes are unchanged (one per layer and K/V)" if mode == "fragment" else
-                  f"each block descriptor is {tpb * layers * kvf * slot['ctx']} bytes instead of "
-                  f"{tpb * layers_total * kvf * slot['ctx']}")
+                  f"each block descriptor is {tpb * layers * kvf * slot[Role.CTX]} bytes instead of "
+                  f"{tpb * layers_total * kvf * slot[Role.CTX]}")
         notes.append(f"layers scaled down from {layers_total} to {layers} per request so each agent registers at most "
                      f"--max-memory-mb={opts.max_memory_mb} MiB; bytes per request shrink by the same factor and "
                      f"{effect}")
