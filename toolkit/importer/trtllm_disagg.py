@@ -9,7 +9,6 @@ num_instances, urls and router of each section; the rest of a section are that r
 from __future__ import annotations
 
 from toolkit.facts import llm_args
-from toolkit.facts.trtllm import Router
 from toolkit.importer.common import (Ledger, model_name, role_options, section, shared_fields, speculative,
                                      transport_for)
 
@@ -79,7 +78,7 @@ def convert(doc: dict, ledger: Ledger, line: str = "1.3") -> dict:
             ledger.carry(f"{servers}.urls")
         if isinstance(router, dict):
             args = dict(router)
-            rtype = args.pop("type", Router.ROUND_ROBIN.value)
+            rtype = args.pop("type", "round_robin")
             prefix = "context" if title == "context" else "generation"
             proxy[f"{prefix}_router"] = rtype
             args.pop("tokens_per_block", None)  # tk writes the servers' own
