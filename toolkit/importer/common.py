@@ -63,6 +63,17 @@ class Ledger:
     def carry(self, path: str) -> None:
         self.carried.append(path)
 
+    def accounted(self, path: str) -> bool:
+        """Whether ``path`` (a source leaf) was carried or dropped, itself or as part of a section."""
+        return any(path == p or path.startswith(p + ".") for p in [*self.carried, *(d.path for d in self.dropped)])
+
+    def sweep(self, doc: dict) -> None:
+        """Every leaf of the source no rule carried or dropped is dropped as not understood, with its path: what an
+        importer does not know (a key a newer release of the format added) is listed, never lost silently."""
+        for path, value in leaves(doc):
+            if not self.accounted(path):
+                self.drop(path, value, f"not understood: tk's {self.kind} import has no rule for it")
+
 
 class SourceError(ValueError):
     """A part of the source of the wrong kind: ``path`` (dotted, in the source) holds ``value``, not ``expected``."""
@@ -104,6 +115,16 @@ def flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[path] = v
     return out
+
+
+def leaves(d: dict, prefix: str = ""):
+    """(dotted path, value) of every leaf: a value that is not a mapping, or an empty mapping."""
+    for k, v in d.items():
+        path = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v:
+            yield from leaves(v, path)
+        else:
+            yield path, v
 
 
 def dig(d, path: str, default=None):
@@ -255,6 +276,35 @@ def speculative(per_role: dict[str, dict], where: dict[str, str], ledger: Ledger
     if cfg:
         out["options"] = cfg
     return out
+
+
+def finish_roles(recipe: dict, roles: dict[str, dict], per_role: dict[str, dict], where: dict[str, str],
+                 ledger: Ledger) -> dict:
+    """What every importer does once each role's options are split: the shared kv_transfer fields and the
+    speculative section from both roles' options, the rest as each role's extra_options (carried), the roles into
+    the recipe. Returns the recipe's kv_transfer section (without a transport: the caller knows the GPU)."""
+    kv = shared_fields(per_role, where, ledger)
+    spec = speculative(per_role, where, ledger)
+    for title, rest in per_role.items():
+        if rest:
+            roles[title]["extra_options"] = rest
+            for key in rest:
+                ledger.carry(f"{where[title]}.{key}")
+        recipe[title] = roles[title]
+    kv.setdefault("kv_transfer_timeout_ms", None)  # the source sets none: TensorRT-LLM's default, not tk's 60000
+    recipe["kv_transfer"] = kv
+    if spec:
+        recipe["speculative"] = spec
+    return kv
+
+
+def drop_known(doc: dict, table: dict[str, str], ledger: Ledger) -> None:
+    """Drop every path of ``table`` (dotted source path -> why tk does not carry it) the source has."""
+    missing = object()
+    for path, why in table.items():
+        value = dig(doc, path, missing)
+        if value is not missing:
+            ledger.drop(path, value, why)
 
 
 def launcher_for(gpu: str | None, numa_bind) -> list[str]:
