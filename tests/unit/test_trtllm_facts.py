@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from toolkit.facts import llm_args
-from toolkit.facts import trtllm as versions
+from toolkit.facts import versions
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = json.loads((ROOT / "toolkit" / "facts" / "trtllm_data.json").read_text())
@@ -63,12 +63,12 @@ def test_the_data_file_is_generated_from_the_sources_file_as_committed():
         assert mine["line"] == theirs["line"] and mine.get("source", {}).get("commit") == theirs.get("commit")
         assert (mine["first_release"], mine["last_release"]) == (theirs["first_release"], theirs["last_release"])
     assert [(r["old"], r["new"]) for r in DATA["renames"]] == [(r["old"], r["new"]) for r in SOURCES["renames"]]
-    assert set(DATA["env"]) == set(DATA["proxy"]) == set(versions.SUPPORTED)
+    assert set(DATA["env"]) == set(DATA["proxy"]) == set(versions.supported())
 
 
 def test_every_supported_line_has_facts_and_the_newest_manifest_lists_the_1_3_transceiver_fields():
-    lines = {s["line"] for s in DATA["snapshots"]}
-    assert set(versions.SUPPORTED) <= lines
+    for line in versions.supported():  # its own snapshots, or (a line before its first manifest) the nearest ones
+        assert llm_args.snapshots_of(line), line
     newest = DATA["snapshots"][-1]
     assert newest["kind"] == "manifest"
     for key in ("transceiver_runtime", "kv_transfer_poll_interval_ms", "kv_cache_bounce_size_mb",
@@ -208,7 +208,7 @@ def test_a_missing_source_file_is_named_and_nothing_is_written(small_sources, tm
 
 
 def test_a_key_of_every_snapshot_of_a_line_is_known_and_one_no_version_has_gets_a_did_you_mean():
-    target = llm_args.Target("1.3", "1.3.0rc26")
+    target = llm_args.Target("1.3", "1.3.0rc27")
     assert llm_args.status(target, "cache_transceiver_config.enable_pipelined_transfer").verdict \
         is llm_args.Verdict.KNOWN
     st = llm_args.status(target, "cache_transceiver_config.max_tokens_in_bufer")
@@ -216,7 +216,7 @@ def test_a_key_of_every_snapshot_of_a_line_is_known_and_one_no_version_has_gets_
 
 
 def test_a_value_outside_the_manifest_s_allowed_values_is_refused_with_them():
-    target = llm_args.Target("1.3", "1.3.0rc26")
+    target = llm_args.Target("1.3", "1.3.0rc27")
     st = llm_args.value_status(target, "cache_transceiver_config.transceiver_runtime", "RUST")
     assert st is not None and st.verdict is llm_args.Verdict.ABSENT and "PYTHON" in st.reason + st.fix
     assert llm_args.value_status(target, "cache_transceiver_config.transceiver_runtime", "PYTHON") is None

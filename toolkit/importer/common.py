@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, field
 
 from toolkit.facts.hardware import GPUS, MNNVL_GPUS
-from toolkit.facts.models import ALIASES, BUILTIN_MODELS
+from toolkit.facts.models import ALIASES, BUILTIN_MODELS, KV_DTYPES
 
 # Option paths a role's servers take that are recipe fields of the role: path -> RoleSpec field.
 ROLE_FIELDS = {
@@ -34,7 +34,6 @@ OPTIONAL_SHARED = {
     "cache_transceiver_config.kv_cache_bounce_size_mb": "bounce_size_mb",
     "cache_transceiver_config.enable_pipelined_transfer": "pipelined",
 }
-KV_DTYPES = ("auto", "fp8", "nvfp4")  # the recipe's kv_transfer.dtype
 GRACE_GPUS = ("GB200", "GB300")  # Grace-Blackwell nodes: NVIDIA's srt-slurm binds memory with numactl -m 0,1
 NUMACTL = ["numactl", "-m", "0,1"]
 

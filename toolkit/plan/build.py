@@ -109,7 +109,7 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
     rules.check_transceiver(r, target, merged, c)
     rules.check_role_options(r, ctx_opts, gen_opts, c)
     rules.check_agreement(r, ctx_opts, gen_opts, c)
-    extra_layers = sizing.spec_layers(r, version)  # MTP adds KV layers (facts.trtllm.mtp_kv_layers)
+    extra_layers = sizing.spec_layers(r, version)  # MTP adds KV layers (facts.versions.mtp_kv_layers)
     memories = memory.plan_roles(r, model, engine, merged, extra_layers, buffer, c)
 
     gpn = r.cluster.gpus_per_node
