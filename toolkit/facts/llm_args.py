@@ -390,16 +390,26 @@ def walk_options(options: dict, prefix: str = ""):
             yield from walk_options(value, path)
 
 
+def _per_line(table: str, line: str) -> dict:
+    """The env or proxy facts of ``line``; a line the sources give none for (a new line, before its own files are
+    pinned) has the nearest earlier line's."""
+    facts = data()[table]
+    if line in facts:
+        return facts[line]
+    earlier = [known for known in facts if _line_key(known) < _line_key(line)]
+    return facts[max(earlier, key=_line_key)] if earlier else {}
+
+
 # --- environment ----------------------------------------------------------------------------------------------------
 
 def env_names(line: str) -> dict[str, frozenset[str]]:
     """The environment variables TensorRT-LLM ``line`` reads: {"cpp": ..., "python": ...}."""
-    sides = data()["env"].get(line, {})
+    sides = _per_line("env", line)
     return {side: frozenset(sides.get(side, {}).get("names", ())) for side in ("cpp", "python")}
 
 
 def env_sources(line: str) -> list[dict]:
-    sides = data()["env"].get(line, {})
+    sides = _per_line("env", line)
     return [src for side in ("cpp", "python") for src in sides.get(side, {}).get("sources", ())]
 
 
@@ -421,7 +431,7 @@ def env_lines(name: str) -> list[str]:
 
 def proxy(line: str) -> dict:
     """`trtllm-serve disaggregated -c` keys of ``line``: top, server, cluster, routers, router_copied, sources."""
-    return data()["proxy"].get(line, {})
+    return _per_line("proxy", line)
 
 
 def all_routers() -> tuple[str, ...]:
