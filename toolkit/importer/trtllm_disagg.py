@@ -8,7 +8,7 @@ num_instances, urls and router of each section; the rest of a section are that r
 
 from __future__ import annotations
 
-from toolkit.facts import llm_args
+from toolkit.facts import llm_args, versions
 from toolkit.importer.common import Ledger, finish_roles, model_name, role_options, section, transport_for
 
 KIND = "trtllm-disagg"
@@ -25,8 +25,9 @@ def looks_like(doc: dict) -> bool:
 PROXY_FIELDS = {"port": "port", "max_retries": "max_retries", "perf_metrics_max_requests": "perf_metrics_max_requests"}
 
 
-def convert(doc: dict, ledger: Ledger, line: str = "1.3") -> dict:
-    proxy_keys = set(llm_args.proxy(line).get("top", ())) | {"backend", "model"}
+def convert(doc: dict, ledger: Ledger, line: str | None = None) -> dict:
+    """``line``: whose proxy keys the top level is read with (default: the newest line's, which has them all)."""
+    proxy_keys = set(llm_args.proxy(line or versions.supported()[-1]).get("top", ())) | {"backend", "model"}
     recipe: dict = {"schema_version": 1, "name": "imported"}
     model, served = model_name(str(doc.get("model") or ""))
     recipe["model"] = model
