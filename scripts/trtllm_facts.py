@@ -469,7 +469,7 @@ def read_router_types(text: str) -> list[str]:
 
 # --- assembly ------------------------------------------------------------------------------------------------------
 
-DERIVED = ("value", "default_from", "evidence")  # what generate() adds to a field read from a file
+DERIVED = ("value", "default_from", "evidence", "resolves")  # what generate() adds to a field read from a file
 
 
 def hand_fields(snap: dict, by_id: dict) -> dict[str, dict]:
@@ -634,6 +634,8 @@ def _supplement(entry: dict, sup: dict, evidence: str) -> None:
                           **({"optional": True} if entry.get("value", {}).get("optional") else {})}
     if "default" in sup:
         entry["default"], entry["default_from"] = sup["default"], "supplement"
+    if "resolves" in sup:  # what the default (or a value such as 'auto') selects at start-up
+        entry["resolves"] = sup["resolves"]
     entry["evidence"] = sorted(set(entry.get("evidence", [])) | {evidence})
 
 

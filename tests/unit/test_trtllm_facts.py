@@ -295,3 +295,15 @@ def test_the_committed_data_regenerates_from_the_sources_file_with_reuse(tmp_pat
     out = tmp_path / "data.json"
     out.write_text((ROOT / "toolkit/facts/trtllm_data.json").read_text())
     assert gen.main(["--from-dir", str(tmp_path / "none"), "--reuse", "--output", str(out), "--check"]) == 0
+
+
+def test_the_transceiver_runtime_default_and_what_it_selects_per_release():
+    """What the transceiver model reads: TensorRT-LLM's default of transceiver_runtime, per release, and what each
+    value selects (llm_args.py @ 0004396: 'auto' is the Python transceiver with NIXL and a finite timeout)."""
+    path = "cache_transceiver_config.transceiver_runtime"
+    before = llm_args.entry(path, llm_args.Target("1.3", "1.3.0rc19"))
+    assert before["default"] is None and before["resolves"]["null"] == "CPP"
+    for target in (llm_args.Target("1.3", "1.3.0rc27"), llm_args.Target("1.4", "1.4.0rc1"), llm_args.Target("1.4")):
+        now = llm_args.entry(path, target)
+        assert now["default"] == "auto" and now["resolves"]["auto"] == "PYTHON", target
+        assert now["resolves"]["auto_when_not_nixl"] == "CPP" and now["evidence"]

@@ -357,6 +357,15 @@ def all_choices(path: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def entry(path: str, target: Target | None = None) -> dict | None:
+    """The facts of ``path`` (kind, allowed values, default, what a value resolves to, evidence) in the newest snapshot
+    that speaks for ``target`` (any snapshot when None) and has it."""
+    for s in reversed(evidence(target) if target else snapshots()):
+        if path in s.fields:
+            return s.fields[path]
+    return None
+
+
 def default(path: str, target: Target | None = None) -> tuple[object, str]:
     """TensorRT-LLM's default of ``path`` in the newest snapshot (that speaks for ``target``) that records one, and
     where it comes from; (None, "") when none does."""
