@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.helpers import BASE, fields, plan_of, violations_of
-from toolkit.facts import trtllm
+from toolkit.facts import trtllm, versions
 from toolkit.facts.hardware import GPU_FIGURES
 from toolkit.facts.models import BUILTIN_MODELS, resolve_model, weight_params
 from toolkit.plan import memory
@@ -99,7 +99,7 @@ def _role_plans():
             seq = layout["isl"] if name == "prefill" else opts["max_seq_len"]
             yield layout, name, memory.plan_role(
                 name, model, GPU_FIGURES[layout["gpu"]], q, opts, sequence_tokens=seq,
-                kv_extra_layers=trtllm.mtp_kv_layers(trtllm.get(trtllm.LATEST), mtp),
+                kv_extra_layers=versions.mtp_kv_layers(trtllm.get(versions.latest()), mtp),
                 buffer_tokens=opts.get("max_tokens_in_buffer", 0))
 
 

@@ -1,5 +1,6 @@
-"""Spec: every vocabulary (role, component kind, restart policy, router, transport, bench verdict and stage) is one
-Enum, defined once; the command line's choices are derived from it, and no copy of its words remains in the tree."""
+"""Spec: every vocabulary (role, component kind, restart policy, router, transport, bench verdict and stage, the
+facts' verdict) is one Enum, defined once; the command line's choices are derived from it, and no copy of its words
+remains in the tree."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ from orchestrator.states import ComponentKind, RestartPolicy, Role
 from tests.unit.helpers import tk_in_process
 from toolkit.bench.verdict import Outcome, Stage
 from toolkit.facts.hardware import TRANSPORT_PROFILES, Transport
-from toolkit.facts.trtllm import ROUTERS, Router
+from toolkit.facts import llm_args
+from toolkit.facts.trtllm import Router
+from toolkit.recipe.schema import ROUTERS
 
 ROOT = Path(__file__).resolve().parents[2]
-VOCABULARIES = (Role, ComponentKind, RestartPolicy, Router, Transport, Stage)
+VOCABULARIES = (Role, ComponentKind, RestartPolicy, Router, Transport, Stage, llm_args.Verdict)
 # Words that are another format's own, equal to tk's by coincidence: (file, the name they are assigned to, why).
 NOT_COPIES = {("toolkit/importer/trtllm_bench.py", "ROLES"): "the worker_config keys of TensorRT-LLM's benchmark "
               "config.yaml (ctx, gen), mapped to tk's recipe sections"}
@@ -55,7 +58,7 @@ def test_a_word_is_its_text_in_comparisons_dicts_json_and_messages():
     assert json.dumps({Role.AGG: [ComponentKind.ETCD, RestartPolicy.FAIL_FAST]}) == '{"agg": ["etcd", "fail-fast"]}'
     assert f"{Role.PROXY} {Transport.TCP} {Router.CONVERSATION} {Stage.SLA}" == "proxy tcp conversation sla"
     assert json.dumps({"exit_code": Outcome.SLA_MISSED}) == '{"exit_code": 1}' and Outcome.INVALID == 2
-    assert ROUTERS == tuple(r.value for r in Router)
+    assert ROUTERS == tuple(r.value for r in Router) == llm_args.all_routers()  # the routers are the data's
 
 
 def test_job_json_reads_back_as_the_vocabularies_and_names_them_when_it_is_wrong():

@@ -15,9 +15,11 @@ import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-# Bytes per element of the KV cache for each kv dtype tk accepts.
+# Bytes per element of the KV cache for each kv dtype tk sizes (what a TensorRT-LLM options file may say too).
 KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "nvfp4": 0.5625}
 # nvfp4: 4 bits per value plus one fp8 scale per 16 values = 4.5 bits.
+# The KV dtypes a recipe names (kv_transfer.dtype; which a line takes is in its facts: TrtllmVersion.kv_dtypes).
+KV_DTYPES = ("auto", "fp8", "nvfp4")
 
 
 class ModelError(ValueError):

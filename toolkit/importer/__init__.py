@@ -104,6 +104,7 @@ def import_doc(doc: dict, file: str, kind: str | None = None, name: str | None =
     doc = as_data(doc)
     try:
         recipe = KINDS[found].convert(doc, ledger)
+        ledger.sweep(doc)
     except SourceError as exc:
         raise RecipeError([Violation(file, (lines or {}).get(tuple(exc.path.split("."))), exc.path,
                                      f"{cut(str(exc))}: tk cannot import it as {found}",
@@ -143,7 +144,8 @@ def as_data(value):
 
 def render_text(recipe: dict, ledger: Ledger) -> str:
     head = [f"# Imported by `tk import` from {ledger.source} ({ledger.kind}).",
-            "# Every value tk can carry is here; what it could not carry is listed below (nothing else was dropped)."]
+            "# Every value tk can carry is here; " + ("what it could not carry, or did not understand, is listed below."
+                                                     if ledger.dropped else "nothing was dropped.")]
     if ledger.dropped:
         head.append("# Not carried:")
         head += [f"#   {d.path}: {d.why}" for d in ledger.dropped]

@@ -27,7 +27,8 @@ import dataclasses
 
 from orchestrator.states import Role
 from toolkit.errors import RecipeError
-from toolkit.facts import trtllm
+from toolkit.facts import llm_args, trtllm
+from toolkit.facts import options as option_kinds
 from toolkit.plan import memory, options, placement, rules
 from toolkit.plan.derive import draft_model_of
 from toolkit.plan.model import Plan, RolePlan
@@ -63,8 +64,9 @@ def aggregated_plan(plan: Plan, loaded: LoadedRecipe) -> Plan:
         "max_num_tokens": mnt})
     gpn = r.cluster.gpus_per_node
     derived = options.derived_options(r, "generation", spec, plan.model, version, plan.buffer)
-    extra = rules.lax_converted({k: v for k, v in gen.extra_options.items() if k != "cache_transceiver_config"},
-                                version)  # as TensorRT-LLM reads them, as the disaggregated plan writes them
+    extra = option_kinds.lax_converted(  # as TensorRT-LLM reads them, as the disaggregated plan writes them
+        {k: v for k, v in gen.extra_options.items() if k != "cache_transceiver_config"},
+        llm_args.Target(version.line, loaded.release))
     opts = options.deep_merge(derived, extra)
     opts.pop("cache_transceiver_config", None)  # aggregated: no KV transfer (what makes a server disaggregated)
     opts["max_num_tokens"] = mnt  # over an extra_options value: the longest request must fit

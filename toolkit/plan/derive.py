@@ -16,6 +16,7 @@ from pathlib import Path
 from orchestrator.states import Role
 from toolkit.errors import RecipeError
 from toolkit.facts import llm_args, trtllm
+from toolkit.facts import options as option_kinds
 from toolkit.facts.containers import PyxisImage, pyxis_image
 from toolkit.facts.engines import ENGINES, EngineProfile, emulated_label
 from toolkit.facts.hardware import TRANSPORT_PROFILES, TransportProfile
@@ -65,7 +66,7 @@ class Derivation:
     transport: TransportProfile
     emulation: Emulation | None
     buffer: BufferSizing
-    extra_layers: int  # KV layers TensorRT-LLM adds for MTP (facts.trtllm.mtp_kv_layers)
+    extra_layers: int  # KV layers TensorRT-LLM adds for MTP (facts.versions.mtp_kv_layers)
     context: RoleDerivation
     generation: RoleDerivation
     node_count: int
@@ -113,7 +114,8 @@ def derive(loaded: LoadedRecipe) -> Derivation:
     derived = {}
     for title, spec in (("context", r.context), ("generation", r.generation)):
         derived[title] = options.derived_options(r, title, spec, model, version, buffer, target)
-        merged[title] = options.deep_merge(derived[title], extra_as_read(r, title, spec, derived[title], version))
+        extra = extra_as_read(r, title, spec, derived[title], version, target)
+        merged[title] = options.deep_merge(derived[title], extra)
     extra_layers = sizing.spec_layers(r, version)
     q, note = memory.weights_quant(model, r.context.quantization or r.quantization,
                                    bool(r.model_path or r.context.model_path or r.generation.model_path))
@@ -196,11 +198,12 @@ def draft_model_of(loaded: LoadedRecipe, opts: dict) -> ModelSpec | None:
         return None
 
 
-def extra_as_read(r: Recipe, title: str, spec: RoleSpec, derived: dict, version: trtllm.TrtllmVersion) -> dict:
+def extra_as_read(r: Recipe, title: str, spec: RoleSpec, derived: dict, version: trtllm.TrtllmVersion,
+                  target: llm_args.Target) -> dict:
     """A role's extra_options as TensorRT-LLM reads them and tk writes them: pydantic's lax conversions applied;
     what TensorRT-LLM could not read (a value of the wrong kind, a key that is not text) and what contradicts a value
     tk derives (rules.owned_conflict) left out, so tk's value stands there. check_extra_options reports both."""
-    extra = rules.lax_converted(spec.extra_options, version, drop=True)
+    extra = option_kinds.lax_converted(spec.extra_options, target, drop=True)
     implied = {**trtllm.TK_IMPLIED_OPTIONS, "model": spec.model_path or r.model_path or r.model}
     for dotted, owner in trtllm.TK_OWNED_OPTIONS.items():
         *parents, key = dotted.split(".")

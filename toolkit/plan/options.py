@@ -122,7 +122,7 @@ def draft_model_key(target: llm_args.Target) -> str:
 
 
 def omit_unverified_defaults(opts: dict, version: trtllm.TrtllmVersion) -> None:
-    """Drop keys whose acceptance by this line is unverified (facts.trtllm.OPTION_FACTS) where tk's value is
+    """Drop keys whose acceptance by this line is unverified (facts.trtllm.UNVERIFIABLE_OPTIONS) where tk's value is
     TensorRT-LLM's default anyway: the engine behaves the same and cannot refuse a key it is not given. A
     value other than the default is kept (rules.check_unverified_options warns)."""
     for fact in trtllm.unverified_options(version):

@@ -79,7 +79,7 @@ def internal_ports(servers: tuple[ServerInstance, ...], version: trtllm.TrtllmVe
                    first_port: int) -> tuple[ServerInstance, ...]:
     """Each instance's own internal ports, or, where the line has no knob for them and the engine starts its
     servers through TensorRT-LLM's launcher, the order co-located instances must start in (facts.trtllm, W2)."""
-    envs = trtllm.internal_port_envs(version)
+    envs = version.internal_port_envs
     out, port, last_on_node = [], first_port, {}
     for s in servers:
         if envs:

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import difflib
-import functools
-import math
 import re
 from typing import Any, Callable
 
 from toolkit.errors import Violation
-from toolkit.facts import llm_args, trtllm
+from toolkit.facts import llm_args, options, trtllm
 from toolkit.facts.engines import ENGINES
 from toolkit.facts.hardware import GPU_FIGURES, TRANSPORT_PROFILES
 from toolkit.plan.sizing import ceil_to, longest_input
@@ -246,14 +244,14 @@ def check_role_options(d, c: Collector) -> None:
     longest = longest_input(r)
     for title, _role, opts in (("context", r.context, ctx_opts), ("generation", r.generation, gen_opts)):
         mnt = opts["max_num_tokens"]
-        if not _is_kind(mnt, "positive integer", None):
+        if not _count(mnt):
             continue  # reported by check_extra_options
         # No rule ties max_num_tokens to tokens_per_block: TensorRT-LLM has none (llm_args.py only warns when
         # max_batch_size > max_num_tokens, validate_runtime_args @ 3e906a0e); NVIDIA runs generation servers with
         # max_num_tokens 1, 4, 16... (NVIDIA/srt-slurm recipes/trtllm @ c88ef731).
         msl = opts.get("max_seq_len")
         need = longest + (1 if title == "context" else r.traffic.max_output_len)
-        if _is_kind(msl, "positive integer", None) and msl < need:
+        if _count(msl) and msl < need:
             c.warnings.append(
                 f"{title} servers' max_seq_len is {msl}, below the {need} tokens the recipe's longest request takes "
                 f"there ({longest} input + prefix{' + the first token' if title == 'context' else ' + output'}): "
@@ -335,8 +333,7 @@ def check_env(r: Recipe, role: str, env: dict, version: trtllm.TrtllmVersion, c:
 
 # --- extra_options and extra_serve_args -------------------------------------------------------------------------
 
-_ABSENT = object()  # an option tk does not write for this plan
-_INT_MAX = (1 << 31) - 1  # TensorRT-LLM hands these to C++ as int32
+_ABSENT = options.ABSENT  # an option tk does not write for this plan
 
 
 def _show(value) -> str:
@@ -345,102 +342,9 @@ def _show(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _is_kind(value, kind: str, version) -> bool:
-    """Whether ``value`` is of ``kind`` (facts.trtllm.OPTION_KINDS); a kind ending in "?" also takes null."""
-    if kind.endswith("?"):
-        if value is None:
-            return True
-        kind = kind[:-1]
-
-    def whole(v) -> bool:
-        return isinstance(v, int) and not isinstance(v, bool)
-
-    def pos_int(v) -> bool:
-        return whole(v) and 0 < v <= _INT_MAX
-
-    if kind == "positive integer":
-        return pos_int(value)
-    if kind == "non-negative integer":
-        return whole(value) and 0 <= value <= _INT_MAX
-    if kind == "integer":
-        return whole(value) and -_INT_MAX - 1 <= value <= _INT_MAX
-    if kind == "boolean":
-        return isinstance(value, bool)
-    if kind == "fraction":
-        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-            and 0 < value <= 1
-    if kind == "kv dtype":
-        return value in version.kv_dtypes
-    if kind == "mapping":
-        return isinstance(value, dict)
-    if kind == "list of positive integers":
-        return isinstance(value, list) and all(pos_int(v) for v in value)
-    raise AssertionError(kind)
-
-
-# What TensorRT-LLM's pydantic makes of a value for an option of each kind tk checks: its option models are
-# StrictBaseModel = pydantic BaseModel with extra="forbid" (tensorrt_llm/llmapi/llm_args.py), not strict=True, so
-# pydantic's lax mode converts (bool: 0/1, "true"/"false", "yes"/"no", "on"/"off", "t"/"f", "y"/"n", "1"/"0" in any
-# case; int: "2", 2.0, true; float: "0.5"; lists item by item). The kinds without a row take no conversion.
-_LAX_TYPES = {"positive integer": "int", "non-negative integer": "int", "integer": "int", "boolean": "bool",
-              "fraction": "float", "list of positive integers": "list[int]"}
-
-
-@functools.lru_cache(maxsize=None)
-def _adapter(name: str):
-    from pydantic import TypeAdapter
-
-    return TypeAdapter({"int": int, "bool": bool, "float": float, "list[int]": list[int]}[name])
-
-
-def _lax(value, kind: str, version):
-    """``value`` as TensorRT-LLM's pydantic (lax mode) converts it for an option of ``kind``, where the result is of
-    that kind; else _ABSENT (pydantic refuses it, or tk would: a kind's range is tk's check too)."""
-    name = _LAX_TYPES.get(kind.removesuffix("?"))
-    if name is None or isinstance(value, dict):
-        return _ABSENT
-    from pydantic import ValidationError
-
-    try:
-        converted = _adapter(name).validate_python(value)
-    except (ValidationError, ValueError, TypeError, OverflowError):
-        return _ABSENT
-    return converted if _is_kind(converted, kind, version) else _ABSENT
-
-
-def lax_converted(options: dict, version, prefix: str = "", drop: bool = False) -> dict:
-    """A copy of ``options`` with every value of a checked kind (facts.trtllm.OPTION_KINDS) that pydantic converts
-    replaced by what it converts to: what TensorRT-LLM reads, written so. ``drop``: a value of a checked kind that
-    pydantic cannot convert, and a key that is not text, left out (check_extra_options refuses them)."""
-    out = {}
-    for key, value in options.items():
-        dotted = f"{prefix}.{key}" if prefix else str(key)
-        kind = trtllm.OPTION_KINDS.get(dotted)
-        if drop and not isinstance(key, str):
-            continue
-        if kind and not _is_kind(value, kind, version):
-            if _lax(value, kind, version) is not _ABSENT:
-                value = _lax(value, kind, version)
-            elif drop:
-                continue
-        elif isinstance(value, dict):
-            value = lax_converted(value, version, dotted, drop)
-        out[key] = value
-    return out
-
-
-def _kind_text(kind: str, version) -> str:
-    if kind.endswith("?"):
-        return f"{_kind_text(kind[:-1], version)} (or null)"
-    if kind == "kv dtype":
-        return f"a KV dtype TensorRT-LLM {version.line} accepts ({', '.join(version.kv_dtypes)})"
-    if kind == "fraction":
-        return "a fraction in (0, 1]"
-    if kind in ("positive integer", "non-negative integer"):
-        return f"a {kind} (at most {_INT_MAX})"
-    if kind == "integer":
-        return f"an integer (from {-_INT_MAX - 1} to {_INT_MAX})"
-    return f"a {kind}"
+def _count(value) -> bool:
+    """A whole number above 0 (a value check_extra_options did not report as another kind)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value > 0
 
 
 def _same(a, b) -> bool:
@@ -489,14 +393,14 @@ def check_extra_options(r: Recipe, title: str, role, derived: dict, version: trt
         owner = trtllm.TK_OWNED_OPTIONS.get(dotted)
         owner = owner.replace("{role}", title) if owner else None
         instead = f"set {owner} instead and remove {where}" if owner else ""
-        kind = trtllm.OPTION_KINDS.get(dotted)
-        if kind and not _is_kind(value, kind, version):
-            converted = _lax(value, kind, version)
+        kind = options.kind_of(target, dotted)
+        if kind and not kind.check(value):
+            converted = kind.lax(value)
             if converted is _ABSENT:
-                refuse(dotted, field, f"{_show(value)} is not {_kind_text(kind, version)}",
-                       instead or f"give {dotted} {_kind_text(kind, version)}")
+                refuse(dotted, field, f"{_show(value)} is not {kind.describe()}",
+                       instead or f"give {dotted} {kind.describe()}")
                 continue
-            c.warnings.append(f"{where}: {_show(value)} is not {_kind_text(kind, version)} as written; TensorRT-LLM's "
+            c.warnings.append(f"{where}: {_show(value)} is not {kind.describe()} as written; TensorRT-LLM's "
                               f"pydantic (lax mode) converts it to {_show(converted)}, which tk writes")
             value = converted
         if owner:

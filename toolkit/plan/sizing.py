@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from toolkit.facts import trtllm
+from toolkit.facts import trtllm, versions
 from toolkit.facts.hardware import GPU_PEAK_TFLOPS, PREFILL_EFFICIENCY, TransportProfile
 from toolkit.facts.models import KV_DTYPE_BYTES, ModelSpec
 from toolkit.plan.model import BufferSizing, Estimates, KvGeometry, RoleKv
@@ -57,8 +57,8 @@ def size_buffer(r: Recipe) -> BufferSizing:
 
 
 def spec_layers(r: Recipe, version: trtllm.TrtllmVersion) -> int:
-    """KV layers TensorRT-LLM adds for speculative decoding (MTP): facts.trtllm.mtp_kv_layers."""
-    return trtllm.mtp_kv_layers(version, r.speculative.mtp_layers)
+    """KV layers TensorRT-LLM adds for speculative decoding (MTP): facts.versions.mtp_kv_layers."""
+    return versions.mtp_kv_layers(version, r.speculative.mtp_layers)
 
 
 def role_kv(model: ModelSpec, kv_dtype: str, role: RoleSpec, extra_layers: int = 0) -> RoleKv:

@@ -7,7 +7,6 @@ so later stages can point a user at the line to change.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from toolkit.errors import RecipeError, Violation
-from toolkit.facts import trtllm
+from toolkit.facts import versions
 from toolkit.facts.engines import ENGINES
 from toolkit.recipe import yaml as recipe_yaml
 from toolkit.recipe.schema import Recipe
@@ -37,7 +36,7 @@ class LoadedRecipe:
     lines: dict = field(default_factory=dict)  # field path -> line number
     overrides: tuple = ()  # the --set expressions applied, in order
     # Where recipe.trtllm_version came from: "recipe" (written or --set), "image" (derived from the tag of
-    # cluster.container_image) or "default" (trtllm.LATEST: no version written and no readable image tag).
+    # cluster.container_image) or "default" (versions.latest(): no version written and no readable image tag).
     version_source: str = "recipe"
     warnings: tuple = ()  # found while loading (an unreadable image tag); the plan lists them with its own
     # The site defaults merged under the recipe (toolkit.recipe.site): their file, where each of their values is
@@ -288,16 +287,21 @@ def load_recipe_text(text: str, file: str, overrides=(), site=None) -> LoadedRec
                         version_source=source, warnings=tuple(warnings), release=release, **site_kw)
 
 
+def _image(recipe: Recipe) -> str | None:
+    """cluster.container_image where it says which TensorRT-LLM it holds (the engine runs TensorRT-LLM's image)."""
+    image = recipe.cluster.container_image
+    return image if image and ENGINES[recipe.engine].image_holds_trtllm else None
+
+
 def _release(recipe: Recipe) -> str | None:
     """The exact release: a trtllm_version with more than the line ("1.2.0rc6.post1"), else a readable image tag."""
-    given = recipe.trtllm_version
-    if given and not re.fullmatch(r"[0-9]+\.[0-9]+", given):
-        return given
-    image = recipe.cluster.container_image
-    if image and ENGINES[recipe.engine].image_holds_trtllm:
-        found = trtllm.image_version(image)
-        if found.version is not None and (not given or trtllm.get(given).line == found.version.line):
-            return found.version.text
+    given = versions.parse_version(recipe.trtllm_version) if recipe.trtllm_version else None
+    if given and not given.line_only:
+        return given.text
+    image = _image(recipe)
+    found = versions.image_version(image).version if image else None
+    if found is not None and (not given or given.line == found.line):
+        return found.text
     return None
 
 
@@ -306,12 +310,12 @@ def resolve_version(recipe: Recipe, loaded: LoadedRecipe) -> tuple[str, str, lis
     named by trtllm_version or the image's tag that tk does not know was published is a warning too."""
     line, source, warnings = _resolve_version(recipe, loaded)
     named = {"trtllm_version": recipe.trtllm_version}
-    image = recipe.cluster.container_image
-    if image and ENGINES[recipe.engine].image_holds_trtllm:
-        found = trtllm.image_version(image).version
+    image = _image(recipe)
+    if image:
+        found = versions.image_version(image).version
         named["cluster.container_image"] = found.text if found else None
     for where, text in named.items():
-        why = trtllm.unknown_release(text) if text else None
+        why = versions.unknown_release(text) if text else None
         if why and not (where != "trtllm_version" and text == named["trtllm_version"]):  # said once
             shown = short(text) if where == "trtllm_version" else f"{short(image)} (tag {text})"
             warnings.append(f"{where} {shown}: {why}")
@@ -321,68 +325,73 @@ def resolve_version(recipe: Recipe, loaded: LoadedRecipe) -> tuple[str, str, lis
 def _resolve_version(recipe: Recipe, loaded: LoadedRecipe) -> tuple[str, str, list[str]]:
     """The TensorRT-LLM line the recipe targets, where it came from, and warnings.
 
-    The tag of ``cluster.container_image`` is read where tk can (facts.trtllm.image_version): with no
+    The tag of ``cluster.container_image`` is read where tk can (facts.versions.image_version): with no
     ``trtllm_version`` written, its line is the recipe's; with one written, the two must name the same line
     (a 1.0.0 container fed 1.2 options fails at start-up on keys it does not know). An image tk cannot read is
     a warning: nothing checks that it holds the targeted line. Raises RecipeError on a contradiction."""
     given = recipe.trtllm_version
-    image = recipe.cluster.container_image
-    if not image or not ENGINES[recipe.engine].image_holds_trtllm:
-        return (trtllm.get(given).line, "recipe", []) if given else (trtllm.LATEST, "default", [])
-    found = trtllm.image_version(image)
-    shown = short(image)
+    image = _image(recipe)
+    if not image:
+        return (versions.get(given).line, "recipe", []) if given else (versions.latest(), "default", [])
+    found = versions.image_version(image)
     if found.version is None:
+        why = f"cannot read the TensorRT-LLM version of cluster.container_image {short(image)}: {found.reason}; "
         if given:
-            return trtllm.get(given).line, "recipe", [
-                f"cannot read the TensorRT-LLM version of cluster.container_image {shown}: {found.reason}; "
-                f"tk renders for trtllm_version {given} and cannot check that the image holds it"]
-        return trtllm.LATEST, "default", [
-            f"cannot read the TensorRT-LLM version of cluster.container_image {shown}: {found.reason}; "
-            f"tk renders for its newest line, {trtllm.LATEST}: set trtllm_version to the image's line "
-            f"({', '.join(trtllm.SUPPORTED)})"]
+            return versions.get(given).line, "recipe", [
+                why + f"tk renders for trtllm_version {given} and cannot check that the image holds it"]
+        return versions.latest(), "default", [
+            why + f"tk renders for its newest line, {versions.latest()}: set trtllm_version to the image's line "
+            f"({', '.join(versions.supported())})"]
     version = found.version
     from toolkit.facts.containers import pyxis_image
 
     repository = pyxis_image(image).rendered.rsplit(":", 1)[0]  # the fixes show the spelling pyxis needs
-    example = f"{repository}:{trtllm.get(given).release.lstrip('v')}" if given else ""
-    if version.line not in trtllm.SUPPORTED:
-        blame = ("cluster", "container_image")
+    if version.line not in versions.supported():
         raise RecipeError([loaded.violation(
-            blame, f"the image holds TensorRT-LLM {version.text} (line {version.line}); tk has facts only for "
-            f"the lines {', '.join(trtllm.SUPPORTED)}, so it cannot render options that image accepts",
-            f"use an image of a supported line, e.g. {repository}:"
-            f"{trtllm.get(trtllm.LATEST).release.lstrip('v')}")])
-    warnings = []
-    if version.prerelease:
-        from toolkit.facts import llm_args
-
-        ev = llm_args.evidence(llm_args.Target(version.line, version.text))
-        if not any(llm_args.version_key(s.first) <= llm_args.version_key(version.text) <= llm_args.version_key(s.last)
-                   for s in ev):
-            warnings.append(
-                f"cluster.container_image {shown} is a pre-release ({version.text}); tk has no facts read at it: "
-                f"its options are checked against {' and '.join(s.cite for s in ev)}, and a key only one of them "
-                "has is a warning")
+            ("cluster", "container_image"), f"the image holds TensorRT-LLM {version.text} (line {version.line}); tk "
+            f"has facts only for the lines {', '.join(versions.supported())}, so it cannot render options that image "
+            f"accepts", f"use an image of a supported line, e.g. {repository}:"
+            f"{versions.get(versions.latest()).release.lstrip('v')}")])
+    warnings = _prerelease_warning(version, image)
     if not given:
         return version.line, "image", warnings
-    line = trtllm.get(given).line
+    line = versions.get(given).line
     if line != version.line:
-        # Blame the value the user changed last: a --set of the image alone points at the image.
-        image_set = loaded.override_of(("cluster", "container_image")) is not None
-        version_set = loaded.override_of(("trtllm_version",)) is not None
-        if image_set and not version_set:
-            raise RecipeError([loaded.violation(
-                ("cluster", "container_image"),
-                f"the image holds TensorRT-LLM {version.text} (line {version.line}) but the recipe's "
-                f"trtllm_version is {given}; tk would render {line} options for a {version.line} container",
-                f"use a {line} image (e.g. {example}), or set trtllm_version: \"{version.line}\" too, "
-                "or remove trtllm_version to follow the image")])
-        raise RecipeError([loaded.violation(
-            ("trtllm_version",),
-            f"trtllm_version {given} contradicts cluster.container_image {shown}, which holds TensorRT-LLM "
-            f"{version.text} (line {version.line}); the servers would start {line} options in a "
-            f"{version.line} container",
-            f"set cluster.container_image to a {line} image too (e.g. --set cluster.container_image={example}), "
-            + ("or drop --set trtllm_version" if version_set else "or remove trtllm_version")
-            + " to follow the image")])
+        raise RecipeError([_contradiction(loaded, given, line, version, image, repository)])
     return line, "recipe", warnings
+
+
+def _prerelease_warning(version: versions.ParsedVersion, image: str) -> list[str]:
+    """A pre-release no snapshot was read at is checked against the nearest ones: said once."""
+    from toolkit.facts import llm_args
+
+    if not version.prerelease or llm_args.read_at(version.text):
+        return []
+    ev = llm_args.evidence(llm_args.Target(version.line, version.text))
+    return [f"cluster.container_image {short(image)} is a pre-release ({version.text}); tk has no facts read at it: "
+            f"its options are checked against {' and '.join(s.cite for s in ev)}, and a key only one of them has is a "
+            "warning"]
+
+
+def _contradiction(loaded: LoadedRecipe, given: str, line: str, version: versions.ParsedVersion, image: str,
+                   repository: str) -> Violation:
+    """trtllm_version and the image name different lines: blamed on the value the user changed last (a --set of the
+    image alone points at the image)."""
+    example = f"{repository}:{versions.get(given).release.lstrip('v')}"
+    image_set = loaded.override_of(("cluster", "container_image")) is not None
+    version_set = loaded.override_of(("trtllm_version",)) is not None
+    if image_set and not version_set:
+        return loaded.violation(
+            ("cluster", "container_image"),
+            f"the image holds TensorRT-LLM {version.text} (line {version.line}) but the recipe's "
+            f"trtllm_version is {given}; tk would render {line} options for a {version.line} container",
+            f"use a {line} image (e.g. {example}), or set trtllm_version: \"{version.line}\" too, "
+            "or remove trtllm_version to follow the image")
+    return loaded.violation(
+        ("trtllm_version",),
+        f"trtllm_version {given} contradicts cluster.container_image {short(image)}, which holds TensorRT-LLM "
+        f"{version.text} (line {version.line}); the servers would start {line} options in a "
+        f"{version.line} container",
+        f"set cluster.container_image to a {line} image too (e.g. --set cluster.container_image={example}), "
+        + ("or drop --set trtllm_version" if version_set else "or remove trtllm_version") + " to follow the image")
+
