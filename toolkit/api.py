@@ -580,9 +580,13 @@ def bench_compare(recipe: str | os.PathLike, compare: Sequence[str], *, local: b
     plans = [load_plan(recipe, (*overrides, *v.overrides, "supervision.policy=fail-fast")) for v in variants]
     _bench_recipe_checks(plans[0], bench_kwargs)
     base = Path(run_dir) if run_dir else runs_root() / f"compare-{plans[0].name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if base.exists():
-        raise TkError(f"{base} exists: give another --run-dir for the comparison")
-    base.mkdir(parents=True)
+    try:  # a new directory, made by this command (mkdir never follows a symlink there, a dangling one included)
+        base.parent.mkdir(parents=True, exist_ok=True)
+        base.mkdir()
+    except FileExistsError:
+        raise TkError(f"{base} exists: give another --run-dir for the comparison") from None
+    except OSError as exc:
+        raise TkError(f"{base}: cannot create the comparison directory ({exc.strerror or exc})") from None
     lines: list[dict] = []
     prefix = bench_kwargs.pop("name", None) or "compare"
     wl = bench_kwargs.get("workload", "fixed")
@@ -690,35 +694,22 @@ def import_config(source: str | os.PathLike, *, kind: str | None = None, name: s
     The recipe is planned at once: the result lists what was not carried, what tk renders differently, and the
     plan's violations (TensorRT-LLM's rules) if any. With ``output`` the recipe is written there atomically (an
     existing file only with ``force``). Raises RecipeError when the source cannot be read or converted."""
-    import tempfile
-
     from toolkit.errors import RecipeError, TkError, Violation
     from toolkit.importer import import_config as convert
+    from toolkit.runtime import files
 
     result = convert(source, kind=kind, name=name, output=output)
     if output is None:
         return result
     out = Path(output)
-    if out.exists() and not force:
-        raise RecipeError([Violation(str(out), None, "(output)", "exists already; tk import does not overwrite it",
-                                     "choose another -o path, or pass --force")])
-    try:  # a whole file or none: written beside the target, then linked (or, with force, renamed) into place
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(result.text)
-            os.chmod(tmp, 0o644)
-            if force:
-                os.replace(tmp, out)
-            else:
-                os.link(tmp, out)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    exists = Violation(str(out), None, "(output)", "exists already; tk import does not overwrite it",
+                       "choose another -o path, or pass --force")
+    try:  # a whole regular file or none (toolkit.runtime.files): with force a regular file is replaced, nothing else
+        files.write_regular_atomically(out, result.text, 0o644, replace=force, parents=True)
     except FileExistsError:
-        raise RecipeError([Violation(str(out), None, "(output)", "exists already; tk import does not overwrite it",
-                                     "choose another -o path, or pass --force")]) from None
+        raise RecipeError([exists]) from None
+    except files.FileProblem as exc:
+        raise TkError(f"-o {exc}; nothing was written") from None
     except OSError as exc:
         raise TkError(f"{out}: cannot write the recipe ({exc.strerror or exc})") from None
     return result

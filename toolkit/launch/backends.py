@@ -23,7 +23,7 @@ from typing import Protocol
 from toolkit.errors import TkError
 from toolkit.launch.run import RunRecord
 from toolkit.plan.model import Plan
-from toolkit.runtime import ports, procs, signals, slurm
+from toolkit.runtime import files, ports, procs, signals, slurm
 from toolkit.runtime.rundir import wait_until
 from toolkit.runtime.slurm import JobState
 
@@ -130,8 +130,7 @@ class LocalBackend:
         bin_dir = run.path / "local" / "bin"
         bin_dir.mkdir(parents=True, exist_ok=True)
         for name in SHIM_COMMANDS:
-            shutil.copyfile(SHIM / name, bin_dir / name)
-            (bin_dir / name).chmod(0o755)
+            files.write_regular_atomically(bin_dir / name, (SHIM / name).read_bytes(), 0o755, sync=False)
         run.run_id = run.run_id or uuid.uuid4().hex
         env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
                "TK_RUN_DIR": str(run.path), "TK_LOCAL_NODES": str(run.nodes),

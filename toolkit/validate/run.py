@@ -181,11 +181,11 @@ def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> 
         for sub in ("logs", "results", "state", "rendezvous/exited", "rendezvous/done", "rendezvous/unresponsive"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
         build_agent_archive(run_dir)
-        (run_dir / "params.json").write_text(json.dumps(params, indent=1) + "\n")
+        files.write_regular_atomically(run_dir / "params.json", json.dumps(params, indent=1) + "\n")
         if opts.mode == "slurm":
             minutes = int((opts.timeout_s + params["timeouts"]["rendezvous_s"] + 180) // 60) + 1
-            (run_dir / "validate.sbatch").write_text(
-                launchers.render_sbatch(plan, params, run_dir, python, _srun_flags(plan), f"{minutes}"))
+            files.write_regular_atomically(run_dir / "validate.sbatch", launchers.render_sbatch(
+                plan, params, run_dir, python, _srun_flags(plan), f"{minutes}"))
 
     except OSError as exc:  # a full disk or a read-only run directory before anything started
         rundir.release_if_unused(run_dir)
@@ -255,9 +255,7 @@ def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> 
         if cleanup:
             report["passed"] = False
             report["failures"].append("cleanup: " + "; ".join(cleanup))
-        tmp = report_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(report, indent=2) + "\n")
-        os.replace(tmp, report_path)
+        files.write_regular_atomically(report_path, json.dumps(report, indent=2) + "\n")
     if interrupted is not None:
         raise interrupted
     return report
