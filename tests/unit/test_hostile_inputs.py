@@ -1,0 +1,103 @@
+"""Spec: every number tk reads from a file this run did not just write is checked (type, finite, in range) and a bad one
+is a message naming the file and the field, never a traceback (hostile round 4: m4 trace files, m5 job.json, and a
+validation report given to --measured or --validation). Property tests (hypothesis) feed arbitrary documents; the
+reproductions of the findings are one test each. Pure: files in tmp_path, nothing spawned."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from toolkit.bench.workload import BenchInputError, build_workload, read_trace
+
+JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats() | st.text(max_size=8),
+                    lambda kids: st.lists(kids, max_size=4) | st.dictionaries(st.text(max_size=8), kids, max_size=4),
+                    max_leaves=12)
+# lines close to a valid entry (lengths usually valid) so that the checks after the first are reached too
+NEAR_TRACE = st.fixed_dictionaries(
+    {"input_length": st.integers(1, 4096) | JSON, "output_length": st.integers(1, 256) | JSON},
+    optional={"session_id": st.text(max_size=8) | JSON, "delay": st.floats(0, 1e4) | JSON,
+              "timestamp": st.floats() | JSON,
+              "hash_ids": st.lists(st.integers(0, 2**40), max_size=6) | st.lists(JSON, max_size=4) | JSON})
+
+
+def _trace(tmp_path: Path, *lines: str) -> Path:
+    p = tmp_path / "t.jsonl"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def _dumps(doc) -> str:
+    return json.dumps(doc, allow_nan=True)
+
+
+# --- m4: trace files ----------------------------------------------------------------------------------------------
+
+def test_a_line_of_200000_brackets_is_a_message_naming_the_line(tmp_path):
+    p = _trace(tmp_path, '{"session_id": "a", "input_length": 10, "output_length": 4}', "[" * 200_000)
+    with pytest.raises(BenchInputError, match=rf"{p.name}:2: .*nested deeper"):
+        build_workload("multi-turn", trace=str(p))
+
+
+@pytest.mark.parametrize("hash_ids,why", [
+    (7, "not a list"), ("abc", "not a list"), ({"a": 1}, "not a list"),
+    ([1, "2", 3], "hash_ids\\[1\\]"), ([1, 2.5], "hash_ids\\[1\\]"), ([True, 2], "hash_ids\\[0\\]"),
+    ([1, None], "hash_ids\\[1\\]"), ([1, 2**70], "hash_ids\\[1\\]"), (list(range(11)), "more hash_ids than"),
+])
+def test_hash_ids_are_a_list_of_integers_or_a_message_naming_them(tmp_path, hash_ids, why):
+    p = _trace(tmp_path, _dumps({"session_id": "a", "input_length": 10, "output_length": 4, "hash_ids": hash_ids}))
+    with pytest.raises(BenchInputError, match=rf"{p.name}:1: .*{why}"):
+        build_workload("multi-turn", trace=str(p))
+
+
+@pytest.mark.parametrize("field,value", [("session_id", 7), ("session_id", ["a"]), ("session_id", "x" * 5000),
+                                         ("delay", math.nan), ("delay", -1), ("timestamp", math.inf),
+                                         ("timestamp", "soon"), ("input_length", 1.5), ("output_length", True)],
+                         ids=lambda v: str(v)[:20])
+def test_every_field_aiperf_reads_is_checked(tmp_path, field, value):
+    doc = {"session_id": "a", "input_length": 10, "output_length": 4, field: value}
+    p = _trace(tmp_path, _dumps(doc))
+    with pytest.raises(BenchInputError, match=rf"{p.name}:1: {field}"):
+        read_trace(str(p))
+
+
+def test_entries_without_a_session_are_each_their_own_conversation_as_aiperf_makes_them(tmp_path):
+    p = _trace(tmp_path, *[_dumps({"session_id": s, "input_length": 10, "output_length": 4})
+                           for s in (None, None, "", "a", "a")])
+    cell = build_workload("multi-turn", trace=str(p), concurrency=(1,)).cells[0]
+    assert cell.conversations == 4 and cell.turns == 2  # three single-turn entries and the two turns of "a"
+
+
+def test_a_trace_that_is_a_fifo_is_a_message(tmp_path):
+    import os
+
+    fifo = tmp_path / "t.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(BenchInputError, match="t.jsonl"):
+        build_workload("multi-turn", trace=str(fifo))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(doc=NEAR_TRACE | JSON)
+def test_any_trace_line_is_read_or_refused_with_a_message(tmp_path, doc):
+    p = _trace(tmp_path, _dumps(doc))
+    try:
+        build_workload("multi-turn", trace=str(p), concurrency=(1,))
+        entries = read_trace(str(p))
+    except BenchInputError as exc:
+        assert f"{p}:1" in str(exc) or str(p) in str(exc)
+        return
+    (e,) = entries  # what is read is what aiperf's MooncakeTrace takes, within tk's bounds
+    for key in ("input_length", "output_length"):
+        assert type(e[key]) is int and 1 <= e[key] <= 1 << 20
+    ids = e.get("hash_ids")
+    assert ids is None or all(type(i) is int and -2**63 <= i < 2**63 for i in ids) and len(ids) <= e["input_length"]
+    assert e.get("session_id") is None or isinstance(e["session_id"], str)
+    for key in ("delay", "timestamp"):
+        v = e.get(key)
+        assert v is None or type(v) in (int, float) and math.isfinite(v) and v >= 0
