@@ -101,3 +101,126 @@ def test_any_trace_line_is_read_or_refused_with_a_message(tmp_path, doc):
     for key in ("delay", "timestamp"):
         v = e.get(key)
         assert v is None or type(v) in (int, float) and math.isfinite(v) and v >= 0
+
+
+# --- m5: job.json ------------------------------------------------------------------------------------------------
+
+def _job_doc(*overrides: str) -> dict:
+    from tests.unit.helpers import plan_of
+    from tests.unit.test_launch_states import STANDIN
+    from toolkit.render.job import job_spec
+
+    return json.loads(job_spec(plan_of(STANDIN, *overrides)).to_json())
+
+
+SECONDS = ("backoff_initial_s", "backoff_max_s", "unhealthy_after_s", "stable_after_s", "health_interval_s",
+           "stall_after_s", "startup_timeout_s", "probe_timeout_s")
+
+
+@pytest.mark.parametrize("where,key,value", [
+    ("supervision", "health_interval_s", math.nan), ("supervision", "startup_timeout_s", math.nan),
+    ("supervision", "probe_timeout_s", math.inf), ("supervision", "unhealthy_after_s", -5),
+    ("supervision", "max_restarts", -1), ("supervision", "health_interval_s", 0), ("", "nodes", 10**12),
+    ("", "nodes", 0), ("check", "timeout_s", -math.inf), ("launcher", "stagger_s", math.nan),
+    ("supervision", "max_restarts", 10**9), ("supervision", "backoff_max_s", 1e300),
+])
+def test_job_json_numbers_are_finite_and_in_range_or_refused_naming_the_field(where, key, value):
+    from orchestrator.spec import JobSpec, SpecError
+
+    doc = _job_doc()
+    (doc[where] if where else doc)[key] = value
+    with pytest.raises(SpecError, match=(where + "." if where else "") + key):
+        JobSpec.from_dict(json.loads(_dumps(doc)))
+
+
+def test_job_json_minimum_counts_and_node_ports_are_in_range():
+    from orchestrator.spec import JobSpec, SpecError
+
+    for edit, field in ((lambda d: d["supervision"]["minimum"].update(ctx=-1), "supervision.minimum"),
+                        (lambda d: d["node_ports"][0].append(70000), "node_ports"),
+                        (lambda d: d["components"][0].update(ntasks=0), "ntasks"),
+                        (lambda d: d["components"][0].update(ntasks_per_node=10**9), "ntasks_per_node")):
+        doc = _job_doc()
+        edit(doc)
+        with pytest.raises(SpecError, match=field):
+            JobSpec.from_dict(doc)
+
+
+@settings(max_examples=200, deadline=None)
+@given(key=st.sampled_from(SECONDS + ("max_restarts",)),
+       value=st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**40, 2**40) | JSON)
+def test_any_supervision_number_is_accepted_within_its_range_or_refused(key, value):
+    from orchestrator.spec import JobSpec, SpecError
+
+    doc = _job_doc()
+    doc["supervision"][key] = value
+    try:
+        spec = JobSpec.from_dict(json.loads(_dumps(doc)))
+    except SpecError as exc:
+        assert f"supervision.{key}" in str(exc)
+        return
+    got = getattr(spec.supervision, key)
+    assert math.isfinite(got) and 0 <= got <= 7 * 86400
+    if key in ("health_interval_s", "startup_timeout_s", "probe_timeout_s"):
+        assert got > 0  # a wait of 0 is a busy loop
+
+
+# --- a validation report given to tk size --measured or tk bench --validation ------------------------------------------
+
+def _report(tmp_path: Path, matrix=None, pairs=None) -> Path:
+    doc = {"kind": "tk-validate-cluster", "passed": True, "thresholds": {"transport": "tcp"},
+           "bandwidth_matrix": {"generation": ["g0"], "gbps": matrix if matrix is not None else [[12.5]]},
+           "pairs": pairs if pairs is not None else [
+               {"src": "c0", "dst": "g0", "op": "WRITE", "gbps": 12.5},
+               {"src": "g0", "dst": "c0", "op": "WRITE", "gbps": 11.0, "direction": "reverse"}]}
+    d = tmp_path / "val"
+    d.mkdir(exist_ok=True)
+    (d / "report.json").write_text(_dumps(doc))
+    return d
+
+
+@pytest.mark.parametrize("value", [math.nan, math.inf, -3.0, 1e300, True, "12"], ids=repr)
+def test_a_measured_bandwidth_that_is_not_one_is_refused_naming_the_file_and_field(tmp_path, value):
+    from toolkit.size.transfer import MeasuredError, measured
+
+    d = _report(tmp_path, matrix=[[12.5, value]])
+    with pytest.raises(MeasuredError, match=r"report\.json: bandwidth_matrix\.gbps\[0\]\[1\]"):
+        measured(d)
+    d = _report(tmp_path, pairs=[{"src": "g0", "dst": "c0", "op": "WRITE", "gbps": 11.0, "direction": "reverse"},
+                                 {"src": "g1", "dst": "c0", "op": "WRITE", "gbps": value, "direction": "reverse"}])
+    with pytest.raises(MeasuredError, match=r"report\.json: pairs\[1\]\.gbps"):
+        measured(d, direction="reverse")
+
+
+def test_bench_validation_names_the_report_and_field(tmp_path):
+    from toolkit.bench import reverse_bandwidth_for
+
+    d = _report(tmp_path, pairs=[{"src": "g0", "dst": "c0", "op": "WRITE", "gbps": -1, "direction": "reverse"}])
+    with pytest.raises(BenchInputError, match=r"--validation: .*report\.json: pairs\[0\]\.gbps"):
+        reverse_bandwidth_for(str(d), None)
+
+
+def test_unmeasured_pairs_are_skipped_and_measured_ones_read(tmp_path):
+    from toolkit.size.transfer import measured
+
+    d = _report(tmp_path, matrix=[[12.5, None, 0]])  # a failed pair has no figure: skipped, not an error
+    assert measured(d).gbps == 12.5 and measured(d, direction="reverse").gbps == 11.0
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(report=JSON | st.fixed_dictionaries({"kind": st.just("tk-validate-cluster")},
+                                           optional={"bandwidth_matrix": JSON, "pairs": JSON, "timing": JSON,
+                                                     "thresholds": JSON, "passed": JSON}))
+def test_any_report_gives_a_finite_bandwidth_or_a_message(tmp_path, report):
+    from toolkit.size.transfer import MeasuredError, measured
+
+    p = tmp_path / "report.json"
+    p.write_text(_dumps(report))
+    for direction in ("forward", "reverse"):
+        try:
+            bw = measured(p, direction=direction)
+        except MeasuredError as exc:
+            assert str(p) in str(exc)
+            continue
+        assert math.isfinite(bw.gbps) and 0 < bw.gbps <= 10_000
+        assert bw.transport is None or isinstance(bw.transport, str)
