@@ -361,13 +361,14 @@ def runs(as_json):
 @json_option
 def status(run, as_json):
     """Per server of RUN (default: the last run): node, port, state, health."""
+    from toolkit.doctor import inert
     from toolkit.launch.run import log_tail
 
     record = api.status(run)
     if as_json:
         _emit_json(record.public())
-    else:
-        _say(f"{record.name}: {record.state}{' - ' + record.reason if record.reason else ''}")
+    else:  # reasons and logs are the job's words: printed inert, as `tk doctor` prints them
+        _say(inert(f"{record.name}: {record.state}{' - ' + record.reason if record.reason else ''}"))
         if record.engine_label:
             _say(f"  engine {record.engine_label}")
         _say(f"  backend {record.backend}{', job ' + record.job_id if record.job_id else ''}, "
@@ -382,14 +383,14 @@ def status(run, as_json):
             if s.last_exit is not None:
                 extra.append(f"last exit {s.last_exit}")
             if s.reason and s.state != "healthy":
-                extra.append(s.reason)
+                extra.append(inert(s.reason))
             _say(f"  {s.name:<8} node{s.node:<3} {s.host or '-':<16} port {s.port:<6} {s.state:<9} "
                  f"{', '.join(extra)}".rstrip())
     failed = [s for s in record.servers if s.state == "failed"]
     if record.state == "failed" and not as_json:
         for s in failed:
-            _say(f"--- last lines of {s.name} ({record.log_path(s.name)}) ---")
-            _say(log_tail(record.log_path(s.name)))
+            _say(f"--- last lines of {s.name} ({inert(record.log_path(s.name))}) ---")
+            _say("\n".join(inert(line) for line in log_tail(record.log_path(s.name)).splitlines()))
     if record.state in ("failed", "degraded"):
         raise SystemExit(1)
 
@@ -433,18 +434,19 @@ def stop(run, as_json):
 @json_option
 def doctor(run, as_json):
     """Explain RUN (default: the last run): known failure signatures in its logs, with cause, fix and evidence."""
-    from toolkit.doctor import format_diagnosis
+    from toolkit.doctor import format_diagnosis, inert
 
     doc = api.doctor(run)
     if as_json:
         _emit_json(doc)
         return
     job = doc.get("job") or {}
-    _say(f"{doc['run']}: {doc['state']}{' - ' + doc['reason'] if doc.get('reason') else ''}")
-    _say(f"  run directory {doc['run_dir']}" + (f"; job {job.get('phase')} {job.get('detail') or ''}".rstrip()
-                                                if job else ""))
+    # everything below comes from files the run wrote (reasons, events, Slurm's words): printed inert
+    _say(inert(f"{doc['run']}: {doc['state']}{' - ' + doc['reason'] if doc.get('reason') else ''}"))
+    _say(inert(f"  run directory {doc['run_dir']}" + (f"; job {job.get('phase')} {job.get('detail') or ''}".rstrip()
+                                                      if job else "")))
     if doc["phases"]:
-        _say("  last phases: " + " | ".join(p.replace("\t", " ") for p in doc["phases"][-4:]))
+        _say("  last phases: " + " | ".join(inert(p.replace("\t", " ")) for p in doc["phases"][-4:]))
     click.echo(format_diagnosis(doc))
 
 
