@@ -224,3 +224,28 @@ def test_any_report_gives_a_finite_bandwidth_or_a_message(tmp_path, report):
             continue
         assert math.isfinite(bw.gbps) and 0 < bw.gbps <= 10_000
         assert bw.transport is None or isinstance(bw.transport, str)
+
+
+# --- m7: tk validate cluster --local sizes no more than this machine holds -------------------------------------------
+
+def test_local_validation_refuses_buffers_beyond_this_machines_memory_with_the_figure(tmp_path, monkeypatch):
+    """Hostile round 4 (m7): --max-memory-mb 1048576 --lengths 10000000 sized 286 GiB per agent on standin-2p2d,
+    with no check against the machine's memory."""
+    from toolkit import api
+    from toolkit.validate import launchers, run
+    from toolkit.validate.params import ValidateError
+
+    monkeypatch.setenv("TK_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("TK_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(run, "available_memory", lambda: (6 << 30, 16 << 30))  # 6 GiB free of 16
+
+    def no_agents(self):
+        raise AssertionError("no agent may start")
+    monkeypatch.setattr(launchers.LocalLauncher, "start", no_agents)
+    plan = api.load_plan("standin-2p2d")
+    with pytest.raises(ValidateError) as exc:
+        api.validate(plan, mode="local", max_memory_mb=1 << 20, lengths=(10_000_000,), sweep=False, reverse=False)
+    text = str(exc.value)
+    assert "GiB" in text and "6.0 GiB available" in text and "4 agents" in text and "--max-memory-mb" in text
+    assert not any((tmp_path / "runs").glob("*/params.json"))  # refused before anything was prepared
+    assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []  # and its directory removed
