@@ -8,6 +8,7 @@
     prepare(plan, ...)                  render into a new run directory, start nothing (`tk launch --dry-run`)
     launch(plan, ...)                   run it (Slurm or local), wait until it serves -> RunRecord
     runs() / find_run(ref)              every run / one run by directory, name or (None) the latest
+    validation_runs()                   every `tk validate cluster` run (tk runs lists them with the runs)
     status(run) / logs(run) / stop(run) look after a run
     doctor(run)                         why a run failed: known failure signatures, cause, fix, evidence
     diff(run_a, run_b)                  what differs between two runs or render directories
@@ -71,6 +72,7 @@ __all__ = [
     "status",
     "stop",
     "validate",
+    "validation_runs",
 ]
 
 # --- recipe -> plan ------------------------------------------------------------------------------
@@ -192,10 +194,29 @@ def runs() -> list[RunRecord]:
     return all_runs()
 
 
-def find_run(ref: str | os.PathLike | None = None) -> RunRecord:
-    """A run by directory, by name (or unique prefix), or (None) the most recent one."""
+def validation_runs() -> list:
+    """Every `tk validate cluster` run (toolkit.validate.runs.ValidationRun: name, run_dir, recipe, mode, created,
+    state validating|passed|failed|incomplete, job_id, report), oldest first; `tk runs` lists them with the runs."""
+    from toolkit.validate.runs import validation_runs as found
+
+    return found()
+
+
+def find_run(ref: str | os.PathLike | None = None, *, active: bool = False) -> RunRecord:
+    """A run by directory, by name (or unique prefix), or (None) the most recent one. ``active`` (what `tk stop`
+    without RUN stops): with ref None, the one run under way (its job not ended); several under way is a TkError
+    naming them (none is chosen for the user); none under way: the most recent one, as without ``active``."""
+    from toolkit.errors import TkError
+    from toolkit.launch import active_runs
     from toolkit.launch.run import find_run as find
 
+    if ref is None and active:
+        under_way = active_runs()
+        if len(under_way) > 1:
+            raise TkError(f"{len(under_way)} runs are active: {', '.join(r.name for r in under_way)}; "
+                          "`tk stop RUN` names the one to stop (`tk runs` lists them)")
+        if under_way:
+            return under_way[0]
     return find(os.fspath(ref) if ref is not None else None)
 
 
@@ -252,10 +273,12 @@ def logs(run: RunRecord | str | os.PathLike | None = None, role: str | None = No
 
 
 def stop(run: RunRecord | str | os.PathLike | None = None) -> list[str]:
-    """Stop the run and verify nothing is left; the problems found (empty when it stopped cleanly)."""
+    """Stop the run and verify nothing is left; the problems found (empty when it stopped cleanly). None: the one
+    run under way (find_run(None, active=True): several is a TkError naming them)."""
     from toolkit.launch import stop as stop_run
+    from toolkit.launch.run import RunRecord as Record
 
-    return stop_run(_record(run))
+    return stop_run(run if isinstance(run, Record) else find_run(run, active=run is None))
 
 
 def doctor(run: RunRecord | str | os.PathLike | None = None) -> dict[str, Any]:

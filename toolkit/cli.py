@@ -338,18 +338,26 @@ def launch(recipe, local, dry_run, run_dir, pending_timeout, startup_timeout, fa
 @cli.command()
 @json_option
 def runs(as_json):
-    """List every run: name, backend, job id, state, endpoint."""
+    """List every run: name, backend, job id, state, endpoint; `tk validate cluster` runs among them."""
     records = api.runs()
+    validations = api.validation_runs()
     if as_json:
-        _emit_json({"runs": [r.public() for r in records]})
+        _emit_json({"runs": [r.public() for r in records], "validations": [v.to_dict() for v in validations]})
         return
-    if not records:
+    if not records and not validations:
         _say("no runs yet; start one with `tk launch RECIPE`")
         return
     import time
 
-    rows = [(r.name, r.backend, r.job_id or "-", "dry run" if r.state == "rendered" else r.state,
-             time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created)), r.endpoint or "-") for r in records]
+    from toolkit.doctor import inert
+
+    listed = sorted([(r.created, (r.name, r.backend, r.job_id or "-",
+                                  "dry run" if r.state == "rendered" else r.state, r.endpoint or "-"))
+                     for r in records] +
+                    [(v.created, (v.name, v.mode, v.job_id or "-", f"validate: {v.state}", "-")) for v in validations],
+                    key=lambda row: row[0])
+    rows = [(inert(name), backend, inert(job), state, time.strftime("%Y-%m-%d %H:%M", time.localtime(created)),
+             inert(endpoint)) for created, (name, backend, job, state, endpoint) in listed]
     header = ("RUN", "BACKEND", "JOB", "STATE", "CREATED", "ENDPOINT")
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header) - 1)]
     for row in (header, *rows):
@@ -418,8 +426,8 @@ def logs(run, role, instance, follow, lines):
 @click.argument("run", required=False)
 @json_option
 def stop(run, as_json):
-    """Stop RUN (default: the last run) and verify nothing is left."""
-    record = api.find_run(run)
+    """Stop RUN (default: the run under way; with several under way, name one) and verify nothing is left."""
+    record = api.find_run(run, active=run is None)
     problems = api.stop(record)
     if as_json:
         _emit_json({**record.public(), "clean": not problems, "problems": problems})

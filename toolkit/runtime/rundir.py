@@ -57,8 +57,9 @@ def add_to_index(path: Path, name: str, kind: str = "") -> None:
         pass
 
 
-def indexed_dirs() -> list[Path]:
-    """The run directories the index names that still exist, oldest entry first, each once."""
+def indexed_dirs(kind: str | None = None) -> list[Path]:
+    """The run directories the index names that still exist, oldest entry first, each once; only those of `kind`
+    ("launch", "validate") where given."""
     try:
         data = files.read_bytes(index_path(), INDEX_READ_BYTES, longer="tail")
     except (OSError, RuntimeError, ValueError):  # missing, no home, or not a regular file (files.FileProblem)
@@ -73,7 +74,9 @@ def indexed_dirs() -> list[Path]:
         try:
             entry = files.loads(line, max_depth=2)
             path = Path(entry["path"])
-        except (ValueError, KeyError, TypeError):  # files.FileProblem (too deep, not JSON) is a ValueError
+            if kind is not None and entry.get("kind", "launch") != kind:
+                continue
+        except (ValueError, KeyError, TypeError, AttributeError):  # files.FileProblem (too deep, not JSON): ValueError
             continue
         try:
             if str(path) in seen or not path.is_absolute() or not path.is_dir():
