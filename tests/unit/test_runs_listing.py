@@ -10,6 +10,7 @@ import os
 import pytest
 
 from tests.unit.helpers import plan_of
+from tests.unit.test_hostile_files import runs_env  # noqa: F401 (the fixture: an empty runs directory and index)
 from tests.unit.test_launch_states import STANDIN
 from toolkit import api
 from toolkit.cli import main
@@ -17,14 +18,6 @@ from toolkit.errors import TkError
 from toolkit.launch.run import RunRecord
 from toolkit.runtime import rundir
 from toolkit.runtime.slurm import JobState
-
-
-@pytest.fixture
-def runs_env(tmp_path, monkeypatch):
-    monkeypatch.setenv("TK_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("TK_RUNS_DIR", str(tmp_path / "runs"))
-    (tmp_path / "runs").mkdir()
-    return tmp_path
 
 
 def _launched(name: str, state: str, created: float) -> RunRecord:
