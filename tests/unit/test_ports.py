@@ -71,3 +71,45 @@ def test_a_port_held_by_a_connection_is_not_called_a_listener(listener, monkeypa
     finally:
         client.close()
         accepted.close()
+
+
+def _listen_below_ephemeral(start: int) -> socket.socket:
+    for port in range(start, start + 200):
+        srv = socket.socket()
+        try:
+            srv.bind(("127.0.0.1", port))
+            srv.listen()
+            return srv
+        except OSError:
+            srv.close()
+    pytest.skip("no free port to listen on")
+
+
+@pytest.mark.parametrize("offset,what", [(0, "etcd client"), (1, "etcd peer"), (2, "etcd gateway")])
+def test_every_port_a_run_binds_is_checked_and_names_the_setting_that_moves_it(offset, what):
+    """Hostile round 4 (m6): the etcd client, peer and gateway ports were not checked, so a taken one failed the job
+    later with etcd's or the gateway's own bind error."""
+    srv = _listen_below_ephemeral(24210)
+    try:
+        port = srv.getsockname()[1]
+        plan = api.load_plan("standin-2p2d", ["membership.enabled=true", f"membership.etcd_port={port - offset}",
+                                              "cluster.worker_base_port=39871", "proxy.port=39861"])
+        assert any(b.port == port and b.setting == "membership.etcd_port" for b in plan.bound_ports)
+        with pytest.raises(LaunchError) as info:
+            LocalBackend().preflight(plan)
+        text = str(info.value)
+        assert f"port {port} (" in text and what in text and "move membership.etcd_port" in text
+        assert "worker_base_port" not in text
+    finally:
+        srv.close()
+
+
+def test_the_bound_ports_are_the_ports_by_node_with_their_settings():
+    plan = api.load_plan("standin-2p2d", ["membership.enabled=true"])
+    by_node = [[] for _ in range(plan.node_count)]
+    for b in plan.bound_ports:
+        by_node[b.node].append(b.port)
+    assert tuple(tuple(sorted(p)) for p in by_node) == plan.ports_by_node
+    settings = {b.setting for b in plan.bound_ports}
+    assert settings == {"cluster.worker_base_port", "proxy.port", "membership.etcd_port"} | (
+        {"cluster.internal_base_port"} if any(s.internal_ports for s in plan.servers) else set())

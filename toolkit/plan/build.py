@@ -173,6 +173,8 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
 
     ctx_plan = role_plan("ctx", "context", r.context, ctx_span, ctx_nodes, ctx_instances, ctx_opts, ctx_env)
     gen_plan = role_plan("gen", "generation", r.generation, gen_span, gen_nodes, gen_instances, gen_opts, gen_env)
+    for role in (ctx_plan, gen_plan):
+        rules.check_kv_events(role.title, role.llm_api_options, c)
     proxy = options.proxy_plan(r, ctx_instances, gen_instances, transport, engine, membership, version)
     if r.cluster.mpi and not engine.uses_mpi:
         c.warnings.append(f"cluster.mpi {r.cluster.mpi} is not used: the {engine.label} starts one process per "
@@ -186,7 +188,8 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
                       image_note=image.note if image else "", container_mounts=tuple(r.cluster.container_mounts),
                       mpi=(r.cluster.mpi or DEFAULT_MPI) if engine.uses_mpi else None,
                       pending_timeout_s=r.cluster.pending_timeout_s, startup_timeout_s=r.cluster.startup_timeout_s,
-                      gpu_request=r.cluster.gpu_request, exclusive=r.cluster.exclusive,
+                      gpu_request=r.cluster.gpu_request or ("gres" if engine.uses_gpus else "none"),
+                      exclusive=r.cluster.exclusive,
                       sbatch_args=tuple(r.cluster.sbatch_args), srun_args=tuple(r.cluster.srun_args))
     sv = r.supervision
     supervision = SupervisionPlan(policy=sv.policy, max_restarts=sv.max_restarts,
