@@ -23,7 +23,9 @@ def listener():
     srv.close()
 
 
-def _plan(proxy_port: int, base: int = 39871):
+# Below Linux's ephemeral range (32768-60999), where the listener's port (bound to 0) lands: the plan's own worker and
+# internal ports never collide with it.
+def _plan(proxy_port: int, base: int = 21871):
     return api.load_plan("standin-2p2d", [f"proxy.port={proxy_port}", f"cluster.worker_base_port={base}"])
 
 
@@ -48,7 +50,7 @@ def test_a_listened_port_is_in_use_and_the_message_says_how_to_find_its_holder(l
 def test_a_port_held_by_a_tk_run_names_the_run(listener, tmp_path, monkeypatch):
     monkeypatch.setenv("TK_RUNS_DIR", str(tmp_path / "runs"))
     port = listener.getsockname()[1]
-    other = api.prepare(_plan(port, base=39901), local=True, run_dir=tmp_path / "runs" / "other-run")
+    other = api.prepare(_plan(port, base=21901), local=True, run_dir=tmp_path / "runs" / "other-run")
     other.set_state("ready")
     with pytest.raises(LaunchError, match=r"the tk run other-run: `tk stop other-run`"):
         LocalBackend().preflight(_plan(port))
