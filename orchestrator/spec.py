@@ -14,6 +14,7 @@ Placeholders, resolved on the batch host once the nodes are known (as in disagg.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass
 from typing import Any, Dict, List, Optional, Tuple, Union
 
@@ -186,6 +187,27 @@ def _argv(value: Any, where: str) -> List[ArgItem]:
 
 
 NUMBER = (int, float)
+WEEK_S = 7 * 86400  # the longest wait tk writes anywhere (toolkit.runtime.bounds)
+MAX_NODES = 100000  # node indices are below this (components[].nodes)
+MAX_COUNT = 100000  # restarts, tasks, a role's minimum: far above anything a plan holds
+# Seconds that must be above 0: a wait of 0 turns a loop into a busy one (and NaN would make every deadline never pass)
+POSITIVE_S = ("health_interval_s", "startup_timeout_s", "probe_timeout_s")
+
+
+def _seconds(doc: Dict[str, Any], key: str, where: str, positive: bool = False) -> float:
+    """A number of seconds: finite, from 0 (above 0 where ``positive``) to a week."""
+    value = float(_need(doc, key, NUMBER, where))
+    if not math.isfinite(value) or value < 0 or positive and value <= 0 or value > WEEK_S:
+        raise SpecError(f"{where}{key}: {value!r} is not a number of seconds from {'above ' if positive else ''}0 to "
+                        f"{WEEK_S} (what tk writes)")
+    return value
+
+
+def _count(doc: Dict[str, Any], key: str, where: str, low: int, high: int = MAX_COUNT) -> int:
+    value = _need(doc, key, int, where)
+    if not low <= value <= high:
+        raise SpecError(f"{where}{key}: {value} is not a count from {low} to {high}")
+    return value
 
 
 def _word(vocabulary: Any, text: Any, where: str) -> Any:
@@ -216,15 +238,18 @@ def _spec(doc: Any) -> JobSpec:
                                                      "provenance.version_command"))
     la = _need(doc, "launcher", dict, "")
     launcher = Launcher(ipc_addr_env=_need(la, "ipc_addr_env", str, "launcher."),
-                        stagger_s=float(_need(la, "stagger_s", NUMBER, "launcher.")))
+                        stagger_s=_seconds(la, "stagger_s", "launcher."))
     node_ports = _need(doc, "node_ports", list, "")
-    if not all(isinstance(p, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
+    if not all(isinstance(p, list) and all(isinstance(x, int) and not isinstance(x, bool) and 0 < x < 65536 for x in p)
                for p in node_ports):
-        raise SpecError("node_ports: not a list of port lists")
+        raise SpecError("node_ports: not a list of port lists (ports 1 to 65535)")
     disagg = doc.get("disagg_config")
     if disagg is not None and (not isinstance(disagg, str) or "/" in disagg):
         raise SpecError("disagg_config: not a file of the run directory")
-    spec = JobSpec(name=_need(doc, "name", str, ""), nodes=_need(doc, "nodes", int, ""), node_ports=node_ports,
+    nodes = _count(doc, "nodes", "", 1, MAX_NODES)
+    if len(node_ports) > nodes:
+        raise SpecError(f"node_ports: {len(node_ports)} lists for {nodes} nodes")
+    spec = JobSpec(name=_need(doc, "name", str, ""), nodes=nodes, node_ports=node_ports,
                    srun_flags=_strings(_need(doc, "srun_flags", list, ""), "srun_flags"), components=components,
                    supervision=supervision, check=check, provenance=provenance, launcher=launcher,
                    proxy_first=bool(doc.get("proxy_first", False)), membership=membership,
@@ -238,13 +263,13 @@ def _spec(doc: Any) -> JobSpec:
 
 def _supervision(sv: Dict[str, Any]) -> Supervision:
     minimum = _need(sv, "minimum", dict, "supervision.")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in minimum.values()):
-        raise SpecError("supervision.minimum: not role -> count")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 0 <= v <= MAX_COUNT for v in minimum.values()):
+        raise SpecError(f"supervision.minimum: not role -> count (0 to {MAX_COUNT})")
     return Supervision(
         policy=_word(RestartPolicy, _need(sv, "policy", str, "supervision."), "supervision.policy"),
-        max_restarts=_need(sv, "max_restarts", int, "supervision."),
+        max_restarts=_count(sv, "max_restarts", "supervision.", 0, 1000),
         minimum={_word(Role, k, "supervision.minimum"): v for k, v in minimum.items()},
-        **{k: float(_need(sv, k, NUMBER, "supervision.")) for k in (
+        **{k: _seconds(sv, k, "supervision.", positive=k in POSITIVE_S) for k in (
             "backoff_initial_s", "backoff_max_s", "unhealthy_after_s", "stable_after_s", "health_interval_s",
             "stall_after_s", "startup_timeout_s", "probe_timeout_s")})
 
@@ -254,7 +279,7 @@ def _component(i: int, c: Any) -> Component:
     if not isinstance(c, dict):
         raise SpecError(f"components[{i}]: not an object")
     nodes = _need(c, "nodes", list, where)
-    if not nodes or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < 100000 for n in nodes):
+    if not nodes or not all(isinstance(n, int) and not isinstance(n, bool) and 0 <= n < MAX_NODES for n in nodes):
         raise SpecError(f"{where}nodes: not a list of node indices")
     env = _need(c, "instance_env", list, where)
     if not all(isinstance(kv, list) and len(kv) == 2 and all(isinstance(x, str) for x in kv) for kv in env):
@@ -270,7 +295,7 @@ def _component(i: int, c: Any) -> Component:
     return Component(
         name=_need(c, "name", str, where), role=_word(Role, _need(c, "role", str, where), where + "role"),
         kind=_word(ComponentKind, _need(c, "kind", str, where), where + "kind"), nodes=list(nodes),
-        ntasks=_need(c, "ntasks", int, where), ntasks_per_node=_need(c, "ntasks_per_node", int, where),
+        ntasks=_count(c, "ntasks", where, 1), ntasks_per_node=_count(c, "ntasks_per_node", where, 1),
         gpus=_need(c, "gpus", str, where), env_file=_need(c, "env_file", str, where),
         instance_env=[(k, v) for k, v in env], argv=_argv(_need(c, "argv", list, where), where + "argv"),
         port=port, health=_need(c, "health", str, where), live=_need(c, "live", str, where),
@@ -300,7 +325,7 @@ def _check(ch: Dict[str, Any]) -> ConfigCheck:
         raise SpecError("check.options: not a list of [file, model]")
     return ConfigCheck(argv=_strings(_need(ch, "argv", list, "check."), "check.argv"),
                        options=[(a, b) for a, b in options], disagg=_need(ch, "disagg", bool, "check."),
-                       timeout_s=float(_need(ch, "timeout_s", NUMBER, "check.")))
+                       timeout_s=_seconds(ch, "timeout_s", "check.", positive=True))
 
 
 __all__ = ["ArgItem", "Component", "ConfigCheck", "JobSpec", "Launcher", "Membership", "Provenance", "SpecError",

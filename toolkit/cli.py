@@ -363,18 +363,26 @@ def launch(recipe, local, dry_run, run_dir, pending_timeout, startup_timeout, fa
 @cli.command()
 @json_option
 def runs(as_json):
-    """List every run: name, backend, job id, state, endpoint."""
+    """List every run: name, backend, job id, state, endpoint; `tk validate cluster` runs among them."""
     records = api.runs()
+    validations = api.validation_runs()
     if as_json:
-        _emit_json({"runs": [r.public() for r in records]})
+        _emit_json({"runs": [r.public() for r in records], "validations": [v.to_dict() for v in validations]})
         return
-    if not records:
+    if not records and not validations:
         _say("no runs yet; start one with `tk launch RECIPE`")
         return
     import time
 
-    rows = [(r.name, r.backend, r.job_id or "-", "dry run" if r.state == "rendered" else r.state,
-             time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created)), r.endpoint or "-") for r in records]
+    from toolkit.doctor import inert
+
+    listed = sorted([(r.created, (r.name, r.backend, r.job_id or "-",
+                                  "dry run" if r.state == "rendered" else r.state, r.endpoint or "-"))
+                     for r in records] +
+                    [(v.created, (v.name, v.mode, v.job_id or "-", f"validate: {v.state}", "-")) for v in validations],
+                    key=lambda row: row[0])
+    rows = [(inert(name), backend, inert(job), state, time.strftime("%Y-%m-%d %H:%M", time.localtime(created)),
+             inert(endpoint)) for created, (name, backend, job, state, endpoint) in listed]
     header = ("RUN", "BACKEND", "JOB", "STATE", "CREATED", "ENDPOINT")
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header) - 1)]
     for row in (header, *rows):
@@ -386,13 +394,14 @@ def runs(as_json):
 @json_option
 def status(run, as_json):
     """Per server of RUN (default: the last run): node, port, state, health."""
+    from toolkit.doctor import inert
     from toolkit.launch.run import log_tail
 
     record = api.status(run)
     if as_json:
         _emit_json(record.public())
-    else:
-        _say(f"{record.name}: {record.state}{' - ' + record.reason if record.reason else ''}")
+    else:  # reasons and logs are the job's words: printed inert, as `tk doctor` prints them
+        _say(inert(f"{record.name}: {record.state}{' - ' + record.reason if record.reason else ''}"))
         if record.engine_label:
             _say(f"  engine {record.engine_label}")
         _say(f"  backend {record.backend}{', job ' + record.job_id if record.job_id else ''}, "
@@ -407,14 +416,14 @@ def status(run, as_json):
             if s.last_exit is not None:
                 extra.append(f"last exit {s.last_exit}")
             if s.reason and s.state != "healthy":
-                extra.append(s.reason)
+                extra.append(inert(s.reason))
             _say(f"  {s.name:<8} node{s.node:<3} {s.host or '-':<16} port {s.port:<6} {s.state:<9} "
                  f"{', '.join(extra)}".rstrip())
     failed = [s for s in record.servers if s.state == "failed"]
     if record.state == "failed" and not as_json:
         for s in failed:
-            _say(f"--- last lines of {s.name} ({record.log_path(s.name)}) ---")
-            _say(log_tail(record.log_path(s.name)))
+            _say(f"--- last lines of {s.name} ({inert(record.log_path(s.name))}) ---")
+            _say("\n".join(inert(line) for line in log_tail(record.log_path(s.name)).splitlines()))
     if record.state in ("failed", "degraded"):
         raise SystemExit(1)
 
@@ -442,8 +451,8 @@ def logs(run, role, instance, follow, lines):
 @click.argument("run", required=False)
 @json_option
 def stop(run, as_json):
-    """Stop RUN (default: the last run) and verify nothing is left."""
-    record = api.find_run(run)
+    """Stop RUN (default: the run under way; with several under way, name one) and verify nothing is left."""
+    record = api.find_run(run, active=run is None)
     problems = api.stop(record)
     if as_json:
         _emit_json({**record.public(), "clean": not problems, "problems": problems})
@@ -458,18 +467,19 @@ def stop(run, as_json):
 @json_option
 def doctor(run, as_json):
     """Explain RUN (default: the last run): known failure signatures in its logs, with cause, fix and evidence."""
-    from toolkit.doctor import format_diagnosis
+    from toolkit.doctor import format_diagnosis, inert
 
     doc = api.doctor(run)
     if as_json:
         _emit_json(doc)
         return
     job = doc.get("job") or {}
-    _say(f"{doc['run']}: {doc['state']}{' - ' + doc['reason'] if doc.get('reason') else ''}")
-    _say(f"  run directory {doc['run_dir']}" + (f"; job {job.get('phase')} {job.get('detail') or ''}".rstrip()
-                                                if job else ""))
+    # everything below comes from files the run wrote (reasons, events, Slurm's words): printed inert
+    _say(inert(f"{doc['run']}: {doc['state']}{' - ' + doc['reason'] if doc.get('reason') else ''}"))
+    _say(inert(f"  run directory {doc['run_dir']}" + (f"; job {job.get('phase')} {job.get('detail') or ''}".rstrip()
+                                                      if job else "")))
     if doc["phases"]:
-        _say("  last phases: " + " | ".join(p.replace("\t", " ") for p in doc["phases"][-4:]))
+        _say("  last phases: " + " | ".join(inert(p.replace("\t", " ")) for p in doc["phases"][-4:]))
     click.echo(format_diagnosis(doc))
 
 

@@ -1,8 +1,9 @@
 """Text from outside tk shown to people or written on one line of a file: escaped, and cut to a bound.
 
 One escaper for every place such text lands: an error message on a terminal (a recipe's file name, a --set
-expression, a value), a rich table (toolkit/report.py), the header of an imported recipe (toolkit/importer) and a
-comment line of a rendered file (toolkit/render/escape.py, the `comment` filter). Every character that is not
+expression, a value), a rich table (toolkit/report.py), the header of an imported recipe (toolkit/importer), a
+comment line of a rendered file (toolkit/render/escape.py, the `comment` filter), and what `tk doctor`, `tk status`
+and `tk runs` print from a run's files (toolkit.doctor.inert). Every character that is not
 printable (``str.isprintable``: control characters, surrogates, line and paragraph separators, format characters
 such as the bidirectional overrides, spaces other than the ASCII one, unassigned code points) is written as its
 Python escape (``\\n``, ``\\x1b``, ``\\u2028``), so what is left is one line that cannot end early, start a YAML key

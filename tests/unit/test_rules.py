@@ -318,6 +318,25 @@ def test_gpu_request_defaults_to_gres_and_renders_each_form():
     assert plan_of(BASE, "cluster.gpu_request=none").slurm.gpu_directives == ()
 
 
+def test_an_engine_that_uses_no_gpu_asks_slurm_for_none_unless_the_recipe_says():
+    """Round 3 left standin-1p1d-1.3 (and standin-lab-1p1d) asking the rehearsal cluster for --gres=gpu:2, which a
+    partition without GPU gres refuses: the CPU stand-in's default request is none, from its engine profile."""
+    from toolkit import api
+    from toolkit.facts.engines import ENGINES
+
+    assert ENGINES["trtllm"].uses_gpus and not ENGINES["standin"].uses_gpus
+    from toolkit.render import render_files
+
+    for row in [r for r in api.list_recipes() if r["engine"] == "standin"]:
+        plan = api.load_plan(row["name"])
+        assert plan.slurm.gpu_directives == (), row["name"]
+        assert "--gres" not in render_files(plan)["launch.sbatch"], row["name"]
+    asked = api.load_plan("standin-1p1d-1.3", ["cluster.gpu_request=gres"])  # said in the recipe: rendered as said
+    assert asked.slurm.gpu_directives == ("--gres=gpu:2",)
+    # the resolved recipe (manifest.json, what tk bench and the baseline rebuild the plan from) keeps "the engine's"
+    assert api.load_plan("standin-1p1d-1.3").recipe["cluster"]["gpu_request"] is None
+
+
 @pytest.mark.parametrize("field,arg,owner", [
     ("sbatch_args", "--nodes=3", "--nodes"), ("sbatch_args", "--node=3", "abbreviation"),
     ("sbatch_args", "--output=x.log", "--output"), ("sbatch_args", "--gres=gpu:4", "cluster.gpu_request"),

@@ -385,6 +385,7 @@ def _measure_and_publish(target: Target, workload: Workload, *, aiperf: str, tok
     results, proof = measure(target, workload, aiperf=aiperf, tokenizer=tokenizer, out=staging, log=log,
                              timeout_s=timeout_s, on_progress=on_progress)
     supervision = supervision_during(target, started, time.time())
+    proof = probes.account_for_restarts(proof, supervision)  # what a restart took from the counters, said
     conditional = bool(plan is not None and plan.proxy is not None
                        and (plan.proxy.config.get("conditional_disagg_config") or {}))
     # the measurement's own verdict (the multi-turn reuse findings join it); decided again at the end with the

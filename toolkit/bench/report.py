@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from toolkit.bench.verdict import Outcome, Stage
+from toolkit.runtime import files
 
 CSV_COLUMNS = ["target", "cell", "isl", "osl", "turns", "concurrency", "request_rate", "requests", "errors",
                "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
@@ -47,6 +48,12 @@ def csv_text(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
+def _save(fig, path: Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    files.write_regular_atomically(path, buf.getvalue(), sync=False)
+
+
 def _plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, list[tuple[float, float]]],
           logx: bool = False) -> bool:
     import matplotlib
@@ -69,7 +76,7 @@ def _plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, li
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    _save(fig, path)
     plt.close(fig)
     return True
 
@@ -136,7 +143,7 @@ def write_turn_plot(path: Path, series: dict[str, list[dict]], title: str) -> bo
         ax.xaxis.get_major_locator().set_params(integer=True)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    _save(fig, path)
     plt.close(fig)
     return True
 
@@ -264,10 +271,11 @@ def write_all(out: Path, doc: dict) -> list[str]:
                            f"per-turn TTFT and recomputed tokens: {doc['name']}"):
             plots.append("turns.png")
     doc["plots"] = plots
-    (out / "results.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    (out / "results.csv").write_text(csv_text(doc["rows"]))
-    (out / "verdict.json").write_text(json.dumps(doc["verdict"], indent=2, default=str) + "\n")
-    (out / "report.md").write_text(markdown(doc, plots))
+    for name, text in (("results.json", json.dumps(doc, indent=2, default=str) + "\n"),
+                       ("results.csv", csv_text(doc["rows"])),
+                       ("verdict.json", json.dumps(doc["verdict"], indent=2, default=str) + "\n"),
+                       ("report.md", markdown(doc, plots))):
+        files.write_regular_atomically(out / name, text)
     return plots
 
 

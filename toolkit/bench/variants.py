@@ -181,5 +181,7 @@ def write_comparison(out: Path, doc: dict) -> None:
         out / "compare_turns.png", {ln["variant"]: ln["turns"] for ln in doc["variants"] if ln.get("turns")},
         f"{doc['recipe']}: per-turn TTFT and recomputed tokens by variant") else None
     doc["plot"] = plot
-    (out / "compare.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    (out / "compare.md").write_text(comparison_markdown(doc, plot))
+    from toolkit.runtime import files
+
+    files.write_regular_atomically(out / "compare.json", json.dumps(doc, indent=2, default=str) + "\n")
+    files.write_regular_atomically(out / "compare.md", comparison_markdown(doc, plot))

@@ -186,6 +186,12 @@ def _disaggregation(results: dict[str, CellResult], proof: Proof | None, conditi
         return [Check("disaggregated", Stage.DISAGGREGATION, False,
                       "cannot prove the deployment served disaggregated: " + "; ".join(proof.notes), numbers=numbers)]
     problems = []
+    if proof.kind == "trtllm" and "proxy" in proof.restarted:
+        # its /perf_metrics entries were in the process that went away (probe.account_for_restarts)
+        return [Check("disaggregated", "disaggregation", False,
+                      f"the legs cannot be counted: the proxy restarted during the run and its /perf_metrics "
+                      f"entries of the requests before were lost with its process ({proof.requests} entries for "
+                      f"{ok} successful requests); measure again without a restart", numbers=numbers)]
     if proof.kind == "trtllm" and proof.requests < ok:
         problems.append(f"/perf_metrics holds {proof.requests} requests for {ok} successful "
                         f"(raise perf_metrics_max_requests to at least {ok})")

@@ -148,7 +148,9 @@ class RunRecord:
         return Path(self.run_dir)
 
     def save(self) -> None:
-        rundir.write_text_atomically(self.path / RUN_RECORD, json.dumps(self.to_dict(), indent=2) + "\n")
+        # rewritten at every state change and poll: whole for every reader, but not synced to disk each time
+        files.write_regular_atomically(self.path / RUN_RECORD, json.dumps(self.to_dict(), indent=2) + "\n",
+                                       sync=False)
 
     def set_state(self, state: RunState | str, reason: str | None = None) -> None:
         self.state = RunState(state).value

@@ -82,7 +82,8 @@ def assemble(d: Derivation, warnings: tuple[str, ...]) -> Plan:
                       image_note=image.note if image else "", container_mounts=tuple(r.cluster.container_mounts),
                       mpi=(r.cluster.mpi or DEFAULT_MPI) if d.engine.uses_mpi else None,
                       pending_timeout_s=r.cluster.pending_timeout_s, startup_timeout_s=r.cluster.startup_timeout_s,
-                      gpu_request=r.cluster.gpu_request, exclusive=r.cluster.exclusive,
+                      gpu_request=r.cluster.gpu_request or ("gres" if d.engine.uses_gpus else "none"),
+                      exclusive=r.cluster.exclusive,
                       sbatch_args=tuple(r.cluster.sbatch_args), srun_args=tuple(r.cluster.srun_args))
     sv = r.supervision
     supervision = SupervisionPlan(policy=RestartPolicy(sv.policy), max_restarts=sv.max_restarts,

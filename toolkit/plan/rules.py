@@ -484,6 +484,33 @@ def check_extra_serve_args(title: str, role, version: trtllm.TrtllmVersion, c: C
             c.add(field, f"{name}: {_show(value)} is not an integer", f"give {name} a whole number")
 
 
+def check_kv_events(d, c: Collector) -> None:
+    """A role whose servers keep KV-cache events (kv_cache_config.event_buffer_max_size > 0) answers TensorRT-LLM's
+    POST /kv_cache_events: unauthenticated, and draining (tensorrt_llm/serve/openai_server.py
+    ``get_kv_cache_events`` @ 00057725d9a6591f033e44f31c219e2426827bb7 returns what
+    ``KVCacheEventManager::getEvents`` takes out of the queue, ``std::exchange(mEvents, {})``, each stored block with
+    its tokens, ``getUniqueTokens()``: cpp/tensorrt_llm/batch_manager/kvCacheEventManager.cpp @
+    05843b0a704070599c938655ada137b66143a445). The servers bind every interface of their node: said, never refused
+    (TensorRT-LLM accepts it; the proxy's kv_cache_aware router needs it)."""
+    for role in d.roles:
+        _warn_kv_events(role.title, role.options, c)
+
+
+def _warn_kv_events(title: str, options: dict, c: Collector) -> None:
+    kvc = options.get("kv_cache_config")
+    size = kvc.get("event_buffer_max_size") if isinstance(kvc, dict) else None
+    if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
+        return
+    c.warnings.append(
+        f"{title}: kv_cache_config.event_buffer_max_size {size} turns on TensorRT-LLM's POST /kv_cache_events on "
+        f"every {title} server. It is unauthenticated and drains: each call takes the events it returns, the stored "
+        "blocks' token ids included, so any client that reaches a server's port reads the prompts' tokens (other "
+        "users' too) and takes the events from the proxy's kv_cache_aware router, which then matches nothing and "
+        "routes by load. On a cluster the servers listen on 0.0.0.0 (every interface of their node; loopback in a "
+        "local run, open to every user of the machine): keep their ports reachable from the proxy only (a private "
+        "network, a firewall) (docs/multiturn.md, \"KV-cache events\")")
+
+
 def check_supervision(d, c: Collector) -> None:
     """The restart policy's numbers must describe something that can happen."""
     r = d.recipe
@@ -920,5 +947,5 @@ RULES: tuple[Callable[[Any, Collector], None], ...] = (
     check_version_features, check_speculative, check_proxy, check_parallelism, check_emulation, check_buffer,
     check_role_inputs, check_load_balancer, check_unverified_options, check_transceiver, check_role_options, check_agreement,
     check_memory, check_packing, check_placement, check_internal_ports, check_slurm_args, check_supervision,
-    check_membership, check_envs, warn_unused,
+    check_membership, check_envs, check_kv_events, warn_unused,
 )

@@ -199,8 +199,9 @@ class ClusterSpec(Section):
     pending_timeout_s: int = Field(1800, ge=1, le=WEEK_S)
     startup_timeout_s: int = Field(1800, ge=1, le=86400)
     # How the job asks Slurm for GPUs: "gres" (#SBATCH --gres=gpu:N), "gpus-per-node" (--gpus-per-node=N),
-    # "none" (no request: clusters that do not confine devices, and the CPU stand-in). N = gpus_per_node.
-    gpu_request: Literal["gres", "gpus-per-node", "none"] = "gres"
+    # "none" (no request: clusters that do not confine devices). N = gpus_per_node. Unset (null): the engine's,
+    # "gres" for TensorRT-LLM, "none" for the CPU stand-in (toolkit/facts/engines.py uses_gpus).
+    gpu_request: Optional[Literal["gres", "gpus-per-node", "none"]] = None
     exclusive: bool = False  # #SBATCH --exclusive
     sbatch_args: Annotated[list[str], BeforeValidator(lambda v: _check_list(v, "arguments"))] = \
         Field(default_factory=list)  # extra #SBATCH lines, e.g. --constraint=h100, --exclude=node1
