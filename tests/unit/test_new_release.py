@@ -108,3 +108,12 @@ def test_the_importer_carries_the_new_option_and_reports_the_removed_one(fake_re
     assert result.recipe["context"]["extra_options"]["cache_transceiver_config"] == {"fake_new_knob": True}
     [v] = result.violations
     assert v.field == f"generation.extra_options.{REMOVED}" and "1.9.0rc1 has no option" in v.message
+
+
+def test_the_new_line_s_transceiver_runtime_is_read_with_the_nearest_recorded_default(fake_release):
+    """The fake manifest lists transceiver_runtime without a default (a manifest records none; the sources file's
+    supplement gives it per snapshot): the plan reads it with the nearest earlier snapshot that records one and
+    says so, rather than a default of tk's own."""
+    t = _plan().kv_transfer.transceiver
+    assert (t.runtime.value, t.runtime_setting) == ("PYTHON", "auto")
+    assert "records no default: read as" in t.default_source and "000439672005" in t.default_source

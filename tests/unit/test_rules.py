@@ -50,7 +50,7 @@ def test_user_buffer_smaller_than_longest_input_is_a_warning_where_tensorrt_llm_
     assert p.buffer.max_tokens_in_buffer == 2048
     assert any("smaller than the longest input" in w and "buffers allocated for each request" in w
                for w in p.warnings)
-    p = plan_of(BASE, "trtllm_version=1.3.0rc24", "kv_transfer.runtime=PYTHON", "traffic.max_input_len=4096",
+    p = plan_of(BASE, "trtllm_version=1.3.0rc27", "kv_transfer.runtime=PYTHON", "traffic.max_input_len=4096",
                 "kv_transfer.max_tokens_in_buffer=2048")
     assert p.kv_transfer.transceiver.runtime.value == "PYTHON"
     assert not any("smaller than the longest input" in w for w in p.warnings)

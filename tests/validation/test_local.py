@@ -28,7 +28,7 @@ RECIPE = str(ROOT / "recipes" / "standin-2p2d.yaml")
 SMALL = ["--iterations", "3", "--warmup", "1", "--sweep-iterations", "2", "--transfer-timeout", "5",
          "--rendezvous-timeout", "5", "--timeout", "120"]
 AGENT_PACKAGE = ROOT / "validation"
-AS_1_3 = ("--set", "trtllm_version=1.3.0rc24")  # the Python transceiver (auto on NIXL): descriptor lists
+AS_1_3 = ("--set", "trtllm_version=1.3.0rc27")  # the Python transceiver (auto on NIXL): descriptor lists
 
 
 def validate(tmp_path, *extra, fault=None, json_out=True, timeout=180, base=SMALL):

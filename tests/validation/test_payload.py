@@ -47,9 +47,9 @@ def test_a_1_2_recipe_moves_one_staged_descriptor_per_rank_pair_of_the_request_s
 
 
 def test_a_1_3_recipe_on_the_python_runtime_moves_the_mapper_s_lists():
-    """1.3.0rc24's default transceiver_runtime auto picks the Python transceiver on NIXL; context TP1 -> generation
+    """1.3.0rc27's default transceiver_runtime auto picks the Python transceiver on NIXL; context TP1 -> generation
     TP2 differ in heads: one descriptor per block x layer x K/V (HeadMismatchMapper)."""
-    plan = plan_of(BASE.replace("Llama-3.3-70B", "Llama-3.1-8B"), "trtllm_version=1.3.0rc24", "generation.tp=2",
+    plan = plan_of(BASE.replace("Llama-3.3-70B", "Llama-3.1-8B"), "trtllm_version=1.3.0rc27", "generation.tp=2",
                    "traffic.max_input_len=2048")
     g, lengths, _ = geometry(plan, Options(max_memory_mb=4096))
     assert (g["transfer"]["runtime"], g["transfer"]["layout"]) == ("PYTHON", "head-mismatch")

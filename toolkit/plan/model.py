@@ -11,9 +11,9 @@ from dataclasses import asdict, dataclass, field
 from orchestrator.states import RestartPolicy, Role
 from toolkit.facts import trtllm
 from toolkit.facts.engines import EngineProfile
-from toolkit.facts.transceiver import Descriptors, Layout, RankPairGeometry, Runtime
 from toolkit.facts.hardware import TransportProfile
 from toolkit.facts.models import ModelSpec
+from toolkit.facts.transceiver import Descriptors, Layout, RankPairGeometry, Runtime
 
 
 @dataclass(frozen=True)
@@ -88,7 +88,8 @@ class TransceiverPlan:
     runtime: Runtime  # the context servers' (the sender's)
     runtime_setting: str | None  # transceiver_runtime as the options file gives it, else the release's default
     runtime_reason: str
-    default_source: str  # where the release's default comes from (generated data, or the line)
+    default_source: str  # the snapshot of the generated data whose default or resolution decided
+    verified: bool  # every snapshot that speaks for the release selects this runtime (not so between two that differ)
     backend: str  # cache_transceiver_config.backend with DEFAULT resolved
     mapper: Layout  # the Python transceiver's mapper for this pair of roles (what it would move without bounce)
     layout: Layout  # what the runtime moves: staged on the C++ transceiver, the mapper's lists or bounce on Python

@@ -724,9 +724,9 @@ def check_transceiver(d, c: Collector) -> None:
 
         _check_transceiver_fields(r, target, title, ct, blame, c)
         backend = ct.get("backend")
-        env = {**r.kv_transfer.env, **getattr(r, title).env}
-        if backend == "DEFAULT":  # resolve_cache_transceiver_config: NIXL unless a legacy selector says otherwise
-            backend = next((b for b, var in trtllm.BACKEND_SELECTORS.items() if env.get(var) == "1"), "NIXL")
+        if backend == "DEFAULT":  # resolve_cache_transceiver_config: a legacy selector, else the line's default
+            env = {**r.kv_transfer.env, **getattr(r, title).env}
+            backend = transceiver.resolve_backend(backend, env, target.line, trtllm.BACKEND_SELECTORS)
         runtime = ct.get("transceiver_runtime")
         if runtime == "PYTHON" and backend not in (None, "NIXL"):
             c.add(blame("transceiver_runtime"), f"the Python transceiver (transceiver_runtime PYTHON) supports only "
@@ -873,8 +873,9 @@ def check_transfer_buffer(d, c: Collector) -> None:
     transceiver (d.transceiver, toolkit/plan/transceiver.py) does with such a request: refused where TensorRT-LLM
     fails it, i.e. the C++ transceiver over an agent connection (NIXL, MOONCAKE: TLLM_CHECK_WITH_INFO(
     bufferCoverTargetNum == bufferTargetNum, "Agent need all buffer pre-allocated") in CacheFormatter::format,
-    cacheFormatter.cpp @ 00c77b30; no dynamic-buffer fallback); a warning where it moves it through buffers allocated
-    per request (the C++ transceiver over UCX or MPI). One message per recipe field, naming its roles."""
+    cacheFormatter.cpp @ 00c77b30; no dynamic-buffer fallback) on every transceiver the release may run; a warning
+    where it moves it through buffers allocated per request (the C++ transceiver over UCX or MPI) or where only some
+    of the transceivers the release may run would fail it. One message per recipe field, naming its roles."""
     from toolkit.plan.sizing import given_buffers
 
     T = transceiver
@@ -889,37 +890,54 @@ def check_transfer_buffer(d, c: Collector) -> None:
         if role.title not in given or tokens >= longest or tokens % tpb:  # misaligned: check_buffer refuses it
             continue
         field = given[role.title][0]
-        if T.agent_needs_preallocated_buffer(role.runtime, role.backend):
+        fails = {rt: T.agent_needs_preallocated_buffer(rt, role.backend) for rt in role.choice.candidates}
+        if all(fails.values()):
             refused.setdefault(field, []).append(role)
-        elif role.runtime is T.Runtime.CPP:
+        elif any(fails.values()) or role.choice.runtime is T.Runtime.CPP:
             warned.setdefault(field, []).append(role)
     for field, roles in refused.items():
         first = roles[0]
         c.add(field, f"{field} = {first.buffer_tokens} is smaller than the longest input the recipe admits ({longest} "
               f"tokens = max_input_len + prefix_len): the {' and '.join(x.title for x in roles)} servers run "
-              f"TensorRT-LLM's {first.runtime.label} over {first.backend}, whose agent connection takes no request "
+              f"TensorRT-LLM's {T.Runtime.CPP.label} over {first.backend}, whose agent connection takes no request "
               f"larger than its pre-allocated transfer buffer; such a request fails (TLLM_CHECK \"{T.AGENT_BUFFER_CHECK}"
               f"\", {T.AGENT_BUFFER_SOURCE})",
               f"raise it to at least {ceil_to(tpb, longest)} (a multiple of tokens_per_block), remove it and let tk "
               "size it, or lower traffic.max_input_len")
     for field, roles in warned.items():
         first = roles[0]
+        titles = " and ".join(x.title for x in roles)
+        if first.choice.runtime is T.Runtime.CPP and not T.agent_needs_preallocated_buffer(T.Runtime.CPP, first.backend):
+            what = (f"the {titles} servers' {T.Runtime.CPP.label} over {first.backend} moves the KV of longer "
+                    "requests through buffers allocated for each request (slower; over UCX both roles' buffers must "
+                    "then be equal)")
+        else:
+            what = (f"which transceiver the {titles} servers run on TensorRT-LLM {d.target} is unverified "
+                    f"({first.choice.why}; the snapshots that speak for it select "
+                    f"{' or '.join(sorted(x.label for x in first.choice.candidates))}): on the {T.Runtime.CPP.label} "
+                    f"over {first.backend} such a request fails (\"{T.AGENT_BUFFER_CHECK}\", {T.AGENT_BUFFER_SOURCE})")
         c.warnings.append(f"{field} = {first.buffer_tokens} is smaller than the longest input the recipe admits "
-                          f"({longest} tokens = max_input_len + prefix_len): the {' and '.join(x.title for x in roles)} "
-                          f"servers' {first.runtime.label} over {first.backend} moves the KV of longer requests through "
-                          "buffers allocated for each request (slower; over UCX both roles' buffers must then be equal)")
+                          f"({longest} tokens = max_input_len + prefix_len): {what}")
 
 
 def check_transceiver_runtimes(d, c: Collector) -> None:
     """The two roles' transceivers (d.transceiver): TensorRT-LLM negotiates nothing, so a context server on one
     runtime cannot send KV to a generation server on the other (a warning: a recipe may mean it, e.g. to see the
-    failure)."""
+    failure); and a release between two snapshots that select different transceivers (which one runs is
+    unverified) is named."""
     roles = {role.title: role for role in d.transceiver.roles}
     ctx, gen = roles.get("context"), roles.get("generation")
-    if ctx is not None and gen is not None and ctx.runtime is not gen.runtime:
-        c.warnings.append(f"the context servers run the {ctx.runtime.label} ({ctx.why}) and the generation servers "
-                          f"the {gen.runtime.label} ({gen.why}): TensorRT-LLM negotiates nothing, so the two cannot "
-                          "exchange KV; set kv_transfer.runtime once for both roles")
+    if ctx is not None and gen is not None and ctx.choice.runtime is not gen.choice.runtime:
+        c.warnings.append(f"the context servers run the {ctx.choice.runtime.label} ({ctx.choice.why}) and the "
+                          f"generation servers the {gen.choice.runtime.label} ({gen.choice.why}): TensorRT-LLM "
+                          "negotiates nothing, so the two cannot exchange KV; set kv_transfer.runtime once for both "
+                          "roles")
+    plan = d.transceiver.plan
+    if plan is not None and not plan.verified and ctx is not None:
+        others = sorted(x.label for x in ctx.choice.candidates if x is not plan.runtime)
+        c.warnings.append(f"which cache transceiver TensorRT-LLM {d.target} runs is unverified: tk plans the "
+                          f"{plan.runtime.label} ({plan.runtime_reason}), and a snapshot that speaks for it selects "
+                          f"the {' or '.join(others)}; set kv_transfer.runtime to choose")
 
 
 def check_packing(d, c: Collector) -> None:

@@ -22,13 +22,11 @@ ROLES = ("context", "generation")
 
 @dataclass(frozen=True)
 class RoleTransceiver:
-    """One role's servers' transceiver: the runtime, why, the effective backend (DEFAULT resolved) and the transfer
-    buffer in tokens."""
+    """One role's servers' transceiver: the runtime chosen (with the others the release may run), the effective
+    backend (DEFAULT resolved) and the transfer buffer in tokens."""
 
     title: str
-    runtime: T.Runtime
-    why: str
-    setting: str | None  # transceiver_runtime as the options file gives it, else the release's default
+    choice: T.RuntimeChoice
     backend: str
     buffer_tokens: int
 
@@ -42,26 +40,24 @@ class TransceiverDerivation:
     plan: TransceiverPlan | None
 
 
-def role_transceiver(r: Recipe, title: str, ct: dict, target: llm_args.Target, default: T.RuntimeDefault,
-                     buffer: BufferSizing) -> RoleTransceiver:
+def role_transceiver(r: Recipe, title: str, ct: dict, target: llm_args.Target, buffer: BufferSizing
+                     ) -> RoleTransceiver:
     env = {**r.kv_transfer.env, **getattr(r, title).env}
     backend = T.resolve_backend(str(ct.get("backend")), env, target.line, trtllm.BACKEND_SELECTORS)
-    setting = ct["transceiver_runtime"] if "transceiver_runtime" in ct else default.setting
     timeout_null = "kv_transfer_timeout_ms" in ct and ct["kv_transfer_timeout_ms"] is None
-    runtime, why = T.resolve_runtime(setting, backend, timeout_null)
-    return RoleTransceiver(title=title, runtime=runtime, why=why, setting=setting, backend=backend,
-                           buffer_tokens=buffer.for_role(title))
+    given = "transceiver_runtime" in ct
+    choice = T.choose_runtime(target, given, ct.get("transceiver_runtime") if given else None, backend, timeout_null)
+    return RoleTransceiver(title=title, choice=choice, backend=backend, buffer_tokens=buffer.for_role(title))
 
 
 def derive_transceiver(r: Recipe, target: llm_args.Target, model: ModelSpec, merged: dict[str, dict],
                        buffer: BufferSizing, extra_layers: int, longest: int) -> TransceiverDerivation:
     """Each role's transceiver and the longest request's (``longest`` tokens) descriptors per rank pair."""
-    default = T.default_for(target.line, target.release)
     roles = {}
     for title in ROLES:
         ct = merged.get(title, {}).get("cache_transceiver_config")
         if isinstance(ct, dict) and ct.get("backend") is not None:
-            roles[title] = role_transceiver(r, title, ct, target, default, buffer)
+            roles[title] = role_transceiver(r, title, ct, target, buffer)
     if len(roles) != len(ROLES):
         return TransceiverDerivation(tuple(roles.values()), None)
     ctx = roles["context"]
@@ -78,12 +74,12 @@ def derive_transceiver(r: Recipe, target: llm_args.Target, model: ModelSpec, mer
     bounce = merged["context"]["cache_transceiver_config"].get("kv_cache_bounce_size_mb") or 0
     bounce = bounce if isinstance(bounce, int) and not isinstance(bounce, bool) else 0
     whole = T.descriptors(mapper, pair, longest)
-    runtime = ctx.runtime
+    runtime = ctx.choice.runtime
     layout = T.layout_for(runtime, mapper, bounce, whole.total_bytes)
     desc = T.descriptors(layout, pair, longest)
     plan = TransceiverPlan(
-        runtime=runtime, runtime_setting=ctx.setting, runtime_reason=ctx.why, default_source=default.source,
-        backend=ctx.backend, mapper=mapper,
+        runtime=runtime, runtime_setting=ctx.choice.setting, runtime_reason=ctx.choice.why,
+        default_source=ctx.choice.default_source, verified=ctx.choice.verified, backend=ctx.backend, mapper=mapper,
         layout=layout, bounce_size_mb=bounce, pair=pair,
         targets_per_context_rank=T.targets_per_context_rank(attention_tp(r.context), attention_tp(r.generation),
                                                             r.context.pp, r.generation.pp, mla),

@@ -413,11 +413,12 @@ def _transceiver(where, ct, version, tpb, model, kv_dtype, max_seq_len) -> Trans
                           "Please use transceiver_runtime='CPP' for MPI, UCX, or MOONCAKE backends.")
     if pipelined and bounce > 0:
         raise ConfigError(f"{where}: kv_cache_bounce_size_mb must be 0 when enable_pipelined_transfer is set.")
-    target = target_of(version)
-    setting = runtime if "transceiver_runtime" in ct or pipelined else \
-        transceiver_facts.default_for(target.line, target.release).setting
-    resolved_runtime, _ = transceiver_facts.resolve_runtime(
-        setting, resolved, "kv_transfer_timeout_ms" in ct and ct["kv_transfer_timeout_ms"] is None)
+    # The transceiver TensorRT-LLM would run: the options file's setting (PYTHON where pipelined transfer selected
+    # it), else the release's default, resolved as the generated data says (toolkit/facts/transceiver.py)
+    given = "transceiver_runtime" in ct or pipelined
+    resolved_runtime = transceiver_facts.choose_runtime(
+        target_of(version), given, runtime if given else None, resolved,
+        "kv_transfer_timeout_ms" in ct and ct["kv_transfer_timeout_ms"] is None).runtime
     return Transceiver(backend=backend, max_tokens_in_buffer=mtib,
                        kv_transfer_timeout_ms=timeout or DEFAULT_TIMEOUT_MS, runtime=runtime, pipelined=pipelined,
                        preallocated_buffer=transceiver_facts.agent_needs_preallocated_buffer(resolved_runtime,
