@@ -49,6 +49,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from orchestrator.states import Role  # noqa: E402  (the standard library only, as the agents)
+
 KINDS = ("validator C++", "raw, same (C++)", "validator Python", "raw, same (Python)", "raw, one descriptor",
          "device copy")
 TARGET = 0.90
@@ -63,7 +65,7 @@ def _raw_one(agent, channel, transfers, peer: str, tag: str, nbytes: int, total:
     from validation.pair import TRANSFER_POLL_S
 
     r = 0
-    if agent.role != "ctx":
+    if agent.role != Role.CTX:
         channel.send(peer, msg.ready(tag, 0, total))
         for it in range(total):
             channel.wait(peer, r, (msg.written(tag, it),), 60, f"raw WRITE {it}", poll_s=TRANSFER_POLL_S)
@@ -208,7 +210,7 @@ def run(args, memory: str) -> dict:
                            "memory": memory, "layers": g["layers"], "layers_per_rank": g["layers_per_rank"],
                            "tokens_per_block": g["tokens_per_block"], "mode": g["mode"], "notes": g["notes"],
                            "iterations": args.iterations, "warmup": args.warmup, "rounds": args.rounds,
-                           "env": {k: v for k, v in params["env"]["ctx"].items() if k.startswith("UCX_")}},
+                           "env": {k: v for k, v in params["env"][Role.CTX].items() if k.startswith("UCX_")}},
                 "memory": {aid: res.get("memory") for aid, res in results.items()},
                 "protocols": [c for res in results.values() for c in res.get("protocols", [])],
                 "rows": rows}
