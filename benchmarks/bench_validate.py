@@ -164,7 +164,7 @@ def run(args) -> dict:
 
     # the transceiver model the validator moves: the Python transceiver's lists (one descriptor per block), or the C++
     # transceiver's one staged descriptor per rank pair (toolkit/facts/transceiver.py)
-    version = "1.3.0rc24" if args.model == "lists" else "1.2"
+    version = "1.3.0rc27" if args.model == "lists" else "1.2"  # rc27: the default auto selects Python (NIXL)
     plan = load_plan("standin-2p2d", [f"kv_transfer.tokens_per_block={args.tokens_per_block}",
                                       f"trtllm_version={version}"])
     with tempfile.TemporaryDirectory(prefix="bench-validate-") as run_dir:
