@@ -319,9 +319,8 @@ def choose_runtime(target: llm_args.Target, given: bool, setting: str | None, ba
     snapshot's ``resolves``. The newest snapshot that speaks for the release decides, as llm_args.entry reads a
     field, where the release surely has the field (llm_args.status KNOWN); where that is not established (1.2.0:
     only the 1.3 snapshot after it has the field), the newest snapshot without it decides (the C++ transceiver); of
-    the line's own snapshots where it has any. A
-    target tk has no facts for, or a setting no snapshot resolves (one TensorRT-LLM refuses; the rules report it),
-    runs the C++ transceiver."""
+    the line's own snapshots where it has any. A target tk has no facts for, or a setting no snapshot resolves (one
+    TensorRT-LLM refuses; the rules report it), runs the C++ transceiver."""
     known = llm_args.status(target, RUNTIME_PATH).verdict is llm_args.Verdict.KNOWN
     picks = []
     for snap in snapshot_runtimes(target):

@@ -390,11 +390,10 @@ def _transceiver(where, ct, version, tpb, model, kv_dtype, max_seq_len) -> Trans
         cap = -(-max_seq_len // tpb) * tpb
         mtib = max(tpb, min(cap, DEFAULT_TRANSFER_BUFFER_BYTES // bpt // tpb * tpb))
     timeout = _pos_int(where, "cache_transceiver_config.kv_transfer_timeout_ms", ct.get("kv_transfer_timeout_ms"))
-    # resolve_cache_transceiver_config (tensorrt_llm/_torch/pyexecutor/kv_cache_transceiver.py): DEFAULT is NIXL
-    # unless a legacy TRTLLM_USE_*_KVCACHE selector says otherwise; the Python transceiver takes NIXL only.
-    resolved = backend
-    if backend == "DEFAULT":
-        resolved = next((b for b, var in trtllm.BACKEND_SELECTORS.items() if os.environ.get(var) == "1"), "NIXL")
+    # resolve_cache_transceiver_config (tensorrt_llm/_torch/pyexecutor/kv_cache_transceiver.py): DEFAULT is the
+    # legacy TRTLLM_USE_*_KVCACHE selector set to 1, else the line's default (the plan's resolve_backend); the Python
+    # transceiver takes NIXL only.
+    resolved = transceiver_facts.resolve_backend(backend, dict(os.environ), version.line, trtllm.BACKEND_SELECTORS)
     runtime = ct.get("transceiver_runtime")
     pipelined = bool(ct.get("enable_pipelined_transfer"))
     bounce = ct.get("kv_cache_bounce_size_mb") or 0
