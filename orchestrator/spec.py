@@ -76,6 +76,10 @@ class Membership:
     # The client certificate the storage wants (ca.crt, client.crt, client.key; <run_dir> resolved): the job's etcd
     # opens to the run's own only. None: the storage takes anyone (accepted by the recipe).
     tls_dir: Optional[str] = None
+    # How long a worker whose key lapsed takes to register again by itself (TensorRT-LLM: its next heartbeat fails,
+    # then put-if-absent retried every 5 s): the job restarts one that is not registered after this (at least
+    # supervision.unhealthy_after_s).
+    rejoin_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,9 @@ class JobSpec:
     proxy_first: bool = False  # membership: etcd and the proxy start (and answer) before the workers
     membership: Optional[Membership] = None
     disagg_config: Optional[str] = None  # disagg.yaml; the job writes disagg.resolved.yaml from it
+    # The signal cluster.sbatch_args asks Slurm to send the batch shell before the time limit (--signal=B:SIG@T),
+    # as "SIGUSR1": the job ends the deployment cleanly on it (as on any signal that ends a process) and says why.
+    time_limit_signal: Optional[str] = None
     schema: int = SCHEMA
     toolkit_version: str = ""
     trtllm_version: str = ""
@@ -249,10 +256,13 @@ def _spec(doc: Any) -> JobSpec:
         tls_dir = m.get("tls_dir")
         if tls_dir is not None and not isinstance(tls_dir, str):
             raise SpecError("membership.tls_dir: not a directory")
+        rejoin = m.get("rejoin_s", 0.0)
+        if not isinstance(rejoin, NUMBER) or isinstance(rejoin, bool) or not 0 <= rejoin <= 86400 * 2:
+            raise SpecError(f"membership.rejoin_s: {str(rejoin)[:40]!r} is not a number of seconds tk writes")
         membership = Membership(storage=_need(m, "storage", str, "membership."),
                                 cluster_uri=_need(m, "cluster_uri", str, "membership."),
                                 worker_key_prefix=_need(m, "worker_key_prefix", str, "membership."),
-                                workers=dict(workers), tls_dir=tls_dir)
+                                workers=dict(workers), tls_dir=tls_dir, rejoin_s=float(rejoin))
     ch = _need(doc, "check", dict, "")
     options = _need(ch, "options", list, "check.")
     if not all(isinstance(o, list) and len(o) == 2 and all(isinstance(x, str) for x in o) for o in options):
@@ -272,6 +282,10 @@ def _spec(doc: Any) -> JobSpec:
     if not all(isinstance(p, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in p)
                for p in node_ports):
         raise SpecError("node_ports: not a list of port lists")
+    limit_signal = doc.get("time_limit_signal")
+    if limit_signal is not None and (not isinstance(limit_signal, str) or not limit_signal.startswith("SIG")
+                                     or not limit_signal[3:].replace("+", "").isalnum()):
+        raise SpecError(f"time_limit_signal: {str(limit_signal)[:40]!r} is not a signal's name")
     disagg = doc.get("disagg_config")
     if disagg is not None and (not isinstance(disagg, str) or "/" in disagg):
         raise SpecError("disagg_config: not a file of the run directory")
@@ -279,6 +293,7 @@ def _spec(doc: Any) -> JobSpec:
                    srun_flags=_strings(_need(doc, "srun_flags", list, ""), "srun_flags"), components=components,
                    supervision=supervision, check=check, provenance=provenance, launcher=launcher,
                    proxy_first=bool(doc.get("proxy_first", False)), membership=membership, disagg_config=disagg,
+                   time_limit_signal=limit_signal,
                    toolkit_version=str(doc.get("toolkit_version", "")),
                    trtllm_version=str(doc.get("trtllm_version", "")))
     for c in components:

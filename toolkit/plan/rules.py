@@ -6,6 +6,8 @@ import difflib
 import functools
 import math
 import re
+import signal
+from collections.abc import Sequence
 from pathlib import Path
 
 from toolkit.errors import Violation
@@ -229,7 +231,75 @@ SRUN_OWNED = {
 }
 
 
+# Slurm's --signal=[{R|B}:]SIG[@TIME] (sbatch(1), Slurm 22.05.8 on Debian 12: "When a job is within sig_time
+# seconds of its end time, send it the signal sig_num ... Use the "B:" option to signal only the batch shell, none of
+# the other processes will be signaled. By default all job steps will be signaled, but not the batch shell itself.";
+# sig_num a number or a name, "10" or "USR1"; sig_time 0..65535, 60 when omitted).
+_SLURM_SIGNAL = re.compile(r"(?:(?P<flags>[RBrb]+):)?(?P<sig>[A-Za-z0-9+]+)(?:@(?P<time>[0-9]+))?")
+
+
+def slurm_signals(args: Sequence[str]) -> list[tuple[str, bool, str | None, int]]:
+    """Each --signal of sbatch arguments: (as written, to the batch shell only (B:), the signal's name ("SIGUSR1"; None
+    when it is not one), seconds before the end)."""
+    out = []
+    items = list(args)
+    for i, arg in enumerate(items):
+        name, eq, value = arg.partition("=")
+        if len(name) < 5 or not "--signal".startswith(name):  # getopt takes an unambiguous prefix (--sig)
+            continue
+        if not eq:
+            value = items[i + 1] if i + 1 < len(items) else ""
+        m = _SLURM_SIGNAL.fullmatch(value.strip())
+        if not m:
+            out.append((arg, False, None, 60))
+            continue
+        sig = m["sig"].upper()
+        if sig.isdigit():
+            try:
+                sig = signal.Signals(int(sig)).name
+            except ValueError:
+                sig = ""
+        else:
+            sig = sig if sig.startswith("SIG") else f"SIG{sig}"
+            sig = sig if sig in signal.Signals.__members__ else ""
+        out.append((arg, "B" in (m["flags"] or "").upper(), sig or None, int(m["time"] or 60)))
+    return out
+
+
+def batch_signal(args: Sequence[str]) -> str | None:
+    """The signal sbatch arguments ask Slurm to send the batch shell (the job's orchestrator) before the time limit."""
+    return next((sig for _, batch, sig, _ in slurm_signals(args) if batch and sig), None)
+
+
+def check_slurm_signal(r: Recipe, c: Collector) -> None:
+    """The job's orchestrator ends the deployment cleanly on every signal whose default ends a process
+    (orchestrator/job.py ENDING_SIGNALS): --signal=B:SIG@T is a clean end T seconds before the time limit. Without
+    B:, Slurm signals every job step instead (the servers) and not the batch shell: a warning, as what a server does
+    with the signal is the engine's business."""
+    from orchestrator.job import ENDING_SIGNALS
+
+    for arg, batch, sig, seconds in slurm_signals(r.cluster.sbatch_args):
+        if sig is None:
+            c.warnings.append(f"cluster.sbatch_args {arg}: not a signal Slurm's --signal=[{{R|B}}:]SIG[@TIME] names; "
+                              "sbatch refuses it")
+        elif not batch:
+            c.warnings.append(
+                f"cluster.sbatch_args {arg}: Slurm sends {sig} to every job step, the servers, and not to the batch "
+                f"shell; a server that does not handle {sig} ends, and supervision restarts it. Write "
+                f"--signal=B:{sig[3:]}@{seconds} to have the job's orchestrator end the deployment cleanly "
+                f"{seconds} s before the time limit")
+        elif int(getattr(signal, sig)) not in ENDING_SIGNALS:
+            c.warnings.append(
+                f"cluster.sbatch_args {arg}: the job's orchestrator does not end on {sig} "
+                + ("(it cannot be handled)" if sig in ("SIGKILL", "SIGSTOP", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE")
+                   else "(SIGUSR2 prints every thread's stack into the job's output)" if sig == "SIGUSR2"
+                   else "(ignored: a write error, not an end)" if sig in ("SIGPIPE", "SIGXFSZ")
+                   else "(it stops or continues a process)")
+                + f"; use --signal=B:USR1@{seconds} (or TERM) to end the deployment cleanly before the time limit")
+
+
 def check_slurm_args(r: Recipe, c: Collector) -> None:
+    check_slurm_signal(r, c)
     for field, owned, where in (("sbatch_args", SBATCH_OWNED, "#SBATCH"), ("srun_args", SRUN_OWNED, "srun")):
         for arg in getattr(r.cluster, field):
             name = arg[2:].split("=", 1)[0]
