@@ -320,7 +320,8 @@ def _multi_turn(workload: Workload, results: dict, plan, proof, reverse, verdict
 
 # What the job's supervision did to a component while it was measured (orchestrator.states.EventKind values).
 SUPERVISION_EVENTS = (EventKind.EXITED, EventKind.WEDGED, EventKind.KILLED, EventKind.RESTARTED, EventKind.LOST,
-                      EventKind.STEP_NOT_CREATED, EventKind.UNHEALTHY, EventKind.MEMBERSHIP_REPAIRED)
+                      EventKind.STEP_NOT_CREATED, EventKind.UNHEALTHY, EventKind.MEMBERSHIP_REPAIRED,
+                      EventKind.UNREGISTERED)
 
 
 def supervision_during(target: Target, t0: float, t1: float) -> list[dict]:
