@@ -60,8 +60,11 @@ def spawn(coro: Coroutine, name: str, on_error: Callable[[BaseException], None] 
 
 
 def keep(make: Callable[[], Awaitable[None]], name: str, component: str = "stand-in",
-         first_delay_s: float = KEEP_FIRST_DELAY_S, max_delay_s: float = KEEP_MAX_DELAY_S) -> asyncio.Task:
+         first_delay_s: float | None = None, max_delay_s: float | None = None) -> asyncio.Task:
     """Run make() and start it again whenever it fails; the returned task is cancelled to stop it."""
+    first_delay_s = KEEP_FIRST_DELAY_S if first_delay_s is None else first_delay_s
+    max_delay_s = KEEP_MAX_DELAY_S if max_delay_s is None else max_delay_s
+
     async def kept() -> None:
         loop = asyncio.get_running_loop()
         delay = first_delay_s
