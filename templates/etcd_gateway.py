@@ -446,6 +446,8 @@ class Gateway:
 def _loop_exception(loop: asyncio.AbstractEventLoop, context: Dict[str, Any]) -> None:
     """Whatever asyncio itself would print about a failed callback or task, as the gateway's structured line."""
     exc = context.get("exception")
+    if isinstance(exc, asyncio.CancelledError):  # a task cancelled as the loop ends (a signal): not a failure
+        return
     report("event-loop", exc if isinstance(exc, BaseException) else RuntimeError(str(context.get("message"))),
            "the gateway goes on")
 

@@ -371,3 +371,11 @@ def test_a_failing_connection_handler_is_said_and_the_gateway_goes_on(gateway_of
     assert conn.closed and g.active == 0
     assert '"task": "connection", "component": "etcd-gateway", "cause": "KeyError: \'a bug\'"' in \
         capsys.readouterr().err
+
+
+def test_the_event_loops_own_complaints_are_the_gateways_structured_line_but_a_cancellation_is_not_one(capsys):
+    gw._loop_exception(None, {"message": "Task exception was never retrieved", "exception": OSError("EMFILE")})
+    gw._loop_exception(None, {"message": "x", "exception": asyncio.CancelledError()})
+    err = capsys.readouterr().err.splitlines()
+    assert err == ['etcd_gateway: background-failed {"task": "event-loop", "component": "etcd-gateway", '
+                   '"cause": "OSError: EMFILE", "then": "the gateway goes on"}']
