@@ -143,3 +143,22 @@ def test_a_worker_whose_registration_task_fails_is_failed_by_its_owner(caplog, m
         asyncio.run(main())
     assert [type(e) for e in failed] == [TypeError]
     assert '"task": "membership-register", "component": "worker 127.0.0.1:9"' in caplog.text
+
+
+def test_odd_answers_of_the_proxy_hosted_storage_are_failures_not_exceptions(caplog):
+    """The HTTP storage client: a body that is not {"result": ...}, or a listing that is not a mapping, is a failed
+    call (logged), which the poll rides out; an unexpected key never reaches the routers."""
+    client = C.HttpClient("http://127.0.0.1:1")
+
+    def answering(body):
+        async def call(method, route, **kw):
+            return True, body
+        return call
+    client._call = answering(["not", "a", "mapping"])
+    with caplog.at_level(logging.WARNING, logger="toolkit.standin"):
+        assert asyncio.run(client.get_prefix("/p/")) is None
+    assert "is not a mapping of keys" in caplog.text
+    cfg = C.ClusterConfig(cluster_uri="etcd://127.0.0.1:1", cluster_name="c")
+    manager = C.ClusterManager(cfg, None, None)
+    manager.on_event("SET", 7, "{}")  # not a key: ignored, no exception
+    assert manager.workers == {}

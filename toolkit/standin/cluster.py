@@ -249,6 +249,9 @@ class HttpClient:
             s = await self._session()
             async with s.request(method, f"{self.base}/{route}", **kw) as resp:
                 body = await resp.json(content_type=None) if resp.status == 200 else None
+                if resp.status == 200 and not isinstance(body, dict):
+                    log.warning("cluster storage %s/%s: %.200s is not {\"result\": ...}", self.base, route, body)
+                    return False, None
                 return resp.status == 200, (body or {}).get("result")
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as exc:
             log.warning("cluster storage %s/%s: %s", self.base, route, exc)
@@ -267,6 +270,9 @@ class HttpClient:
     async def get_prefix(self, key_prefix: str, keys_only: bool = False) -> dict | None:
         ok, result = await self._call("GET", "get_prefix", params={"key_prefix": key_prefix,
                                                                    "keys_only": str(int(keys_only))})
+        if ok and not isinstance(result, dict):
+            log.warning("cluster storage %s/get_prefix: %.200s is not a mapping of keys", self.base, result)
+            return None
         return result if ok else None
 
 
@@ -499,7 +505,7 @@ class ClusterManager:
                                       "generation_servers": self.config.minimal_generation}}
 
     def on_event(self, kind: str, key: str, value: str) -> None:
-        if not key.startswith(self.config.key_prefix):
+        if not isinstance(key, str) or not key.startswith(self.config.key_prefix):
             return
         if kind == "SET":
             try:
