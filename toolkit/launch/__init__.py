@@ -396,7 +396,7 @@ def refresh(run: RunRecord) -> RunRecord:
             state = RunState.DEGRADED if down or job.unsupervised else RunState.READY
             reason = "; ".join(f"{s.name} {s.state}" + (f" ({s.reason})" if s.reason else "") for s in down) or None
             if job.unsupervised:  # the orchestrator's own life: nothing restarts what fails from now on
-                reason = "; ".join(filter(None, [ORCHESTRATOR_GONE.format(detail=job.detail), reason]))
+                reason = "; ".join(filter(None, [ORCHESTRATOR_GONE.format(detail=job.detail, run=run.name), reason]))
             if state != run.state:
                 run.history.append([round(time.time(), 3), state.value, reason])
             run.state, run.reason = state.value, reason
@@ -414,7 +414,7 @@ def refresh(run: RunRecord) -> RunRecord:
 
 
 ORCHESTRATOR_GONE = ("the job's orchestrator is gone ({detail}): nothing supervises the servers, and a failure is "
-                     "neither restarted nor said; tk stop RUN, then launch again")
+                     "neither restarted nor said; tk stop {run}, then launch again")
 
 
 def _endpoint_from_job(run: RunRecord) -> None:
