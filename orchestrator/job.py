@@ -52,21 +52,22 @@ def _signals(*names: str) -> FrozenSet[int]:
     return frozenset(int(getattr(signal, n)) for n in names if hasattr(signal, n))
 
 
-# The real-time signals (SIGRTMIN..SIGRTMAX; their default action ends a process too): the valid numbers without a
-# name of their own (Python before 3.11 names none of them).
-REALTIME_SIGNALS = frozenset(int(s) for s in signal.valid_signals()) - frozenset(
-    int(s) for s in signal.Signals if not s.name.startswith("SIGRT"))
+# The real-time signals, SIGRTMIN..SIGRTMAX (their default action ends a process too): Linux numbers its standard
+# signals 1..31 (signal(7)), and Python before 3.11 names no real-time one.
+REALTIME_SIGNALS = frozenset(int(s) for s in signal.valid_signals() if int(s) >= 32)
+# Valid standard signals this Python has no name for (SIGSTKFLT before 3.11): their default ends a process (Term).
+UNNAMED_SIGNALS = frozenset(int(s) for s in signal.valid_signals() if int(s) < 32) - frozenset(
+    int(s) for s in signal.Signals)
 
 
 def signal_name(signum: int) -> str:
-    """SIGUSR1, or SIGRTMIN+3 for a real-time signal."""
+    """SIGUSR1, or SIGRTMIN+3 for a real-time signal, or "signal 16" for one this Python does not name."""
+    if signum in REALTIME_SIGNALS:
+        return f"SIGRTMIN+{signum - min(REALTIME_SIGNALS)}"
     try:
-        name = signal.Signals(signum).name
+        return signal.Signals(signum).name
     except ValueError:
-        name = ""
-    if name and not name.startswith("SIGRT"):
-        return name
-    return f"SIGRTMIN+{signum - min(REALTIME_SIGNALS)}" if signum in REALTIME_SIGNALS else f"signal {signum}"
+        return f"signal {signum}"
 
 
 # Every signal whose default action ends a process (signal(7): "Term" and "Core"), and what the job does with it.
@@ -75,7 +76,8 @@ def signal_name(signum: int) -> str:
 # for SIG T seconds before the time limit, and the job takes it as the time to end the deployment cleanly (its
 # reason says so: JobSpec.time_limit_signal). The real-time signals SIGRTMIN..SIGRTMAX too.
 ENDING_SIGNALS = _signals("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGALRM", "SIGVTALRM", "SIGPROF",
-                          "SIGIO", "SIGPWR", "SIGSTKFLT", "SIGXCPU", "SIGTRAP", "SIGSYS", "SIGABRT") | REALTIME_SIGNALS
+                          "SIGIO", "SIGPWR", "SIGSTKFLT", "SIGXCPU", "SIGTRAP", "SIGSYS", "SIGABRT") \
+    | REALTIME_SIGNALS | UNNAMED_SIGNALS
 # Not ending the job: SIGUSR2 prints every thread's stack into the job's output (faulthandler; `kill -USR2 JOBPID`);
 # SIGPIPE and SIGXFSZ stay ignored, as Python starts (a write to a closed pipe, or past the file size limit, fails
 # with an error the writer handles: the job's output, an event line).

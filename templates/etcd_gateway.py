@@ -81,8 +81,8 @@ PROC_LINE_MAX_BYTES = 4096  # a socket's line is ~150 bytes
 TCP_ESTABLISHED = 0x01  # the `st` column (include/net/tcp_states.h); a closed socket's TIME_WAIT row shows uid 0
 OWNER_TRIES = 3  # a table read while sockets come and go may miss a row: read it again, then refuse
 OWNER_RETRY_S = 0.05
-OWNER_LOOKUP_TIMEOUT_S = 2.0  # one /proc table lookup (off the loop) at most this long
-MAX_PENDING_LOOKUPS = 32  # /proc table lookups under way at once; a connection past them is refused
+OWNER_LOOKUP_TIMEOUT_S = 2.0  # a connection waits at most this long for its owner from the /proc tables
+MAX_PENDING_LOOKUPS = 4096  # connections waiting for the next pass over the /proc tables; one past them is refused
 REFUSALS_LOGGED_PER_MIN = 10
 
 # The kernel's socket diagnostics (Linux uapi headers: linux/netlink.h, linux/sock_diag.h, linux/inet_diag.h; the
@@ -99,6 +99,7 @@ INET_DIAG_MSG_LEN = 72
 
 IPAddress = Union[ipaddress.IPv4Address, ipaddress.IPv6Address]
 Address = Tuple[IPAddress, int]
+Pair = Tuple[Address, Address]  # (the client's end, the gateway's end) of one accepted connection
 
 
 class OwnerUnknown(Exception):
@@ -127,23 +128,40 @@ def proc_addresses(address: Address, byteorder: str = sys.byteorder) -> Tuple[st
     return (hexed(ip.packed),)
 
 
-def owner_in_table(lines: Iterable[str], client: Address, server: Address,
-                   byteorder: str = sys.byteorder) -> Optional[int]:
-    """The uid owning the ESTABLISHED socket at `client` connected to `server` (the other end of a connection the
-    gateway accepted at `server`) in the lines of /proc/net/tcp or /proc/net/tcp6 (`sl local_address rem_address
-    st tx_queue:rx_queue tr:tm->when retrnsmt uid ...`), or None when they hold no such socket."""
-    local, remote = proc_addresses(client, byteorder), proc_addresses(server, byteorder)
+def _owners_in_lines(lines: Iterable[str], wanted: Dict[Tuple[str, str], Pair], found: Dict[Pair, int]) -> None:
+    """One pass over a socket table's lines: the uid of each wanted (local, remote) ESTABLISHED socket into found."""
+    left = len(set(wanted.values())) - len(found)
     for line in lines:
+        if left <= 0:
+            return
         fields = line.split()
-        if len(fields) < 8 or fields[1].upper() not in local or fields[2].upper() not in remote:
+        if len(fields) < 8:
+            continue
+        pair = wanted.get((fields[1].upper(), fields[2].upper()))
+        if pair is None or pair in found:
             continue
         try:
             state, uid = int(fields[3], 16), int(fields[7])
         except ValueError:
             continue
         if state == TCP_ESTABLISHED:
-            return uid
-    return None
+            found[pair] = uid
+            left -= 1
+
+
+def _wanted(pairs: Iterable[Pair], byteorder: str) -> Dict[Tuple[str, str], Pair]:
+    return {(local, remote): (client, server) for client, server in pairs
+            for local in proc_addresses(client, byteorder) for remote in proc_addresses(server, byteorder)}
+
+
+def owner_in_table(lines: Iterable[str], client: Address, server: Address,
+                   byteorder: str = sys.byteorder) -> Optional[int]:
+    """The uid owning the ESTABLISHED socket at `client` connected to `server` (the other end of a connection the
+    gateway accepted at `server`) in the lines of /proc/net/tcp or /proc/net/tcp6 (`sl local_address rem_address
+    st tx_queue:rx_queue tr:tm->when retrnsmt uid ...`), or None when they hold no such socket."""
+    found: Dict[Pair, int] = {}
+    _owners_in_lines(lines, _wanted([(client, server)], byteorder), found)
+    return found.get((client, server))
 
 
 def _table_lines(path: str, max_bytes: int) -> Iterator[str]:
@@ -159,24 +177,45 @@ def _table_lines(path: str, max_bytes: int) -> Iterator[str]:
             yield line.decode("ascii", "replace")
 
 
+def owners_in_tables(pairs: Sequence[Pair], tables: Sequence[str] = PROC_NET_TCP,
+                     max_bytes: int = PROC_TABLE_MAX_BYTES, byteorder: str = sys.byteorder
+                     ) -> Dict[Pair, Union[int, str]]:
+    """The owners of the other ends of the TCP connections `pairs` (client, server; all on this node), from ONE pass
+    over the kernel's socket tables: each pair's uid, or why it cannot be told."""
+    wanted = _wanted(pairs, byteorder)
+    found: Dict[Pair, int] = {}
+    searched, unreadable = [], []
+    for path in tables:  # a node without IPv6 has no /proc/net/tcp6: the other table may still hold the socket
+        try:
+            _owners_in_lines(_table_lines(path, max_bytes), wanted, found)
+        except OSError as exc:
+            unreadable.append(f"cannot read {path}: {exc.strerror or exc}")
+            continue
+        except OwnerUnknown as exc:  # a table past its bound: none of those not found yet can be told
+            return {pair: found.get(pair, str(exc)) for pair in pairs}
+        searched.append(path)
+        if len(found) == len(set(pairs)):
+            break
+    out: Dict[Pair, Union[int, str]] = {}
+    for client, server in pairs:
+        if (client, server) in found:
+            out[(client, server)] = found[(client, server)]
+        elif not searched:
+            out[(client, server)] = "; ".join(unreadable)
+        else:
+            out[(client, server)] = "; ".join([f"no established socket {_show(client)} -> {_show(server)} in "
+                                               f"{', '.join(searched)}", *unreadable])
+    return out
+
+
 def connection_owner(client: Address, server: Address, tables: Sequence[str] = PROC_NET_TCP,
                      max_bytes: int = PROC_TABLE_MAX_BYTES, byteorder: str = sys.byteorder) -> int:
     """The uid owning the other end of the TCP connection `client` -> `server` (both on this node), read from the
     kernel's socket tables; OwnerUnknown says why it cannot be told."""
-    searched, unreadable = [], []
-    for path in tables:  # a node without IPv6 has no /proc/net/tcp6: the other table may still hold the socket
-        try:
-            owner = owner_in_table(_table_lines(path, max_bytes), client, server, byteorder)
-        except OSError as exc:
-            unreadable.append(f"cannot read {path}: {exc.strerror or exc}")
-            continue
-        if owner is not None:
-            return owner
-        searched.append(path)
-    if not searched:
-        raise OwnerUnknown("; ".join(unreadable))
-    raise OwnerUnknown("; ".join([f"no established socket {_show(client)} -> {_show(server)} in "
-                                  f"{', '.join(searched)}", *unreadable]))
+    owner = owners_in_tables([(client, server)], tables, max_bytes, byteorder)[(client, server)]
+    if isinstance(owner, str):
+        raise OwnerUnknown(owner)
+    return owner
 
 
 def sockid(local: Address, remote: Address) -> bytes:
@@ -323,39 +362,95 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             pass
 
 
+def spawn(coro: Any, task: str) -> "asyncio.Future[Any]":
+    """The gateway's one way to start a task: whatever ends it with an exception is its structured line."""
+    started = asyncio.ensure_future(coro)
+
+    def done(t: "asyncio.Future[Any]") -> None:
+        if not t.cancelled() and t.exception() is not None:
+            report(task, t.exception(), "the connections it served are refused; the next one starts it again")
+    started.add_done_callback(done)
+    return started
+
+
+def _one_by_one(owner_of: Callable[[Address, Address], int]) -> Callable[[Sequence[Pair]], Dict[Pair, Union[int, str]]]:
+    """A lookup of one connection, as a batch lookup."""
+    def read(pairs: Sequence[Pair]) -> Dict[Pair, Union[int, str]]:
+        out: Dict[Pair, Union[int, str]] = {}
+        for client, server in pairs:
+            try:
+                out[(client, server)] = owner_of(client, server)
+            except OwnerUnknown as exc:
+                out[(client, server)] = str(exc)
+        return out
+    return read
+
+
+class TableOwners:
+    """Owners read from the /proc socket tables, off the event loop: every connection waiting when a pass begins is
+    answered by that one pass (a read that grows with every socket of the node costs one pass per batch, not one
+    per connection, so another user's burst of connections costs a pass or two, not hundreds)."""
+
+    def __init__(self, read: Callable[[Sequence[Pair]], Dict[Pair, Union[int, str]]] = owners_in_tables):
+        self.read = read
+        self.waiting: Dict[Pair, List["asyncio.Future[Tuple[Optional[int], str]]"]] = {}
+        self.reader: Optional["asyncio.Future[Any]"] = None
+        self.pool: Optional[ThreadPoolExecutor] = None
+
+    async def owner(self, client: Address, server: Address) -> int:
+        if len(self.waiting) >= MAX_PENDING_LOOKUPS:
+            raise OwnerUnknown(f"{MAX_PENDING_LOOKUPS} connections are waiting for their owner already")
+        loop = asyncio.get_running_loop()
+        answer: "asyncio.Future[Tuple[Optional[int], str]]" = loop.create_future()
+        self.waiting.setdefault((client, server), []).append(answer)
+        if self.reader is None or self.reader.done():
+            self.reader = spawn(self._passes(), "owner-lookup")
+        try:
+            uid, why = await asyncio.wait_for(asyncio.shield(answer), OWNER_LOOKUP_TIMEOUT_S)
+        except asyncio.TimeoutError:
+            raise OwnerUnknown(f"the socket tables were not read within {OWNER_LOOKUP_TIMEOUT_S:g}s") from None
+        if uid is None:
+            raise OwnerUnknown(why)
+        return uid
+
+    async def _passes(self) -> None:
+        """Pass after pass over the tables while connections wait; each pass answers all that waited before it."""
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="owner-lookup")
+        loop = asyncio.get_running_loop()
+        while self.waiting:
+            batch, self.waiting = self.waiting, {}
+            owners: Dict[Pair, Union[int, str]] = {}
+            try:
+                owners = await loop.run_in_executor(self.pool, self.read, list(batch))
+            finally:  # every connection of the batch is answered, even when the pass failed (spawn says why)
+                for pair, answers in batch.items():
+                    owner = owners.get(pair, "the lookup of its owner failed")
+                    for a in answers:
+                        if not a.done():
+                            a.set_result((owner, "") if isinstance(owner, int) else (None, str(owner)))
+
+
 class Gateway:
     """owner_of(client, server) -> uid, raising OwnerUnknown. exact: it is the socket diagnostics' lookup
-    (microseconds, on the event loop); else the /proc table read, run off the loop and bounded."""
+    (microseconds, on the event loop); else a lookup of the /proc tables (TableOwners: batched, off the loop)."""
 
     def __init__(self, endpoints: List[Tuple[str, int]], tls_dir: str, uid: Optional[int] = None,
-                 owner_of: Callable[[Address, Address], int] = connection_owner, exact: bool = False):
+                 owner_of: Optional[Callable[[Address, Address], int]] = None, exact: bool = False):
         self.endpoints = endpoints
         self.contexts = {alpn: tls_context(tls_dir, alpn) for alpn in ("h2", "http/1.1")}
         self.active = 0  # connections carried for the gateway's user (refused ones never count)
-        self.pending = 0  # /proc table lookups under way (off the loop)
         self.uid = os.getuid() if uid is None else uid  # whose connections pass
         self.owner_of = owner_of
-        self.exact = exact
-        self.lookups: Optional[ThreadPoolExecutor] = None  # the /proc lookups' threads (started when needed)
+        self.exact = exact and owner_of is not None
+        self.tables = TableOwners(owners_in_tables if owner_of is None else _one_by_one(owner_of))
         self._log_window = (0.0, 0, 0)  # (start, logged, suppressed) of the current minute
 
     async def owner(self, client: Address, server: Address) -> int:
         if self.exact:
+            assert self.owner_of is not None
             return self.owner_of(client, server)
-        if self.pending >= MAX_PENDING_LOOKUPS:
-            raise OwnerUnknown(f"{MAX_PENDING_LOOKUPS} owner lookups are under way already")
-        if self.lookups is None:
-            self.lookups = ThreadPoolExecutor(max_workers=2, thread_name_prefix="owner-lookup")
-        self.pending += 1
-        lookup = asyncio.get_running_loop().run_in_executor(self.lookups, self.owner_of, client, server)
-
-        def finished(_: Any) -> None:  # counted until the read ends, even when the wait for it was given up
-            self.pending -= 1
-        lookup.add_done_callback(finished)
-        try:
-            return await asyncio.wait_for(asyncio.shield(lookup), OWNER_LOOKUP_TIMEOUT_S)
-        except asyncio.TimeoutError:
-            raise OwnerUnknown(f"the socket tables were not read within {OWNER_LOOKUP_TIMEOUT_S:g}s") from None
+        return await self.tables.owner(client, server)
 
     async def admit(self, c_writer: asyncio.StreamWriter) -> bool:
         """Whether this connection's other end belongs to the gateway's own user (logged when not)."""
@@ -527,7 +622,7 @@ def main(argv: List[str]) -> int:
                 table.readline(PROC_LINE_MAX_BYTES)
             print(f"etcd_gateway: the kernel's socket diagnostics do not answer here ({why}); connection owners are "
                   "read from /proc/net/tcp off the event loop, bounded", file=sys.stderr, flush=True)
-            gateway = Gateway(endpoints, args.tls_dir)
+            gateway = Gateway(endpoints, args.tls_dir)  # the /proc tables, read off the loop
     except (OSError, ValueError, ssl.SSLError) as exc:
         print(f"etcd_gateway.py: {exc}", file=sys.stderr)
         return 2

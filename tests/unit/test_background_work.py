@@ -26,7 +26,8 @@ from tests.unit.test_orchestrator import job_in_process  # noqa: F401  (the fixt
 # Where background work is started, and the one place in each program allowed to start it.
 PROGRAMS = {
     "orchestrator": ["orchestrator/background.py"],
-    "templates/etcd_gateway.py": ["templates/etcd_gateway.py:Gateway.owner"],  # its /proc lookups' pool
+    # its task starter, and its /proc lookups' one thread (whose every pass is awaited)
+    "templates/etcd_gateway.py": ["templates/etcd_gateway.py:spawn", "templates/etcd_gateway.py:TableOwners._passes"],
     "toolkit/standin": ["toolkit/standin/tasks.py", "toolkit/standin/kv.py:KvPool.__init__"],  # NIXL's one thread
 }
 # Calls that start work nobody waits for: the bare forms.
