@@ -26,9 +26,10 @@ NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY without NLM_F_DUMP: the kernel looks the 
 inet_diag_find_one_icsk in net/ipv4/inet_diag.c, as `ss` does), so another user's connections, however many, cannot
 slow it down or block the event loop. Where the kernel has no socket diagnostics (the self-test at start fails), the
 owner is read from the socket tables /proc/net/tcp and /proc/net/tcp6 (`uid` column) instead: a read that grows with
-every socket of the node, so it runs off the event loop, at most MAX_PENDING_LOOKUPS at a time and each bounded by
-OWNER_LOOKUP_TIMEOUT_S. When the owner cannot be established (no such socket after OWNER_TRIES lookups, a table past
-PROC_TABLE_MAX_BYTES, too many lookups pending), the connection is refused too. Every refusal is logged with its
+every socket of the node, so it runs off the event loop, and one pass answers every connection waiting when it begins
+(TableOwners: a burst of connections costs a pass or two, not one each); a connection waits at most
+OWNER_LOOKUP_TIMEOUT_S, and at most MAX_PENDING_LOOKUPS wait. When the owner cannot be established (no such socket
+after OWNER_TRIES lookups, a table past PROC_TABLE_MAX_BYTES, too many waiting), the connection is refused too. Every refusal is logged with its
 reason (at most REFUSALS_LOGGED_PER_MIN a minute, then a count). Refused connections never count against
 MAX_CONNECTIONS, the connections the gateway carries for its user: another user's flood cannot push the run's own
 workers out (a connection past that cap is refused and logged as well). Root on the node is not kept out: it can
