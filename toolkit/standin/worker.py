@@ -531,10 +531,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 async def serve(app: web.Application, sock: socket.socket, on_start=None, on_stop=None, on_listening=None,
-                on_usr1=None, stop: asyncio.Event | None = None) -> None:
-    """Run until SIGTERM/SIGINT (or `stop` is set: a part of the server failed), then clean up. on_usr1: the
+                on_usr1=None, stopping: asyncio.Event | None = None) -> None:
+    """Run until SIGTERM/SIGINT (or `stopping` is set: a part of the server failed), then clean up. on_usr1: the
     worker's wedge test fault."""
-    stop = stop or asyncio.Event()
+    stop = stopping or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -615,7 +615,7 @@ def run(settings: WorkerSettings) -> int:
         member = Membership(settings.cluster, settings.server_role, settings.host, settings.port,
                             on_failure=membership_failed)
     try:
-        asyncio.run(serve(worker.app(), sock, start, stop, member, on_usr1=worker.wedge, stop=stopping))
+        asyncio.run(serve(worker.app(), sock, start, stop, member, on_usr1=worker.wedge, stopping=stopping))
     finally:
         if ipc:
             ipc.close()
