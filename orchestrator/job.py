@@ -40,7 +40,7 @@ from orchestrator.probe import Prober
 from orchestrator.spec import Component, JobSpec
 from orchestrator.states import ComponentState as C
 from orchestrator.states import EventKind as E
-from orchestrator.states import RunState
+from orchestrator.states import ComponentKind, RunState
 from orchestrator.steps import Steps, terminate_all
 
 POLL_S = 1.0  # start-up waits look this often
@@ -304,10 +304,10 @@ class Job:
             raise startup.StartupFailed(f"config check: {message} (log: logs/config-check.log)")
         self.record(E.CHECKED if verdict == "ok" else E.CHECK_SKIPPED, None, message)
         front = spec.front
-        workers = [c for c in spec.components if c.kind == "worker"]
+        workers = [c for c in spec.components if c.kind == ComponentKind.WORKER]
         if spec.proxy_first:
             for c in spec.components:
-                if c.kind == "etcd":
+                if c.kind == ComponentKind.ETCD:
                     self.launch(c)
                     self.wait_healthy([c], path=c.health)
             if front is not None:
@@ -469,7 +469,7 @@ class Job:
 
     def begin_supervision(self) -> None:
         spec = self.spec
-        etcd = next((c.name for c in spec.components if c.kind == "etcd"), None)
+        etcd = next((c.name for c in spec.components if c.kind == ComponentKind.ETCD), None)
         self.supervisor = sv = Supervisor(spec.supervision, {c.name: c.role for c in spec.components},
                                           log_of=self.log, storage_component=etcd if spec.membership else None,
                                           unregistered_after_s=spec.membership.rejoin_s if spec.membership else None)
@@ -519,7 +519,7 @@ class Job:
     def start_progress_probes(self, now: float) -> None:
         sv = self.supervisor
         assert sv is not None
-        eligible = [c.name for c in self.spec.components if c.progress and c.kind == "worker"
+        eligible = [c.name for c in self.spec.components if c.progress and c.kind == ComponentKind.WORKER
                     and sv.components[c.name].state in LIVE_STATES and c.name not in self.killing]
         bound = self.spec.supervision.stall_after_s + 2 * self.spec.supervision.health_interval_s + 5
         for name, generation in self.progress.due(eligible, now):
@@ -670,7 +670,7 @@ class Job:
             return
         if self.clock() - self.registration_at < self.spec.supervision.health_interval_s:
             return
-        storage = [c.name for c in self.spec.components if c.kind in ("etcd", "proxy")]
+        storage = [c.name for c in self.spec.components if c.kind in (ComponentKind.ETCD, ComponentKind.PROXY)]
         if any(sv.components[n].state != C.HEALTHY for n in storage):
             return
         asked = [n for n in m.workers if sv.components[n].state in REGISTERED_STATES and n not in self.killing]

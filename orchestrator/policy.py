@@ -36,7 +36,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Set, Union
 from orchestrator.spec import Supervision
 from orchestrator.states import ComponentState as C
 from orchestrator.states import EventKind as E
-from orchestrator.states import RunState
+from orchestrator.states import RestartPolicy, Role, RunState
 
 
 NOT_CREATED_MAX = 30  # restarts in a row srun said it could not create (about 30 min at backoff_max_s 60), uncounted
@@ -120,7 +120,7 @@ class Tracked:
     """One component as the policy sees it."""
 
     name: str
-    role: str
+    role: Role
     state: C = C.STARTING
     since: float = 0.0
     restarts: int = 0  # restarts by supervision in this run
@@ -143,7 +143,7 @@ class Tracked:
 class Supervisor:
     """The policy over every component, all of them healthy when supervision begins (``begin``)."""
 
-    def __init__(self, policy: Supervision, roles: Dict[str, str], *,
+    def __init__(self, policy: Supervision, roles: Dict[str, Role], *,
                  log_of: Callable[[str], str] = lambda name: f"logs/{name}.log",
                  storage_component: Optional[str] = None, unregistered_after_s: Optional[float] = None):
         self.p = policy
@@ -163,10 +163,10 @@ class Supervisor:
         t.state, t.reason = state, reason
         self.dirty.add(t.name)
 
-    def live(self, role: str) -> int:
+    def live(self, role: Role) -> int:
         return sum(1 for t in self.components.values() if t.role == role and t.state != C.LOST)
 
-    def minimum(self, role: str) -> int:
+    def minimum(self, role: Role) -> int:
         return int(self.p.minimum.get(role, 1))
 
     def _record(self, kind: E, t: Optional[Tracked], reason: str, exit_code_: Optional[int] = None) -> Record:
@@ -175,7 +175,7 @@ class Supervisor:
 
     @property
     def restart(self) -> bool:
-        return self.p.policy == "restart"
+        return self.p.policy == RestartPolicy.RESTART
 
     # -- entry points -------------------------------------------------------------------------------------------
     def begin(self, now: float) -> List[Action]:

@@ -98,3 +98,51 @@ class EventKind(str, enum.Enum):
     # the end
     FAILED = "failed"  # the job ends itself (component: the cause, where there is one)
     STOPPING = "stopping"  # teardown (a signal, or after failed)
+
+
+class Word(str, enum.Enum):
+    """A word of a vocabulary (tk's and the job's): compares equal to its text, hashes and formats as it
+    (f"{Role.CTX}" is "ctx" on every Python), and is written as its text in JSON."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    def __hash__(self) -> int:  # the text's hash, as equality is the text's: Role.CTX and "ctx" are one dict key
+        return str.__hash__(self)
+
+
+class Role(Word):
+    """What a component of a run is for: a server role of the plan (ctx, gen, agg) or the proxy or the job's etcd.
+    A component's logs are logs/NAME.log; `tk logs --role` takes each of these."""
+
+    CTX = "ctx"  # a context (prefill) server
+    GEN = "gen"  # a generation (decode) server
+    AGG = "agg"  # a plain trtllm-serve instance of the aggregated baseline (no proxy, no KV transfer)
+    PROXY = "proxy"  # `trtllm-serve disaggregated`
+    ETCD = "etcd"  # the etcd the job starts for membership
+
+    @property
+    def serves(self) -> bool:
+        """A server that runs the model (not the proxy or etcd)."""
+        return self in SERVER_ROLES
+
+
+SERVER_ROLES = (Role.CTX, Role.GEN, Role.AGG)
+
+
+class ComponentKind(Word):
+    """How the job starts, probes and supervises a component (job.json ``kind``)."""
+
+    WORKER = "worker"  # a server: an MPI world of tp x pp ranks, probed for progress too
+    PROXY = "proxy"  # the front of a disaggregated deployment
+    ETCD = "etcd"  # the cluster storage the job starts (membership with storage etcd)
+
+
+class RestartPolicy(Word):
+    """What supervision does when a component fails once the deployment serves (recipe supervision.policy)."""
+
+    RESTART = "restart"  # kill (when hung) and restart it, with backoff, up to max_restarts in a row
+    FAIL_FAST = "fail-fast"  # the run fails

@@ -8,6 +8,7 @@
     prepare(plan, ...)                  render into a new run directory, start nothing (`tk launch --dry-run`)
     launch(plan, ...)                   run it (Slurm or local), wait until it serves -> RunRecord
     runs() / find_run(ref)              every run / one run by directory, name or (None) the latest
+    validation_runs()                   every `tk validate cluster` run (tk runs lists them with the runs)
     status(run) / logs(run) / stop(run) look after a run
     doctor(run)                         why a run failed: known failure signatures, cause, fix, evidence
     diff(run_a, run_b)                  what differs between two runs or render directories
@@ -71,6 +72,7 @@ __all__ = [
     "status",
     "stop",
     "validate",
+    "validation_runs",
 ]
 
 # --- recipe -> plan ------------------------------------------------------------------------------
@@ -192,10 +194,29 @@ def runs() -> list[RunRecord]:
     return all_runs()
 
 
-def find_run(ref: str | os.PathLike | None = None) -> RunRecord:
-    """A run by directory, by name (or unique prefix), or (None) the most recent one."""
+def validation_runs() -> list:
+    """Every `tk validate cluster` run (toolkit.validate.runs.ValidationRun: name, run_dir, recipe, mode, created,
+    state validating|passed|failed|incomplete, job_id, report), oldest first; `tk runs` lists them with the runs."""
+    from toolkit.validate.runs import validation_runs as found
+
+    return found()
+
+
+def find_run(ref: str | os.PathLike | None = None, *, active: bool = False) -> RunRecord:
+    """A run by directory, by name (or unique prefix), or (None) the most recent one. ``active`` (what `tk stop`
+    without RUN stops): with ref None, the one run under way (its job not ended); several under way is a TkError
+    naming them (none is chosen for the user); none under way: the most recent one, as without ``active``."""
+    from toolkit.errors import TkError
+    from toolkit.launch import active_runs
     from toolkit.launch.run import find_run as find
 
+    if ref is None and active:
+        under_way = active_runs()
+        if len(under_way) > 1:
+            raise TkError(f"{len(under_way)} runs are active: {', '.join(r.name for r in under_way)}; "
+                          "`tk stop RUN` names the one to stop (`tk runs` lists them)")
+        if under_way:
+            return under_way[0]
     return find(os.fspath(ref) if ref is not None else None)
 
 
@@ -245,17 +266,20 @@ def status(run: RunRecord | str | os.PathLike | None = None) -> RunRecord:
 
 def logs(run: RunRecord | str | os.PathLike | None = None, role: str | None = None,
          instance: int | None = None) -> list[Path]:
-    """The log files of the run's servers, optionally only one role (ctx, gen, proxy) and instance."""
+    """The log files of the run's components, optionally only one role (an orchestrator.states.Role: ctx, gen, agg,
+    proxy, etcd) and instance."""
     from toolkit.launch.logs import select_logs
 
     return select_logs(_record(run), role, instance)
 
 
 def stop(run: RunRecord | str | os.PathLike | None = None) -> list[str]:
-    """Stop the run and verify nothing is left; the problems found (empty when it stopped cleanly)."""
+    """Stop the run and verify nothing is left; the problems found (empty when it stopped cleanly). None: the one
+    run under way (find_run(None, active=True): several is a TkError naming them)."""
     from toolkit.launch import stop as stop_run
+    from toolkit.launch.run import RunRecord as Record
 
-    return stop_run(_record(run))
+    return stop_run(run if isinstance(run, Record) else find_run(run, active=run is None))
 
 
 def doctor(run: RunRecord | str | os.PathLike | None = None) -> dict[str, Any]:
@@ -591,9 +615,13 @@ def bench_compare(recipe: str | os.PathLike, compare: Sequence[str], *, local: b
     plans = [load_plan(recipe, (*overrides, *v.overrides, "supervision.policy=fail-fast")) for v in variants]
     _bench_recipe_checks(plans[0], bench_kwargs)
     base = Path(run_dir) if run_dir else runs_root() / f"compare-{plans[0].name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if base.exists():
-        raise TkError(f"{base} exists: give another --run-dir for the comparison")
-    base.mkdir(parents=True)
+    try:  # a new directory, made by this command (mkdir never follows a symlink there, a dangling one included)
+        base.parent.mkdir(parents=True, exist_ok=True)
+        base.mkdir()
+    except FileExistsError:
+        raise TkError(f"{base} exists: give another --run-dir for the comparison") from None
+    except OSError as exc:
+        raise TkError(f"{base}: cannot create the comparison directory ({exc.strerror or exc})") from None
     lines: list[dict] = []
     prefix = bench_kwargs.pop("name", None) or "compare"
     wl = bench_kwargs.get("workload", "fixed")
@@ -701,35 +729,22 @@ def import_config(source: str | os.PathLike, *, kind: str | None = None, name: s
     The recipe is planned at once: the result lists what was not carried, what tk renders differently, and the
     plan's violations (TensorRT-LLM's rules) if any. With ``output`` the recipe is written there atomically (an
     existing file only with ``force``). Raises RecipeError when the source cannot be read or converted."""
-    import tempfile
-
     from toolkit.errors import RecipeError, TkError, Violation
     from toolkit.importer import import_config as convert
+    from toolkit.runtime import files
 
     result = convert(source, kind=kind, name=name, output=output)
     if output is None:
         return result
     out = Path(output)
-    if out.exists() and not force:
-        raise RecipeError([Violation(str(out), None, "(output)", "exists already; tk import does not overwrite it",
-                                     "choose another -o path, or pass --force")])
-    try:  # a whole file or none: written beside the target, then linked (or, with force, renamed) into place
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(result.text)
-            os.chmod(tmp, 0o644)
-            if force:
-                os.replace(tmp, out)
-            else:
-                os.link(tmp, out)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    exists = Violation(str(out), None, "(output)", "exists already; tk import does not overwrite it",
+                       "choose another -o path, or pass --force")
+    try:  # a whole regular file or none (toolkit.runtime.files): with force a regular file is replaced, nothing else
+        files.write_regular_atomically(out, result.text, 0o644, replace=force, parents=True)
     except FileExistsError:
-        raise RecipeError([Violation(str(out), None, "(output)", "exists already; tk import does not overwrite it",
-                                     "choose another -o path, or pass --force")]) from None
+        raise RecipeError([exists]) from None
+    except files.FileProblem as exc:
+        raise TkError(f"-o {exc}; nothing was written") from None
     except OSError as exc:
         raise TkError(f"{out}: cannot write the recipe ({exc.strerror or exc})") from None
     return result

@@ -739,11 +739,11 @@ def test_the_signal_slurm_sends_before_the_time_limit_is_named_as_such(job_in_pr
 
 
 def test_sbatch_args_that_signal_the_batch_shell_render_into_job_json_and_one_without_b_is_warned():
-    from toolkit.plan.rules import slurm_signals
+    from toolkit.plan.derive import SlurmSignal, slurm_signals
     assert spec_of("cluster.sbatch_args=[\"--signal=B:USR1@300\"]").time_limit_signal == "SIGUSR1"
     assert spec_of().time_limit_signal is None
-    assert slurm_signals(["--signal=10@5", "--sig=B:TERM", "--signal", "RB:RTMIN@9"])[:2] == [
-        ("--signal=10@5", False, "SIGUSR1", 5), ("--sig=B:TERM", True, "SIGTERM", 60)]
+    assert slurm_signals(["--signal=10@5", "--sig=B:TERM", "--signal", "RB:RTMIN@9"])[:2] == (
+        SlurmSignal("--signal=10@5", False, "SIGUSR1", 5), SlurmSignal("--sig=B:TERM", True, "SIGTERM", 60))
     plan = load_plan(STANDIN, ["cluster.sbatch_args=[\"--signal=USR1@300\"]"])
     (warning,) = [w for w in plan.warnings if "--signal" in w]
     assert "sends SIGUSR1 to every job step, the servers" in warning and "--signal=B:USR1@300" in warning

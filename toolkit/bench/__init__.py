@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from orchestrator.states import EventKind
+from orchestrator.states import SERVER_ROLES, EventKind, Role
 from toolkit.bench import probe as probes
 from toolkit.bench.results import CellResult, ExportError, read_export
 from toolkit.bench.runner import AiperfFailed, find_aiperf, log_tail, run_aiperf
@@ -76,14 +76,14 @@ def target_for_run(run, plan=None, *, name: str = "disaggregated", aggregated: b
     gpus = plan.gpu_count if plan is not None else None
     # The servers whose counters tk reads: context, generation (or aggregated) servers only, never the proxy nor
     # the etcd a membership run starts, which has no such counters (M1)
-    roles = {s.name for s in run.servers if s.role in ("ctx", "gen", "agg")}
+    roles = {s.name for s in run.servers if s.role in SERVER_ROLES}
     servers = {k: v for k, v in _server_urls(run).items() if k in roles}
     reference = None
     if aggregated:
         pr = probes.AggregatedProbe()
     else:
         pr = probes.probe_for(run.endpoint, servers)
-        reference = next((servers[s.name] for s in run.servers if s.role == "gen" and s.name in servers), None)
+        reference = next((servers[s.name] for s in run.servers if s.role == Role.GEN and s.name in servers), None)
     urls = tuple(getattr(run, "endpoints", None) or ()) if aggregated else ()
     return Target(name=name, endpoint=run.endpoint, model=run.model, probe=pr, gpus=gpus, run=run.public(),
                   urls=urls, workers=servers, reference=None if aggregated else reference)
@@ -388,6 +388,7 @@ def _measure_and_publish(target: Target, workload: Workload, *, aiperf: str, tok
     results, proof = measure(target, workload, aiperf=aiperf, tokenizer=tokenizer, out=staging, log=log,
                              timeout_s=timeout_s, on_progress=on_progress)
     supervision = supervision_during(target, started, time.time())
+    proof = probes.account_for_restarts(proof, supervision)  # what a restart took from the counters, said
     conditional = bool(plan is not None and plan.proxy is not None
                        and (plan.proxy.config.get("conditional_disagg_config") or {}))
     # the measurement's own verdict (the multi-turn reuse findings join it); decided again at the end with the

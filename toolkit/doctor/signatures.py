@@ -13,6 +13,8 @@ and print the cause and the fix. A row names:
     fix       what to change, in recipe terms where tk owns the setting
     source    where the error string and the explanation come from: upstream issues and pull requests (links),
               or the tool whose message it is
+    fix_when  (pattern, fix) pairs: where a line of the evidence (its file and text) matches the pattern, the fix is
+              that one instead (the first that matches): one cause whose remedy depends on what failed
     secondary a consequence of an earlier failure, not a cause: shown after the others ("look further up")
     per_request  one client request the servers refused (a prompt too long, ...): the deployment is fine and keeps
               serving, so it is reported apart from the run's failures ("refused requests"), never as its diagnosis
@@ -47,6 +49,15 @@ class Signature:
     source: str
     secondary: bool = False
     per_request: bool = False
+    fix_when: tuple[tuple[str, str], ...] = ()
+
+    def fix_for(self, evidence: list[dict]) -> str:
+        """The fix for this evidence: the first fix_when whose pattern a line of it matches, else `fix`."""
+        for pattern, fix in self.fix_when:
+            rx = re.compile(pattern)
+            if any(rx.search(f"{e['file']} {e['text']}") for e in evidence):
+                return fix
+        return self.fix
 
     def compiled(self) -> tuple[re.Pattern, ...]:
         return _compiled(self)
@@ -183,9 +194,15 @@ SIGNATURES: tuple[Signature, ...] = (
         cause="another process (often a server left from an earlier run, or another deployment on the same node) "
               "holds a port of this plan; tk's own port check (phase 'failed: port(s) ... already in use') or the "
               "server's bind found it",
-        fix="`tk runs` and `tk stop RUN` for a run left behind; otherwise move cluster.worker_base_port and "
-            "proxy.port to a free range (every instance gets its own ports from the plan)",
+        fix="`tk runs` and `tk stop RUN` for a run left behind; otherwise move the setting of the port that is "
+            "taken to a free range (`tk plan` lists every port): cluster.worker_base_port (the servers), "
+            "cluster.internal_base_port (their internal ports), proxy.port (the proxy), membership.etcd_port (the "
+            "etcd the job starts, its peer port and the servers' etcd gateways)",
         source="https://github.com/NVIDIA/TensorRT-LLM/pull/17460 (port races); tk launch.sbatch port check",
+        # etcd's own bind error (logs/etcd.log, "etcdmain") or a server's etcd gateway's (templates/etcd_gateway.py)
+        fix_when=((r"etcd", "`tk runs` and `tk stop RUN` for a run left behind; otherwise move membership.etcd_port "
+                   "to a free range: the etcd the job starts takes etcd_port (clients) and etcd_port + 1 (its peer "
+                   "port), and each server's etcd gateway one of the ports after those"),),
     ),
     Signature(
         id="mpi-spawn",
@@ -355,6 +372,19 @@ SIGNATURES: tuple[Signature, ...] = (
         fix="lower the role's free_gpu_memory_fraction (e.g. 0.8) or max_batch_size, or kv_transfer."
             "max_tokens_in_buffer; check that no other process uses the GPU (`nvidia-smi`)",
         source="https://github.com/NVIDIA/TensorRT-LLM/issues/13506",
+    ),
+    Signature(
+        id="slurm-gres-invalid",
+        title="Slurm refused the job's GPU request (gres)",
+        patterns=(r"Invalid generic resource \(gres\) specification",),
+        where=(PHASES, JOB),
+        cause="the job asks for GPUs as a generic resource (#SBATCH --gres=gpu:N, cluster.gpu_request \"gres\", the "
+              "default for TensorRT-LLM) and the partition has no GPU gres configured, or not that many per node: "
+              "sbatch refuses the whole job (Slurm's ESLURM_INVALID_GRES)",
+        fix="set cluster.gpu_request to how this cluster hands out GPUs: \"gpus-per-node\" (--gpus-per-node=N), or "
+            "\"none\" for a partition that does not confine devices (and the CPU stand-in, which asks for none by "
+            "default); check `sinfo -N -o '%N %G'` for the partition's gres, and cluster.partition",
+        source="Slurm's error text for ESLURM_INVALID_GRES (SchedMD/slurm src/common/slurm_errno.c @ 46783aa7)",
     ),
     Signature(
         id="no-gpu-visible",

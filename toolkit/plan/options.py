@@ -8,7 +8,6 @@ from __future__ import annotations
 from toolkit.facts import llm_args, trtllm
 from toolkit.facts.engines import EngineProfile
 from toolkit.facts.hardware import MNNVL_GPUS, TransportProfile
-from toolkit.facts.kvreuse import CONVERSATION_ROUTER
 from toolkit.facts.models import ModelSpec
 from toolkit.plan.model import BufferSizing, ProxyPlan, ServerInstance
 from toolkit.plan.sizing import ceil_to, longest_input
@@ -31,11 +30,11 @@ def derived_options(r: Recipe, title: str, role: RoleSpec, model: ModelSpec, ver
         # Under conditional disaggregation short prompts are prefilled on the generation server itself.
         default_mnt = max(default_mnt, ceil_to(tpb, r.proxy.conditional_max_local_prefill_length))
     router = r.proxy.context_router if is_ctx else r.proxy.generation_router
-    kv_aware = router == "kv_cache_aware" or (not is_ctx and r.proxy.conditional_max_local_prefill_length is not None)
+    kv_aware = router == trtllm.Router.KV_CACHE_AWARE or (not is_ctx and r.proxy.conditional_max_local_prefill_length is not None)
     # Block reuse where a router keeps requests on the server that holds their prefix (kv_cache_aware, or 1.3's
     # conversation router with its affinity); KV-cache events (event_buffer_max_size) only where a kv_cache_aware
     # router reads them: without them it routes by load alone (TensorRT-LLM #14882, toolkit.facts.kvreuse).
-    reuse = kv_aware or router == CONVERSATION_ROUTER
+    reuse = kv_aware or router == trtllm.Router.CONVERSATION
     opts: dict = {
         "tensor_parallel_size": role.tp,
         "pipeline_parallel_size": role.pp,
@@ -123,7 +122,7 @@ def draft_model_key(target: llm_args.Target) -> str:
 
 
 def omit_unverified_defaults(opts: dict, version: trtllm.TrtllmVersion) -> None:
-    """Drop keys whose acceptance by this line is unverified (facts.trtllm.OPTION_FACTS) where tk's value is
+    """Drop keys whose acceptance by this line is unverified (facts.trtllm.UNVERIFIABLE_OPTIONS) where tk's value is
     TensorRT-LLM's default anyway: the engine behaves the same and cannot refuse a key it is not given. A
     value other than the default is kept (rules.check_unverified_options warns)."""
     for fact in trtllm.unverified_options(version):
@@ -195,7 +194,7 @@ def proxy_plan(r: Recipe, ctx: tuple[ServerInstance, ...], gen: tuple[ServerInst
                version: trtllm.TrtllmVersion | None = None) -> ProxyPlan:
     def section(instances, router: str, tpb: int, args: dict) -> dict:
         router_cfg: dict = {"type": router}
-        if router == "kv_cache_aware":
+        if router == trtllm.Router.KV_CACHE_AWARE:
             router_cfg["tokens_per_block"] = tpb
         router_cfg.update(args)
         out: dict = {"num_instances": len(instances)}

@@ -64,6 +64,9 @@ def submit_batch(script: Path, run_dir: Path, what: str = "the job") -> str:
         hint = ""
         if "account" in msg.lower():
             hint = " (check cluster.account)"
+        elif "generic resource" in msg.lower():
+            hint = (" (the partition has no such GPU gres: set cluster.gpu_request to gpus-per-node, or none where "
+                    "devices are not confined)")
         elif "partition" in msg.lower():
             hint = " (check cluster.partition)"
         raise SlurmError(f"sbatch refused {what}: {msg}{hint}")

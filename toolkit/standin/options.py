@@ -2,7 +2,7 @@
 
 ``tk-standin-serve MODEL [trtllm-serve flags] --extra_llm_api_options FILE``. What the target TensorRT-LLM line
 accepts (option keys, cache_transceiver_config fields and backends, KV dtypes, CLI flags) comes from
-``toolkit.facts.trtllm`` (``TK_STANDIN_TRTLLM_VERSION``, default ``toolkit.facts.trtllm.LATEST``). Every problem is
+``toolkit.facts.versions`` (``TK_STANDIN_TRTLLM_VERSION``, default ``toolkit.facts.versions.latest()``). Every problem is
 one line that names the file and the key, raised as ``ConfigError`` before anything heavy is imported or any port
 is bound.
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from toolkit.facts import llm_args, trtllm
+from toolkit.facts import llm_args, trtllm, versions
 from toolkit.facts.engines import STANDIN
 from toolkit.facts.models import KV_DTYPE_BYTES, ModelError, ModelSpec, resolve_model
 
@@ -39,10 +39,10 @@ class ConfigError(Exception):
 
 
 def target_version() -> trtllm.TrtllmVersion:
-    line = os.environ.get(VERSION_ENV) or trtllm.LATEST
+    line = os.environ.get(VERSION_ENV) or versions.latest()
     try:
-        return trtllm.get(line)
-    except trtllm.UnsupportedVersion as exc:
+        return versions.get(line)
+    except versions.UnsupportedVersion as exc:
         raise ConfigError(f"{VERSION_ENV}={line}: {exc}") from None
 
 
@@ -113,7 +113,7 @@ def _pos_int(where: str, key: str, value, allow_none: bool = True) -> int | None
 def target_of(version: trtllm.TrtllmVersion) -> llm_args.Target:
     """The line, and the exact release where TK_STANDIN_TRTLLM_VERSION names one ("1.3.0rc23")."""
     text = os.environ.get(VERSION_ENV) or ""
-    parsed = trtllm.parse_version(text)
+    parsed = versions.parse_version(text)
     release = text if parsed is not None and text != parsed.line else None
     return llm_args.Target(version.line, release)
 

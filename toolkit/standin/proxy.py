@@ -71,7 +71,7 @@ class ProxySettings:
 
 def proxy_settings(argv: list[str]) -> ProxySettings:
     version = target_version()
-    allowed = set(version.disaggregated_flags)
+    allowed = set(trtllm.disaggregated_flags(version))
     values: dict = {}
     i = 0
     while i < len(argv):

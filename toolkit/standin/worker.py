@@ -635,7 +635,7 @@ def bind_launcher_ipc(version) -> socket.socket | None:
     from toolkit.facts import trtllm
     env = trtllm.LAUNCHER_IPC_PORT_ENV
     value = os.environ.get(env)
-    if env not in trtllm.internal_port_envs(version) or not value:
+    if env not in version.internal_port_envs or not value:
         return None
     addr = f"tcp://{trtllm.LAUNCHER_IPC_HOST}:{value}"
     try:

@@ -7,6 +7,7 @@ import json
 import statistics
 from pathlib import Path
 
+from orchestrator.states import Role
 from toolkit.progress import StatusLine
 from validation.stats import percentile
 
@@ -183,7 +184,7 @@ def merge_sweep(params: dict, results: dict, geom: dict, shared_host: bool = Fal
                 errs.setdefault(e["tokens_per_block"], []).append(
                     f"{e['src']} -> {e['dst']} {e.get('op', 'WRITE')}: {e['error']}")
     frag = geom["frag_bytes_per_token"] if geom["mode"] == "fragment" else \
-        geom["layers"] * geom["kv_factor"] * geom["slot_bytes_per_token"]["ctx"]
+        geom["layers"] * geom["kv_factor"] * geom["slot_bytes_per_token"][Role.CTX]
     rows = []
     for tpb in sweep["tokens_per_block"]:
         per_op = {}
