@@ -76,6 +76,10 @@ class Membership:
     # The client certificate the storage wants (ca.crt, client.crt, client.key; <run_dir> resolved): the job's etcd
     # opens to the run's own only. None: the storage takes anyone (accepted by the recipe).
     tls_dir: Optional[str] = None
+    # How long a worker whose key lapsed takes to register again by itself (TensorRT-LLM: its next heartbeat fails,
+    # then put-if-absent retried every 5 s): the job restarts one that is not registered after this (at least
+    # supervision.unhealthy_after_s).
+    rejoin_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -115,6 +119,9 @@ class JobSpec:
     proxy_first: bool = False  # membership: etcd and the proxy start (and answer) before the workers
     membership: Optional[Membership] = None
     disagg_config: Optional[str] = None  # disagg.yaml; the job writes disagg.resolved.yaml from it
+    # The signal cluster.sbatch_args asks Slurm to send the batch shell before the time limit (--signal=B:SIG@T),
+    # as "SIGUSR1": the job ends the deployment cleanly on it (as on any signal that ends a process) and says why.
+    time_limit_signal: Optional[str] = None
     schema: int = SCHEMA
     toolkit_version: str = ""
     trtllm_version: str = ""
@@ -253,7 +260,8 @@ def _spec(doc: Any) -> JobSpec:
                    srun_flags=_strings(_need(doc, "srun_flags", list, ""), "srun_flags"), components=components,
                    supervision=supervision, check=check, provenance=provenance, launcher=launcher,
                    proxy_first=bool(doc.get("proxy_first", False)), membership=membership,
-                   disagg_config=disagg, toolkit_version=str(doc.get("toolkit_version", "")),
+                   disagg_config=disagg, time_limit_signal=_time_limit_signal(doc.get("time_limit_signal")),
+                   toolkit_version=str(doc.get("toolkit_version", "")),
                    trtllm_version=str(doc.get("trtllm_version", "")))
     for c in components:
         if any(n >= spec.nodes for n in c.nodes) or c.start_after is not None and c.start_after not in names:
@@ -316,7 +324,16 @@ def _membership(m: Any) -> Optional[Membership]:
     return Membership(storage=_need(m, "storage", str, "membership."),
                       cluster_uri=_need(m, "cluster_uri", str, "membership."),
                       worker_key_prefix=_need(m, "worker_key_prefix", str, "membership."),
-                      workers=dict(workers), tls_dir=tls_dir)
+                      workers=dict(workers), tls_dir=tls_dir,
+                      rejoin_s=_seconds(m, "rejoin_s", "membership.") if "rejoin_s" in m else 0.0)
+
+
+def _time_limit_signal(name: Any) -> Optional[str]:
+    """A signal's name as orchestrator.job.signal_name gives it (SIGUSR1, SIGRTMIN+3), or None."""
+    if name is not None and (not isinstance(name, str) or not 3 < len(name) <= 16 or not name.startswith("SIG")
+                             or not name[3:].replace("+", "").isalnum()):
+        raise SpecError(f"time_limit_signal: {str(name)[:40]!r} is not a signal's name (SIGUSR1, SIGRTMIN+3)")
+    return name
 
 
 def _check(ch: Dict[str, Any]) -> ConfigCheck:

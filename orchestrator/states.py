@@ -40,6 +40,9 @@ class ComponentState(str, enum.Enum):
     STARTING = "starting"  # its step was started; not healthy yet (at first, or after a restart)
     HEALTHY = "healthy"  # answers its liveness URL with 200 and makes progress
     UNHEALTHY = "unhealthy"  # stopped answering 200; killed after supervision.unhealthy_after_s
+    # answers /health but has no key in the cluster storage (membership): out of the proxy's routing; killed and
+    # restarted when it is not registered again in time (its lease lapsed, its etcd gateway ended)
+    UNREGISTERED = "unregistered"
     KILLING = "killing"  # being killed (hung, wedged, or not healthy in time); its exit follows
     BACKOFF = "backoff"  # exited; restarted after the backoff (the reason says when, and which restart)
     LOST = "lost"  # given up: max_restarts in a row used, or it survived SIGKILL
@@ -55,7 +58,10 @@ class ComponentState(str, enum.Enum):
 
 # What the job's supervision can say of a component that tk's own probe finds not answering: tk shows it as is.
 SUPERVISED_STATES = frozenset({ComponentState.STARTING, ComponentState.UNHEALTHY, ComponentState.KILLING,
-                               ComponentState.BACKOFF, ComponentState.LOST, ComponentState.EXITED})
+                               ComponentState.BACKOFF, ComponentState.LOST, ComponentState.EXITED,
+                               ComponentState.UNREGISTERED})
+# What only the job's supervision can see: tk's own /health probe answering 200 does not make it healthy.
+BEYOND_HEALTH_STATES = frozenset({ComponentState.UNREGISTERED})
 
 
 class EventKind(str, enum.Enum):
@@ -82,9 +88,11 @@ class EventKind(str, enum.Enum):
     RESTARTED = "restarted"  # healthy again after a restart
     STABLE = "stable"  # healthy for stable_after_s: its consecutive failures reset
     LOST = "lost"  # given up
+    UNREGISTERED = "unregistered"  # a serving worker has no key in the cluster storage: the proxy does not route to it
     DEREGISTERED = "deregistered"  # its keys deleted from the cluster storage
     MEMBERSHIP_REPAIRED = "membership-repaired"  # stale registrations replaced after the storage came back
     PROBE_REFUSED = "progress-probe-refused"  # no progress route (404/405/501) or a 4xx: wedge detection off until restart
+    BACKGROUND_FAILED = "background-failed"  # background work (a kill, a lookup, a probe) failed: component, cause
     DEGRADED = "degraded"  # some component is down (reason: which)
     SERVING = "serving"  # every component healthy again
     # the end

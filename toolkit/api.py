@@ -434,14 +434,21 @@ def predict(plan: Plan) -> dict[str, Any]:
 
 # --- bench -------------------------------------------------------------------------------------------
 
-def _plan_of_run(run: RunRecord):
+def _plan_of_run(run: RunRecord) -> tuple[Plan | None, str | None]:
     """The plan a run was launched from (limits, estimates, GPU count): rebuilt from the resolved recipe its
     manifest.json records (its --set overrides included, whatever the recipe file says now), in the run's mode.
-    None when that cannot be read: bench then goes without the plan's numbers."""
+    (None, why) when it cannot be: a damaged manifest, or a recipe this tk does not read (a newer tk's field); bench
+    then goes without the plan's numbers and says why (a workload note, and the tokenizer error if it needs one)."""
+    from toolkit.errors import RecipeError, TkError
+
     try:
-        return _launched_plan(run, aggregated=run.mode == "aggregated")
-    except Exception:  # noqa: BLE001 - a damaged or foreign manifest: bench without the plan's numbers
-        return None
+        return _launched_plan(run, aggregated=run.mode == "aggregated"), None
+    except (RecipeError, TkError) as exc:
+        why = str(exc)
+    except Exception as exc:  # noqa: BLE001 - a planner bug must not stop the bench: said, with its type
+        why = f"{type(exc).__name__}: {exc}"
+    first = why.strip().splitlines()[0] if why.strip() else "no reason given"
+    return None, f"the plan could not be rebuilt from {run.path / 'manifest.json'} ({first[:300]})"
 
 
 def _launched_plan(record: RunRecord, overrides: Sequence[str] = (), *, aggregated: bool) -> Plan:
@@ -482,6 +489,7 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
     after_target freed them), runs the identical workload, compares greedy answers, and stops it. A RunRecord
     (an aggregated run already serving) or baseline_url (an aggregated server) is measured as it is."""
     import contextlib
+    import dataclasses
 
     from toolkit.bench import (check_bench_name, limits_for_plan, resolve_tokenizer, run_bench, target_for_run,
                                target_for_url)
@@ -493,15 +501,18 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
     objectives = parse_sla(sla)  # bad input first: nothing is started for a typo
     check_bench_name(name)
     record = _refresh_run(_record(run))
-    plan = _plan_of_run(record)
+    plan, no_plan = _plan_of_run(record)
     wl = build_workload(workload, isl=isl, osl=osl, concurrency=tuple(concurrency) if concurrency else None,
                         request_rate=tuple(request_rate) if request_rate else None, requests=requests, turns=turns,
                         seed=seed, limits=limits_for_plan(plan), turn_delay_ms=turn_delay_ms, trace=trace)
+    if no_plan:
+        wl = dataclasses.replace(wl, notes=(*wl.notes, f"{no_plan}: ISL and OSL are not checked against what the "
+                                                       "deployment admits, and the plan's estimates are not shown"))
     # not serving: said first, before anything else is looked up; an aggregated run is measured as one (every
     # instance's URL, no legs to prove)
     target = target_for_run(record, plan, aggregated=record.mode == "aggregated",
                             name="aggregated" if record.mode == "aggregated" else "disaggregated")
-    tok = resolve_tokenizer(tokenizer, plan, record.engine)
+    tok = resolve_tokenizer(tokenizer, plan, record.engine, no_plan=no_plan)
     _check_trace_tokenizer(wl, tok)
     base = None
     if baseline == "aggregated":
@@ -511,12 +522,12 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
         def base():
             base_run = launch_baseline(record, overrides=shift)
             try:
-                yield target_for_run(_refresh_run(base_run), _plan_of_run(base_run), name="aggregated",
+                yield target_for_run(_refresh_run(base_run), _plan_of_run(base_run)[0], name="aggregated",
                                      aggregated=True)
             finally:
                 stop(base_run)
     elif isinstance(baseline, Record):
-        base = target_for_run(_refresh_run(baseline), _plan_of_run(baseline), name="aggregated", aggregated=True)
+        base = target_for_run(_refresh_run(baseline), _plan_of_run(baseline)[0], name="aggregated", aggregated=True)
     elif baseline is not None:
         raise BenchInputError(f"--baseline {baseline}: the only baseline is 'aggregated'")
     elif baseline_url:

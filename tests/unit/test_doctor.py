@@ -225,7 +225,7 @@ def test_tk_diff_compares_what_the_jobs_supervision_did_from_its_events(tmp_path
     doc = api.diff(a, b)
     assert not doc["same"]
     assert doc["supervision"]["gen-0"]["B"] == {"exits": 1, "restarts": 1, "wedged": 1, "lost": 0,
-                                                "steps_not_created": 0}
+                                                "steps_not_created": 0, "unregistered": 0}
     assert doc["supervision"]["gen-0"]["A"]["restarts"] == 0 and doc["supervision"]["gen-1"]["B"]["steps_not_created"] == 1
     assert "supervision of gen-0: A nothing  B 1 exits, 1 restarts, 1 wedged" in format_diff(doc)
 
@@ -313,7 +313,9 @@ def test_an_interrupted_launch_says_so(tmp_path):
     run = _run_dir(tmp_path, [("started", "ctx-0", "ctx-0 on n0"), ("failed", None, "signal received (SIGINT)")],
                    {"ctx-0.log": "loading\n"})
     doc = diagnose(run, state="failed", reason="interrupted; cleanup: none")
-    assert [f["id"] for f in doc["findings"]] == ["interrupted"]
+    # the job's own account (a signal ended it) comes after, as what followed from the interruption
+    assert [f["id"] for f in doc["findings"]] == ["interrupted", "job-signalled"]
+    assert doc["findings"][1]["secondary"]
     assert "launch again" in doc["findings"][0]["fix"]
     assert doc["phases"] == ["started\tctx-0 on n0", "failed\tsignal received (SIGINT)"]
 

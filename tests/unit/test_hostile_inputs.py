@@ -146,6 +146,30 @@ def test_job_json_minimum_counts_and_node_ports_are_in_range():
             JobSpec.from_dict(doc)
 
 
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1, 1e300, "10", True, None])
+def test_membership_rejoin_s_is_finite_and_in_range_or_refused_naming_the_field(value):
+    """membership.rejoin_s (how long a worker whose key lapsed has to register again before the job restarts it)
+    is a number of seconds like the supervision's: NaN would make that deadline never pass."""
+    from orchestrator.spec import JobSpec, SpecError
+
+    doc = _job_doc("membership.enabled=true")
+    assert JobSpec.from_dict(json.loads(_dumps(doc))).membership.rejoin_s == doc["membership"]["rejoin_s"] > 0
+    doc["membership"]["rejoin_s"] = value
+    with pytest.raises(SpecError, match="membership.rejoin_s"):
+        JobSpec.from_dict(json.loads(_dumps(doc)))
+
+
+@pytest.mark.parametrize("value", ["USR1", "SIG", "SIGUSR1; rm", "SIG" + "A" * 60, 10, True, ["SIGUSR1"]])
+def test_job_json_time_limit_signal_is_a_signals_name_or_refused(value):
+    from orchestrator.spec import JobSpec, SpecError
+
+    doc = _job_doc('cluster.sbatch_args=["--signal=B:USR1@300"]')
+    assert JobSpec.from_dict(doc).time_limit_signal == doc["time_limit_signal"] == "SIGUSR1"
+    doc["time_limit_signal"] = value
+    with pytest.raises(SpecError, match="time_limit_signal"):
+        JobSpec.from_dict(doc)
+
+
 @settings(max_examples=200, deadline=None)
 @given(key=st.sampled_from(SECONDS + ("max_restarts",)),
        value=st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**40, 2**40) | JSON)

@@ -101,9 +101,10 @@ def limits_for_plan(plan) -> Limits:
     return Limits(plan.traffic.max_input_len, plan.traffic.max_output_len)
 
 
-def resolve_tokenizer(tokenizer: str | None, plan=None, engine: str = "") -> str:
+def resolve_tokenizer(tokenizer: str | None, plan=None, engine: str = "", no_plan: str | None = None) -> str:
     """--tokenizer DIR, else the engine's shipped tokenizer (if the engine profile names one), else the
-    recipe's model path when it is a local directory. BenchInputError (exit 2) with the fix otherwise."""
+    recipe's model path when it is a local directory. BenchInputError (exit 2) with the fix otherwise (no_plan: why
+    the run's plan, which names them, could not be rebuilt)."""
     if tokenizer:
         if not Path(tokenizer).is_dir():
             raise BenchInputError(f"--tokenizer {tokenizer}: not a directory (a Hugging Face tokenizer directory: "
@@ -120,7 +121,8 @@ def resolve_tokenizer(tokenizer: str | None, plan=None, engine: str = "") -> str
         if model_path and Path(model_path).is_dir():
             return model_path
     raise BenchInputError(
-        "no tokenizer for aiperf: pass --tokenizer DIR (the model's tokenizer directory"
+        "no tokenizer for aiperf" + (f" ({no_plan})" if plan is None and no_plan else "")
+        + ": pass --tokenizer DIR (the model's tokenizer directory"
         + "; for the CPU stand-in, a whitespace word-level tokenizer)")
 
 
@@ -318,7 +320,8 @@ def _multi_turn(workload: Workload, results: dict, plan, proof, reverse, verdict
 
 # What the job's supervision did to a component while it was measured (orchestrator.states.EventKind values).
 SUPERVISION_EVENTS = (EventKind.EXITED, EventKind.WEDGED, EventKind.KILLED, EventKind.RESTARTED, EventKind.LOST,
-                      EventKind.STEP_NOT_CREATED, EventKind.UNHEALTHY, EventKind.MEMBERSHIP_REPAIRED)
+                      EventKind.STEP_NOT_CREATED, EventKind.UNHEALTHY, EventKind.MEMBERSHIP_REPAIRED,
+                      EventKind.UNREGISTERED)
 
 
 def supervision_during(target: Target, t0: float, t1: float) -> list[dict]:

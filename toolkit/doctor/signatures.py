@@ -316,6 +316,58 @@ SIGNATURES: tuple[Signature, ...] = (
             "servers said before the interruption",
         source="tk launch (signals and Ctrl-C end the launch and release the job)",
     ),
+    Signature(
+        id="job-signalled",
+        title="the job's orchestrator was ended by a signal",
+        patterns=(r"^failed\tsignal received \(SIG",),
+        where=(PHASES,),
+        cause="a signal reached the job's orchestrator (the batch script): Slurm's time limit (SIGTERM), "
+              "--signal=B:SIG@T in cluster.sbatch_args (sent T seconds before it), scancel --signal, or a person; the "
+              "job ended the deployment cleanly on it",
+        fix="if the time limit ended it, raise cluster.time_limit; if a --signal in cluster.sbatch_args did, that is "
+            "its purpose; otherwise find who sent the signal the event names",
+        source="tk's job (orchestrator/job.py ENDING_SIGNALS); sbatch(1) --signal",
+        secondary=True,  # tk launch's own interruption, or tk stop, signals the job too: that cause comes first
+    ),
+    Signature(
+        id="worker-unregistered",
+        title="a worker lost its place in the cluster storage",
+        patterns=(r"^unregistered\t",),
+        where=(PHASES,),
+        cause="a worker answered /health but had no key in the cluster storage, so the proxy did not route to it: "
+              "its lease lapsed (an etcd stall, a flood of connections to its etcd gateway) and it did not register "
+              "again, or its etcd gateway ended (the gateway's line `etcd_gateway: ...` in the worker's log says "
+              "why); supervision restarts it when it does not register again in time",
+        fix="read the worker's log around the event for the gateway's or the heartbeat's failure; if leases lapse "
+            "under load, raise membership.inactive_timeout_s (TensorRT-LLM's inactive_timeout_sec)",
+        source="tk's job (orchestrator/policy.py Supervisor.registration); TensorRT-LLM disagg_auto_scaling.py "
+               "DisaggClusterWorker (heartbeat, re-registration)",
+    ),
+    Signature(
+        id="background-failed",
+        title="background work failed (said, not silent)",
+        patterns=(r"^background-failed\t", r"\bbackground-failed \{"),
+        where=EVERYWHERE,
+        cause="a piece of background work of tk's job (a kill, a lookup, a probe, the membership repair), of the "
+              "stand-in (a heartbeat, the membership poll) or of an etcd gateway ended with an exception; the "
+              "line names the component and the cause, and what happened next (restarted, the component failed)",
+        fix="read the cause: a storage or Slurm answer tk did not expect is a bug to report with the line; the "
+            "component it names was restarted or failed as the line says",
+        source="tk's job (orchestrator/background.py), the stand-in (toolkit/standin/tasks.py), "
+               "templates/etcd_gateway.py",
+        secondary=True,
+    ),
+    Signature(
+        id="orchestrator-gone",
+        title="the job's orchestrator is gone while its servers run",
+        patterns=(r"the job's orchestrator is gone",),
+        where=(PHASES,),
+        cause="the local job's batch script (tk's job orchestrator) ended without its teardown (SIGKILL, the OOM "
+              "killer, the interpreter faulting) while servers it started still run: nothing supervises them",
+        fix="tk stop RUN, then launch again; `kill -USR2` of a live orchestrator prints its threads' stacks into "
+            "logs/job.log, and faulthandler's dump there says where a faulting one stopped",
+        source="tk status (the local backend's session, toolkit/launch/backends.py LocalBackend.job_state)",
+    ),
     # --- GPU, memory, NCCL --------------------------------------------------------------------------------
     Signature(
         id="cuda-oom",

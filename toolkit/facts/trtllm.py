@@ -157,6 +157,9 @@ MEMBERSHIP_URI_SCHEMES = {"http": "http", "etcd": "etcd"}  # cluster_uri scheme 
 # DisaggClusterConfig defaults (disagg_utils.py @ 3e53e4ad): the recipe's defaults.
 MEMBERSHIP_DEFAULTS = {"heartbeat_interval_sec": 5, "inactive_timeout_sec": 10, "minimal_instances": 1}
 MEMBERSHIP_KEY_PREFIX = "/trtllm-disagg/{cluster_name}/workers"  # get_worker_key_prefix()
+# DisaggClusterWorker.register_worker(retry_interval=5): a failed put-if-absent is retried this often, and a failed
+# heartbeat (expire) registers again (disagg_auto_scaling.py @ 00184339)
+MEMBERSHIP_REGISTER_RETRY_S = 5
 ETCD_CLIENT_PORT = 2379  # etcd's own default client port (the port of NVIDIA's examples' etcd:// URIs)
 
 # Internal ports of `trtllm-llmapi-launch` (several instances on one node). The launcher exports the address of its

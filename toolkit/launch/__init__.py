@@ -18,7 +18,7 @@ from typing import Callable
 import requests
 
 import toolkit.doctor as doctor
-from orchestrator.states import SUPERVISED_STATES, ComponentState, EventKind, Role, RunState
+from orchestrator.states import BEYOND_HEALTH_STATES, SUPERVISED_STATES, ComponentState, EventKind, Role, RunState
 from toolkit.errors import TkError
 from toolkit.launch.backends import LaunchError, backend_for
 from toolkit.launch.run import (RunRecord, all_runs, find_run, load_run, log_tail, new_run_dir, read_events,
@@ -295,7 +295,9 @@ def _probe(run: RunRecord) -> None:
             s.pid = seen["pid"] if run.backend == "local" else None  # on Slurm that PID is srun's, not the server's
         ok = answers[s.name]
         before = s.state
-        if ok:
+        if ok and seen and seen["state"] in BEYOND_HEALTH_STATES:  # /health answers, but the job sees more
+            s.state, s.reason = seen["state"], seen["reason"]
+        elif ok:
             s.state, s.reason = ComponentState.HEALTHY.value, None
         elif seen and seen["state"] in SUPERVISED_STATES:
             s.state, s.reason = seen["state"], seen["reason"]
@@ -391,8 +393,10 @@ def refresh(run: RunRecord) -> RunRecord:
         if run.state in (RunState.READY, RunState.DEGRADED):
             # Worked out afresh on every refresh, so a run that recovered is "ready" again with no stale reason.
             down = [s for s in run.servers if s.state != ComponentState.HEALTHY]
-            state = RunState.DEGRADED if down else RunState.READY
+            state = RunState.DEGRADED if down or job.unsupervised else RunState.READY
             reason = "; ".join(f"{s.name} {s.state}" + (f" ({s.reason})" if s.reason else "") for s in down) or None
+            if job.unsupervised:  # the orchestrator's own life: nothing restarts what fails from now on
+                reason = "; ".join(filter(None, [ORCHESTRATOR_GONE.format(detail=job.detail, run=run.name), reason]))
             if state != run.state:
                 run.history.append([round(time.time(), 3), state.value, reason])
             run.state, run.reason = state.value, reason
@@ -407,6 +411,10 @@ def refresh(run: RunRecord) -> RunRecord:
     except OSError:
         pass  # a read-only or copied run directory: the state shown is still current
     return run
+
+
+ORCHESTRATOR_GONE = ("the job's orchestrator is gone ({detail}): nothing supervises the servers, and a failure is "
+                     "neither restarted nor said; tk stop {run}, then launch again")
 
 
 def _endpoint_from_job(run: RunRecord) -> None:

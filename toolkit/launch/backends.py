@@ -156,7 +156,8 @@ class LocalBackend:
             return JobState("ENDED", "the local job has exited")
         if run.job_pid in left:
             return JobState("RUNNING", f"session {run.job_pid}")
-        return JobState("RUNNING", f"its batch script is gone; {len(left)} of its processes still run")
+        return JobState("RUNNING", f"its batch script is gone; {len(left)} of its processes still run",
+                        unsupervised=True)
 
     def stop(self, run: RunRecord, timeout_s: float = 30.0) -> list[str]:
         left = procs.terminate(run.job_pid, run.run_id or "", grace_s=timeout_s)

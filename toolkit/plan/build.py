@@ -84,7 +84,8 @@ def assemble(d: Derivation, warnings: tuple[str, ...]) -> Plan:
                       pending_timeout_s=r.cluster.pending_timeout_s, startup_timeout_s=r.cluster.startup_timeout_s,
                       gpu_request=r.cluster.gpu_request or ("gres" if d.engine.uses_gpus else "none"),
                       exclusive=r.cluster.exclusive,
-                      sbatch_args=tuple(r.cluster.sbatch_args), srun_args=tuple(r.cluster.srun_args))
+                      sbatch_args=tuple(r.cluster.sbatch_args), srun_args=tuple(r.cluster.srun_args),
+                      time_limit_signal=d.time_limit_signal)
     sv = r.supervision
     supervision = SupervisionPlan(policy=RestartPolicy(sv.policy), max_restarts=sv.max_restarts,
                                   backoff_initial_s=sv.backoff_initial_s, backoff_max_s=sv.backoff_max_s,

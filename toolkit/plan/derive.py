@@ -11,6 +11,9 @@ it. A rule never computes plan data; a derivation never refuses.
 from __future__ import annotations
 
 import dataclasses
+import re
+import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,6 +60,16 @@ class RoleDerivation:
 
 
 @dataclass(frozen=True)
+class SlurmSignal:
+    """One --signal of cluster.sbatch_args as Slurm reads it."""
+
+    arg: str  # as written
+    batch: bool  # B: the batch shell only (the job's orchestrator), not the job steps (the servers)
+    name: str | None  # the signal's name ("SIGUSR1"); None where Slurm names no signal so (rules.check_slurm_signal)
+    seconds: int  # sent this long before the time limit
+
+
+@dataclass(frozen=True)
 class Derivation:
     """A recipe's plan data, derived before any rule is checked."""
 
@@ -80,10 +93,16 @@ class Derivation:
     geometry: KvGeometry
     estimates: Estimates
     image: PyxisImage | None
+    slurm_signals: tuple[SlurmSignal, ...] = ()  # cluster.sbatch_args' --signal, each as Slurm reads it
 
     @property
     def recipe(self) -> Recipe:
         return self.loaded.recipe
+
+    @property
+    def time_limit_signal(self) -> str | None:
+        """The signal Slurm sends the batch shell (the job's orchestrator) before the time limit (--signal=B:SIG@T)."""
+        return next((s.name for s in self.slurm_signals if s.batch and s.name), None)
 
     @property
     def roles(self) -> tuple[RoleDerivation, RoleDerivation]:
@@ -164,7 +183,42 @@ def derive(loaded: LoadedRecipe) -> Derivation:
         node_count=1 + max(n for s in servers for n in s.nodes), membership=membership_plan(r, version, servers),
         weights_quant=q, weights_quant_note=note, memories=memories, transceiver=transceiver,
         geometry=geometry, estimates=estimates,
-        image=pyxis_image(r.cluster.container_image) if r.cluster.container_image else None)
+        image=pyxis_image(r.cluster.container_image) if r.cluster.container_image else None,
+        slurm_signals=slurm_signals(r.cluster.sbatch_args))
+
+
+# Slurm's --signal=[{R|B}:]SIG[@TIME] (sbatch(1), Slurm 22.05.8 on Debian 12: "When a job is within sig_time
+# seconds of its end time, send it the signal sig_num ... Use the "B:" option to signal only the batch shell, none of
+# the other processes will be signaled. By default all job steps will be signaled, but not the batch shell itself.";
+# sig_num a number or a name, "10" or "USR1"; sig_time 0..65535, 60 when omitted).
+_SLURM_SIGNAL = re.compile(r"(?:(?P<flags>[RBrb]+):)?(?P<sig>[A-Za-z0-9+]+)(?:@(?P<time>[0-9]+))?")
+
+
+def slurm_signals(args: Sequence[str]) -> tuple[SlurmSignal, ...]:
+    """Each --signal of sbatch arguments, as Slurm reads it."""
+    out = []
+    items = list(args)
+    for i, arg in enumerate(items):
+        name, eq, value = arg.partition("=")
+        if len(name) < 5 or not "--signal".startswith(name):  # getopt takes an unambiguous prefix (--sig)
+            continue
+        if not eq:
+            value = items[i + 1] if i + 1 < len(items) else ""
+        m = _SLURM_SIGNAL.fullmatch(value.strip())
+        if not m:
+            out.append(SlurmSignal(arg, False, None, 60))
+            continue
+        sig = m["sig"].upper()
+        if sig.isdigit():
+            try:
+                sig = signal.Signals(int(sig)).name
+            except ValueError:
+                sig = ""
+        else:
+            sig = sig if sig.startswith("SIG") else f"SIG{sig}"
+            sig = sig if sig in signal.Signals.__members__ else ""
+        out.append(SlurmSignal(arg, "B" in (m["flags"] or "").upper(), sig or None, int(m["time"] or 60)))
+    return tuple(out)
 
 
 def model_config_dirs(r: Recipe) -> tuple[tuple[str, str], ...]:

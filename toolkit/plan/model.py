@@ -311,6 +311,9 @@ class SlurmPlan:
     # `srun --mpi=` of every server step (cluster.mpi, else the engine's default: pmix for TensorRT-LLM's MPI
     # ranks); None: no --mpi (an engine that starts one process per server)
     mpi: str | None = None
+    # the signal cluster.sbatch_args asks Slurm to send the batch shell before the time limit (--signal=B:SIG@T,
+    # "SIGUSR1"): the job's orchestrator ends the deployment cleanly on it and says why (job.json time_limit_signal)
+    time_limit_signal: str | None = None
 
     @property
     def gpu_directives(self) -> tuple[str, ...]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import signal
 from typing import Any, Callable
 
 from toolkit.errors import Violation
@@ -219,6 +220,34 @@ SRUN_OWNED = {
     "gpus-per-node": "cluster.gpu_request", "exclusive": "cluster.exclusive", "chdir": "tk",
     "export": "tk (each server's environment comes from its env file)",
 }
+
+
+def check_slurm_signal(d, c: Collector) -> None:
+    """The job's orchestrator ends the deployment cleanly on every signal whose default ends a process
+    (orchestrator/job.py ENDING_SIGNALS): --signal=B:SIG@T is a clean end T seconds before the time limit. Without
+    B:, Slurm signals every job step instead (the servers) and not the batch shell: a warning, as what a server does
+    with the signal is the engine's business. The signals are derive.slurm_signals' reading of cluster.sbatch_args."""
+    from orchestrator.job import ENDING_SIGNALS
+
+    for s in d.slurm_signals:
+        arg, sig, seconds = s.arg, s.name, s.seconds
+        if sig is None:
+            c.warnings.append(f"cluster.sbatch_args {arg}: not a signal Slurm's --signal=[{{R|B}}:]SIG[@TIME] names; "
+                              "sbatch refuses it")
+        elif not s.batch:
+            c.warnings.append(
+                f"cluster.sbatch_args {arg}: Slurm sends {sig} to every job step, the servers, and not to the batch "
+                f"shell; a server that does not handle {sig} ends, and supervision restarts it. Write "
+                f"--signal=B:{sig[3:]}@{seconds} to have the job's orchestrator end the deployment cleanly "
+                f"{seconds} s before the time limit")
+        elif int(getattr(signal, sig)) not in ENDING_SIGNALS:
+            c.warnings.append(
+                f"cluster.sbatch_args {arg}: the job's orchestrator does not end on {sig} "
+                + ("(it cannot be handled)" if sig in ("SIGKILL", "SIGSTOP", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE")
+                   else "(SIGUSR2 prints every thread's stack into the job's output)" if sig == "SIGUSR2"
+                   else "(ignored: a write error, not an end)" if sig in ("SIGPIPE", "SIGXFSZ")
+                   else "(it stops or continues a process)")
+                + f"; use --signal=B:USR1@{seconds} (or TERM) to end the deployment cleanly before the time limit")
 
 
 def check_slurm_args(d, c: Collector) -> None:
@@ -1012,6 +1041,6 @@ RULES: tuple[Callable[[Any, Collector], None], ...] = (
     check_version_features, check_speculative, check_proxy, check_parallelism, check_emulation, check_buffer,
     check_role_inputs, check_load_balancer, check_unverified_options, check_transceiver, check_transceiver_runtimes,
     check_transfer_buffer, check_role_options, check_agreement,
-    check_memory, check_packing, check_placement, check_internal_ports, check_slurm_args, check_supervision,
-    check_membership, check_envs, check_kv_events, warn_unused,
+    check_memory, check_packing, check_placement, check_internal_ports, check_slurm_signal, check_slurm_args,
+    check_supervision, check_membership, check_envs, check_kv_events, warn_unused,
 )

@@ -97,6 +97,9 @@ def job_spec(plan: Plan) -> JobSpec:
             storage=membership.storage, cluster_uri=membership.cluster_uri,
             worker_key_prefix=membership.worker_key_prefix,
             workers={s.name: f"<node{s.first_node}>:{s.port}" for s in plan.servers},
-            tls_dir=membership.etcd.tls_dir if membership.etcd is not None else None),
+            tls_dir=membership.etcd.tls_dir if membership.etcd is not None else None,
+            # a worker whose key lapsed registers again at its next heartbeat, retrying every 5 s
+            rejoin_s=float(membership.heartbeat_interval_s + trtllm.MEMBERSHIP_REGISTER_RETRY_S)),
         disagg_config="disagg.yaml" if plan.proxy is not None else None,
+        time_limit_signal=plan.slurm.time_limit_signal,
         toolkit_version=plan.toolkit_version, trtllm_version=plan.trtllm_version)

@@ -25,6 +25,9 @@ class SlurmError(TkError):
 class JobState:
     phase: str  # PENDING | RUNNING | ENDED
     detail: str = ""
+    # RUNNING, but the job's orchestrator (its batch script) is gone while processes it started run: nothing
+    # supervises them (locally; on Slurm the batch script's end ends the job and every step)
+    unsupervised: bool = False
 
 
 def run_slurm_command(cmd: list[str], timeout: float = COMMAND_TIMEOUT_S, check: bool = True,
