@@ -62,7 +62,8 @@ def test_hash_ids_are_a_list_of_integers_or_a_message_naming_them(tmp_path, hash
 
 @pytest.mark.parametrize("field,value", [("session_id", 7), ("session_id", ["a"]), ("session_id", "x" * 5000),
                                          ("delay", math.nan), ("delay", -1), ("timestamp", math.inf),
-                                         ("timestamp", "soon"), ("input_length", 1.5), ("output_length", True)],
+                                         ("timestamp", "soon"), ("input_length", 1.5), ("output_length", True),
+                                         ("delay", HUGE), ("timestamp", HUGE), ("input_length", HUGE)],
                          ids=lambda v: str(v)[:20])
 def test_every_field_aiperf_reads_is_checked(tmp_path, field, value):
     doc = {"session_id": "a", "input_length": 10, "output_length": 4, field: value}
@@ -211,7 +212,7 @@ def _report(tmp_path: Path, matrix=None, pairs=None) -> Path:
     return d
 
 
-@pytest.mark.parametrize("value", [math.nan, math.inf, -3.0, 1e300, True, "12"], ids=repr)
+@pytest.mark.parametrize("value", [math.nan, math.inf, -3.0, 1e300, True, "12", HUGE], ids=lambda v: repr(v)[:20])
 def test_a_measured_bandwidth_that_is_not_one_is_refused_naming_the_file_and_field(tmp_path, value):
     from toolkit.size.transfer import MeasuredError, measured
 

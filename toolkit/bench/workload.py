@@ -246,7 +246,8 @@ def _trace_entry(doc, where: str) -> dict:
         return isinstance(v, int) and not isinstance(v, bool)
 
     def is_ms(v) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 2**53
+        # an int is compared as it is: math.isfinite(10**400) raises OverflowError
+        return (is_int(v) or isinstance(v, float) and math.isfinite(v)) and 0 <= v <= 2**53
 
     if not isinstance(doc, dict):
         raise BenchInputError(f"{where}: expected an object with session_id, input_length, output_length")
