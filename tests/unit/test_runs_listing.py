@@ -65,6 +65,15 @@ def test_validation_runs_are_listed_by_tk_runs_beside_launched_ones(runs_env, ca
     assert doc["validations"][0]["report"].endswith("val-pass/report.json")
 
 
+@pytest.mark.parametrize("pid", [0, -1, -os.getpgrp(), 2**70, "12abc"], ids=str)
+def test_a_claim_naming_no_single_process_is_not_a_validation_in_progress(runs_env, pid):
+    """The claim file's pid is asked with kill(pid, 0); 0 and negative numbers ask a whole process group (-1: every
+    process root may signal), which always answers: a hand-edited or foreign claim made the run "validating" for
+    ever (review of issue 31)."""
+    _validation("val-odd", None, 1000.0, pid=pid)
+    assert {v.name: v.state for v in api.validation_runs()} == {"val-odd": "incomplete"}
+
+
 @pytest.fixture
 def fake_jobs(monkeypatch):
     """Every local job "runs" unless its run is named in `ended`; stops are recorded, not done."""
