@@ -799,7 +799,9 @@ def main(argv=None) -> int:
             _emit_json({"ok": False, "errors": [v.to_dict() for v in exc.violations]})
         return exc.exit_code
     except TkError as exc:
-        _say(f"error: {exc}")
+        from toolkit.text import escape_lines
+
+        _say(f"error: {escape_lines(str(exc))}")  # run names, paths and values in it come from files and users
         if as_json:
             _emit_json({"ok": False, "errors": [{"message": str(exc)}]})
         return exc.exit_code

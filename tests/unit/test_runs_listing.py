@@ -123,3 +123,22 @@ def test_stop_without_a_run_and_none_active_stops_the_last_one_as_before(runs_en
     _launched("first", "stopped", 1000.0)
     _launched("second", "failed", 2000.0)
     assert main(["stop"]) == 0 and stopped == ["second"]
+
+
+def test_run_names_in_an_error_are_inert(runs_env, fake_jobs, capsys):
+    """A run's name is run.json's text: `tk stop` listing the active runs (and a name that matches several runs)
+    must not hand an OSC, a colour or a bidirectional override to the terminal (review of issue 31; tk runs and tk
+    status escape theirs)."""
+    hostile = ("x-evil\x1b]0;PWNED\x07", "x-red\x1b[31m\u202e")
+    for i, name in enumerate(hostile):
+        record = _launched(f"r{i}", "ready", 1000.0 + i)
+        doc = json.loads((record.path / "run.json").read_text())
+        doc["name"] = name
+        (record.path / "run.json").write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["stop"]) == 1
+    assert main(["status", "x-"]) == 1  # "matches several runs"
+    err = capsys.readouterr().err
+    assert "runs are active: x-evil\\x1b]0;PWNED\\x07, x-red\\x1b[31m\\u202e" in err
+    assert "matches several runs: x-evil\\x1b]0;PWNED\\x07, x-red" in err
+    assert not any(ch in err for ch in "\x1b\x07\u202e"), err
