@@ -15,6 +15,8 @@ import asyncio
 import base64
 import logging
 
+import pytest
+
 from orchestrator.membership import prefix_end
 from toolkit.standin import cluster as C
 
@@ -117,6 +119,39 @@ def test_the_proxys_membership_poll_is_started_again_after_a_failure_and_says_so
     assert manager.counts == (0, 1)  # the poll ran again after its failure, and found the worker
     assert 'background-failed {"task": "membership-poll", "component": "proxy", "cause": "RuntimeError: a bug"' in \
         caplog.text
+
+
+class _Router:
+    def __init__(self):
+        self.servers = set()
+
+    def add_server(self, url):
+        self.servers.add(url)
+
+    def remove_server(self, url):
+        self.servers.discard(url)
+
+
+@pytest.mark.parametrize("value", [
+    '{"worker_id": "z", "host": "127.0.0.1", "port": 1e400, "role": 1}',  # int(inf): OverflowError
+    '{"worker_id": "z", "host": "127.0.0.1", "port": NaN, "role": 1}',  # int(nan): ValueError
+    '{"worker_id": "z", "host": "127.0.0.1", "port": 9, "role": 1e400}',
+    '[1, 2]', 'not json', '{"worker_id": "z"}', '{"worker_id": "z", "host": "h", "port": 9, "role": 7}',
+], ids=["port-inf", "port-nan", "role-inf", "list", "text", "no-host", "role-7"])
+def test_one_odd_worker_value_is_skipped_and_the_poll_goes_on_following_the_storage(caplog, value):
+    """TensorRT-LLM's DisaggClusterManager._parse_worker_info catches every exception of a set event, logs "Failed to
+    parse set event" and goes on (tensorrt_llm/serve/disagg_auto_scaling.py at NVIDIA/TensorRT-LLM@00184339). The
+    stand-in caught three kinds: a value whose port is 1e400 ended every pass of the poll with OverflowError, so the
+    proxy stopped following the storage (a worker deregistered stayed routed) for as long as that key stayed (review
+    of issue 31: etcdctl put under the worker prefix on a live run)."""
+    cfg = C.ClusterConfig(cluster_uri="etcd://127.0.0.1:1", cluster_name="c")
+    good = cfg.key_prefix + "/GENERATION-h:9-1-1-001"
+    manager = C.ClusterManager(cfg, _Router(), _Router())
+    with caplog.at_level(logging.ERROR, logger="toolkit.standin"):
+        manager.on_event("SET", cfg.key_prefix + "/ODD", value)
+        manager.on_event("SET", good, '{"worker_id": "w", "host": "h", "port": 9, "role": 1}')
+    assert manager.counts == (0, 1) and list(manager.workers) == [good]
+    assert "Failed to parse set event" in caplog.text
 
 
 def test_a_worker_whose_registration_task_fails_is_failed_by_its_owner(caplog, monkeypatch):

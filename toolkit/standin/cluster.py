@@ -513,8 +513,8 @@ class ClusterManager:
                 w = {"worker_id": str(w["worker_id"]), "host": str(w["host"]), "port": int(w["port"]),
                      "role": int(w["role"])}
                 router = self.routers[w["role"]]
-            except (ValueError, KeyError, TypeError) as exc:
-                log.error("Failed to parse set event: %s: %s, error: %s", key, value, exc)
+            except Exception as exc:  # noqa: BLE001 - as TensorRT-LLM's _parse_worker_info: any odd value is one log line
+                log.error("Failed to parse set event: %s: %.200s, error: %s", key, value, exc)
                 return
             self.workers[key] = w
             router.add_server(f"http://{w['host']}:{w['port']}")
