@@ -45,7 +45,7 @@ def test_a_key_is_never_put_without_its_lease_when_etcd_grants_none(caplog):
     assert [path for path, _ in etcd.calls] == ["/v3/lease/grant"]  # nothing was put
     assert "Error setting key /trtllm-disagg/c/workers/GENERATION-h:1-1-1-001: etcd granted no lease of 10s" in \
         caplog.text
-    for odd in ({"ID": "0"}, {"ID": "x"}, {"error": "too many requests"}):
+    for odd in ({"ID": "0"}, {"ID": "x"}, {"error": "too many requests"}, {"ID": float("inf")}, {"ID": float("nan")}):
         etcd = FakeEtcd({"/v3/lease/grant": odd, "/v3/kv/txn": {"succeeded": True}})
         assert asyncio.run(etcd.set("k", "v", ttl=10)) is False and len(etcd.calls) == 1
 
@@ -59,6 +59,10 @@ def test_a_granted_lease_is_put_with_the_key_and_kept_for_the_heartbeat():
     assert asyncio.run(etcd.expire("k", 10)) is True
     etcd.answers["/v3/lease/keepalive"] = {"result": ["not", "etcd's"]}
     assert asyncio.run(etcd.expire("k", 10)) is False  # an odd answer is a failed keep-alive, not an exception
+    for ttl in (float("inf"), float("nan")):  # int(inf) is an OverflowError
+        etcd.leases["k"] = 7587
+        etcd.answers["/v3/lease/keepalive"] = {"result": {"ID": "7587", "TTL": ttl}}
+        assert asyncio.run(etcd.expire("k", 10)) is False
 
 
 def test_a_range_with_entries_not_shaped_as_etcds_skips_them_and_keeps_the_rest(caplog):

@@ -344,7 +344,7 @@ class EtcdClient:
             doc = await self._post("/v3/lease/grant", {"TTL": int(ttl)})
             try:
                 lease = int((doc or {})["ID"])
-            except (KeyError, TypeError, ValueError):
+            except (KeyError, TypeError, ValueError, OverflowError):  # int(inf) is an OverflowError
                 raise LeaseError(f"etcd granted no lease of {int(ttl)}s (answer: {str(doc)[:200]})") from None
             if lease <= 0:
                 raise LeaseError(f"etcd answered lease {lease}, not a lease")
@@ -373,7 +373,7 @@ class EtcdClient:
         doc = await self._post("/v3/lease/keepalive", {"ID": str(self.leases[key])})
         try:
             ttl_left = int((doc or {}).get("result", {}).get("TTL", 0))
-        except (AttributeError, TypeError, ValueError):
+        except (AttributeError, TypeError, ValueError, OverflowError):
             ttl_left = 0  # not etcd's answer: the keep-alive is not known to have worked
         if ttl_left <= 0:  # the lease expired: its key is gone
             self.leases.pop(key, None)
