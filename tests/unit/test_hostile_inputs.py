@@ -84,8 +84,12 @@ def test_a_trace_that_is_a_fifo_is_a_message(tmp_path):
 
     fifo = tmp_path / "t.jsonl"
     os.mkfifo(fifo)
-    with pytest.raises(BenchInputError, match="t.jsonl"):
+    with pytest.raises(BenchInputError, match="t.jsonl: a FIFO, not a regular file"):
         build_workload("multi-turn", trace=str(fifo))
+    with pytest.raises(BenchInputError, match=f"{tmp_path}: a directory, not a regular file"):
+        build_workload("multi-turn", trace=str(tmp_path))
+    with pytest.raises(BenchInputError, match="nope.jsonl: no such file"):  # "no such file" only where there is none
+        build_workload("multi-turn", trace=str(tmp_path / "nope.jsonl"))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

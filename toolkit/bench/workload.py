@@ -223,7 +223,9 @@ def trace_path(name_or_file: str) -> str:
         return str(Path(__file__).with_name("traces") / f"{name_or_file}.jsonl")
     p = Path(name_or_file)
     if not p.is_file():
-        raise BenchInputError(f"--trace {name_or_file}: no such file (a mooncake_trace JSONL file, or one of the "
+        what = ("no such file" if not p.exists() else "a directory, not a regular file" if p.is_dir()
+                else "a FIFO, not a regular file" if p.is_fifo() else "not a regular file")
+        raise BenchInputError(f"--trace {name_or_file}: {what} (a mooncake_trace JSONL file, or one of the "
                               f"shipped traces: {', '.join(TRACES)})")
     return str(p.resolve())
 
