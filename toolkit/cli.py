@@ -233,6 +233,10 @@ def size(model, system, gpus, isl, osl, ttft, tpot, transport, measured, measure
         raise click.UsageError("--transport and --measured exclude each other")
     if answer_len and not turns:  # before the search, so nothing is written
         raise click.UsageError("--answer-len describes a multi-turn shape: add --turns N")
+    if output:  # an -o that cannot be written is refused before the search, not after it
+        from toolkit.size.recipe import check_output
+
+        check_output(output)
     result = api.size(model, system, gpus, isl, osl, ttft, tpot, transport=transport, measured=measured,
                       measured_pick=measured_pick, gpus_per_node=gpus_per_node, name=name, output=output)
     from toolkit.size.report import print_size
