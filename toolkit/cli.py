@@ -233,6 +233,10 @@ def size(model, system, gpus, isl, osl, ttft, tpot, transport, measured, measure
         raise click.UsageError("--transport and --measured exclude each other")
     if answer_len and not turns:  # before the search, so nothing is written
         raise click.UsageError("--answer-len describes a multi-turn shape: add --turns N")
+    if output:  # an -o that cannot be written is refused before the search, not after it
+        from toolkit.size.recipe import check_output
+
+        check_output(output)
     result = api.size(model, system, gpus, isl, osl, ttft, tpot, transport=transport, measured=measured,
                       measured_pick=measured_pick, gpus_per_node=gpus_per_node, name=name, output=output)
     from toolkit.size.report import print_size
@@ -799,7 +803,9 @@ def main(argv=None) -> int:
             _emit_json({"ok": False, "errors": [v.to_dict() for v in exc.violations]})
         return exc.exit_code
     except TkError as exc:
-        _say(f"error: {exc}")
+        from toolkit.text import escape_lines
+
+        _say(f"error: {escape_lines(str(exc))}")  # run names, paths and values in it come from files and users
         if as_json:
             _emit_json({"ok": False, "errors": [{"message": str(exc)}]})
         return exc.exit_code

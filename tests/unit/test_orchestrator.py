@@ -503,6 +503,7 @@ ODD_ANSWERS = [  # (what urlopen does, whether no answer at all came back)
     pytest.param(lambda: Answer(b'{"kvs": {"key": 1}}'), True, id="kvs-an-object"),
     pytest.param(lambda: Answer(b'{"kvs": [{"key": "%%%"}, 3, null]}'), False, id="kvs-entries-malformed"),
     pytest.param(lambda: Answer(b'{"deleted": [1]}'), False, id="deleted-not-a-number"),
+    pytest.param(lambda: Answer(b'{"deleted": 1e400}'), False, id="deleted-infinite"),  # int(inf): OverflowError
 ]
 
 

@@ -223,7 +223,9 @@ def trace_path(name_or_file: str) -> str:
         return str(Path(__file__).with_name("traces") / f"{name_or_file}.jsonl")
     p = Path(name_or_file)
     if not p.is_file():
-        raise BenchInputError(f"--trace {name_or_file}: no such file (a mooncake_trace JSONL file, or one of the "
+        what = ("no such file" if not p.exists() else "a directory, not a regular file" if p.is_dir()
+                else "a FIFO, not a regular file" if p.is_fifo() else "not a regular file")
+        raise BenchInputError(f"--trace {name_or_file}: {what} (a mooncake_trace JSONL file, or one of the "
                               f"shipped traces: {', '.join(TRACES)})")
     return str(p.resolve())
 
@@ -246,7 +248,8 @@ def _trace_entry(doc, where: str) -> dict:
         return isinstance(v, int) and not isinstance(v, bool)
 
     def is_ms(v) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 2**53
+        # an int is compared as it is: math.isfinite(10**400) raises OverflowError
+        return (is_int(v) or isinstance(v, float) and math.isfinite(v)) and 0 <= v <= 2**53
 
     if not isinstance(doc, dict):
         raise BenchInputError(f"{where}: expected an object with session_id, input_length, output_length")

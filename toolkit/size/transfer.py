@@ -108,7 +108,7 @@ def measured(run_dir: str | Path, pick: str = "slowest", direction: str = "forwa
         failed); anything else is not what tk writes there."""
         if v is None or v == 0 and not isinstance(v, bool):
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= MAX_GBPS:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= MAX_GBPS or not math.isfinite(v):
             raise MeasuredError(f"{report_file}: {field}: {repr(v)[:40]} is not a measured bandwidth (a finite GB/s "
                                 f"above 0 and at most {MAX_GBPS:g}); not a report tk wrote: validate again")
         return float(v)
