@@ -85,6 +85,8 @@ def fake_release(tmp_path_factory):
     sources["proxy"].append({"lines": ["1.9"], "kind": "disagg_utils", "path": "tensorrt_llm/llmapi/disagg_utils.py",
                              "commit": FAKE_PROXY, "routers_from": {"path": "tensorrt_llm/serve/router.py",
                                                                     "commit": FAKE_PROXY}})
+    # a release of the line published after its row was written: listed with its commit, no other edit
+    sources["releases"].append({"release": "1.9.0rc2", "commit": FAKE, "published": "2026-12-24"})
     sources["lines"].append({"line": "1.9", "base": "1.4", "release": "1.9.0rc1", "releases": ["1.9.0rc0", "1.9.0rc1"],
                              "notes": ["a fake line"]})
     (tmp / "sources.yaml").write_text(yaml.safe_dump(sources))
@@ -104,7 +106,8 @@ def _plan(*overrides):
 
 
 def test_the_new_line_is_supported_with_its_row(fake_release):
-    assert "1.9" in versions.supported() and versions.get("1.9.0rc1").releases == ("1.9.0rc0", "1.9.0rc1")
+    assert "1.9" in versions.supported() and versions.get("1.9.0rc1").releases == ("1.9.0rc0", "1.9.0rc2")
+    assert versions.unknown_release("1.9.0rc2") is None and "1.9.0rc0 .. 1.9.0rc2" in versions.unknown_release("1.9.0rc3")
     assert versions.latest() == "1.2"  # a pre-release line never becomes the default
 
 

@@ -178,7 +178,8 @@ def test_a_release_tk_does_not_know_was_published_is_a_warning_naming_the_known_
     assert plan.trtllm_version == line
 
 
-@pytest.mark.parametrize("version", ["1.2", "1.2.0", "1.2.0rc6.post1", "1.0.0rc0", "1.1.0", "1.3.0rc24"])
+@pytest.mark.parametrize("version", ["1.2", "1.2.0", "1.2.0rc6.post1", "1.0.0rc0", "1.1.0", "1.3.0rc24",
+                                     "1.2.1"])  # 1.2.1: on PyPI (pip index versions tensorrt-llm), a stub sdist
 def test_a_known_release_or_a_line_alone_is_not_warned(version):
     text = RECIPE.format(image=f"{IMG}:{version}") if version != "1.2" else RECIPE.format(image=f"{IMG}:1.2.0")
     plan = build_plan(load_recipe_text(text + f'trtllm_version: "{version}"\n', "r.yaml"))
