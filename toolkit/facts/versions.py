@@ -94,6 +94,7 @@ class TrtllmVersion:
     serve_config_flag: bool  # trtllm-serve takes --config for --extra_llm_api_options
     proxy_metadata_flag: bool  # trtllm-serve disaggregated takes -m
     notes: tuple[str, ...] = field(default_factory=tuple)
+    changes: tuple[str, ...] = ()  # what a deployment of this line does differently from the line before's
 
 
 def _rows() -> dict[str, dict]:
@@ -128,7 +129,7 @@ def _build(line: str) -> TrtllmVersion:
         nixl_transports=tuple(row["nixl_transports"]), cluster_storages=tuple(row["cluster_storages"]),
         mtp_kv_layers=row["mtp_kv_layers"], internal_port_envs=tuple(row["internal_port_envs"]),
         serve_config_flag=row["serve_config_flag"], proxy_metadata_flag=row["proxy_metadata_flag"],
-        notes=tuple(row["notes"]))
+        notes=tuple(row["notes"]), changes=tuple(row["changes"]))
 
 
 def _refused(st) -> bool:
