@@ -114,3 +114,33 @@ def test_no_copy_of_a_vocabulary_remains():
                 if len([t for t in texts if t in vocabulary]) >= 2 and (rel, names.get(node.lineno)) not in NOT_COPIES:
                     copies.append(f"{rel}:{node.lineno} restates {name}: {texts}")
     assert not copies, "\n".join(copies)
+
+
+# An attribute or key holding a word of a vocabulary: the vocabulary it holds.
+HOLDS = {"role": Role, "transport": Transport, "stage": Stage, "policy": RestartPolicy, "router": Router,
+         "context_router": Router, "generation_router": Router}
+
+
+def test_no_word_of_a_vocabulary_is_compared_as_text():
+    """`x.role == "etcd"`, `c.stage == "reuse"`, `transport == "tcp"`, `counts["ctx"]`: a vocabulary's word written as
+    text where its Enum member belongs (a renamed word would leave the comparison silently false)."""
+    copies = []
+    for path in sorted([*ROOT.glob("toolkit/**/*.py"), *ROOT.glob("orchestrator/*.py")]):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("toolkit/standin/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                held = [HOLDS[s.attr] for s in sides if isinstance(s, ast.Attribute) and s.attr in HOLDS]
+                held += [HOLDS[s.id] for s in sides if isinstance(s, ast.Name) and s.id in HOLDS]
+                texts = [c.value for s in sides for c in ([s] if isinstance(s, ast.Constant) else
+                                                          getattr(s, "elts", ())) if isinstance(c, ast.Constant)]
+                for vocabulary in held:
+                    words = [t for t in texts if t in {w.value for w in vocabulary}]
+                    if words:
+                        copies.append(f"{rel}:{node.lineno} compares {vocabulary.__name__} with {words}")
+            elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and \
+                    node.slice.value in {Role.CTX.value, Role.GEN.value, Role.AGG.value}:
+                copies.append(f"{rel}:{node.lineno} indexes by the Role word {node.slice.value!r}")
+    assert not copies, "\n".join(copies)
