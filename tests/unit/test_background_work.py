@@ -13,6 +13,7 @@ import ast
 import asyncio
 import json
 import logging
+from tests.unit.helpers import parsed
 from pathlib import Path
 
 import pytest
@@ -74,7 +75,7 @@ def test_every_thread_and_task_starts_through_the_programs_one_helper():
     for where, allowed in PROGRAMS.items():
         for path in _files(where):
             rel = str(path.relative_to(ROOT))
-            for call, name, scope, awaited in _calls(ast.parse(path.read_text())):
+            for call, name, scope, awaited in _calls(parsed(path)):
                 if name in STARTERS and not _allowed(rel, scope, allowed):
                     bare.append(f"{rel}:{call.lineno} {name} in {scope or 'the module'}")
                 if name in AWAITED and not awaited and not _allowed(rel, scope, allowed):
@@ -95,7 +96,7 @@ def test_a_broad_except_says_what_it_caught_or_raises():
     silent = []
     for where in SPOKEN:
         for path in _files(where):
-            for node in ast.walk(ast.parse(path.read_text())):
+            for node in ast.walk(parsed(path)):
                 if not isinstance(node, ast.ExceptHandler) or not _broad(node):
                     continue
                 body = [n for stmt in node.body for n in ast.walk(stmt)]

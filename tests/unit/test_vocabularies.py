@@ -13,7 +13,7 @@ import pytest
 
 from orchestrator.spec import JobSpec, SpecError
 from orchestrator.states import ComponentKind, RestartPolicy, Role
-from tests.unit.helpers import tk_in_process
+from tests.unit.helpers import parsed, tk_in_process
 from toolkit.bench.verdict import Outcome, Stage
 from toolkit.facts.hardware import TRANSPORT_PROFILES, Transport
 from toolkit.facts import llm_args
@@ -100,7 +100,7 @@ def test_no_copy_of_a_vocabulary_remains():
         rel = path.relative_to(ROOT).as_posix()
         if rel.startswith("toolkit/standin/"):
             continue
-        tree = ast.parse(path.read_text())
+        tree = parsed(path)
         names = _assigned_to(tree)
         for node in ast.walk(tree):
             if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
@@ -129,7 +129,7 @@ def test_no_word_of_a_vocabulary_is_compared_as_text():
         rel = path.relative_to(ROOT).as_posix()
         if rel.startswith("toolkit/standin/"):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             if isinstance(node, ast.Compare):
                 sides = [node.left, *node.comparators]
                 held = [HOLDS[s.attr] for s in sides if isinstance(s, ast.Attribute) and s.attr in HOLDS]
