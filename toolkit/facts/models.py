@@ -414,7 +414,8 @@ def from_config_json(path: Path, name: str | None = None) -> ModelSpec:
     tied = cfg.get("tie_word_embeddings") is True
     name = name or os.path.normpath(path.parent)
     more = dict(architecture=arch, intermediate_size=ffn, moe_intermediate_size=moe_ffn if experts else 0,
-                vocab_size=vocab, draft_vocab_size=draft_vocab, tie_word_embeddings=tied, num_shared_experts=shared if experts else 0,
+                vocab_size=vocab, draft_vocab_size=draft_vocab, tie_word_embeddings=tied,
+                num_shared_experts=shared if experts else 0,
                 shared_expert_intermediate_size=shared_ffn if experts else 0, dense_layers=dense_layers,
                 mtp_layers=mtp, quantization=quant, quantization_note=quant_note,
                 quantization_unread=quant_unread,

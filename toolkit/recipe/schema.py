@@ -22,7 +22,6 @@ from toolkit.facts.roofline import PRECISIONS
 from toolkit.facts.trtllm import Router
 
 
-
 def _either(values: tuple[str, ...]) -> str:
     """'A', 'B' or 'C', as pydantic words a Literal's choices."""
     quoted = [repr(v) for v in values]
