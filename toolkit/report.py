@@ -31,6 +31,10 @@ def print_plan(plan: Plan) -> None:
     if plan.slurm.container_image:
         console.print(f"image {esc(plan.slurm.container_image)}" +
                       (f"  ({esc(plan.slurm.image_note)})" if plan.slurm.image_note else ""), soft_wrap=True)
+    if plan.trtllm_changes:  # what a deployment of this line does differently from the line before's
+        console.print(f"TensorRT-LLM {plan.trtllm_version} changes:")
+        for change in plan.trtllm_changes:
+            console.print(f"  - {esc(change)}")
     if plan.roles[0].llm_api_options.get("trust_remote_code"):
         console.print("trust_remote_code: true (the servers run Python code shipped with the checkpoint)")
     if plan.value_sources:

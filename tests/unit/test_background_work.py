@@ -21,6 +21,7 @@ from orchestrator import job as job_mod
 from orchestrator import membership
 from orchestrator.background import Background, BackgroundFailed
 from tests.conftest import ROOT
+from tests.unit.helpers import parsed
 from tests.unit.test_orchestrator import job_in_process  # noqa: F401  (the fixture)
 
 # Where background work is started, and the one place in each program allowed to start it.
@@ -132,7 +133,7 @@ def test_every_thread_and_task_starts_through_the_programs_one_helper():
     for where, allowed in PROGRAMS.items():
         for path in _files(where):
             rel = str(path.relative_to(ROOT))
-            bare += _bare_forms(ast.parse(path.read_text()), rel, allowed)
+            bare += _bare_forms(parsed(path), rel, allowed)
     assert bare == [], "background work started without the helper that reports its failure:\n" + "\n".join(bare)
 
 
@@ -149,7 +150,7 @@ def test_a_broad_except_says_what_it_caught_or_raises():
     silent = []
     for where in SPOKEN:
         for path in _files(where):
-            for node in ast.walk(ast.parse(path.read_text())):
+            for node in ast.walk(parsed(path)):
                 if not isinstance(node, ast.ExceptHandler) or not _broad(node):
                     continue
                 body = [n for stmt in node.body for n in ast.walk(stmt)]

@@ -28,7 +28,7 @@ from toolkit.bench import probe as probes
 from toolkit.bench.results import CellResult, ExportError, read_export
 from toolkit.bench.runner import AiperfFailed, find_aiperf, log_tail, run_aiperf
 from toolkit.bench.sla import Objective
-from toolkit.bench.verdict import Bounds, decide
+from toolkit.bench.verdict import Bounds, Stage, decide
 from toolkit.bench.workload import BenchInputError, Limits, Workload, aiperf_argv
 from toolkit.errors import TkError
 from toolkit.runtime import signals
@@ -451,7 +451,7 @@ def _measure_and_publish(target: Target, workload: Workload, *, aiperf: str, tok
     final_verdict = decide(workload, results, proof, objectives, gpus=target.gpus, bounds=bounds, answers=answers,
                            baseline_error=doc.get("baseline_error"), reference_error=doc.get("reference_error"),
                            against=against, conditional=conditional)
-    reuse_checks = [c for c in verdict.checks if c.stage == "reuse"]  # informational: they change no exit code
+    reuse_checks = [c for c in verdict.checks if c.stage == Stage.REUSE]  # informational: they change no exit code
     final_verdict.checks += reuse_checks
     bad = [c for c in reuse_checks if not c.ok and not c.skipped]
     if bad:

@@ -283,7 +283,7 @@ def _probe(run: RunRecord) -> None:
     tls_dir = run.path / SECRETS_DIR / "etcd"
 
     def healthy(s) -> bool:
-        if s.role == "etcd" and tls_dir.is_dir():  # the job's etcd opens to the run's certificate only
+        if s.role == Role.ETCD and tls_dir.is_dir():  # the job's etcd opens to the run's certificate only
             return _tls_health_ok(s.host, s.port, tls_dir)
         return _health(f"http://{s.host}:{s.port}/health")
     with ThreadPoolExecutor(max_workers=max(1, min(PROBE_WIDTH, len(targets)))) as pool:

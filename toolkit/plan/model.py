@@ -375,6 +375,9 @@ class Plan:
     # The exact TensorRT-LLM release the options were checked for ("1.3.0rc23"), where the recipe or its image says;
     # None: the line (trtllm_version), any release of it.
     target_release: str | None = None
+    # What a deployment of the target TensorRT-LLM line does differently from the line before's (its facts row's
+    # changes: a default, fields, environment), shown by tk plan.
+    trtllm_changes: tuple[str, ...] = ()
 
     @property
     def is_aggregated(self) -> bool:

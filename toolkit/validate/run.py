@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from orchestrator.states import Role
+from toolkit.facts.hardware import Transport
 from toolkit.errors import TkError
 from validation.rundir import RunDir
 from validation.schedule import partners
@@ -112,7 +113,7 @@ def _min_fraction(opts: Options, plan: Plan, results: dict) -> float:
     if opts.min_fraction is not None:
         return opts.min_fraction
     mems = {(r or {}).get("memory", {}) and r["memory"]["type"] for r in results.values() if r and r.get("memory")}
-    if plan.estimates.transport == "tcp" or mems == {"DRAM"}:
+    if plan.estimates.transport == Transport.TCP or mems == {"DRAM"}:
         return 0.0  # rehearsal profiles: host memory / TCP say nothing about the production fabric
     return 0.5
 
