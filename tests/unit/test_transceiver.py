@@ -110,7 +110,16 @@ def test_pipeline_parallelism_that_differs_moves_blocks_over_the_shared_layers()
     assert T.mapper_layout(4, 8, 8, False, 32, 32) is T.Layout.HEAD_MISMATCH
     assert T.mapper_layout(8, 16, 8, False, 32, 32) is T.Layout.PER_BLOCK  # TP 16 > 8 heads: duplicated, they match
     assert T.mapper_layout(1, 8, 1, True, 61, 61) is T.Layout.PER_BLOCK  # MLA's latent is not split by TP
-    assert T.targets_per_context_rank(1, 2, 1, 2, False) == 4 and T.targets_per_context_rank(1, 8, 1, 1, True) == 1
+    assert T.targets_per_context_rank(1, 2, 1, 2) == 4
+
+
+def test_an_mla_context_rank_sends_its_latent_to_every_generation_rank_it_feeds():
+    # MLACacheFormatter::format sends one slice per PP domain to every connection, and the connections are
+    # targetIRanks' TP domain x PP domain (cacheSplitConcat.cu): the latent is not split by TP but each generation TP
+    # rank (attention DP off) needs it whole; under generation attention DP one rank serves the request
+    assert T.targets_per_context_rank(1, 8, 1, 1) == 8
+    assert T.targets_per_context_rank(1, 1, 1, 2) == 2  # attention DP on the generation side: TP 1 per group
+    assert T.targets_per_context_rank(8, 1, 1, 1) == 1  # fewer generation ranks: one sender each
 
 
 def test_the_bounce_buffer_coalesces_what_clears_its_gate():

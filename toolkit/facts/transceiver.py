@@ -227,11 +227,13 @@ def layout_for(runtime: Runtime, mapper: Layout, bounce_size_mb: int, total_byte
     return mapper
 
 
-def targets_per_context_rank(ctx_tp: int, gen_tp: int, ctx_pp: int, gen_pp: int, mla: bool) -> int:
-    """How many generation ranks one context rank sends a request's KV to (targetIRanks): more generation TP splits
-    the heads over more ranks (MLA's latent is not split: one target), more generation PP splits the layers."""
-    tp = 1 if mla else max(1, gen_tp // max(1, ctx_tp))
-    return tp * max(1, gen_pp // max(1, ctx_pp))
+def targets_per_context_rank(ctx_tp: int, gen_tp: int, ctx_pp: int, gen_pp: int) -> int:
+    """How many generation ranks one context rank sends a request's KV to (``ctx_tp``/``gen_tp``: TP per attention
+    DP group): targetIRanks' TP domain x PP domain (TargetRanksInfoForDPImpl, cacheSplitConcat.cu @
+    1a43c7d62d008ca9d1efdfd50f9180390598d314). More generation TP splits the heads over more ranks; MLA's latent is
+    not split, but every generation TP rank needs it whole, so MLACacheFormatter::format sends it to each of them
+    (one slice per PP domain); more generation PP splits the layers."""
+    return max(1, gen_tp // max(1, ctx_tp)) * max(1, gen_pp // max(1, ctx_pp))
 
 
 # -- which transceiver runs -------------------------------------------------------------------------------------

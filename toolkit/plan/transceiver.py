@@ -82,6 +82,6 @@ def derive_transceiver(r: Recipe, target: llm_args.Target, model: ModelSpec, mer
         default_source=ctx.choice.default_source, verified=ctx.choice.verified, backend=ctx.backend, mapper=mapper,
         layout=layout, bounce_size_mb=bounce, pair=pair,
         targets_per_context_rank=T.targets_per_context_rank(attention_tp(r.context), attention_tp(r.generation),
-                                                            r.context.pp, r.generation.pp, mla),
+                                                            r.context.pp, r.generation.pp),
         longest=desc, model=T.describe(runtime, desc))
     return TransceiverDerivation(tuple(roles.values()), plan)
