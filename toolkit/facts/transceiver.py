@@ -92,9 +92,22 @@ SOURCES = {
 # of the C++ transceiver takes no request larger than the pre-allocated buffer.
 AGENT_BUFFER_CHECK = "Agent need all buffer pre-allocated"
 AGENT_BUFFER_SOURCE = SOURCES["cpp_format"]
+# Per role, the check that fails and where: the context's send buffer in format, the generation's receive buffer in
+# unformat (TLLM_CHECK_WITH_INFO(bufferCoverTargetNum == targetNum, "Agent need buffer pre-allocated")).
+AGENT_BUFFER_CHECKS = {"context": ("Agent need all buffer pre-allocated", "CacheFormatter::format"),
+                       "generation": ("Agent need buffer pre-allocated", "CacheFormatter::unformat")}
+SOURCE_CPP_FORMAT_FILE = "cpp/tensorrt_llm/batch_manager/cacheFormatter.cpp @ 00c77b3088c960b4f2da1c90b4559b6028d750c7"
 # Backends whose C++ connection is an AgentConnection (cacheTransceiver.cpp: NIXL and MOONCAKE make an
 # AgentConnectionManager; UCX and MPI have their own connections, which fall back to dynamic buffers).
 AGENT_BACKENDS = ("NIXL", "MOONCAKE")
+
+
+def agent_buffer_checks(roles) -> str:
+    """The TLLM_CHECKs that fail a request larger than these roles' ("context", "generation") buffers, cited."""
+    cited = "; ".join(f"\"{AGENT_BUFFER_CHECKS[r][0]}\" in {AGENT_BUFFER_CHECKS[r][1]}"
+                      for r in ("context", "generation") if r in roles)
+    return f"TLLM_CHECK {cited}, {SOURCE_CPP_FORMAT_FILE}"
+
 
 # The bounce path's gate: below this many bytes a transfer stays on the per-block path (native/bounce/config.py).
 BOUNCE_MIN_BYTES = 2 << 20
