@@ -192,6 +192,33 @@ def test_the_report_names_the_model_and_the_request_time_beside_the_link(tmp_pat
     assert report["pairs"][0]["request_ms"] == pytest.approx(1.8)
 
 
+def test_the_largest_request_counts_the_staged_gather_and_scatter(tmp_path):
+    """The C++ transceiver pays a gather and a scatter around every WRITE: the largest request's measured time is
+    gather + WRITE + scatter at the measured rates (the link alone beside it), and decides whether it dominates."""
+    from toolkit.validate.report import largest_request
+
+    params = build_params(load_plan("standin-2p2d", ()), Options(mode="local", iterations=3, warmup=1),
+                          str(tmp_path))  # the 1.2 line: the C++ transceiver, staged
+    results = _results(params)
+    for res in results.values():
+        for rec in res["pairs"]:
+            for e in rec["lengths"]:
+                e["staged"], e["descriptors"] = True, 1
+                e["gather_s"] = [0.0005] * 3 if res["agent"] == rec["src"] else []
+                e["scatter_s"] = [0.0003] * 3 if res["agent"] == rec["dst"] else []
+    report = _report(params, results)
+    jsonschema.validate(report, load_schema())
+    lr = report["largest_request"]
+    assert lr["measured_transfer_ms"] == pytest.approx(1.0, rel=1e-3)  # the link: 2 MiB at 2.097 GB/s
+    assert lr["measured_request_ms"] == pytest.approx(1.8, rel=1e-3)  # + gather 0.5 + scatter 0.3, same bytes
+    info = {"largest_request_tokens": 1024, "largest_request_bytes_per_rank": 4 << 20,
+            "largest_request_transfer_ms": 0.67, "largest_request_prefill_ms": 3.0}
+    lr = largest_request(info, report["pairs"])
+    assert lr["measured_transfer_ms"] == pytest.approx(2.0, rel=1e-3) and lr["measured_request_ms"] == pytest.approx(
+        3.6, rel=1e-3)
+    assert lr["transfer_dominates"] is True  # 3.6 ms of gather + WRITE + scatter against a 3 ms prefill
+
+
 def test_an_agent_that_never_reported_is_named(tmp_path):
     params = _params(tmp_path)
     results = _results(params)
