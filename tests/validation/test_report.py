@@ -340,6 +340,23 @@ def test_the_curve_advises_fewer_descriptors_where_their_count_costs_the_link():
     assert advise(python, rows, pairs, 32, False, "the agents share a host")["status"] == "withheld"
 
 
+def test_a_descriptor_count_beyond_the_curve_is_read_at_its_own_count():
+    """Llama-3.1-8B TP1 -> TP2 on the Python transceiver: 3072 descriptors as validated (16384 at full depth), past
+    the curve's 2048. Each descriptor costs its time on top of the bytes (the curve's last two points give how
+    much), so the recipe's count is slower than the 2048-descriptor point, not equal to it."""
+    from toolkit.validate.report import advise
+
+    rows = [{"descriptors": n, "gbps_median": g} for n, g in ((1, 1110.0), (1024, 9.4), (2048, 6.1))]
+    nbytes = 96 << 20
+    pairs = [{"direction": "forward", "op": "WRITE", "lengths": [
+        {"tokens": 8192, "bytes": nbytes, "descriptors": 3072, "staged": False}]}]
+    adv = advise({"runtime": "PYTHON", "label": "Python transceiver", "layout": "head-mismatch"}, rows, pairs, 32,
+                 True, "")
+    per_descriptor = (nbytes / 6.1e9 - nbytes / 9.4e9) / 1024
+    assert adv["gbps_at_recipe"] == pytest.approx(nbytes / (nbytes / 6.1e9 + 1024 * per_descriptor) / 1e9, rel=1e-3)
+    assert adv["gbps_at_recipe"] < 4.6
+
+
 def test_the_sweep_rows_carry_every_pass_per_op(tmp_path):
     params = _params(tmp_path)
     results = _results(params)

@@ -434,7 +434,9 @@ def merge_curve(params: dict, results: dict) -> tuple[list, dict, dict]:
 
 
 def _curve_at(rows: list, count: int) -> float | None:
-    """The curve's median GB/s at ``count`` descriptors, log-linear between its points (clamped at its ends)."""
+    """The curve's median GB/s at ``count`` descriptors, log-linear between its points. Below its first point, the
+    first; past its last, each further descriptor costs what one did between the last two points (the time of the
+    same bytes, 1/GB/s, grows linearly with the count there), never faster than the last point."""
     pts = [(r["descriptors"], r["gbps_median"]) for r in rows if r.get("gbps_median")]
     if not pts:
         return None
@@ -444,7 +446,12 @@ def _curve_at(rows: list, count: int) -> float | None:
         if n0 <= count <= n1:
             f = (math.log(count) - math.log(n0)) / (math.log(n1) - math.log(n0))
             return g0 + (g1 - g0) * f
-    return pts[-1][1]
+    n1, g1 = pts[-1]
+    if len(pts) < 2:
+        return g1
+    n0, g0 = pts[-2]
+    per_descriptor = max(0.0, (1 / g1 - 1 / g0) / (n1 - n0))  # what one more descriptor adds to 1/GB/s
+    return 1 / (1 / g1 + (count - n1) * per_descriptor)
 
 
 def advise(transfer: dict, rows: list, pairs: list, tpb: int, trusted: bool, why_not: str) -> dict | None:
