@@ -137,6 +137,35 @@ def test_the_bounce_buffer_coalesces_what_clears_its_gate():
     assert (t.layout, t.longest.count, t.bounce_size_mb) == (T.Layout.BOUNCE, 1, 1024)
 
 
+def test_the_bounce_buffer_takes_one_writer_per_generation_rank_only():
+    """VmmBounceTransport.reserve (native/bounce/impl.py @ 0e63c12e): "Multi-writer bounce is intentionally rejected"
+    (a generation rank fed by several context ranks stays on the per-block path): context TP2 -> generation TP1 has
+    two writers for each generation rank's heads, context PP2 -> generation PP1 two for its layers."""
+    g = T.RankPairGeometry(tokens_per_block=32, layers=32, kv_factor=2, slot_bytes_per_token=1024)
+    big = T.descriptors(T.Layout.HEAD_MISMATCH, g, 8192)
+    assert T.layout_for(T.Runtime.PYTHON, T.Layout.HEAD_MISMATCH, 1024, big.total_bytes, writers=2) \
+        is T.Layout.HEAD_MISMATCH
+    assert T.writers_per_generation_rank(2, 1, 1, 1, 8, False) == 2
+    assert T.writers_per_generation_rank(1, 2, 1, 1, 8, False) == 1
+    assert T.writers_per_generation_rank(1, 1, 2, 1, 8, False) == 2
+    assert T.writers_per_generation_rank(16, 8, 1, 1, 8, False) == 1  # duplicated heads: one of the two sends
+    assert T.writers_per_generation_rank(8, 1, 1, 1, 1, True) == 1  # MLA: one context rank sends the latent
+    p = plan_of(LLAMA8, "quantization=bfloat16", "trtllm_version=1.3.0rc27", "kv_transfer.runtime=PYTHON",
+                "kv_transfer.bounce_size_mb=1024", "context.tp=2", "traffic.max_input_len=8192")
+    t = p.kv_transfer.transceiver
+    assert (t.layout, t.writers_per_generation_rank) == (T.Layout.HEAD_MISMATCH, 2)
+    from toolkit.validate.params import Options, geometry
+
+    transfer = geometry(p, Options(mode="local", sweep=False, curve=False))[0]["transfer"]
+    assert not any(transfer["staged"]) and transfer["layout"] == T.Layout.HEAD_MISMATCH.value
+    from toolkit.validate.report import advise  # nor is the bounce buffer advised where it would not coalesce
+
+    rows = [{"descriptors": n, "gbps_median": g} for n, g in ((1, 1100.0), (256, 41.0), (2048, 6.1))]
+    pairs = [{"direction": "forward", "op": "WRITE", "lengths": [
+        {"tokens": 8192, "bytes": 96 * MIB, "descriptors": 3072, "staged": False}]}]
+    assert advise(transfer, rows, pairs, 32, True, "")["bounce_size_mb"] is None
+
+
 def test_the_transfer_time_an_emulation_takes_from_the_model():
     """Issue 32's emulated KV transfer: descriptors x per-descriptor overhead + bytes / bandwidth, plus a gather and
     a scatter (device copies) where the layout stages."""

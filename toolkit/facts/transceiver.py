@@ -37,8 +37,10 @@ tensorrt_llm/_torch/disaggregation/native/mixers/attention/peer.py @ 0b308487366
 With ``cache_transceiver_config.kv_cache_bounce_size_mb`` > 0 (PR #15618) it gathers the request into one fabric-VMM
 region and issues "a single multi-rail NIXL write" (llm_args.py @ 0004396720054fd8e205cbf616f21f0b57c6b412), then
 scatters on the receiver (native/bounce/impl.py @ 0e63c12e1ba71a73495d7aa0b5d5b4b31032d4e1, VmmBounceTransport); a
-transfer below 2 MiB (native/bounce/config.py @ 247f14e5f9f1b289ee8c611726a3529b9a9d50c4, DEFAULT_MIN_BYTES) or
-larger than the region stays on the per-block path (``Layout.BOUNCE``). PR #15780 (agent_bounce_buffer_enable, after
+transfer below 2 MiB (native/bounce/config.py @ 247f14e5f9f1b289ee8c611726a3529b9a9d50c4, DEFAULT_MIN_BYTES), larger
+than the region, or written by several context ranks ("Multi-writer bounce is intentionally rejected", reserve(); the
+earlier fan-in versions of impl.py coalesced each writer's share instead) stays on the per-block path
+(``Layout.BOUNCE``). PR #15780 (agent_bounce_buffer_enable, after
 the 1.3 snapshots tk has) does the same in the C++ NIXL agent in chunks of at most 32 MiB, for lists of >= 1024
 descriptors of <= 16 KiB on average.
 
@@ -230,14 +232,25 @@ def mapper_layout(ctx_tp: int, gen_tp: int, kv_heads: int, mla: bool, ctx_layers
     return Layout.PER_BLOCK if ctx_layers == gen_layers else Layout.HEAD_MATCH
 
 
-def layout_for(runtime: Runtime, mapper: Layout, bounce_size_mb: int, total_bytes: int) -> Layout:
+def layout_for(runtime: Runtime, mapper: Layout, bounce_size_mb: int, total_bytes: int, writers: int = 1) -> Layout:
     """The layout a transfer of ``total_bytes`` (one rank pair) takes: staged on the C++ transceiver; on the Python
-    one the mapper's lists, or one coalesced region when the bounce buffer is on and the transfer clears its gate."""
+    one the mapper's lists, or one coalesced region when the bounce buffer is on, the transfer clears its gate, and
+    one context rank writes the generation rank's share (``writers``: VmmBounceTransport.reserve rejects a
+    multi-writer plan, "Multi-writer bounce is intentionally rejected", native/bounce/impl.py @ 0e63c12e)."""
     if runtime is Runtime.CPP:
         return Layout.STAGED
-    if bounce_size_mb > 0 and BOUNCE_MIN_BYTES <= total_bytes <= bounce_size_mb << 20:
+    if bounce_size_mb > 0 and writers == 1 and BOUNCE_MIN_BYTES <= total_bytes <= bounce_size_mb << 20:
         return Layout.BOUNCE
     return mapper
+
+
+def writers_per_generation_rank(ctx_tp: int, gen_tp: int, ctx_pp: int, gen_pp: int, kv_heads: int, mla: bool) -> int:
+    """How many context ranks write one generation rank's share of a request (``ctx_tp``/``gen_tp``: TP per attention
+    DP group): more context TP splits a generation rank's KV heads over several context ranks (MLA's latent, and heads
+    duplicated over ranks, come from one of them: the others do not send, needSendCache in cacheFormatter.cpp and
+    mlaCacheFormatter.cpp); more context PP splits its layers."""
+    tp = 1 if mla else max(1, max(1, kv_heads // max(1, gen_tp)) // max(1, kv_heads // max(1, ctx_tp)))
+    return tp * max(1, ctx_pp // max(1, gen_pp))
 
 
 def targets_per_context_rank(ctx_tp: int, gen_tp: int, ctx_pp: int, gen_pp: int) -> int:

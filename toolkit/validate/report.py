@@ -491,7 +491,9 @@ def advise(transfer: dict, rows: list, pairs: list, tpb: int, trusted: bool, why
             pick = cand
             break
     bounce = None
-    if transfer.get("runtime") == "PYTHON":  # the bounce buffer holds the whole request of one rank pair
+    # the bounce buffer holds the whole request of one rank pair, written by one context rank (a generation rank fed
+    # by several stays on the lists: toolkit/facts/transceiver.py layout_for)
+    if transfer.get("runtime") == "PYTHON" and int(transfer.get("writers") or 1) == 1:
         full = int(transfer.get("plan_pair_bytes") or longest["bytes"])
         bounce = max(1, -(-full // (1 << 20)))
     options = []
