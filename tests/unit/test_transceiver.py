@@ -137,6 +137,14 @@ def test_the_bounce_buffer_coalesces_what_clears_its_gate():
     assert (t.layout, t.longest.count, t.bounce_size_mb) == (T.Layout.BOUNCE, 1, 1024)
 
 
+def test_the_bounce_region_is_its_size_rounded_up_to_whole_chunks():
+    # FixedSizing.resolve (native/bounce/config.py @ 247f14e5): max(round_up(capacity_mb MiB, chunk), chunk) with
+    # Config.chunk_mb 32: a 500 MiB setting holds a 510 MiB request, a 1 MiB one a 20 MiB request
+    assert T.layout_for(T.Runtime.PYTHON, T.Layout.HEAD_MISMATCH, 500, 510 * MIB) is T.Layout.BOUNCE
+    assert T.layout_for(T.Runtime.PYTHON, T.Layout.HEAD_MISMATCH, 1, 20 * MIB) is T.Layout.BOUNCE
+    assert T.layout_for(T.Runtime.PYTHON, T.Layout.HEAD_MISMATCH, 500, 513 * MIB) is T.Layout.HEAD_MISMATCH
+
+
 def test_the_bounce_buffer_takes_one_writer_per_generation_rank_only():
     """VmmBounceTransport.reserve (native/bounce/impl.py @ 0e63c12e): "Multi-writer bounce is intentionally rejected"
     (a generation rank fed by several context ranks stays on the per-block path): context TP2 -> generation TP1 has

@@ -113,6 +113,17 @@ def agent_buffer_checks(roles) -> str:
 
 # The bounce path's gate: below this many bytes a transfer stays on the per-block path (native/bounce/config.py).
 BOUNCE_MIN_BYTES = 2 << 20
+# Its region: kv_cache_bounce_size_mb rounded up to whole physical chunks of Config.chunk_mb (32 MiB), at least one
+# (FixedSizing.resolve, native/bounce/config.py @ 247f14e5f9f1b289ee8c611726a3529b9a9d50c4); at setup it is also
+# clamped to half the GPU memory left free, which only the server knows.
+BOUNCE_CHUNK_BYTES = 32 << 20
+
+
+def bounce_region_bytes(bounce_size_mb: int) -> int:
+    """What a kv_cache_bounce_size_mb setting reserves per direction, before the free-memory clamp (0: off)."""
+    if bounce_size_mb <= 0:
+        return 0
+    return max(BOUNCE_CHUNK_BYTES, -(-(bounce_size_mb << 20) // BOUNCE_CHUNK_BYTES) * BOUNCE_CHUNK_BYTES)
 # PR #15780's C++ agent bounce: chunks of at most this many bytes, for lists of at least BOUNCE_AGENT_MIN_DESCRIPTORS
 # descriptors of at most BOUNCE_AGENT_MAX_AVERAGE_BYTES on average (agent_bounce_params defaults in the PR).
 BOUNCE_AGENT_CHUNK_BYTES = 32 << 20
@@ -239,7 +250,7 @@ def layout_for(runtime: Runtime, mapper: Layout, bounce_size_mb: int, total_byte
     multi-writer plan, "Multi-writer bounce is intentionally rejected", native/bounce/impl.py @ 0e63c12e)."""
     if runtime is Runtime.CPP:
         return Layout.STAGED
-    if bounce_size_mb > 0 and writers == 1 and BOUNCE_MIN_BYTES <= total_bytes <= bounce_size_mb << 20:
+    if bounce_size_mb > 0 and writers == 1 and BOUNCE_MIN_BYTES <= total_bytes <= bounce_region_bytes(bounce_size_mb):
         return Layout.BOUNCE
     return mapper
 
