@@ -12,7 +12,7 @@ from importlib.machinery import SourceFileLoader
 
 from tests.conftest import ROOT
 
-DEVICE_COMMAND_LIMIT_S = 600  # /work/.library/device/README.md: one command's run
+DEVICE_COMMAND_LIMIT_S = 600  # the device tool stops one command at 10 minutes (docs/validate.md, "On a GPU")
 
 
 def _load(path, name):
