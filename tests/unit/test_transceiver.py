@@ -199,3 +199,16 @@ def test_tk_plan_shows_the_transceiver_and_its_json_carries_it():
     assert (t["runtime"], t["layout"], t["longest"]["count"]) == ("CPP", "staged-per-rank-pair", 1)
     shown = tk_in_process("plan", "llama-3.1-8b-1node")
     assert "C++ transceiver: staged-per-rank-pair, 1 descriptor per rank pair" in " ".join(shown.stderr.split())
+
+
+def test_validate_names_the_backend_default_resolves_to():
+    # backend DEFAULT is UCX on 1.0/1.1 and NIXL from 1.2 (resolve_backend): the validator's preflight says which
+    from toolkit.validate.run import _coordinator_preflight
+
+    old = plan_of(LLAMA8, "quantization=bfloat16", "trtllm_version=1.1.0", "kv_transfer.backend=DEFAULT")
+    assert old.kv_transfer.transceiver.backend == "UCX"
+    [check] = _coordinator_preflight(old)
+    assert "DEFAULT (UCX on TensorRT-LLM 1.1.0)" in check["detail"] and "uses UCX directly" in check["detail"]
+    new = plan_of(LLAMA8, "quantization=bfloat16", "trtllm_version=1.2", "kv_transfer.backend=DEFAULT")
+    [check] = _coordinator_preflight(new)
+    assert "DEFAULT (NIXL on TensorRT-LLM 1.2" in check["detail"] and "moves KV with NIXL" in check["detail"]
