@@ -98,6 +98,7 @@ class TransceiverPlan:
     targets_per_context_rank: int  # generation ranks one context rank sends a request's KV to
     longest: Descriptors  # the longest admitted request, one rank pair
     model: str  # the model in words: "C++ transceiver: staged-per-rank-pair, 1 descriptor per rank pair of ..."
+    writers_per_generation_rank: int = 1  # context ranks writing one generation rank's share (bounce takes one)
 
 
 @dataclass(frozen=True)

@@ -85,8 +85,8 @@ def measured(run_dir: str | Path, pick: str = "slowest", direction: str = "forwa
     ``forward`` (context→generation, the KV of every request): ``report.json``'s ``bandwidth_matrix`` (written
     since tk size), else the forward WRITE ``pairs``. ``reverse`` (generation→context, an answer's KV moving back:
     the multi-turn pull-back): the ``pairs`` with ``"direction": "reverse"``, WRITE where there are such entries
-    (READ when the agents shared a host, where WRITE figures measure the host: the report's
-    ``timing.shared_host``), else every reverse one."""
+    (READ when the agents shared a host over a CPU-progressed transport, where WRITE figures measure the host: the
+    report's ``timing.shared_host`` and ``timing.cpu_progressed``), else every reverse one."""
     if direction not in ("forward", "reverse"):
         raise ValueError(f"direction must be 'forward' or 'reverse', got {direction!r}")
     if pick not in ("slowest", "median"):
@@ -147,7 +147,11 @@ def measured(run_dir: str | Path, pick: str = "slowest", direction: str = "forwa
                                 "validation measured the forward direction only; validate again with a tk that "
                                 "measures both")
         timing = report.get("timing") if isinstance(report.get("timing"), dict) else {}
-        prefer = "READ" if timing.get("shared_host") is True else "WRITE"
+        # READ only where WRITE figures measure the host: agents on one host over a CPU-progressed transport (host
+        # memory; reports before `cpu_progressed` were all such). CUDA memory over cuda_ipc or RDMA: WRITE stands,
+        # and a READ there may be UCX's software emulation (docs/validate.md)
+        prefer = ("READ" if timing.get("shared_host") is True and timing.get("cpu_progressed") is not False
+                  else "WRITE")
         every = from_pairs(None)  # every figure checked, whichever op is used
         values = from_pairs(prefer)
         where = f"pairs ({prefer})"

@@ -135,10 +135,11 @@ def _transfer(plan: Plan, lengths: list[int], full_bytes_per_token: int, mode: s
         mapper = (T.Layout.PER_BLOCK if mode == "block" else T.Layout.HEAD_MISMATCH).value
         return {"runtime": None, "layout": mapper, "mapper": mapper, "label": "descriptor lists",
                 "bounce_size_mb": 0, "staged": [False] * len(lengths), "plan_model": None}
-    staged_lengths = [T.layout_for(tr.runtime, tr.mapper, tr.bounce_size_mb,
-                                   ceil_to(tpb, n) * full_bytes_per_token).gathers for n in lengths]
+    staged_lengths = [T.layout_for(tr.runtime, tr.mapper, tr.bounce_size_mb, ceil_to(tpb, n) * full_bytes_per_token,
+                                   tr.writers_per_generation_rank).gathers for n in lengths]
     return {"runtime": tr.runtime.value, "layout": tr.layout.value, "mapper": tr.mapper.value,
             "label": tr.runtime.label, "bounce_size_mb": tr.bounce_size_mb, "staged": staged_lengths,
+            "writers": tr.writers_per_generation_rank,
             "plan_model": tr.model, "plan_pair_bytes": tr.longest.total_bytes}
 
 

@@ -318,22 +318,32 @@ def recommend(rows: list, current: int, ops: list, shared_host: bool, cpu_progre
 
 
 def largest_request(plan_info: dict, pairs: list) -> dict:
-    measured = [p["gbps"] for p in pairs if p["gbps"] and p.get("direction", "forward") == "forward"
-                and p.get("op", "WRITE") == "WRITE"]
+    """The recipe's longest admitted request, projected from the forward WRITE pairs: over the link alone
+    (``measured_transfer_ms``, the slowest pair's GB/s) and as TensorRT-LLM's transceiver moves it
+    (``measured_request_ms``: with the gather and the scatter a staged transfer does around the WRITE, at the slowest
+    pair's measured milliseconds per byte of its longest request). The second decides ``transfer_dominates``."""
+    forward = [p for p in pairs if p.get("direction", "forward") == "forward" and p.get("op", "WRITE") == "WRITE"]
+    measured = [p["gbps"] for p in forward if p["gbps"]]
     worst = min(measured) if measured else None
     nbytes = plan_info["largest_request_bytes_per_rank"]
     ms = round(nbytes / (worst * 1e9) * 1e3, 3) if worst else None
+    per_byte = [p["lengths"][-1]["request_ms"] / p["lengths"][-1]["bytes"] for p in forward
+                if p["gbps"] and p.get("lengths") and p["lengths"][-1].get("request_ms")
+                and p["lengths"][-1].get("bytes")]
+    request = round(nbytes * max(per_byte), 3) if per_byte else ms
     prefill = plan_info["largest_request_prefill_ms"]
     return {
         "tokens": plan_info["largest_request_tokens"],
         "bytes_per_rank": nbytes,
         "worst_pair_gbps": worst,
         "measured_transfer_ms": ms,
+        "measured_request_ms": request,
         "estimated_transfer_ms": plan_info["largest_request_transfer_ms"],
         "estimated_prefill_ms": prefill,
-        "transfer_dominates": (ms > prefill) if ms is not None else None,
+        "transfer_dominates": (request > prefill) if request is not None else None,
         "basis": "bytes one context rank sends for the longest admitted request (plan) / the slowest pair's "
-                 "measured bandwidth on the longest validated request",
+                 "measured bandwidth on the longest validated request (measured_transfer_ms: the link); "
+                 "measured_request_ms: the same bytes at the slowest pair's gather + WRITE + scatter per byte",
     }
 
 
@@ -424,7 +434,9 @@ def merge_curve(params: dict, results: dict) -> tuple[list, dict, dict]:
 
 
 def _curve_at(rows: list, count: int) -> float | None:
-    """The curve's median GB/s at ``count`` descriptors, log-linear between its points (clamped at its ends)."""
+    """The curve's median GB/s at ``count`` descriptors, log-linear between its points. Below its first point, the
+    first; past its last, each further descriptor costs what one did between the last two points (the time of the
+    same bytes, 1/GB/s, grows linearly with the count there), never faster than the last point."""
     pts = [(r["descriptors"], r["gbps_median"]) for r in rows if r.get("gbps_median")]
     if not pts:
         return None
@@ -434,7 +446,12 @@ def _curve_at(rows: list, count: int) -> float | None:
         if n0 <= count <= n1:
             f = (math.log(count) - math.log(n0)) / (math.log(n1) - math.log(n0))
             return g0 + (g1 - g0) * f
-    return pts[-1][1]
+    n1, g1 = pts[-1]
+    if len(pts) < 2:
+        return g1
+    n0, g0 = pts[-2]
+    per_descriptor = max(0.0, (1 / g1 - 1 / g0) / (n1 - n0))  # what one more descriptor adds to 1/GB/s
+    return 1 / (1 / g1 + (count - n1) * per_descriptor)
 
 
 def advise(transfer: dict, rows: list, pairs: list, tpb: int, trusted: bool, why_not: str) -> dict | None:
@@ -474,7 +491,9 @@ def advise(transfer: dict, rows: list, pairs: list, tpb: int, trusted: bool, why
             pick = cand
             break
     bounce = None
-    if transfer.get("runtime") == "PYTHON":  # the bounce buffer holds the whole request of one rank pair
+    # the bounce buffer holds the whole request of one rank pair, written by one context rank (a generation rank fed
+    # by several stays on the lists: toolkit/facts/transceiver.py layout_for)
+    if transfer.get("runtime") == "PYTHON" and int(transfer.get("writers") or 1) == 1:
         full = int(transfer.get("plan_pair_bytes") or longest["bytes"])
         bounce = max(1, -(-full // (1 << 20)))
     options = []
@@ -770,10 +789,13 @@ def print_report(report: dict) -> None:
     lr = report["largest_request"]
     if lr["measured_transfer_ms"] is not None:
         verdict = "[red]the transfer dominates[/]" if lr["transfer_dominates"] else "the prefill dominates"
+        request = lr.get("measured_request_ms")
+        staged = (f"; {request:.1f} ms with the gather and scatter around it" if request is not None
+                  and request > lr["measured_transfer_ms"] * 1.001 else "")
         console.print(f"largest request ({lr['tokens']} tokens, {_human_bytes(lr['bytes_per_rank'])} per rank): "
                       f"{lr['measured_transfer_ms']:.1f} ms at the slowest pair's {lr['worst_pair_gbps']:.3f} GB/s "
-                      f"(nominal estimate {lr['estimated_transfer_ms']:.1f} ms) vs prefill ~{lr['estimated_prefill_ms']:.1f} ms: "
-                      f"{verdict}")
+                      f"link{staged} (nominal estimate {lr['estimated_transfer_ms']:.1f} ms) vs prefill "
+                      f"~{lr['estimated_prefill_ms']:.1f} ms: {verdict}")
     n_ok = sum(p["passed"] for p in report["pairs"])
     if report["passed"]:
         console.print(f"[green bold]PASSED[/]: {n_ok}/{len(report['pairs'])} pair checks, every byte verified. "

@@ -94,17 +94,21 @@ def _partners(params: dict, agent: str) -> set:
 
 def _coordinator_preflight(plan: Plan) -> list:
     backend = plan.kv_transfer.backend
-    if backend in ("NIXL", "DEFAULT"):
+    tr = plan.kv_transfer.transceiver
+    effective = tr.backend if tr is not None else ("NIXL" if backend == "DEFAULT" else backend)
+    named = (f"{backend} ({effective} on TensorRT-LLM {plan.target_release or plan.trtllm_version})"
+             if backend == "DEFAULT" else backend)  # DEFAULT: UCX on 1.0/1.1, NIXL from 1.2 (resolve_backend)
+    if effective == "NIXL":
         status = "pass"
-        detail = (f"kv_transfer.backend {backend}: TensorRT-LLM moves KV with NIXL over "
+        detail = (f"kv_transfer.backend {named}: TensorRT-LLM moves KV with NIXL over "
                   f"{plan.kv_transfer.transport.nixl_transport}, as validated here")
-    elif backend == "UCX":
+    elif effective == "UCX":
         status = "pass"
-        detail = ("kv_transfer.backend UCX: TensorRT-LLM uses UCX directly; validated with NIXL over the "
+        detail = (f"kv_transfer.backend {named}: TensorRT-LLM uses UCX directly; validated with NIXL over the "
                   "same UCX library, transports and environment")
     else:
         status = "not_present"
-        detail = (f"kv_transfer.backend {backend}: not a NIXL/UCX path; the transfers validated here "
+        detail = (f"kv_transfer.backend {named}: not a NIXL/UCX path; the transfers validated here "
                   "are NIXL's, not what this recipe would use")
     return [{"name": "recipe_backend", "status": status, "detail": detail, "agent": None, "host": None}]
 
