@@ -59,6 +59,7 @@ BUILTIN_TO_AIC = {
     "meta-llama/Llama-3.3-70B-Instruct": "meta-llama/Meta-Llama-3.1-70B",
     "Qwen/Qwen3-0.6B": "Qwen/Qwen3-0.6B",
     "Qwen/Qwen3-32B": "Qwen/Qwen3-32B",
+    "Qwen/Qwen3-30B-A3B": "Qwen/Qwen3-30B-A3B",
     "Qwen/Qwen3-235B-A22B": "Qwen/Qwen3-235B-A22B",
     "mistralai/Mixtral-8x7B-Instruct-v0.1": "mistralai/Mixtral-8x7B-v0.1",
     "openai/gpt-oss-120b": "openai/gpt-oss-120b",
