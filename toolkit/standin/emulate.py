@@ -1,16 +1,27 @@
-"""Emulated timing: the stand-in's iterations take the roofline time of a named model on a named GPU.
+"""Emulated timing: the stand-in's iterations take the time a named model would on a named GPU.
 
-tk CPU stand-in, not TensorRT-LLM: every figure this produces is "emulated timing of MODEL on GPU", computed
-from datasheet peaks and assumed efficiencies (``toolkit.facts.roofline``), never a measurement.
+tk CPU stand-in, not TensorRT-LLM: every figure this produces is "emulated timing of MODEL on GPU", never a
+measurement. Where the time of an iteration comes from, in that order (``timing_for``; the server says which in
+its first log line, ``/version``, ``/server_info`` and ``/standin/stats``):
+
+1. aiconfigurator's per-operation database (GEMM, context and generation attention, TP all-reduce, MoE and its
+   dispatch; measured per GPU and TensorRT-LLM version) for the emulated model in this server's layout (TP, PP,
+   EP, attention DP), precision and KV dtype, on the data of the TensorRT-LLM line the server imitates: queried
+   once at start-up into a table (``toolkit.size.steptime``, through tk's one aiconfigurator adapter), read in
+   microseconds per iteration;
+2. the roofline (``toolkit.facts.roofline``: datasheet peaks, assumed efficiencies) where aiconfigurator has no
+   data for that GPU or TensorRT-LLM line, or is not installed (the reason is stated).
 
 Turned on by the environment the plan renders from a recipe's ``standin.emulate`` (prefix
 ``toolkit.facts.engines.STANDIN.emulate_env_prefix``): ``..._MODEL`` (a built-in name or a directory with
 config.json), ``..._GPU``, ``..._PRECISION`` (bf16 | fp8) and ``..._KV_GBPS`` (the transport profile's nominal
-GB/s, for the emulated model's KV bytes the real NIXL transfer does not move).
+GB/s, for the emulated model's KV bytes the real NIXL transfer does not move). The layout is the server's own
+(``--tp_size``, ``--pp_size``, ``--ep_size`` or ``moe_expert_parallel_size``, ``enable_attention_dp``), the line
+``TK_STANDIN_TRTLLM_VERSION``.
 
 ``EmulatedEngine`` runs ``toolkit.standin.scheduler.Scheduler`` on the event loop: it composes an iteration,
-sleeps its roofline time against an absolute deadline (asyncio, no busy-waiting), then hands out the tokens the
-iteration produced. A CPU too slow to keep up shows as ``lag_ms`` in ``/standin/stats``.
+sleeps its time against an absolute deadline (asyncio, no busy-waiting), then hands out the tokens the iteration
+produced. A CPU too slow to keep up shows as ``lag_ms`` in ``/standin/stats``.
 """
 
 from __future__ import annotations
@@ -26,6 +37,7 @@ from toolkit.facts.engines import STANDIN
 from toolkit.facts.hardware import EMULATED_GPUS
 from toolkit.facts.models import ModelError, ModelSpec, resolve_model
 from toolkit.facts.roofline import PRECISIONS, Roofline, iteration_time, roofline, transfer_time
+from toolkit.size.steptime import IterationShape
 from toolkit.standin.scheduler import Iteration, Scheduler
 
 log = logging.getLogger("toolkit.standin")
@@ -51,6 +63,79 @@ class Emulation:
 
     def roofline(self, tp: int, kv_dtype: str) -> Roofline:
         return roofline(self.model, self.gpu, tp=tp, precision=self.precision, kv_dtype=kv_dtype)
+
+
+ROOFLINE, DATABASE = "roofline", "aiconfigurator"
+
+
+class RooflineTiming:
+    """The fallback: the roofline of the whole batch (``toolkit.facts.roofline.iteration_time``)."""
+
+    source = ROOFLINE
+
+    def __init__(self, roof: Roofline, why: str):
+        self.roof, self.why = roof, why
+
+    def seconds(self, shape: IterationShape) -> float:
+        return iteration_time(self.roof, shape.computed_tokens, shape.kv_tokens_read)
+
+    @property
+    def detail(self) -> str:
+        return (f"roofline from datasheet figures and assumed efficiencies (toolkit/facts/hardware.py; not a "
+                f"measurement) because {self.why}")
+
+    def summary(self) -> dict:
+        r = self.roof
+        return {"source": self.source, "detail": self.detail, "gpu_source": r.gpu.source,
+                "prefill_efficiency": r.prefill_efficiency, "decode_efficiency": r.decode_efficiency}
+
+
+class DatabaseTiming:
+    """aiconfigurator's per-operation data, as a table (``toolkit.size.steptime.StepTable``)."""
+
+    source = DATABASE
+
+    def __init__(self, table, note: str):
+        self.table, self.note = table, note
+
+    def seconds(self, shape: IterationShape) -> float:
+        return self.table.seconds(shape)
+
+    @property
+    def detail(self) -> str:
+        t = self.table
+        return f"{t.source} ({self.note}), {t.describe}" + (f"; {'; '.join(t.notes)}" if t.notes else "")
+
+    def summary(self) -> dict:
+        return {"source": self.source, "detail": self.detail, "table": self.table.summary()}
+
+
+def timing_for(emu: Emulation, *, tp: int, pp: int = 1, ep: int | None = None, attention_dp: bool = False,
+               kv_dtype: str = "auto", version_text: str | None = None, max_batch_size: int, max_num_tokens: int,
+               max_seq_len: int):
+    """aiconfigurator's timing of the emulated model in this layout on the data of the TensorRT-LLM line
+    ``version_text`` names (a line such as 1.3, or a release such as 1.3.0rc24), else the roofline with the
+    reason. Builds the table (about a second, most of it aiconfigurator compiling the model's operations)."""
+    from toolkit.facts.trtllm import LATEST, parse_version
+    from toolkit.size import aiconfigurator as aic
+    from toolkit.size import steptime
+
+    roof = emu.roofline(tp, kv_dtype)
+    parsed = parse_version((version_text or LATEST).lstrip("v"))
+    if parsed is None:
+        return RooflineTiming(roof, f"{version_text!r} names no TensorRT-LLM version")
+    release = parsed.text if parsed.text.count(".") >= 2 else None
+    try:
+        choice = aic.choose_data(emu.gpu, parsed.line, release)
+        engine = aic.step_engine(emu.model, choice, tp=tp, pp=pp, attention_dp=attention_dp, ep=ep,
+                                 precision=emu.precision, kv_dtype=kv_dtype)
+        table = steptime.build(engine, max_batch_size=max_batch_size, max_num_tokens=max_num_tokens,
+                               max_seq_len=max_seq_len, attention_dp=tp if attention_dp else 1,
+                               source=f"aiconfigurator {aic.PINNED}'s per-operation data for {choice.system}, "
+                                      f"TensorRT-LLM {choice.version}")
+    except (aic.SizingError, ValueError) as exc:
+        return RooflineTiming(roof, str(exc))
+    return DatabaseTiming(table, choice.note)
 
 
 def from_env(env=os.environ) -> Emulation | None:
@@ -121,12 +206,14 @@ class Ticket:
 
 class EmulatedEngine:
     def __init__(self, emu: Emulation, *, tp: int, kv_dtype: str, max_batch_size: int, max_num_tokens: int,
-                 chunked_prefill: bool, tokens_per_block: int, real_kv_bytes_per_token: int, on_iteration=None):
+                 chunked_prefill: bool, tokens_per_block: int, real_kv_bytes_per_token: int, on_iteration=None,
+                 timing=None):
         self.emu = emu
         self.roof = emu.roofline(tp, kv_dtype)
+        self.timing = timing or RooflineTiming(self.roof, "no other timing was given")
         self.sched = Scheduler(max_batch_size=max_batch_size, max_num_tokens=max_num_tokens,
                                chunked_prefill=chunked_prefill, tokens_per_block=tokens_per_block,
-                               cost=lambda c, k: iteration_time(self.roof, c, k))
+                               cost=self.timing.seconds)
         self.tp = tp
         self.real_kv_bytes_per_token = real_kv_bytes_per_token
         self.on_iteration = on_iteration
@@ -144,8 +231,7 @@ class EmulatedEngine:
     def summary(self) -> dict:
         r = self.roof
         return {"emulated_timing": self.describe(), "model": self.emu.model_arg, "gpu": self.emu.gpu,
-                "precision": self.emu.precision, "tp": self.tp, "gpu_source": r.gpu.source,
-                "prefill_efficiency": r.prefill_efficiency, "decode_efficiency": r.decode_efficiency,
+                "precision": self.emu.precision, "tp": self.tp, "timing": self.timing.summary(),
                 "kv_bytes_per_token_per_rank": r.kv_bytes_per_token, "kv_nominal_gbps": self.emu.kv_gbps,
                 "not_a_measurement": True, **{k: (round(v, 3) if isinstance(v, float) else v)
                                               for k, v in self.stats.items()}}

@@ -102,6 +102,11 @@ def parse_serve_args(argv: list[str], version: trtllm.TrtllmVersion) -> tuple[st
 
 # --- the options file -----------------------------------------------------------------------------------------
 
+def _flag_int(value):
+    """A command-line flag's value as an int where it is written as one (options-file values are typed already)."""
+    return int(value) if isinstance(value, str) and value.isdigit() else value
+
+
 def _pos_int(where: str, key: str, value, allow_none: bool = True) -> int | None:
     if value is None and allow_none:
         return None
@@ -224,6 +229,8 @@ class WorkerSettings:
     transceiver: Transceiver | None  # None: aggregated mode ("cache_transceiver is disabled")
     tp: int
     pp: int
+    ep: int | None = None  # moe_expert_parallel_size / --ep_size (the emulated MoE model's layout); None: not given
+    attention_dp: bool = False  # enable_attention_dp
     emulate: object | None = None  # toolkit.standin.emulate.Emulation: emulated timing of MODEL on GPU
     cluster: object | None = None  # toolkit.standin.cluster.ClusterConfig: register into the proxy's membership
     server_role: str | None = None  # "context" | "generation" (--server_role)
@@ -292,7 +299,8 @@ def worker_settings(argv: list[str]) -> WorkerSettings:
         max_input_len=max_input_len, enable_chunked_prefill=chunked, tokens_per_block=tpb, kv_dtype=kv_dtype,
         print_iter_log=bool(opts.get("print_iter_log", False)), transceiver=transceiver,
         tp=int(pick("tensor_parallel_size", "--tp_size", 1)), pp=int(pick("pipeline_parallel_size", "--pp_size", 1)),
-        emulate=emulate)
+        ep=_pos_int(where, "moe_expert_parallel_size", _flag_int(pick("moe_expert_parallel_size", "--ep_size", None))),
+        attention_dp=opts.get("enable_attention_dp") is True, emulate=emulate)
 
 
 def _kv_cache_settings(where: str, kvc: dict) -> KvCacheSettings:

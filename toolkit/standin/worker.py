@@ -74,6 +74,7 @@ class Worker:
         self.decode_delay = float(os.environ.get(DECODE_DELAY_ENV, "0") or 0) / 1000.0
         self.clock_offset = 0.0
         self.engine = None  # the emulated engine (toolkit.standin.emulate), created on the event loop
+        self.timing = None  # its iteration timing (toolkit.standin.emulate.timing_for), built before the port binds
         self.refusals = P.RefusalLog(log)
         self.cache, self.cache_source = create_block_cache(settings)
         self.counters["cached_tokens"] = 0
@@ -89,7 +90,7 @@ class Worker:
                                      max_num_tokens=s.max_num_tokens, chunked_prefill=s.enable_chunked_prefill,
                                      tokens_per_block=s.tokens_per_block,
                                      real_kv_bytes_per_token=self.geo.bytes_per_token,
-                                     on_iteration=self._record_emulated_iteration)
+                                     on_iteration=self._record_emulated_iteration, timing=self.timing)
         self.engine.start()
 
     @property
@@ -169,6 +170,8 @@ class Worker:
         doc = {"version": f"{self.s.version.release} ({self.what})"}
         if self.engine:
             doc["emulated_timing"] = self.engine.describe()
+            doc["emulated_timing_source"] = self.engine.timing.source  # "aiconfigurator" | "roofline"
+            doc["emulated_timing_detail"] = self.engine.timing.detail
         return web.json_response(doc)
 
     async def models(self, request):
@@ -557,6 +560,17 @@ async def serve(app: web.Application, sock: socket.socket, on_start=None, on_sto
             await on_stop()
 
 
+def emulated_timing(s: WorkerSettings):
+    """Where this server's iteration times come from (toolkit.standin.emulate.timing_for): aiconfigurator's data for
+    the emulated model in this server's layout and limits on the TensorRT-LLM line it imitates, else the roofline."""
+    from toolkit.standin.emulate import timing_for
+    from toolkit.standin.options import target_of
+    target = target_of(s.version)
+    return timing_for(s.emulate, tp=s.tp, pp=s.pp, ep=s.ep, attention_dp=s.attention_dp, kv_dtype=s.kv_dtype,
+                      version_text=target.release or target.line, max_batch_size=s.max_batch_size,
+                      max_num_tokens=s.max_num_tokens, max_seq_len=s.max_seq_len)
+
+
 def run(settings: WorkerSettings) -> int:
     worker = Worker(settings)
     agent_name = f"tk-standin-{socket.gethostname()}-{settings.port}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -580,11 +594,10 @@ def run(settings: WorkerSettings) -> int:
     else:
         mode = "aggregated (cache transceiver disabled: no cache_transceiver_config.backend)"
     if settings.emulate is not None:
-        from toolkit.facts.roofline import roofline
+        worker.timing = emulated_timing(settings)
         e = settings.emulate
-        desc = roofline(e.model, e.gpu, tp=settings.tp, precision=e.precision, kv_dtype=settings.kv_dtype).describe()
-        log.info("tk CPU stand-in, not TensorRT-LLM: %s (roofline from datasheet figures and assumed efficiencies, "
-                 "toolkit/facts/hardware.py; not a measurement); extra KV bytes at %s GB/s nominal", desc,
+        log.info("tk CPU stand-in, not TensorRT-LLM: %s, %s; extra KV bytes at %s GB/s nominal",
+                 e.roofline(settings.tp, settings.kv_dtype).describe(), worker.timing.detail,
                  f"{e.kv_gbps:g}" if e.kv_gbps else "no")
     log.info("tk CPU stand-in, not TensorRT-LLM: serving %s for the TensorRT-LLM %s protocol on http://%s:%d; "
              "KV %d bytes/token (%s, tokens_per_block %d); %s", settings.model_arg, settings.version.line,
