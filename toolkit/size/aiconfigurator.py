@@ -583,3 +583,24 @@ def step_engine(model: ModelSpec, choice: DataChoice, *, tp: int, pp: int = 1, a
               + (f" EP{kwargs['moe_ep_size']}" if model.is_moe else ""))
     quant = ", ".join(f"{k.removesuffix('_quant_mode')} {v}" for k, v in kwargs.items() if k.endswith("_quant_mode"))
     return StepEngine(handle, choice, f"{model.name} ({layout}; {quant})", tuple(notes))
+
+
+def estimate_static(model: ModelSpec, choice: DataChoice, *, mode: str, batch: int, isl: int, osl: int, tp: int,
+                    pp: int = 1, attention_dp: bool = False, ep: int | None = None, precision: str = "bf16",
+                    kv_dtype: str = "auto") -> dict:
+    """aiconfigurator's static estimate (``cli_estimate`` mode ``static_ctx``: one prefill of ``batch`` prompts,
+    its TTFT; ``static_gen``: ``batch`` requests decoding ``osl`` tokens after ``isl``, its TPOT; ``static``: both)
+    of one server in the layout, precision and data version the stand-in's table uses (``step_engine``): its raw
+    columns. No queueing, no batching dynamics, no KV transfer (sdk/backends/base_backend.py ``run_static``)."""
+    path, _ = model_path_for(model)
+    kwargs: dict = {"tp_size": 1 if attention_dp else tp, "pp_size": pp, "attention_dp_size": tp if attention_dp else 1,
+                    "batch_size": batch, "backend_version": choice.version}
+    if model.is_moe:
+        moe_ep = ep or tp
+        kwargs.update(moe_tp_size=max(1, tp // moe_ep), moe_ep_size=moe_ep)
+    modes = quant_modes(model, precision, kv_dtype)
+    kv = modes.pop("kvcache_quant_mode", None)
+    kwargs.update(modes)
+    if kv:
+        kwargs["kvcache_quant_mode"] = kv
+    return _estimate(path, choice.system, mode, "fp8" if kv == "fp8" else "bfloat16", isl=isl, osl=osl, **kwargs)
