@@ -124,6 +124,8 @@ def list_models() -> list[dict[str, Any]]:
 
 def plan_summary(plan: Plan) -> dict[str, Any]:
     """The resolved deployment as one JSON-ready document (what `tk plan --json` prints)."""
+    from dataclasses import asdict
+
     from toolkit.render import derived_numbers
 
     doc = {"name": plan.name, "engine": plan.engine.name, "trtllm_version": plan.trtllm_version,
@@ -131,6 +133,8 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
            "value_sources": {field: {"value": value, "from": source} for field, value, source in plan.value_sources},
            **derived_numbers(plan)}
     doc["bytes_per_token"] = plan.kv.bytes_per_token
+    tr = plan.kv_transfer.transceiver
+    doc["transceiver"] = asdict(tr) if tr is not None else None
     return doc
 
 

@@ -507,10 +507,17 @@ def _lengths_option(ctx, param, value):
                    "every pass (at least 3).")
 @click.option("--reverse/--no-reverse", default=True, show_default=True,
               help="Also measure generation -> context (the answer's KV moving back) for every pair.")
+@click.option("--read/--no-read", default=False, show_default=True,
+              help="Also measure READ (the destination pulls). TensorRT-LLM never READs: READ figures are shown "
+                   "and judge nothing.")
+@click.option("--curve/--no-curve", default=True, show_default=True,
+              help="The descriptor-size curve: the longest request's bytes in 1 .. 2048 descriptors (raw WRITEs); "
+                   "its one-descriptor figure is the threshold's basis.")
 @click.option("--lengths", callback=_lengths_option, metavar="N,N,...",
               help="Request lengths in tokens (default: short, typical, longest admitted).")
 @click.option("--min-fraction", type=_Finite(min=0.0, max=1.0), default=None,
-              help="Fail a pair below this fraction of the transport profile's nominal GB/s "
+              help="Fail a pair whose WRITE is below this fraction of what the pair moved with one descriptor of the "
+                   "same bytes (the curve), else of the transport profile's nominal GB/s "
                    "(default 0 for tcp/DRAM rehearsal, else 0.5).")
 @click.option("--transfer-timeout", type=_seconds(0.1), default=30.0, show_default=True,
               help="Seconds one transfer or one answer from a peer may take.")
@@ -527,7 +534,7 @@ def _lengths_option(ctx, param, value):
 @set_option
 @json_option
 def validate_cluster(recipe, local, nodes, in_allocation, memory, max_memory_mb, iterations, warmup, sweep,
-                     sweep_iterations, sweep_repeats, reverse, lengths, min_fraction, transfer_timeout,
+                     sweep_iterations, sweep_repeats, reverse, read, curve, lengths, min_fraction, transfer_timeout,
                      rendezvous_timeout, timeout,
                      pending_timeout, run_dir, python, progress_thread, overrides, as_json):
     """Real NIXL transfers shaped like RECIPE's KV blocks between every context and generation node.
@@ -553,8 +560,8 @@ def validate_cluster(recipe, local, nodes, in_allocation, memory, max_memory_mb,
         report = api.validate(
             p, mode="local" if local else "in-allocation" if in_allocation else "slurm", nodes=nodes,
             memory=memory, max_memory_mb=max_memory_mb, iterations=iterations, warmup=warmup, sweep=sweep,
-            sweep_iterations=sweep_iterations, sweep_repeats=sweep_repeats, reverse=reverse, lengths=lengths,
-            min_fraction=min_fraction,
+            sweep_iterations=sweep_iterations, sweep_repeats=sweep_repeats, reverse=reverse, read=read, curve=curve,
+            lengths=lengths, min_fraction=min_fraction,
             transfer_timeout_s=transfer_timeout, rendezvous_timeout_s=rendezvous_timeout, timeout_s=timeout,
             pending_timeout_s=pending_timeout, run_dir=run_dir, python=python, progress_thread=progress_thread,
             on_progress=on_progress)

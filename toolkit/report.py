@@ -76,6 +76,9 @@ def print_plan(plan: Plan) -> None:
     buf = plan.buffer
     gen_buf = f", generation {buf.generation_max_tokens_in_buffer}" if buf.generation_max_tokens_in_buffer else ""
     t.add_row("max_tokens_in_buffer", f"{buf.max_tokens_in_buffer}{gen_buf}  ({esc(buf.reason)})")
+    tr = plan.kv_transfer.transceiver
+    if tr is not None:
+        t.add_row("transceiver", f"{esc(tr.model)}; {esc(tr.runtime_reason)} ({esc(tr.default_source)})")
     tls = plan.kv_transfer.transport.ucx_tls(plan.engine.kv_memory)
     t.add_row("UCX_TLS", f"{tls or 'unset'}  ({esc(plan.kv_transfer.transport.ucx_tls_reason)})")
     t.add_row("largest request", f"{kv.largest_request_tokens:,} tokens = {human_bytes(kv.largest_request_bytes)} of KV")

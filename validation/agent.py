@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - reported as a preflight failure
 
 from validation import probes, wire
 from validation.faults import Faults
-from validation.memory import DramPool, VramPool
+from validation.memory import DramPool, vram_pool
 from validation.messages import Channel
 from validation.pair import PairRunner, Transfers
 from validation.rundir import METADATA_MAX_BYTES, RunDir, TooLarge, read_bounded, read_json, touch, write_bytes, write_json
@@ -129,6 +129,7 @@ class Agent:
             self._rendezvous()
             self.save()
             self._rounds(work)
+            self.result["memory"]["copied_to_host_bytes"] = self.pool.pulled_bytes  # for checks: none on a device
             self._transport_check()
             self.save()
             touch(self.rundir.done(self.id))  # every pair of mine is over
@@ -270,7 +271,7 @@ class Agent:
         pool_bytes = int(self.p["geometry"]["pool_bytes"][self.role])
         try:
             if memory == "vram":
-                self.pool = VramPool(pool_bytes, int(self.me.get("gpu") or 0))
+                self.pool = vram_pool(pool_bytes, int(self.me.get("gpu") or 0))
             else:
                 self.pool = DramPool(pool_bytes)
             self.reg = self.nixl.register_memory([(self.pool.addr, pool_bytes, self.pool.dev, "")], self.pool.mem,
@@ -281,10 +282,10 @@ class Agent:
             self.result["error"] = f"memory registration failed: {exc}"
             return False
         self.result["memory"] = {"type": self.pool.mem, "bytes": pool_bytes, "allocator": self.pool.how,
-                                 "gpu": self.pool.dev if self.pool.mem == "VRAM" else None}
+                                 "gpu": self.pool.dev if self.pool.mem == "VRAM" else None, "checks": self.pool.checks}
         note = "" if memory == self.p["memory"] else f" (auto: {'GPU found' if n_gpus else 'no GPU'})"
         self.check("memory", "pass", f"{self.pool.mem} pool of {pool_bytes / 2**20:.1f} MiB registered once "
-                   f"with {backend} via {self.pool.how}{note}")
+                   f"with {backend} via {self.pool.how}{note}; checks on the {self.pool.checks}")
         return True
 
     def _transport_check(self) -> None:
@@ -305,6 +306,11 @@ class Agent:
         self.result["transports"] = [{"scope": s, "transports": sorted(v)} for s, v in sorted(seen.items())]
         status, detail = probes.transport_verdict(seen, self.p.get("expect", {}))
         self.check("ucx_transport", status, detail + cut)
+        choices = probes.protocol_choices(tables)
+        for c in choices:
+            c["agent"] = self.id
+        self.result["protocols"] = choices
+        self.check("ucx_protocol", *probes.protocol_verdict(choices, os.environ.get("UCX_TLS")))
 
     # -- 4: rendezvous --------------------------------------------------------------------------
     def _publish(self, ok: bool) -> None:

@@ -46,10 +46,10 @@ class Faults:
         self.log("fault injection: kill (this agent exits mid-run)")
         os.kill(os.getpid(), signal.SIGKILL)
 
-    def corrupt(self, host_bytes, offset: int, block: int, op: str) -> None:
-        """The 'corrupt' fault: flip bits of one received byte (host_bytes: the pool as uint8)."""
+    def corrupt(self, flip, offset: int, block: int, op: str) -> None:
+        """The 'corrupt' fault: flip bits of one received byte (flip(offset): the pool's, where it lives)."""
         if not self.armed("corrupt"):
             return
         self.fired = True
-        host_bytes[offset] ^= 0x5A
+        flip(offset)
         self.log(f"fault injection: corrupted one byte of pool block {block} after the {op}")

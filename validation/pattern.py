@@ -45,6 +45,11 @@ class WordLayout:
                     + np.arange(self.fw, dtype=np.int64)[None, :]).ravel()
         self.pos_b = self.pos.astype(np.uint64) * np.uint64(B_MUL)
         self.full = self.nfrags == 1 and self.fw == self.bw
+        # fragments at a fixed stride from the block's start (each layer's K, V): (stride in words) or None
+        stride = self.frag_offsets[1] - self.frag_offsets[0] if self.nfrags > 1 else self.bw
+        regular = (self.frag_offsets == [i * stride for i in range(self.nfrags)] and stride * self.nfrags == self.bw
+                   and stride >= self.fw)
+        self.stride = stride if regular else None
         self.chunk = max(1, CHUNK_BYTES // lay["block_bytes"])
         self._scratch = None
 

@@ -150,12 +150,18 @@ def nic_check(rdma: bool) -> tuple[str, str]:
 
 # -- the transports UCX chose (UCX_PROTO_INFO=y) ----------------------------------------------------
 
-_TITLE = re.compile(r"\|\s*(\S+)\s+(self|intra-node|inter-node)\s+cfg#\d+\s*\|")
+_TITLE = re.compile(r"\|\s*(\S+)\s+(self|intra-node|inter-node)\s+cfg#\d+\s*\|(?:\s*([^|]*?)\s*\|)?")
+# "remote memory write by ucp_put* from host memory to cuda", "... by ucp_put*(multi) from cuda/GPU0 to cuda/dev[0]",
+# "remote memory read by ucp_get*(multi) into cuda/GPU0 from cuda/dev[0]": (local, remote) memory types
+_MEMORY = (re.compile(r"\bfrom (\w+)\S*(?: memory)? to (\w+)"), re.compile(r"\binto (\w+)\S* from (\w+)"))
+EMULATION = "software emulation"
 
 
 def parse_ucx_proto_info(text) -> list:
-    """Tables UCX prints with UCX_PROTO_INFO=y -> [{scope, operation, transports}] for RMA put/get.
-    text: the log as one string, or its lines (a file read line by line)."""
+    """Tables UCX prints with UCX_PROTO_INFO=y -> [{scope, operation, op, memory, protocols, transports}] for RMA
+    put (op WRITE) and get (READ); memory: (local, remote) memory types ("host", "cuda"); protocols: the protocol
+    column of each row ("zero-copy", "short", "software emulation" ...). The operation is on the title's line (newer
+    UCX) or the line after it. text: the log as one string, or its lines (a file read line by line)."""
     out = []
     cur = None
     for raw in (text.splitlines() if isinstance(text, str) else text):
@@ -163,23 +169,75 @@ def parse_ucx_proto_info(text) -> list:
         line = raw.split("]", 2)[-1] if raw.startswith("[") else raw
         m = _TITLE.search(line)
         if m:
-            cur = {"scope": m.group(2), "operation": None, "transports": []}
+            cur = {"scope": m.group(2), "operation": (m.group(3) or None), "transports": [], "protocols": []}
             out.append(cur)
         elif cur is not None:
             _table_row(cur, line)
-    return [t for t in out if t["operation"] and t["operation"].startswith("remote memory")]
+    tables = [t for t in out if t["operation"] and t["operation"].startswith("remote memory")]
+    for t in tables:
+        t["op"] = "WRITE" if "ucp_put" in t["operation"] or " write " in t["operation"] else "READ"
+        mem = next((m.search(t["operation"]) for m in _MEMORY if m.search(t["operation"])), None)
+        t["memory"] = [mem.group(1), mem.group(2)] if mem else []
+        t["emulated"] = any(EMULATION in p for p in t["protocols"])
+    return tables
 
 
 def _table_row(cur: dict, line: str) -> None:
-    """One line under a table title: the operation (first one-cell line), or a row naming transports."""
+    """One line under a table title: the operation (first one-cell line), or a row naming a protocol and transports."""
     cells = [c.strip() for c in line.strip().strip("|").split("|")]
     if cur["operation"] is None and len(cells) == 1 and cells[0] and not cells[0].startswith("+"):
         cur["operation"] = cells[0]
         return
     if len(cells) >= 3 and cur["operation"]:
+        if cells[-2] and not cells[-2].startswith(("+", "-")) and cells[-2] not in cur["protocols"]:
+            cur["protocols"].append(cells[-2])
         for tok in re.split(r"[\s+]+", cells[-1]):
             if "/" in tok and tok not in cur["transports"]:
                 cur["transports"].append(tok)
+
+
+def protocol_choices(tables: list) -> list:
+    """One entry per (scope, op, memory types): the protocols and transports UCX chose, and whether it emulates."""
+    merged: dict = {}
+    for t in tables:
+        if t["scope"] == "self":
+            continue
+        key = (t["scope"], t["op"], tuple(t["memory"]))
+        e = merged.setdefault(key, {"scope": t["scope"], "op": t["op"], "memory": list(t["memory"]),
+                                    "protocols": [], "transports": [], "emulated": False})
+        e["protocols"] += [p for p in t["protocols"] if p not in e["protocols"]]
+        e["transports"] += [x for x in t["transports"] if x not in e["transports"]]
+        e["emulated"] = e["emulated"] or t["emulated"]
+    return list(merged.values())
+
+
+def protocol_verdict(choices: list, ucx_tls: str | None) -> tuple[str, str]:
+    """Fail when TensorRT-LLM's op (WRITE) of CUDA memory is served by UCX's software emulation (a copy through host
+    memory, ~0.5 GB/s, where cuda_ipc or RDMA move ~100 GB/s and more), naming the likely cause and the fix; a READ
+    so served is said, not failed (TensorRT-LLM never READs)."""
+    if not choices:
+        return "not_present", "UCX printed no RMA protocol selection"
+    shown = "; ".join(f"{c['op']} {c['scope']} {'->'.join(c['memory']) or '?'}: {', '.join(c['protocols']) or '?'} "
+                      f"({', '.join(c['transports']) or '?'})" for c in choices)
+    cuda = [c for c in choices if c["emulated"] and "cuda" in c["memory"]]
+    bad_write = [c for c in cuda if c["op"] == "WRITE"]
+    if bad_write:
+        tls = ucx_tls or "unset (UCX picks)"
+        intra = any(c["scope"] == "intra-node" for c in bad_write)
+        missing = ("cuda_ipc" if intra else "an RDMA transport (rc, dc or ib)")
+        cause = (f"UCX_TLS={tls} lacks {missing}" if ucx_tls and ((intra and "cuda_ipc" not in ucx_tls) or
+                 (not intra and not any(x in ucx_tls for x in ("rc", "dc", "ib", "all")))) else
+                 "the memory is not shareable by cuda_ipc (a CUDA VMM allocation without IPC handles: TensorRT-LLM PR "
+                 "#17241, the Python transceiver's KV pools on H100) or UCX lacks GPUDirect RDMA (nvidia_peermem or "
+                 "DMA-BUF)")
+        return "fail", (f"software emulation: UCX serves the WRITE of CUDA memory through host memory (~0.5 GB/s); "
+                        f"cause: {cause}; fix: add {missing} to UCX_TLS (kv_transfer.transport's profile or the role "
+                        f"env), or, for VMM pools, run the C++ transceiver (kv_transfer.runtime: CPP), which stages "
+                        f"through cudaMalloc'd buffers. UCX's choices: {shown}")
+    if cuda:
+        return "pass", (f"READ of CUDA memory is served by UCX's software emulation (slow), which does not matter to "
+                        f"TensorRT-LLM: it WRITEs. UCX's choices: {shown}")
+    return "pass", shown
 
 
 # The log UCX writes to may hold far more than the protocol tables (UCX_LOG_LEVEL=debug writes hundreds of MB):

@@ -130,13 +130,16 @@ def test_disaggregated_answers_equal_the_aggregated_baseline(dep):
     wait_for(lambda: stats(dep["ctx"])["kv"]["kv_slots_freed_by_notification"] >= freed, "the notifications")
 
 
-def test_prompt_longer_than_max_tokens_in_buffer_is_refused_clearly(dep):
+def test_prompt_longer_than_max_tokens_in_buffer_fails_as_tensorrt_llm_s_agent_check(dep):
+    """NIXL on the C++ transceiver (the 1.2 line's): no dynamic-buffer fallback, the request fails with TensorRT-LLM's
+    TLLM_CHECK "Agent need all buffer pre-allocated" (cacheFormatter.cpp), which the client sees as an error."""
     prompt = words(BUFFER + 10)
     assert complete(dep["baseline"].url, MODEL, prompt, max_tokens=4)  # the baseline takes it
     with pytest.raises(CompletionError) as exc:
         complete(dep["proxy"].url, MODEL, prompt, max_tokens=4)
     msg = str(exc.value)
-    assert "HTTP 400" in msg and "max_tokens_in_buffer is 128" in msg and dep["ctx"].endpoint in msg
+    assert "HTTP 500" in msg and "Agent need all buffer pre-allocated" in msg
+    assert "max_tokens_in_buffer is 128" in msg and dep["ctx"].endpoint in msg
 
 
 def test_worker_errors_reach_the_client_with_status_and_message(dep):

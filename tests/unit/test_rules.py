@@ -31,11 +31,29 @@ def test_user_buffer_not_a_multiple_of_tokens_per_block_is_an_error_not_a_fix():
     assert v.field == "generation.max_tokens_in_buffer" and "128" in v.fix
 
 
-def test_user_buffer_smaller_than_longest_input_is_a_warning():
-    # TensorRT-LLM accepts it and moves larger requests through dynamic buffers.
-    p = plan_of(BASE, "traffic.max_input_len=4096", "kv_transfer.max_tokens_in_buffer=2048")
+def test_user_buffer_smaller_than_longest_input_is_refused_with_nixl_on_the_cpp_transceiver():
+    # CacheFormatter::format: TLLM_CHECK_WITH_INFO(bufferCoverTargetNum == bufferTargetNum, "Agent need all buffer
+    # pre-allocated"): over NIXL's agent connection the request fails, there is no dynamic-buffer fallback.
+    [v] = violations_of(BASE, "traffic.max_input_len=4096", "kv_transfer.max_tokens_in_buffer=2048")
+    assert v.field == "kv_transfer.max_tokens_in_buffer"
+    assert "context and generation servers run TensorRT-LLM's C++ transceiver over NIXL" in v.message
+    assert '"Agent need all buffer pre-allocated"' in v.message and "cacheFormatter.cpp @ 00c77b30" in v.message
+    assert "at least 4096" in v.fix
+    [v] = violations_of(BASE, "traffic.max_input_len=4096", "generation.max_tokens_in_buffer=2048")
+    assert v.field == "generation.max_tokens_in_buffer" and "the generation servers run" in v.message
+
+
+def test_user_buffer_smaller_than_longest_input_is_a_warning_where_tensorrt_llm_falls_back():
+    # Over UCX the C++ transceiver allocates buffers for the request (baseTransBuffer.cpp's warning); the Python
+    # transceiver registers the KV pools themselves.
+    p = plan_of(BASE, "traffic.max_input_len=4096", "kv_transfer.max_tokens_in_buffer=2048", "kv_transfer.backend=UCX")
     assert p.buffer.max_tokens_in_buffer == 2048
-    assert any("smaller than the longest input" in w and "dynamic buffers" in w for w in p.warnings)
+    assert any("smaller than the longest input" in w and "buffers allocated for each request" in w
+               for w in p.warnings)
+    p = plan_of(BASE, "trtllm_version=1.3.0rc24", "kv_transfer.runtime=PYTHON", "traffic.max_input_len=4096",
+                "kv_transfer.max_tokens_in_buffer=2048")
+    assert p.kv_transfer.transceiver.runtime.value == "PYTHON"
+    assert not any("smaller than the longest input" in w for w in p.warnings)
 
 
 def test_each_role_may_size_its_own_buffer():

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.unit.helpers import plan_of
+from tests.unit.helpers import BASE, plan_of
 from toolkit.api import load_plan
 from validation.layout import block_table, key_of, side_layout
 from validation.pattern import Mismatch, WordLayout, fill_blocks, verify_blocks, verify_untouched
@@ -15,21 +15,71 @@ from toolkit.validate.params import Options, agents_for, build_params, geometry
 
 
 def test_standin_geometry_is_one_descriptor_per_block_per_rank():
-    plan = load_plan("standin-2p2d", ())
+    plan = load_plan("standin-1p1d-1.3", ())  # the Python transceiver: its mapper's lists
     g, lengths, notes = geometry(plan, Options())
-    assert g["mode"] == "block" and notes == []
+    assert g["mode"] == "block" and notes == [] and g["staging"] is None
+    assert g["transfer"]["layout"] == "per-block" and g["transfer"]["staged"] == [False] * len(lengths)
     assert g["bytes_per_token"] == plan.kv.ctx_bytes_per_token_per_rank == 2048
     assert g["descriptor_bytes"] == 32 * 2048  # tokens_per_block x bytes per token per rank
-    assert lengths == [128, 256, 1024]  # short, typical (max/4), longest admitted (max_input + prefix)
+    assert lengths == [128, 512, 2048]  # short, typical (max/4), longest admitted (max_input + prefix)
     lay = side_layout(g, "ctx", 32)
     assert lay["frags"] == [(0, 32 * 2048)]
+
+
+def test_a_1_2_recipe_moves_one_staged_descriptor_per_rank_pair_of_the_request_s_bytes():
+    """TensorRT-LLM 1.2's C++ transceiver: each request gathered into a staging slice, one WRITE of one descriptor
+    into the destination's slice, scattered there. The agents register the slices after the pool's blocks; no
+    tokens_per_block sweep (the descriptor count does not depend on it)."""
+    plan = load_plan("standin-2p2d", ())
+    g, lengths, notes = geometry(plan, Options())
+    assert g["transfer"]["runtime"] == "CPP" and g["transfer"]["layout"] == "staged-per-rank-pair"
+    assert g["transfer"]["staged"] == [True, True, True] and g["sweep_tokens_per_block"] == []
+    assert any("sweep skipped: the C++ transceiver moves one descriptor per rank pair" in n for n in notes)
+    st = g["staging"]
+    assert st["slice_bytes"] == 1024 * 2048 and st["offset"] == g["blocks_bytes"] and st["recv_slices"] == g["slots"]
+    assert g["pool_bytes"]["ctx"] == g["blocks_bytes"]["ctx"] + (1 + g["slots"]) * st["slice_bytes"]
+    from validation.pair import Request
+
+    wl = WordLayout(side_layout(g, "ctx", 32), g["blocks_bytes"]["ctx"])
+    req = Request("r", 0, "node0", "node1", "forward", "WF", 2, 1024, 32, 10, 2, 12, wl, wl, staging=st)
+    assert (req.entry["descriptors"], req.entry["bytes"]) == (1, 1024 * 2048)  # the request's bytes, one descriptor
+    assert req.local_remote("WRITE")[0][0] == [0] and req.local_remote("WRITE")[1][3] == [4]
+
+
+def test_a_1_3_recipe_on_the_python_runtime_moves_the_mapper_s_lists():
+    """1.3.0rc24's default transceiver_runtime auto picks the Python transceiver on NIXL; context TP1 -> generation
+    TP2 differ in heads: one descriptor per block x layer x K/V (HeadMismatchMapper)."""
+    plan = plan_of(BASE.replace("Llama-3.3-70B", "Llama-3.1-8B"), "trtllm_version=1.3.0rc24", "generation.tp=2",
+                   "traffic.max_input_len=2048")
+    g, lengths, _ = geometry(plan, Options(max_memory_mb=4096))
+    assert (g["transfer"]["runtime"], g["transfer"]["layout"]) == ("PYTHON", "head-mismatch")
+    assert g["staging"] is None and not any(g["transfer"]["staged"])
+    assert g["descriptors_per_block"] == 32 * 2 and g["descriptor_bytes"] == 32 * 4 * 128 * 2  # 4 shared heads
+
+
+def test_read_is_not_run_unless_asked(tmp_path):
+    """TensorRT-LLM never READs: the agents run WRITE only; --read adds READ, labelled as not TensorRT-LLM's."""
+    plan = load_plan("standin-2p2d", ())
+    assert build_params(plan, Options(mode="local"), str(tmp_path))["ops"] == ["WRITE"]
+    p = build_params(load_plan("standin-1p1d-1.3", ()), Options(mode="local"), str(tmp_path))
+    assert p["ops"] == ["WRITE"] and p["sweep"]["ops"] == ["WRITE"]
+    asked = build_params(plan, Options(mode="local", read=True), str(tmp_path))
+    assert asked["ops"] == ["WRITE", "READ"]
+    from types import SimpleNamespace
+
+    from validation.pair import PairRunner
+
+    agent = SimpleNamespace(p={**p, "geometry": p["geometry"]}, id="node0", result={}, pool=None, faults=None,
+                            gone={}, log=print, save=None, transfer_timeout=1.0, pair_timeout=1.0)
+    assert [op for op, _ in PairRunner(agent, None, None).ops()] == ["WRITE"]
 
 
 def test_tp_mismatch_moves_each_layer_and_kv_slice_of_the_shared_heads():
     plan = load_plan("llama-3.3-70b-h100", ())  # context TP4 (2 KV heads/rank), generation TP8 (1)
     g, lengths, notes = geometry(plan, Options(max_memory_mb=4096))
     assert g["mode"] == "fragment" and g["layers"] == 80
-    assert 1 <= g["slots"] < 12 and [n for n in notes if "slot" not in n and "bursts" not in n] == []
+    assert 1 <= g["slots"] < 12
+    assert [n for n in notes if "slot" not in n and "bursts" not in n and "sweep skipped" not in n] == []
     e = plan.kv.bytes_per_element
     assert g["slot_bytes_per_token"] == {"ctx": 2 * 128 * e, "gen": 1 * 128 * e}
     assert g["bytes_per_token"] == min(plan.kv.ctx_bytes_per_token_per_rank, plan.kv.gen_bytes_per_token_per_rank)
@@ -60,7 +110,7 @@ def test_one_slot_per_transfer_when_memory_allows():
     """A request's warm-up and timed transfers each get their own destination blocks: one burst, every check
     after the timed window (validation/pair.py)."""
     g, _, notes = geometry(load_plan("standin-2p2d", ()), Options(iterations=10, warmup=2))
-    assert g["slots"] == 12 and notes == []
+    assert g["slots"] == 12 and [n for n in notes if "sweep skipped" not in n] == []
     assert max(g["pool_bytes"].values()) <= 256 * 2**20
     assert geometry(load_plan("standin-2p2d", ()), Options(iterations=30, warmup=2))[0]["slots"] == 16
 

@@ -14,9 +14,11 @@ from toolkit.validate.params import Options, build_params
 from toolkit.validate.report import build_report, load_schema, recommend, roles_of
 
 
-def _params(tmp_path):
-    return build_params(load_plan("standin-2p2d", ()), Options(mode="local", iterations=3, warmup=1),
-                        str(tmp_path))
+def _params(tmp_path, read=True, version="1.3.0rc24", **opts):
+    """The 4-agent stand-in recipe as a 1.3 line recipe (the Python transceiver's lists, a tokens_per_block sweep),
+    with READ measured too (--read) unless read=False."""
+    return build_params(load_plan("standin-2p2d", (f"trtllm_version={version}",)),
+                        Options(mode="local", iterations=3, warmup=1, read=read, **opts), str(tmp_path))
 
 
 def _results(params, latency_s=0.001, reverse_latency_s=None):
@@ -102,8 +104,7 @@ def test_a_reverse_verification_failure_fails_only_the_reverse_op(tmp_path):
 
 
 def test_a_report_without_reverse_is_forward_only(tmp_path):
-    params = build_params(load_plan("standin-2p2d", ()), Options(mode="local", iterations=3, warmup=1, reverse=False),
-                          str(tmp_path))
+    params = _params(tmp_path, reverse=False)
     report = _report(params, _results(params))
     jsonschema.validate(report, load_schema())
     assert len(report["pairs"]) == 8 and {p["direction"] for p in report["pairs"]} == {"forward"}
@@ -125,11 +126,70 @@ def test_one_failed_side_fails_the_pair_and_the_run(tmp_path):
 
 
 def test_a_slow_pair_fails_the_bandwidth_threshold(tmp_path):
+    """WRITE decides (what TensorRT-LLM issues); a READ measured as asked is shown, labelled, and judges nothing."""
     params = _params(tmp_path)
     results = _results(params)
     report = _report(params, results, min_fraction=0.9)  # nominal tcp 3.125 GB/s; measured 2.1 GB/s
-    assert not report["passed"]
-    assert all("below the threshold" in p["error"] for p in report["pairs"])
+    assert not report["passed"] and report["thresholds"]["basis"] == "nominal"
+    writes = [p for p in report["pairs"] if p["op"] == "WRITE"]
+    reads = [p for p in report["pairs"] if p["op"] == "READ"]
+    assert writes and all("below the threshold 2.812 GB/s" in p["error"] for p in writes)
+    assert reads and all(p["passed"] and p["issued_by_trtllm"] is False and p["min_gbps"] is None for p in reads)
+
+
+def test_read_is_reported_only_when_asked(tmp_path):
+    params = _params(tmp_path, read=False)
+    report = _report(params, _results(params))
+    jsonschema.validate(report, load_schema())
+    assert report["passed"] and {p["op"] for p in report["pairs"]} == {"WRITE"} and len(report["pairs"]) == 8
+    assert report["params"]["ops"] == ["WRITE"] and set(report["bandwidth_matrix"]["ops"]) == {"WRITE"}
+    assert not any("READ" in c for c in report["timing"]["caveats"])
+    asked = _report(_params(tmp_path), _results(_params(tmp_path)))
+    assert any("TensorRT-LLM never READs" in c for c in asked["timing"]["caveats"])
+
+
+def _curve(params, results, gbps: dict, copy_s=None):
+    """Curve entries as the agents write them: the context side times raw WRITEs of n descriptors at gbps[n]."""
+    total = 1024 * 2048
+    for rd in params["rounds"]:
+        for c, g in rd:
+            for n, bw in gbps.items():
+                e = {"src": c, "dst": g, "descriptors": n, "descriptor_bytes": total // n, "bytes": total, "error": None}
+                results[c].setdefault("curve", []).append({**e, "latencies_s": [total / (bw * 1e9)] * 3})
+                results[g].setdefault("curve", []).append({**e, "latencies_s": [], "bytes_verified": total,
+                                                           **({"copy_s": copy_s} if copy_s and n == 1 else {})})
+
+
+def test_the_threshold_is_relative_to_one_descriptor_of_the_same_bytes_measured_on_the_pair(tmp_path):
+    params = _params(tmp_path, read=False)
+    results = _results(params, latency_s=0.001)  # 2.097 GB/s for the 2 MiB request
+    _curve(params, results, {1: 8.0, 4: 6.0, 16: 4.0, 64: 2.0}, copy_s=0.0002)
+    report = _report(params, results, min_fraction=0.5)
+    th = report["thresholds"]
+    assert th["basis"] == "measured" and "one descriptor of the longest request's bytes" in th["basis_text"]
+    assert th["min_gbps"] == pytest.approx(4.0, rel=1e-3) and th["pairs"][0]["copy_gbps"] == pytest.approx(10.49, 1e-3)
+    assert not report["passed"] and all(p["min_gbps"] == pytest.approx(4.0, rel=1e-3) for p in report["pairs"])
+    assert [r["descriptors"] for r in report["curve"]] == [1, 4, 16, 64]
+    assert report["curve"][0]["gbps_median"] == pytest.approx(8.0, rel=1e-3) and report["curve"][0]["pairs"] == 4
+
+
+def test_the_report_names_the_model_and_the_request_time_beside_the_link(tmp_path):
+    params = build_params(load_plan("standin-2p2d", ()), Options(mode="local", iterations=3, warmup=1),
+                          str(tmp_path))  # the 1.2 line: the C++ transceiver, staged
+    results = _results(params)
+    for res in results.values():
+        for rec in res["pairs"]:
+            for e in rec["lengths"]:
+                e["staged"], e["descriptors"] = True, 1
+                e["gather_s"] = [0.0005] * 3 if res["agent"] == rec["src"] else []
+                e["scatter_s"] = [0.0003] * 3 if res["agent"] == rec["dst"] else []
+    report = _report(params, results)
+    jsonschema.validate(report, load_schema())
+    assert report["transceiver"]["model"].startswith(
+        "C++ transceiver: staged-per-rank-pair, 1 descriptor per rank pair of 2.00 MiB for the 1024-token request")
+    x = report["pairs"][0]["lengths"][-1]
+    assert (x["gather_p50_ms"], x["scatter_p50_ms"]) == (0.5, 0.3) and x["request_ms"] == pytest.approx(1.8)
+    assert report["pairs"][0]["request_ms"] == pytest.approx(1.8)
 
 
 def test_an_agent_that_never_reported_is_named(tmp_path):
@@ -208,6 +268,49 @@ def test_write_is_not_used_when_the_agents_share_a_host():
     only_write = _sweep_rows({32: {"WRITE": [0.45, 0.5, 0.48]}, 256: {"WRITE": [2.0, 2.1, 2.2]}})
     assert recommend(only_write, 32, ["WRITE"], shared_host=True)["status"] == "withheld"
     assert recommend(rows, 32, ["WRITE", "READ"], shared_host=False)["status"] == "keep"  # the ops disagree
+
+
+def test_the_shared_host_write_exclusion_never_applies_to_cuda_transports(tmp_path):
+    """cuda_ipc and RDMA move the bytes themselves: a WRITE between agents of one host is not waiting for its
+    destination's CPU, so WRITE (what TensorRT-LLM issues) decides there too."""
+    from toolkit.validate.report import cpu_progressed
+
+    rows = _sweep_rows({32: {"WRITE": [5.0, 5.1, 4.9]}, 256: {"WRITE": [8.0, 8.1, 8.2]}})
+    rec = recommend(rows, 32, ["WRITE"], shared_host=True, cpu_progressed=False)
+    assert rec["status"] == "change" and rec["tokens_per_block"] == 256 and rec["excluded"] == {}
+    params = _params(tmp_path)
+    vram = {"a": {"memory": {"type": "VRAM"}, "protocols": [{"op": "WRITE", "emulated": False, "scope": "intra-node"}]}}
+    assert cpu_progressed(params, vram)[0] is False
+    assert cpu_progressed(params, {"a": {"memory": {"type": "DRAM"}}})[0] is True
+    emulated = {"a": {"agent": "a", "memory": {"type": "VRAM"},
+                      "protocols": [{"op": "WRITE", "emulated": True, "scope": "intra-node"}]}}
+    assert cpu_progressed(params, emulated) == (True, "UCX served WRITE by software emulation (a: intra-node)")
+    for mem, floor in (("VRAM", False), ("DRAM", True)):
+        results = _results(params)
+        for res in results.values():
+            res["memory"], res["host"] = {"type": mem}, "one-host"
+        timing = _report(params, results)["timing"]
+        assert timing["shared_host"] is True and timing["cpu_progressed"] is floor
+        assert any("read WRITE figures as a floor" in c for c in timing["caveats"]) is floor
+
+
+def test_the_curve_advises_fewer_descriptors_where_their_count_costs_the_link():
+    from toolkit.validate.report import advise
+
+    rows = [{"descriptors": n, "gbps_median": g} for n, g in ((1, 1100.0), (16, 650.0), (256, 41.0), (2048, 6.1))]
+    pairs = [{"direction": "forward", "op": "WRITE", "lengths": [
+        {"tokens": 8192, "bytes": 96 << 20, "descriptors": 3072, "staged": False}]}]
+    python = {"runtime": "PYTHON", "label": "Python transceiver", "layout": "head-mismatch",
+              "plan_pair_bytes": 512 << 20}
+    adv = advise(python, rows, pairs, 32, True, "")
+    assert adv["status"] == "change" and adv["bounce_size_mb"] == 512 and adv["gbps_one_descriptor"] == 1100.0
+    assert "kv_transfer.bounce_size_mb: 512" in adv["reason"] and adv["gbps_at_recipe"] < 6.2
+    staged = advise({"runtime": "CPP", "label": "C++ transceiver", "layout": "staged-per-rank-pair"}, rows,
+                    [{"direction": "forward", "op": "WRITE", "lengths": [{"tokens": 8192, "bytes": 96 << 20,
+                                                                          "descriptors": 1, "staged": True}]}], 32,
+                    True, "")
+    assert staged["status"] == "keep" and "one descriptor per rank pair" in staged["reason"]
+    assert advise(python, rows, pairs, 32, False, "the agents share a host")["status"] == "withheld"
 
 
 def test_the_sweep_rows_carry_every_pass_per_op(tmp_path):

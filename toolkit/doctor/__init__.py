@@ -19,7 +19,7 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path
 
-from toolkit.doctor.signatures import JOB, PHASES, PROXY, SERVER, SIGNATURES, Signature
+from toolkit.doctor.signatures import AFTER_LINES, JOB, PHASES, PROXY, SERVER, SIGNATURES, Signature
 from orchestrator.states import EventKind
 from toolkit.runtime import files, rundir
 
@@ -153,11 +153,17 @@ def match(sig: Signature, texts: list[Text]) -> list[dict]:
     """Every line of `texts` (in the sources the signature applies to) one of its patterns finds."""
     out = []
     patterns = sig.compiled()
+    after = re.compile(sig.after) if sig.after else None
     for text in texts:
         if text.source not in sig.where:
             continue
-        for number, line in text.lines:
-            if any(p.search(line[:MAX_SCAN_LINE]) for p in patterns):
+        last_after = None  # the index of the last line `after` matched
+        for i, (number, line) in enumerate(text.lines):
+            head = line[:MAX_SCAN_LINE]
+            if after is not None and after.search(head):
+                last_after = i
+            if any(p.search(head) for p in patterns) and (
+                    after is None or (last_after is not None and i - last_after <= AFTER_LINES)):
                 out.append(_evidence(text, number, line))
     return out
 

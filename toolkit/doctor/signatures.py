@@ -13,6 +13,8 @@ and print the cause and the fix. A row names:
     fix       what to change, in recipe terms where tk owns the setting
     source    where the error string and the explanation come from: upstream issues and pull requests (links),
               or the tool whose message it is
+    after     a pattern that must match one of the AFTER_LINES lines before a matching line (a log table whose
+              header names what a row means), or None
     secondary a consequence of an earlier failure, not a cause: shown after the others ("look further up")
     per_request  one client request the servers refused (a prompt too long, ...): the deployment is fine and keeps
               serving, so it is reported apart from the run's failures ("refused requests"), never as its diagnosis
@@ -47,9 +49,13 @@ class Signature:
     source: str
     secondary: bool = False
     per_request: bool = False
+    after: str | None = None
 
     def compiled(self) -> tuple[re.Pattern, ...]:
         return _compiled(self)
+
+
+AFTER_LINES = 8  # how far back a signature's `after` pattern is looked for
 
 
 _CACHE: dict[str, tuple] = {}
@@ -123,12 +129,14 @@ SIGNATURES: tuple[Signature, ...] = (
     ),
     Signature(
         id="transceiver-buffer-too-small",
-        title="transfer buffer smaller than a request's KV (dynamic buffer, fails with NIXL)",
-        patterns=(r"bufferCoverTargetNum:\s*0\s*<\s*targetNum", r"may use dynamic buffer which will fail with NIXL",
-                  r"does not fit the pre-allocated transfer buffer"),
+        title="transfer buffer smaller than a request's KV (\"Agent need all buffer pre-allocated\")",
+        patterns=(r"bufferCoverTargetNum:\s*\d+\s*<\s*targetNum", r"may use dynamic buffer which will fail with NIXL",
+                  r"Agent need (all )?buffer pre-allocated", r"does not fit the pre-allocated transfer buffer"),
         where=(SERVER,),
-        cause="cache_transceiver_config.max_tokens_in_buffer is smaller than the longest prompt, so TensorRT-LLM "
-              "falls back to dynamic buffers, which the NIXL backend does not support",
+        cause="cache_transceiver_config.max_tokens_in_buffer is smaller than the prompt: the C++ transceiver's "
+              "pre-allocated transfer buffer does not hold the request's KV, and over NIXL (or MOONCAKE) its agent "
+              "connection has no dynamic-buffer fallback, so the request fails (TLLM_CHECK \"Agent need all buffer "
+              "pre-allocated\" in CacheFormatter::format, cacheFormatter.cpp); tk plan refuses such a recipe",
         fix="raise kv_transfer.max_tokens_in_buffer to at least traffic.max_input_len (rounded up to "
             "tokens_per_block), or leave it unset so tk derives it; mind its GPU memory next to "
             "free_gpu_memory_fraction",
@@ -373,6 +381,24 @@ SIGNATURES: tuple[Signature, ...] = (
         fix="set UCX_CUDA_IPC_ENABLE_MNNVL=n in kv_transfer.env (tk does when the transport profile says so) "
             "and compare the nodes' Fabric.ClusterUUID (`nvidia-smi -q`)",
         source="https://github.com/NVIDIA/TensorRT-LLM/pull/6085",
+    ),
+    Signature(
+        id="ucx-cuda-software-emulation",
+        title="UCX moves CUDA memory by \"software emulation\" (a copy through host memory, ~0.5 GB/s)",
+        patterns=(r"\|\s*software emulation\s*\|",),
+        after=r"remote memory (write|read) by ucp_(put|get)\S*.*cuda",
+        where=(SERVER,),
+        cause="UCX's protocol table (UCX_PROTO_INFO=y) shows a put or get of CUDA memory served by software "
+              "emulation: no transport UCX was given can reach that memory directly, so every byte is copied "
+              "through host memory over TCP or shared memory. Either UCX_TLS lacks cuda_ipc (one node) or an RDMA "
+              "transport (between nodes), or the memory is a CUDA VMM allocation that cuda_ipc cannot map (the "
+              "Python transceiver's KV pools on H100, TensorRT-LLM PR #17241; the C++ transceiver stages through "
+              "cudaMalloc'd buffers, which it can). A get (READ) so served does not affect TensorRT-LLM, which WRITEs",
+        fix="keep tk's UCX_TLS for the transport profile (it lists cuda_copy,cuda_ipc for one node; rc for "
+            "InfiniBand) and drop a role env's UCX_TLS that leaves them out; load nvidia_peermem for GPUDirect RDMA; "
+            "with the Python transceiver on H100, set kv_transfer.runtime: CPP; check with tk validate cluster "
+            "--memory vram, whose ucx_protocol preflight names UCX's choice per op",
+        source="https://github.com/NVIDIA/TensorRT-LLM/pull/17241, https://github.com/openucx/ucx/issues/11865",
     ),
     Signature(
         id="ucx-version-skew",

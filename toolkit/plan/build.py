@@ -16,7 +16,7 @@ from toolkit.facts.containers import pyxis_image
 from toolkit.facts.engines import ENGINES, emulated_label
 from toolkit.facts.hardware import TRANSPORT_PROFILES
 from toolkit.facts.models import ModelError, resolve_model
-from toolkit.plan import memory, options, placement, rules, sizing
+from toolkit.plan import memory, options, placement, rules, sizing, transceiver
 from toolkit.plan.model import KvTransferPlan, Plan, RolePlan, SlurmPlan, SupervisionPlan, TrafficPlan
 from toolkit.recipe.loader import LoadedRecipe
 
@@ -111,6 +111,7 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
     rules.check_agreement(r, ctx_opts, gen_opts, c)
     extra_layers = sizing.spec_layers(r, version)  # MTP adds KV layers (facts.trtllm.mtp_kv_layers)
     memories = memory.plan_roles(r, model, engine, merged, extra_layers, buffer, c)
+    kv_transceiver = transceiver.plan_transceiver(r, version, target, model, merged, buffer, extra_layers, c)
 
     gpn = r.cluster.gpus_per_node
     ctx_span = placement.nodes_per_instance(r.context, gpn, "context", c)
@@ -198,7 +199,8 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
     return Plan(
         name=r.name, recipe_file=loaded.file, toolkit_version=__version__, trtllm_version=version.line,
         trtllm_release=version.release, model=model, engine=engine, kv=geometry,
-        kv_transfer=KvTransferPlan(backend=r.kv_transfer.backend, dtype=dtype, transport=transport),
+        kv_transfer=KvTransferPlan(backend=r.kv_transfer.backend, dtype=dtype, transport=transport,
+                                   transceiver=kv_transceiver),
         traffic=TrafficPlan(max_input_len=t.max_input_len, prefix_len=t.prefix_len,
                             max_output_len=t.max_output_len, typical_input_len=t.typical_input_len),
         buffer=buffer, estimates=estimates, context=ctx_plan, generation=gen_plan, proxy=proxy, slurm=slurm,

@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass, field
 
 from toolkit.facts import trtllm
 from toolkit.facts.engines import EngineProfile
+from toolkit.facts.transceiver import Descriptors, Layout, RankPairGeometry, Runtime
 from toolkit.facts.hardware import TransportProfile
 from toolkit.facts.models import ModelSpec
 
@@ -79,12 +80,32 @@ class RoleMemory:
 
 
 @dataclass(frozen=True)
+class TransceiverPlan:
+    """Which TensorRT-LLM cache transceiver the servers run and what it hands NIXL for one request, per (context rank,
+    generation rank) pair (toolkit/facts/transceiver.py: the model, with its sources; toolkit/plan/transceiver.py)."""
+
+    runtime: Runtime  # the context servers' (the sender's)
+    runtime_setting: str | None  # transceiver_runtime as the options file gives it, else the release's default
+    runtime_reason: str
+    default_source: str  # where the release's default comes from (generated data, or the line)
+    backend: str  # cache_transceiver_config.backend with DEFAULT resolved
+    mapper: Layout  # the Python transceiver's mapper for this pair of roles (what it would move without bounce)
+    layout: Layout  # what the runtime moves: staged on the C++ transceiver, the mapper's lists or bounce on Python
+    bounce_size_mb: int  # kv_cache_bounce_size_mb (0: off)
+    pair: RankPairGeometry  # one context rank's KV for one generation rank, per token
+    targets_per_context_rank: int  # generation ranks one context rank sends a request's KV to
+    longest: Descriptors  # the longest admitted request, one rank pair
+    model: str  # the model in words: "C++ transceiver: staged-per-rank-pair, 1 descriptor per rank pair of ..."
+
+
+@dataclass(frozen=True)
 class KvTransferPlan:
     """How KV moves from context to generation servers."""
 
     backend: str  # cache_transceiver_config.backend: DEFAULT | UCX | NIXL | MPI | MOONCAKE
     dtype: str  # kv_cache_config.dtype
     transport: TransportProfile  # the fabric, its UCX_TLS and NIXL backend
+    transceiver: TransceiverPlan | None = None  # None only for a plan built without roles to pair
 
 
 @dataclass(frozen=True)
@@ -114,7 +135,9 @@ class Estimates:
 class BufferSizing:
     """cache_transceiver_config.max_tokens_in_buffer: the context servers' and, where a recipe gives the generation
     role its own, the generation servers'. TensorRT-LLM sizes each server's pre-allocated transfer buffer from its
-    own value (cacheTransBuffer.cpp); a request larger than a side's buffer moves through dynamic buffers there."""
+    own value (cacheTransBuffer.cpp). A request larger than a side's buffer: the C++ transceiver over NIXL or MOONCAKE
+    fails it ("Agent need all buffer pre-allocated", toolkit/facts/transceiver.py), over UCX or MPI it moves through
+    buffers allocated for that request. The Python transceiver moves the KV pools' blocks themselves."""
 
     max_tokens_in_buffer: int  # the context servers'
     reason: str

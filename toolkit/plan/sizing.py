@@ -24,10 +24,10 @@ def size_buffer(r: Recipe, c) -> BufferSizing:
     generation.max_tokens_in_buffer), else kv_transfer.max_tokens_in_buffer, else derived. Checked (violations to c):
     a multiple of tokens_per_block, which TensorRT-LLM asserts at start-up (TLLM_CHECK(maxNumTokens.value() %
     tokensPerBlock == 0) in CacheTransBufferManager's constructor, cpp/tensorrt_llm/batch_manager/
-    cacheTransBuffer.cpp, e.g. @ 012f8ad2031a113485f7485fd9bfb8aaacded4c5). Smaller than the longest input is a
-    warning: TensorRT-LLM accepts it and moves such requests through dynamic buffers."""
+    cacheTransBuffer.cpp, e.g. @ 012f8ad2031a113485f7485fd9bfb8aaacded4c5). Smaller than the longest input is judged
+    by the role's transceiver (toolkit/plan/transceiver.py check_buffer): refused where TensorRT-LLM fails such a
+    request, a warning where it falls back to buffers allocated per request."""
     tpb = r.kv_transfer.tokens_per_block
-    longest = longest_input(r)
     common = r.kv_transfer.max_tokens_in_buffer
     values, given_any = {}, False
     for title, role in (("context", r.context), ("generation", r.generation)):
@@ -42,11 +42,7 @@ def size_buffer(r: Recipe, c) -> BufferSizing:
             c.add(field, f"{given} is not a multiple of tokens_per_block={tpb}; TensorRT-LLM aborts at start-up "
                   "(TLLM_CHECK(maxNumTokens.value() % tokensPerBlock == 0) in cacheTransBuffer.cpp)",
                   f"use {ceil_to(tpb, given)}, or remove the field and let tk size it")
-        elif given < longest:
-            c.warnings.append(
-                f"{field} = {given} is smaller than the longest input the recipe admits ({longest} tokens = "
-                "max_input_len + prefix_len): the KV of longer requests goes through dynamic buffers on the "
-                f"{title} servers, which is slower and, with NIXL, registers memory per request")
+    longest = longest_input(r)
     ctx_mnt = r.context.max_num_tokens or ceil_to(tpb, longest)
     derived = ceil_to(tpb, max(longest, ctx_mnt))
     why = (f"the larger of the longest admitted input ({r.traffic.max_input_len} input + {r.traffic.prefix_len} "

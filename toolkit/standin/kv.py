@@ -22,9 +22,10 @@ Context server (``request_type: context_only`` with n prompt tokens): computes t
 the header, and returns in ``encoded_opaque_state`` (msgpack, then base64 by the HTTP layer): its NIXL agent name
 and metadata, its HTTP endpoint (for error messages), the header's and every block's (address, length), and the
 geometry (model, attention, layers, tokens_per_block, kv dtype, bytes per token). A request longer than
-``max_tokens_in_buffer`` is refused with a clear error (TensorRT-LLM would need a dynamic buffer, which fails with
-NIXL). A background task frees a send slot when the generation server's NIXL notification for it arrives, or
-after ``kv_transfer_timeout_ms`` if nobody came (logged, counted as expired).
+``max_tokens_in_buffer`` fails as TensorRT-LLM's C++ transceiver over NIXL fails it ("Agent need all buffer
+pre-allocated", HTTP 500), and is refused with a clear error otherwise (``check_fits``). A background task frees a
+send slot when the generation server's NIXL notification for it arrives, or after ``kv_transfer_timeout_ms`` if
+nobody came (logged, counted as expired).
 
 Generation server (``request_type: generation_only``): decodes the opaque state; refuses a context server whose
 geometry differs from its own (tokens_per_block, kv dtype, model, bytes per token, layers: what TensorRT-LLM's
@@ -125,6 +126,7 @@ class KvPool:
         self.timeout_s = tr.kv_transfer_timeout_ms / 1000.0
         self.timeout_ms = tr.kv_transfer_timeout_ms
         self.slot_tokens = tr.max_tokens_in_buffer
+        self.preallocated = tr.preallocated_buffer
         self.blocks_per_slot = self.slot_tokens // geo.tokens_per_block
         self.slot_bytes = HEADER_BYTES + geo.num_layers * self.slot_tokens * geo.bytes_per_token_per_layer
         n_send = max(1, min(settings.max_batch_size, 16))
@@ -229,14 +231,24 @@ class KvPool:
 
     # --- context side ------------------------------------------------------------------------------------
 
-    def check_fits(self, n: int) -> None:
-        if n > self.slot_tokens:
-            raise TransferError(400, (
-                f"context server {self.endpoint}: the prompt has {n} tokens but "
+    def check_fits(self, n: int, side: str = "context") -> None:
+        """A prompt's KV must fit one transfer slot (max_tokens_in_buffer tokens). TensorRT-LLM's C++ transceiver over
+        NIXL fails such a request: its agent connection takes no dynamic buffer (TLLM_CHECK "Agent need all buffer
+        pre-allocated" in CacheFormatter::format, "Agent need buffer pre-allocated" in unformat), and the client
+        gets an error; the stand-in answers the same way. Elsewhere TensorRT-LLM would move it through buffers
+        allocated for the request, which the stand-in's fixed slots cannot: it refuses it, saying so."""
+        if n <= self.slot_tokens:
+            return
+        what = (f"{side} server {self.endpoint}: the prompt has {n} tokens but "
                 f"cache_transceiver_config.max_tokens_in_buffer is {self.slot_tokens}; its KV "
-                f"({n * self.geo.bytes_per_token} bytes) does not fit the pre-allocated transfer buffer, and "
-                f"TensorRT-LLM's dynamic-buffer fallback fails with NIXL; raise max_tokens_in_buffer to the "
-                f"longest prompt (a multiple of tokens_per_block)"))
+                f"({n * self.geo.bytes_per_token} bytes) does not fit the pre-allocated transfer buffer")
+        fix = "raise max_tokens_in_buffer to the longest prompt (a multiple of tokens_per_block)"
+        if self.preallocated:
+            check = "Agent need all buffer pre-allocated" if side == "context" else "Agent need buffer pre-allocated"
+            raise TransferError(500, f"{what}: [TensorRT-LLM][ERROR] Assertion failed: {check} (cacheFormatter.cpp: "
+                                     f"the C++ transceiver over NIXL has no dynamic-buffer fallback); {fix}")
+        raise TransferError(400, f"{what}, and the stand-in has no buffers allocated per request (TensorRT-LLM's "
+                                 f"transceiver would move it through one); {fix}")
 
     async def publish(self, kv: np.ndarray, ctx_request_id: int) -> dict:
         """Put a prompt's KV in a send slot; returns the opaque state for the generation server."""
@@ -370,9 +382,7 @@ class KvPool:
             raise TransferError(400, f"the context server {ctx} holds KV of {n} tokens but the generation request "
                                      f"has {prompt_len} prompt tokens")
         nblocks = -(-n // self.geo.tokens_per_block)
-        if n > self.slot_tokens:
-            raise TransferError(400, f"generation server {self.endpoint}: KV of {n} tokens from {ctx} does not fit "
-                                     f"its cache_transceiver_config.max_tokens_in_buffer={self.slot_tokens}")
+        self.check_fits(n, side="generation")
         blocks = state.get("blocks") or []
         if len(blocks) != self.geo.num_layers * nblocks:
             raise TransferError(400, f"the opaque state from {ctx} lists {len(blocks)} blocks, expected "

@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from toolkit.facts import llm_args, trtllm
+from toolkit.facts import transceiver as transceiver_facts
 from toolkit.facts.engines import STANDIN
 from toolkit.facts.models import KV_DTYPE_BYTES, ModelError, ModelSpec, resolve_model
 
@@ -193,6 +194,9 @@ class Transceiver:
     kv_transfer_timeout_ms: int
     runtime: str | None = None  # transceiver_runtime (1.3): CPP | PYTHON | auto; the stand-in moves KV the same way
     pipelined: bool = False  # enable_pipelined_transfer (1.3)
+    # TensorRT-LLM's C++ transceiver over an agent connection (NIXL): a request larger than the pre-allocated buffer
+    # fails ("Agent need all buffer pre-allocated", toolkit/facts/transceiver.py) where others fall back
+    preallocated_buffer: bool = False
 
 
 @dataclass(frozen=True)
@@ -417,5 +421,12 @@ def _transceiver(where, ct, version, tpb, model, kv_dtype, max_seq_len) -> Trans
                           "Please use transceiver_runtime='CPP' for MPI, UCX, or MOONCAKE backends.")
     if pipelined and bounce > 0:
         raise ConfigError(f"{where}: kv_cache_bounce_size_mb must be 0 when enable_pipelined_transfer is set.")
+    target = target_of(version)
+    setting = runtime if "transceiver_runtime" in ct or pipelined else \
+        transceiver_facts.default_for(target.line, target.release).setting
+    resolved_runtime, _ = transceiver_facts.resolve_runtime(
+        setting, resolved, "kv_transfer_timeout_ms" in ct and ct["kv_transfer_timeout_ms"] is None)
     return Transceiver(backend=backend, max_tokens_in_buffer=mtib,
-                       kv_transfer_timeout_ms=timeout or DEFAULT_TIMEOUT_MS, runtime=runtime, pipelined=pipelined)
+                       kv_transfer_timeout_ms=timeout or DEFAULT_TIMEOUT_MS, runtime=runtime, pipelined=pipelined,
+                       preallocated_buffer=transceiver_facts.agent_needs_preallocated_buffer(resolved_runtime,
+                                                                                           resolved))

@@ -11,13 +11,20 @@ import uuid
 from dataclasses import dataclass, field
 
 from toolkit.errors import TkError
+from toolkit.facts import transceiver as T
 from toolkit.plan.model import Plan
 from validation.layout import ceil_to
 from validation.schedule import round_robin
 from validation.wire import PROTOCOL
 
 SWEEP_TOKENS_PER_BLOCK = (16, 32, 64, 128, 256)
-SWEEP_OPS = ("WRITE", "READ")
+# TensorRT-LLM never READs: both transceivers WRITE from the context side (toolkit/facts/transceiver.py). READ is
+# measured only when asked (--read), and reported as not what TensorRT-LLM issues.
+TRTLLM_OPS = ("WRITE",)
+ALL_OPS = ("WRITE", "READ")
+# The descriptor-size curve: the longest request's bytes of one rank pair in this many equal descriptors, raw NIXL
+# WRITEs (context -> generation); 1 is what the transport can do with these bytes (the threshold's basis).
+CURVE_DESCRIPTORS = (1, 4, 16, 64, 256, 1024, 2048)
 # Destination slots per request: transfers go in bursts of one per slot, back to back, and the check runs
 # between bursts (validation/pair.py). With a slot per transfer (warm-up + timed, up to BURST_SLOTS) a
 # request is one burst: every check after the timed window. On CPU transports the first one or two
@@ -45,6 +52,8 @@ class Options:
     sweep_iterations: int = 5
     sweep_repeats: int = 3
     reverse: bool = True
+    read: bool = False  # also READ (the destination pulls): not what TensorRT-LLM issues
+    curve: bool = True  # the descriptor-size curve (1 .. 2048 descriptors of the same bytes)
     lengths: tuple[int, ...] | None = None
     min_fraction: float | None = None
     transfer_timeout_s: float = 30.0
@@ -107,7 +116,14 @@ def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
     layers_total = min(layers_rank.values())
     mode = "block" if slot["ctx"] == slot["gen"] else "fragment"
     frag = min(slot.values())
-    sweep_tpbs = sorted({*SWEEP_TOKENS_PER_BLOCK, tpb}) if opts.sweep else []
+    # What the recipe's transceiver moves (toolkit/facts/transceiver.py): the C++ one (and the Python one's bounce
+    # buffer) gathers a request into a staging slice and WRITEs one descriptor; the Python one the mapper's lists.
+    tr = plan.kv_transfer.transceiver
+    staged = tr is not None and tr.layout.gathers
+    sweep_tpbs = sorted({*SWEEP_TOKENS_PER_BLOCK, tpb}) if opts.sweep and not staged else []
+    if opts.sweep and staged:
+        notes.append(f"tokens_per_block sweep skipped: the {tr.runtime.label} moves one descriptor per rank pair "
+                     "whatever tokens_per_block is (the descriptor-size curve shows what a list would cost)")
     all_tpbs = [tpb, *sweep_tpbs]
 
     def aligned(x):
@@ -134,27 +150,36 @@ def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
         blocks += max(2, math.ceil(blocks / 4))  # spare blocks: scattered block tables, untouched blocks
         return {s: blocks * tpb * layers_ * kvf * slot[s] for s in ("ctx", "gen")}
 
+    def staging(layers_: int, tokens: int, slots_: int) -> int:
+        """A staged transfer's slices after the blocks: one to send from, one per destination slot to land in."""
+        return (1 + slots_) * ceil_to(tpb, tokens) * layers_ * kvf * frag if staged else 0
+
+    def registered(pools_: dict, layers_: int, tokens: int, slots_: int) -> int:
+        return max(pools_.values()) + staging(layers_, tokens, slots_)
+
     pools = pool_bytes(layers, pool_tokens, slots)
     wanted_slots = slots
-    while slots > 1 and max(pools.values()) > cap:  # fewer slots before fewer layers
+    while slots > 1 and registered(pools, layers, longest, slots) > cap:  # fewer slots before fewer layers
         slots -= 1
         pools = pool_bytes(layers, pool_tokens, slots)
     if slots < wanted_slots:
         notes.append(f"the longest request is timed in bursts of {slots} transfer(s) instead of {wanted_slots} to fit "
                      f"--max-memory-mb={opts.max_memory_mb}: more of its timed transfers directly follow a check, "
                      "which on CPU transports (shared memory, TCP) reads lower, not on RDMA (docs/validate.md)")
-    if max(pools.values()) > cap:
-        per_layer = max(pool_bytes(1, pool_tokens).values())
+    if registered(pools, layers, longest, slots) > cap:
+        slots = 1
+        per_layer = registered(pool_bytes(1, pool_tokens), 1, longest, 1)
         layers = max(1, cap // per_layer)
         pools = pool_bytes(layers, pool_tokens)
-        effect = ("descriptor sizes are unchanged (one per layer and K/V)" if mode == "fragment" else
+        effect = ("the one staged descriptor per rank pair shrinks with them" if staged else
+                  "descriptor sizes are unchanged (one per layer and K/V)" if mode == "fragment" else
                   f"each block descriptor is {tpb * layers * kvf * slot['ctx']} bytes instead of "
                   f"{tpb * layers_total * kvf * slot['ctx']}")
         notes.append(f"layers scaled down from {layers_total} to {layers} per request so each agent registers at most "
                      f"--max-memory-mb={opts.max_memory_mb} MiB; bytes per request shrink by the same factor and "
                      f"{effect}")
-    if max(pools.values()) > cap:
-        per_token = max(pool_bytes(1, tpb * 4).values()) / (tpb * 4)
+    if registered(pools, layers, longest, slots) > cap:
+        per_token = registered(pool_bytes(1, tpb * 4), 1, tpb * 4, 1) / (tpb * 4)
         fit = max(tpb, int(cap / per_token) // tpb * tpb)
         lengths = sorted({min(n, fit) for n in lengths})
         if sweep_tokens:
@@ -165,6 +190,20 @@ def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
         pool_tokens = max(max(lengths), sweep_tokens)
         pools = pool_bytes(layers, pool_tokens)
         notes.append(f"request lengths capped at {max(lengths)} tokens to fit --max-memory-mb={opts.max_memory_mb}")
+    longest = max(lengths)
+    slice_bytes = ceil_to(tpb, longest) * int(layers) * kvf * frag
+    stage = staging(int(layers), longest, slots)
+    if tr is not None:  # per length: the bounce buffer coalesces only what clears its gate (TensorRT-LLM's bytes)
+        full_per_token = layers_total * kvf * frag
+        staged_lengths = [T.layout_for(tr.runtime, tr.mapper, tr.bounce_size_mb,
+                                       ceil_to(tpb, n) * full_per_token).gathers for n in lengths]
+        transfer = {"runtime": tr.runtime.value, "layout": tr.layout.value, "mapper": tr.mapper.value,
+                    "label": tr.runtime.label, "bounce_size_mb": tr.bounce_size_mb, "staged": staged_lengths,
+                    "plan_model": tr.model, "plan_pair_bytes": tr.longest.total_bytes}
+    else:
+        mapper = (T.Layout.PER_BLOCK if mode == "block" else T.Layout.HEAD_MISMATCH).value
+        transfer = {"runtime": None, "layout": mapper, "mapper": mapper, "label": "descriptor lists",
+                    "bounce_size_mb": 0, "staged": [False] * len(lengths), "plan_model": None}
 
     geom = {
         "mode": mode,
@@ -179,7 +218,10 @@ def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
         "bytes_per_token_full": layers_total * kvf * frag,
         "descriptors_per_block": 1 if mode == "block" else int(layers) * kvf,
         "descriptor_bytes": tpb * (int(layers) * kvf * slot["ctx"] if mode == "block" else frag),
-        "pool_bytes": pools,
+        "pool_bytes": {s_: pools[s_] + stage for s_ in pools},  # what each agent registers: blocks, then staging
+        "blocks_bytes": pools,
+        "staging": ({"offset": dict(pools), "slice_bytes": slice_bytes, "recv_slices": slots} if stage else None),
+        "transfer": transfer,
         "pool_tokens": pool_tokens,
         "slots": slots,  # the longest request's
         "burst_slots": wanted_slots,  # what shorter requests may use when the pool holds them
@@ -228,9 +270,13 @@ def build_params(plan: Plan, opts: Options, run_dir: str) -> dict:
         "iterations": opts.iterations,
         "warmup": opts.warmup,
         "directions": ["forward", "reverse"] if opts.reverse else ["forward"],
+        "ops": list(ALL_OPS if opts.read else TRTLLM_OPS),
         "sweep": ({"tokens_per_block": geom["sweep_tokens_per_block"], "tokens": geom["sweep_tokens"],
-                   "iterations": opts.sweep_iterations, "repeats": opts.sweep_repeats, "ops": list(SWEEP_OPS)}
+                   "iterations": opts.sweep_iterations, "repeats": opts.sweep_repeats,
+                   "ops": list(ALL_OPS if opts.read else TRTLLM_OPS)}
                   if geom["sweep_tokens_per_block"] else None),
+        "curve": ({"descriptors": list(CURVE_DESCRIPTORS), "iterations": opts.sweep_iterations, "warmup": 1}
+                  if opts.curve else None),
         "timeouts": {"rendezvous_s": rendezvous, "transfer_s": t,
                      "pair_s": min(opts.timeout_s, max(60.0, 10 * t)), "deadline_s": opts.timeout_s},
         "expect": {"transport": transport, "rdma": transport in RDMA_PROFILES,

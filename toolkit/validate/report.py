@@ -4,6 +4,7 @@ report.schema.json) and show it: live progress while agents run, then the per-pa
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -83,27 +84,43 @@ def absence_reason(aid: str, results: dict, exits: dict) -> str:
     return f"{aid} did not report in time (log: logs/{aid}.log)"
 
 
-def merge_pairs(params: dict, results: dict, exits: dict, min_gbps: float, final: bool = True) -> list:
+def scheduled_ops(params: dict) -> tuple[str, ...]:
+    """The ops the agents ran: WRITE, the one TensorRT-LLM issues, and READ only when asked (reports written before
+    READ became opt-in ran both)."""
+    asked = params.get("ops") or OPS
+    return tuple(op for op in OPS if op in asked)
+
+
+def _p50_ms(values: list):
+    return _ms(percentile(values, 50)) if values else None
+
+
+def merge_pairs(params: dict, results: dict, exits: dict, min_gbps, final: bool = True) -> list:
     """One entry per (context node, generation node, direction, op), every scheduled one, merged from both
-    sides. src/dst name the context and the generation agent in both directions."""
+    sides. src/dst name the context and the generation agent in both directions. min_gbps: one threshold, or
+    (context agent, generation agent) -> the pair's; it judges WRITE only (TensorRT-LLM never READs)."""
     recs = _records(results)
     n_lengths = len(params["lengths"])
     host = {aid: (res or {}).get("host") for aid, res in results.items()}
     out = []
     for r, pairs in enumerate(params["rounds"]):
         for src, dst in pairs:
-            for direction, op in ((d, o) for d in params.get("directions") or ["forward"] for o in OPS):
+            for direction, op in ((d, o) for d in params.get("directions") or ["forward"] for o in scheduled_ops(params)):
                 by = recs.get((src, dst, op, direction), {})
                 initiator, verifier = roles_of(src, dst, direction, op)
                 ini, ver = by.get(initiator), by.get(verifier)
+                source = by.get(src if direction == "forward" else dst)
                 lengths = []
                 for li in range(n_lengths):
                     e_i = ini["lengths"][li] if ini and li < len(ini["lengths"]) else None
                     e_v = ver["lengths"][li] if ver and li < len(ver["lengths"]) else None
+                    e_s = source["lengths"][li] if source and li < len(source["lengths"]) else None
                     base = e_v or e_i
                     if base is None:
                         continue
                     lat = (e_i or {}).get("latencies_s", [])
+                    gather, scatter = _p50_ms((e_s or {}).get("gather_s", [])), _p50_ms((e_v or {}).get("scatter_s", []))
+                    transfer = _ms(percentile(lat, 50))
                     lengths.append({
                         "tokens": base["tokens"], "bytes": base["bytes"], "blocks": base["blocks"],
                         "descriptors": base["descriptors"], "iterations": len(lat),
@@ -114,6 +131,10 @@ def merge_pairs(params: dict, results: dict, exits: dict, min_gbps: float, final
                         "bytes_verified": (e_v or {}).get("bytes_verified", 0),
                         "transfers_verified": (e_v or {}).get("transfers_verified", 0),
                         "untouched_bytes_checked": (e_v or {}).get("untouched_bytes_checked", 0),
+                        "staged": bool(base.get("staged")),
+                        "gather_p50_ms": gather, "scatter_p50_ms": scatter,
+                        "request_ms": (round((gather or 0) + transfer + (scatter or 0), 4)
+                                       if transfer is not None else None),
                         "error": (e_v or {}).get("error") or (e_i or {}).get("error"),
                     })
                 error = None
@@ -130,6 +151,8 @@ def merge_pairs(params: dict, results: dict, exits: dict, min_gbps: float, final
                         error = "incomplete: the agents stopped before finishing this pair"
                 longest = lengths[-1] if complete else None
                 gbps = longest["gbps"] if longest else None
+                threshold = min_gbps.get((src, dst), 0.0) if isinstance(min_gbps, dict) else min_gbps
+                judged = op == "WRITE"
                 entry = {
                     "src": src, "dst": dst, "op": op, "direction": direction, "round": r,
                     "src_host": host.get(src), "dst_host": host.get(dst),
@@ -137,6 +160,9 @@ def merge_pairs(params: dict, results: dict, exits: dict, min_gbps: float, final
                     "gbps": gbps,
                     "latency_p50_ms": longest["latency_p50_ms"] if longest else None,
                     "latency_p99_ms": longest["latency_p99_ms"] if longest else None,
+                    "request_ms": longest["request_ms"] if longest else None,
+                    "issued_by_trtllm": judged,
+                    "min_gbps": round(threshold, 6) if judged else None,
                     "passed": False, "error": error, "lengths": lengths,
                 }
                 if error is None and complete:
@@ -144,10 +170,10 @@ def merge_pairs(params: dict, results: dict, exits: dict, min_gbps: float, final
                         entry["error"] = "no byte was verified"
                     elif not gbps:
                         entry["error"] = "no bandwidth measured"
-                    elif gbps < min_gbps:
+                    elif judged and gbps < threshold:
                         way = "" if direction == "forward" else " (generation -> context)"
                         entry["error"] = (f"bandwidth {gbps:.3f} GB/s for the {longest['tokens']}-token request{way} "
-                                          f"is below the threshold {min_gbps:.3f} GB/s")
+                                          f"is below the threshold {threshold:.3f} GB/s")
                     else:
                         entry["passed"] = True
                 entry["done"] = entry["passed"] or entry["error"] is not None
@@ -164,7 +190,8 @@ def _spread(values: list) -> dict:
             "spread": round((max(values) - min(values)) / med, 4) if med else None}
 
 
-def merge_sweep(params: dict, results: dict, geom: dict, shared_host: bool = False) -> tuple[list, dict | None]:
+def merge_sweep(params: dict, results: dict, geom: dict, shared_host: bool = False,
+                cpu_progressed: bool = True) -> tuple[list, dict | None]:
     """One row per tokens_per_block: per op, each pass's median over the pairs, and their median, min, max
     and spread; the top-level figures are WRITE's (or READ's when WRITE was not swept). Then the
     recommendation (recommend)."""
@@ -210,7 +237,7 @@ def merge_sweep(params: dict, results: dict, geom: dict, shared_host: bool = Fal
             "latency_p50_ms": main["latency_p50_ms"], "errors": errs.get(tpb, []),
             "ops": {op: {k: v for k, v in x.items() if k != "descriptors"} for op, x in per_op.items()},
         })
-    return rows, recommend(rows, geom["tokens_per_block"], ops, shared_host)
+    return rows, recommend(rows, geom["tokens_per_block"], ops, shared_host, cpu_progressed)
 
 
 def _range(x: dict) -> str:
@@ -249,17 +276,22 @@ def _judge_op(rows: list, op: str, current: int) -> tuple[str, int | None, str]:
                                       f"recipe's {current} at {_range(cur)} in every pass")
 
 
-def recommend(rows: list, current: int, ops: list, shared_host: bool) -> dict | None:
+def recommend(rows: list, current: int, ops: list, shared_host: bool, cpu_progressed: bool = True) -> dict | None:
     """The tokens_per_block recommendation, made only from measurements that hold (see MIN_GAIN): status
     "change" (every op trusted here agrees on a measurably faster block size), "keep" (none is measurably
     faster), or "withheld" (too few passes, the recipe's value not measured, nothing trustworthy measured);
-    the reason says which and with what numbers. None without a sweep."""
+    the reason says which and with what numbers. None without a sweep.
+
+    WRITE is left out only where the agents share a host AND the transport is progressed by a CPU (host memory
+    over shared memory or TCP, or UCX's software emulation): there a WRITE completes when its destination is
+    scheduled. cuda_ipc and RDMA move the bytes themselves, so WRITE (what TensorRT-LLM issues) stands."""
     if not rows:
         return None
     excluded = {}
-    if shared_host and "WRITE" in ops:
-        excluded["WRITE"] = ("the agents share a host: without a host each, a WRITE completes only when its "
-                             "destination is scheduled, so WRITE figures measure the host, not the transfer")
+    if shared_host and cpu_progressed and "WRITE" in ops:
+        excluded["WRITE"] = ("the agents share a host and the transport is progressed by a CPU (host memory over "
+                             "shared memory or TCP): a WRITE completes only when its destination is scheduled, so "
+                             "WRITE figures measure the host, not the transfer")
     trusted = [op for op in ops if op not in excluded and any(r["ops"].get(op, {}).get("gbps_median") for r in rows)]
     verdicts = {op: _judge_op(rows, op, current) for op in trusted}
     picks = {op: tpb for op, (_, tpb, _) in verdicts.items()}
@@ -285,7 +317,8 @@ def recommend(rows: list, current: int, ops: list, shared_host: bool) -> dict | 
 
 
 def largest_request(plan_info: dict, pairs: list) -> dict:
-    measured = [p["gbps"] for p in pairs if p["gbps"] and p.get("direction", "forward") == "forward"]
+    measured = [p["gbps"] for p in pairs if p["gbps"] and p.get("direction", "forward") == "forward"
+                and p.get("op", "WRITE") == "WRITE"]
     worst = min(measured) if measured else None
     nbytes = plan_info["largest_request_bytes_per_rank"]
     ms = round(nbytes / (worst * 1e9) * 1e3, 3) if worst else None
@@ -338,7 +371,147 @@ def bandwidth_matrix(pairs: list) -> dict:
     return out
 
 
-def timing_note(params: dict, shared_host: bool) -> dict:
+# Transports whose copies a CPU makes (UCX transport names before the "/"): host memory over shared memory or TCP.
+CPU_TRANSPORTS = ("cma", "tcp", "posix", "sysv", "xpmem", "knem", "self")
+
+
+def cpu_progressed(params: dict, results: dict) -> tuple[bool, str]:
+    """Whether the transfers were progressed by a CPU (so a WRITE between agents of one host completes when its
+    destination runs): host memory, or a WRITE that UCX served by software emulation. CUDA memory over cuda_ipc or
+    RDMA is not: the copy engine or the NIC moves it."""
+    mems = {r["memory"]["type"] for r in results.values() if r and isinstance(r.get("memory"), dict)}
+    emulated = [f"{r.get('agent')}: {t.get('scope')}" for r in results.values() if r
+                for t in r.get("protocols", []) if t.get("op") == "WRITE" and t.get("emulated")]
+    if emulated:
+        return True, f"UCX served WRITE by software emulation ({'; '.join(emulated[:3])})"
+    if "VRAM" in mems:
+        return False, "CUDA memory: cuda_ipc or RDMA moves it, not the destination's CPU"
+    if mems or params.get("memory") == "dram":
+        return True, "host memory over UCX's CPU transports (shared memory, TCP)"
+    return True, "no agent reported its memory"
+
+
+def merge_curve(params: dict, results: dict) -> tuple[list, dict, dict]:
+    """The descriptor-size curve: per descriptor count, each pair's raw WRITE GB/s (context side) and the check
+    (generation side); their median, slowest and fastest. Also per pair (context agent, generation agent) the
+    one-descriptor GB/s (what the link can do with these bytes) and the destination's copy of the same bytes."""
+    if not params.get("curve"):
+        return [], {}, {}
+    by_n: dict = {}
+    possible: dict = {}
+    copy: dict = {}
+    for res in results.values():
+        for e in (res or {}).get("curve", []):
+            row = by_n.setdefault(e["descriptors"], {"descriptors": e["descriptors"],
+                                                     "descriptor_bytes": e["descriptor_bytes"], "bytes": e["bytes"],
+                                                     "pairs": [], "errors": []})
+            if e.get("error"):
+                row["errors"].append(f"{e['src']} -> {e['dst']}: {e['error']}")
+            if e.get("latencies_s") and not e.get("error"):
+                bw = _gbps(e["bytes"], e["latencies_s"])
+                if bw:
+                    row["pairs"].append(bw)
+                    if e["descriptors"] == 1:
+                        possible[(e["src"], e["dst"])] = bw
+            if e.get("copy_s"):
+                copy[(e["src"], e["dst"])] = round(e["bytes"] / e["copy_s"] / 1e9, 4)
+    rows = []
+    for n in sorted(by_n):
+        row = by_n[n]
+        bws = row.pop("pairs")
+        errs = list(dict.fromkeys(row["errors"]))
+        rows.append({**row, "errors": errs, "pairs": len(bws),
+                     "gbps_median": round(statistics.median(bws), 4) if bws else None,
+                     "gbps_min": round(min(bws), 4) if bws else None, "gbps_max": round(max(bws), 4) if bws else None})
+    return rows, possible, copy
+
+
+def _curve_at(rows: list, count: int) -> float | None:
+    """The curve's median GB/s at ``count`` descriptors, log-linear between its points (clamped at its ends)."""
+    pts = [(r["descriptors"], r["gbps_median"]) for r in rows if r.get("gbps_median")]
+    if not pts:
+        return None
+    if count <= pts[0][0]:
+        return pts[0][1]
+    for (n0, g0), (n1, g1) in zip(pts, pts[1:]):
+        if n0 <= count <= n1:
+            f = (math.log(count) - math.log(n0)) / (math.log(n1) - math.log(n0))
+            return g0 + (g1 - g0) * f
+    return pts[-1][1]
+
+
+def advise(transfer: dict, rows: list, pairs: list, tpb: int, trusted: bool, why_not: str) -> dict | None:
+    """What the descriptor-size curve says about the recipe's transfer: the GB/s its descriptor count reaches
+    against one descriptor of the same bytes, and, when the count costs more than a tenth, what would cut it:
+    a larger tokens_per_block (fewer descriptors), or the Python transceiver's bounce buffer (one descriptor).
+    None without a curve."""
+    if not rows:
+        return None
+    forward = [p for p in pairs if p.get("direction", "forward") == "forward" and p["op"] == "WRITE" and p["lengths"]]
+    longest = forward[0]["lengths"][-1] if forward else None
+    one = _curve_at(rows, 1)
+    base = {"status": "withheld", "tokens_per_block": tpb, "recipe_tokens_per_block": tpb, "bounce_size_mb": None,
+            "descriptors": longest["descriptors"] if longest else None,
+            "descriptor_bytes": (longest["bytes"] // max(1, longest["descriptors"])) if longest else None,
+            "gbps_one_descriptor": round(one, 4) if one else None, "gbps_at_recipe": None}
+    if longest is None or not one:
+        return {**base, "reason": "the curve or the longest request was not measured"}
+    count = int(longest["descriptors"])
+    at = _curve_at(rows, count)
+    base["gbps_at_recipe"] = round(at, 4) if at else None
+    if not trusted:
+        return {**base, "reason": f"WRITE figures are not trusted here: {why_not}"}
+    label = transfer.get("label") or "the transceiver"
+    if longest.get("staged") or count == 1:
+        return {**base, "status": "keep", "reason": (
+            f"the {label} moves one descriptor per rank pair ({transfer.get('layout')}): tokens_per_block does not "
+            f"change its transfer; one descriptor of these bytes: {one:.3f} GB/s")}
+    if at and at >= 0.9 * one:
+        return {**base, "status": "keep", "reason": (
+            f"{count} descriptors of {base['descriptor_bytes']} bytes reach {at:.3f} GB/s, within 10 % of one "
+            f"descriptor of the same bytes ({one:.3f} GB/s)")}
+    pick = None
+    for cand in (64, 128, 256, 512):
+        g = _curve_at(rows, max(1, count * tpb // cand)) if cand > tpb else None
+        if g and g >= 0.9 * one:
+            pick = cand
+            break
+    bounce = None
+    if transfer.get("runtime") == "PYTHON":  # the bounce buffer holds the whole request of one rank pair
+        full = int(transfer.get("plan_pair_bytes") or longest["bytes"])
+        bounce = max(1, -(-full // (1 << 20)))
+    options = []
+    if pick:
+        options.append(f"kv_transfer.tokens_per_block: {pick} ({count * tpb // pick} descriptors)")
+    if bounce:
+        options.append(f"kv_transfer.bounce_size_mb: {bounce} or more (the longest admitted request of one rank pair "
+                       "coalesced into one descriptor, as one descriptor measured here)")
+    return {**base, "status": "change" if options else "keep", "tokens_per_block": pick or tpb,
+            "bounce_size_mb": bounce, "reason": (
+                f"{count} descriptors of {base['descriptor_bytes']} bytes reach {at:.3f} GB/s where one descriptor of "
+                f"the same bytes reaches {one:.3f} GB/s ({at / one:.0%})" +
+                (f"; to cut the descriptor count: {'; or '.join(options)}" if options else
+                 "; no block size up to 512 reaches 90 % of one descriptor"))}
+
+
+def transceiver_section(params: dict, pairs: list) -> dict:
+    """The transceiver model the run moved: runtime, layout, and in words what one request of one rank pair was."""
+    t = dict(params["geometry"].get("transfer") or {})
+    forward = [p for p in pairs if p.get("direction", "forward") == "forward" and p["op"] == "WRITE" and p["lengths"]]
+    longest = forward[0]["lengths"][-1] if forward else None
+    if longest:
+        n = longest["descriptors"]
+        how = "staged: gathered, one WRITE, scattered" if longest.get("staged") else "descriptor lists"
+        t["model"] = (f"{t.get('label') or 'transfer'}: {t.get('layout')}, {n} descriptor{'s' if n != 1 else ''} per "
+                      f"rank pair of {_human_bytes(longest['bytes'] // max(1, n))} for the {longest['tokens']}-token "
+                      f"request as validated ({how})")
+    else:
+        t["model"] = t.get("plan_model") or t.get("label")
+    t["source"] = "toolkit/facts/transceiver.py"
+    return t
+
+
+def timing_note(params: dict, shared_host: bool, cpu: tuple[bool, str] = (True, "")) -> dict:
     """How the figures were taken, in the report itself (docs/validate.md explains it)."""
     slots = params["geometry"].get("slots", 1)
     note = {"method": f"per transfer, post to DONE on the initiator; transfers in bursts of up to {slots} back to "
@@ -347,24 +520,55 @@ def timing_note(params: dict, shared_host: bool) -> dict:
                       "from in every word); "
                       "GB/s = request bytes / median latency",
             "slots": slots, "shared_host": shared_host, "progress_thread": params.get("progress_thread"),
-            "caveats": []}
-    if shared_host:
+            "cpu_progressed": cpu[0], "caveats": []}
+    if "READ" in scheduled_ops(params):
+        note["caveats"].append("READ was measured as asked (--read): TensorRT-LLM never READs (the context side "
+                               "WRITEs), so READ figures are shown but judge nothing")
+    if shared_host and cpu[0]:
         note["caveats"].append("context and generation agents share a host: on CPU transports (shared memory, "
                                "TCP) the figures are memory copies competing with everything else on the host, and "
                                "a WRITE completes only when its destination polls; read WRITE figures as a floor")
     return note
 
 
+def thresholds(params: dict, min_fraction: float, possible: dict, copy: dict) -> tuple[dict, dict]:
+    """(the report's thresholds, (context agent, generation agent) -> the pair's min GB/s). A pair's threshold is
+    min_fraction of what was measured as possible on it (raw NIXL, one descriptor of the same bytes: the curve's
+    first point), else of the transport profile's nominal GB/s; ``basis`` says which."""
+    nominal = params["expect"]["nominal_gbps"]
+    pairs = [(c, g) for rd in params["rounds"] for c, g in rd]
+    per_pair, rows = {}, []
+    for c, g in pairs:
+        measured = possible.get((c, g))
+        per_pair[(c, g)] = min_fraction * (measured if measured else nominal)
+        rows.append({"context": c, "generation": g, "possible_gbps": measured, "copy_gbps": copy.get((c, g)),
+                     "min_gbps": round(per_pair[(c, g)], 6)})
+    measured_all = bool(pairs) and all(possible.get(p) for p in pairs)
+    basis = "measured" if measured_all else "nominal"
+    text = (f"{min_fraction:g} x raw NIXL WRITE of one descriptor of the longest request's bytes, measured on each "
+            "pair (the descriptor-size curve's first point)" if measured_all else
+            f"{min_fraction:g} x the {params['expect']['transport']} profile's nominal {nominal:g} GB/s"
+            + (" (the curve did not measure every pair)" if params.get("curve") else ""))
+    if not min_fraction:
+        text = "none (min_fraction 0: host memory or TCP, a rehearsal that says nothing about the fabric)"
+    values = list(per_pair.values()) or [min_fraction * nominal]
+    return ({"transport": params["expect"]["transport"], "nominal_gbps": nominal, "min_fraction": min_fraction,
+             "min_gbps": round(min(values), 6), "basis": basis, "basis_text": text, "pairs": rows,
+             "applies_to": "WRITE bandwidth of the longest validated request, per pair and direction (READ, when "
+                           "asked for, is not judged: TensorRT-LLM never READs)"}, per_pair)
+
+
 def build_report(*, params: dict, results: dict, exits: dict, coordinator_preflight: list, plan_info: dict,
                  min_fraction: float, run: dict) -> dict:
-    nominal = params["expect"]["nominal_gbps"]
-    min_gbps = min_fraction * nominal
-    pairs = merge_pairs(params, results, exits, min_gbps)
+    curve, possible, copy = merge_curve(params, results)
+    thresh, per_pair = thresholds(params, min_fraction, possible, copy)
+    pairs = merge_pairs(params, results, exits, per_pair)
     for p in pairs:
         p.pop("done", None)
     hosts = {aid: (res or {}).get("host") for aid, res in results.items()}
     shared_host = any(hosts.get(c) and hosts.get(c) == hosts.get(g) for pairs_ in params["rounds"] for c, g in pairs_)
-    sweep, rec = merge_sweep(params, results, params["geometry"], shared_host)
+    cpu = cpu_progressed(params, results)
+    sweep, rec = merge_sweep(params, results, params["geometry"], shared_host, cpu[0])
     preflight = list(coordinator_preflight)
     nodes = []
     for a in params["agents"]:
@@ -377,16 +581,22 @@ def build_report(*, params: dict, results: dict, exits: dict, coordinator_prefli
                               else f"{a['id']} ended with an error: {res['error']}"})
         nodes.append({"agent": a["id"], "node": a["node"], "role": a["role"], "host": (res or {}).get("host"),
                       "memory": (res or {}).get("memory"), "nixl": (res or {}).get("nixl"),
-                      "transports": (res or {}).get("transports", []), "exit_code": exits.get(a["id"]),
+                      "transports": (res or {}).get("transports", []),
+                      "protocols": (res or {}).get("protocols", []), "exit_code": exits.get(a["id"]),
                       "missing_peers": (res or {}).get("missing_peers", {}), "log": f"logs/{a['id']}.log"})
     failures = [f"{p['src']} -> {p['dst']} {p['op']}: {p['error']}" for p in pairs if not p["passed"]]
     failures += [f"preflight {i['name']}{' on ' + i['agent'] if i.get('agent') else ''}: {i['detail']}"
                  for i in preflight if i["status"] == "fail"]
     # a sweep transfer that failed (its bytes did not verify, or it did not complete) fails the run as a pair does
     failures += [f"tokens_per_block sweep {row['tokens_per_block']}: {err}" for row in sweep for err in row["errors"]]
+    failures += [f"descriptor-size curve, {row['descriptors']} descriptor(s): {err}" for row in curve
+                 for err in row["errors"]]
     passed = (bool(pairs) and all(p["passed"] for p in pairs) and not any(i["status"] == "fail" for i in preflight)
-              and not any(row["errors"] for row in sweep))
+              and not any(row["errors"] for row in sweep) and not any(row["errors"] for row in curve))
     geom = params["geometry"]
+    trusted = not (shared_host and cpu[0])
+    why_not = ("the agents share a host and the transport is progressed by a CPU: a WRITE completes when its "
+               f"destination is scheduled ({cpu[1]})")
     return {
         "schema_version": REPORT_VERSION,
         "kind": "tk-validate-cluster",
@@ -401,19 +611,21 @@ def build_report(*, params: dict, results: dict, exits: dict, coordinator_prefli
         "geometry": {k: geom[k] for k in ("mode", "attention", "tokens_per_block", "kv_factor", "layers",
                                           "layers_per_rank", "bytes_per_token", "bytes_per_token_full",
                                           "descriptors_per_block", "descriptor_bytes", "pool_bytes", "notes")}
-                    | {"slots": geom.get("slots", 1)},
-        "thresholds": {"transport": params["expect"]["transport"], "nominal_gbps": nominal,
-                       "min_fraction": min_fraction, "min_gbps": round(min_gbps, 6),
-                       "applies_to": "bandwidth of the longest validated request, per pair and op"},
+                    | {"slots": geom.get("slots", 1), "staging": geom.get("staging")},
+        "transceiver": transceiver_section(params, pairs),
+        "thresholds": thresh,
         "sweep": sweep,
         "recommendation": rec,
+        "curve": curve,
+        "advice": advise(geom.get("transfer") or {}, curve, pairs, geom["tokens_per_block"], trusted, why_not),
         "largest_request": largest_request(plan_info, pairs),
         "bandwidth_matrix": bandwidth_matrix(pairs),
-        "timing": timing_note(params, shared_host),
+        "timing": timing_note(params, shared_host, cpu),
         "params": {k: params[k] for k in ("backend", "memory", "progress_thread", "lengths", "iterations", "warmup",
                                           "timeouts", "proto_info")}
                   | {"sweep": params.get("sweep"), "fault": params.get("fault"), "agents": len(params["agents"]),
-                     "directions": params.get("directions") or ["forward"]},
+                     "directions": params.get("directions") or ["forward"], "ops": list(scheduled_ops(params)),
+                     "curve": params.get("curve")},
     }
 
 
@@ -473,9 +685,11 @@ def print_report(report: dict) -> None:
         console.width = 140
     g = report["geometry"]
     console.print(f"[bold]{esc(report['recipe'])}[/]  tk validate cluster ({report['mode']})  "
-                  f"{len(report['nodes'])} agents, {report['schedule']['rounds']} round(s); "
-                  f"{g['mode']} descriptors of {_human_bytes(g['descriptor_bytes'])}, tokens_per_block "
+                  f"{len(report['nodes'])} agents, {report['schedule']['rounds']} round(s); tokens_per_block "
                   f"{g['tokens_per_block']}, lengths {', '.join(map(str, report['params']['lengths']))} tokens")
+    tr = report.get("transceiver") or {}
+    if tr.get("model"):
+        console.print(f"moves what TensorRT-LLM moves: {esc(tr['model'])}")
     for note in g["notes"]:
         console.print(f"[yellow]note:[/] {esc(note)}")
     bad = [i for i in report["preflight"] if i["status"] == "fail"]
@@ -486,17 +700,26 @@ def print_report(report: dict) -> None:
         for i in bad:
             t.add_row(*plain(i["name"], i.get("agent") or "-", i["detail"]))
         console.print(t)
-    t = Table(title=f"Pairs (bandwidth and latency of the longest request; threshold "
-                    f"{report['thresholds']['min_gbps']:.3f} GB/s)", title_justify="left")
-    for col in ("context / generation", "direction", "op", "bytes verified", "GB/s", "p50 ms", "p99 ms", "verdict"):
+    th = report["thresholds"]
+    t = Table(title=f"Pairs (the longest request: link GB/s, WRITE post to DONE; request ms = gather + WRITE + "
+                    f"scatter, p50; threshold {th.get('basis_text') or th['min_gbps']})", title_justify="left")
+    for col in ("context / generation", "direction", "op", "bytes verified", "GB/s", "min GB/s", "p50 ms", "p99 ms",
+                "request ms", "verdict"):
         t.add_column(col, justify="left" if col in ("context / generation", "direction", "op", "verdict") else "right",
                      overflow="fold")
+    reads = False
     for p in report["pairs"]:
         verdict = "[green]pass[/]" if p["passed"] else f"[red]FAIL[/] {esc(p['error'] or '')}"
         way = "ctx -> gen" if p.get("direction", "forward") == "forward" else "gen -> ctx"
-        t.add_row(*plain(f"{p['src']} / {p['dst']}", way, p["op"]), _human_bytes(p["bytes_verified"]),
-                  _f(p["gbps"]), _f(p["latency_p50_ms"]), _f(p["latency_p99_ms"]), verdict)
+        op = p["op"] if p.get("issued_by_trtllm", True) else f"{p['op']}*"
+        reads = reads or op.endswith("*")
+        t.add_row(*plain(f"{p['src']} / {p['dst']}", way, op), _human_bytes(p["bytes_verified"]),
+                  _f(p["gbps"]), _f(p.get("min_gbps")), _f(p["latency_p50_ms"]), _f(p["latency_p99_ms"]),
+                  _f(p.get("request_ms")), verdict)
     console.print(t)
+    if reads:
+        console.print("* not what TensorRT-LLM issues (it WRITEs from the context side): measured as asked, judges "
+                      "nothing")
     _print_matrix_summary(console, report["bandwidth_matrix"])
     if any(s["gbps_median"] or any(x.get("gbps_median") for x in s.get("ops", {}).values()) for s in report["sweep"]):
         ops = list(report["sweep"][0].get("ops", {}) or ["WRITE"])
@@ -515,6 +738,26 @@ def print_report(report: dict) -> None:
             t.add_row(str(s["tokens_per_block"]), _human_bytes(s["descriptor_bytes"]), str(s["descriptors"] or "-"),
                       *cells)
         console.print(t)
+    curve = report.get("curve") or []
+    if any(row.get("gbps_median") for row in curve):
+        t = Table(title="Descriptor-size curve (raw NIXL WRITE, context -> generation, the longest request's bytes "
+                        "of one rank pair; median [slowest-fastest] over the pairs)", title_justify="left")
+        for col in ("descriptors", "each", "GB/s"):
+            t.add_column(col, justify="right")
+        for row in curve:
+            rng = f" [{_f(row['gbps_min'])}-{_f(row['gbps_max'])}]" if row.get("gbps_min") is not None else ""
+            t.add_row(str(row["descriptors"]), _human_bytes(row["descriptor_bytes"]), f"{_f(row['gbps_median'])}{rng}")
+        console.print(t)
+        copies = [x["copy_gbps"] for x in th.get("pairs", []) if x.get("copy_gbps")]
+        if copies:
+            where = "device" if any((n.get("memory") or {}).get("type") == "VRAM" for n in report["nodes"]) else "host"
+            console.print(f"a {where} copy of the same bytes on the destination: {min(copies):.3f}-{max(copies):.3f} "
+                          "GB/s (what a gather or scatter costs at best)")
+    adv = report.get("advice")
+    if adv:
+        head = {"change": "[bold]descriptor count[/]: change", "keep": "descriptor count: keep",
+                "withheld": "descriptor count: no advice"}[adv["status"]]
+        console.print(f"{head}. {esc(adv['reason'])}")
     rec = report["recommendation"]
     if rec:
         status = rec.get("status", "change")

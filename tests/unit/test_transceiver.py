@@ -1,0 +1,116 @@
+"""Spec: the plan knows which TensorRT-LLM cache transceiver a recipe's servers run and what it hands NIXL for one
+request, per (context rank, generation rank) pair (toolkit/facts/transceiver.py, toolkit/plan/transceiver.py)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.unit.helpers import BASE, plan_of, tk_in_process
+from toolkit.facts import transceiver as T
+
+MIB = 1 << 20
+LLAMA8 = BASE.replace("meta-llama/Llama-3.3-70B-Instruct", "meta-llama/Llama-3.1-8B-Instruct")
+# Llama-3.1-8B bf16: 32 layers, 8 KV heads of 128 (2 bytes): one K (or V) of one layer is 2 KiB per token per rank at
+# TP1, 1 KiB at TP2
+
+
+def test_a_1_2_recipe_moves_one_staged_descriptor_per_rank_pair_of_the_request_s_bytes():
+    """TensorRT-LLM 1.2 runs the C++ transceiver: the request's blocks gathered into one staging slice per target
+    rank, one WRITE of one descriptor (cacheFormatter.cpp, AgentConnection::send)."""
+    p = plan_of(LLAMA8, "quantization=bfloat16", "trtllm_version=1.2", "generation.tp=2", "traffic.max_input_len=8192")
+    t = p.kv_transfer.transceiver
+    assert (t.runtime, t.layout, t.mapper) == (T.Runtime.CPP, T.Layout.STAGED, T.Layout.HEAD_MISMATCH)
+    assert t.targets_per_context_rank == 2  # context TP1 -> generation TP2: each gets half the heads
+    d = t.longest
+    assert (d.count, d.tokens, d.blocks) == (1, 8192, 256)
+    assert d.bytes_each == d.total_bytes == 8192 * 32 * 2 * 1024  # the pair's heads, every layer, K and V: 512 MiB
+    assert t.model.startswith("C++ transceiver: staged-per-rank-pair, 1 descriptor per rank pair of 512.0 MiB")
+    assert "unset (None)" in t.runtime_reason and "no transceiver_runtime" in t.default_source
+
+
+def test_a_1_3_recipe_on_the_python_runtime_moves_the_mapper_s_lists():
+    """TP differs: HeadMismatchMapper, one descriptor per block x layer x K/V of the shared heads (peer.py)."""
+    p = plan_of(LLAMA8, "quantization=bfloat16", "trtllm_version=1.3.0rc24", "kv_transfer.runtime=PYTHON",
+                "generation.tp=2", "traffic.max_input_len=8192")
+    t = p.kv_transfer.transceiver
+    assert (t.runtime, t.layout) == (T.Runtime.PYTHON, T.Layout.HEAD_MISMATCH)
+    assert (t.longest.count, t.longest.bytes_each) == (256 * 32 * 2, 32 * 1024)
+    assert t.longest.total_bytes == 8192 * 32 * 2 * 1024  # the same bytes as the C++ transceiver's one descriptor
+    same = plan_of(LLAMA8, "quantization=bfloat16", "trtllm_version=1.3.0rc24", "kv_transfer.runtime=PYTHON")
+    assert (same.kv_transfer.transceiver.layout, same.kv_transfer.transceiver.longest.count) == (T.Layout.PER_BLOCK, 128)
+    assert same.kv_transfer.transceiver.longest.bytes_each == 32 * 32 * 2 * 2048  # a whole block: 4 MiB
+
+
+def test_the_1_3_default_auto_picks_the_python_transceiver_on_nixl_only():
+    """llm_args.py @ 0004396 (1.3.0rc24..rc26): 'auto' selects the Python transceiver, the C++ one for a non-NIXL
+    backend or a null kv_transfer_timeout_ms; 1.3.0rc18..rc20 has no 'auto' (default None: C++)."""
+    nixl = plan_of(LLAMA8, "trtllm_version=1.3.0rc24").kv_transfer.transceiver
+    assert (nixl.runtime, nixl.runtime_setting) == (T.Runtime.PYTHON, "auto")
+    assert "manifest.json @ 000439672005" in nixl.default_source
+    ucx = plan_of(LLAMA8, "trtllm_version=1.3.0rc24", "kv_transfer.backend=UCX").kv_transfer.transceiver
+    assert ucx.runtime is T.Runtime.CPP and "backend UCX" in ucx.runtime_reason
+    early = plan_of(LLAMA8, "trtllm_version=1.3.0rc20").kv_transfer.transceiver
+    assert (early.runtime, early.runtime_setting) == (T.Runtime.CPP, None)
+    assert T.resolve_runtime("auto", "NIXL", timeout_ms_null=True)[0] is T.Runtime.CPP
+    assert T.resolve_runtime(None, "NIXL")[0] is T.Runtime.CPP  # None is equivalent to CPP
+
+
+def test_the_default_comes_from_the_generated_data_when_it_records_one():
+    fields = {T.RUNTIME_PATH: {"allowed": ["CPP", "PYTHON", "auto"], "default": "PYTHON"}}
+    assert T.snapshot_default(fields, "1.4", "a snapshot").setting == "PYTHON"
+    fields = {T.RUNTIME_PATH: {"allowed": ["CPP", "PYTHON", "auto"]}}
+    assert T.snapshot_default(fields, "1.4", "a snapshot").setting == "auto"  # a newer line: the newest line's
+    assert T.snapshot_default({T.RUNTIME_PATH: {"allowed": ["CPP", "PYTHON"]}}, "1.3", "s").setting is None
+    assert T.snapshot_default({}, "1.2", "s").setting is None
+
+
+def test_pipeline_parallelism_that_differs_moves_blocks_over_the_shared_layers():
+    assert T.mapper_layout(1, 1, 8, False, 32, 16) is T.Layout.HEAD_MATCH
+    assert T.mapper_layout(4, 8, 8, False, 32, 32) is T.Layout.HEAD_MISMATCH
+    assert T.mapper_layout(8, 16, 8, False, 32, 32) is T.Layout.PER_BLOCK  # TP 16 > 8 heads: duplicated, they match
+    assert T.mapper_layout(1, 8, 1, True, 61, 61) is T.Layout.PER_BLOCK  # MLA's latent is not split by TP
+    assert T.targets_per_context_rank(1, 2, 1, 2, False) == 4 and T.targets_per_context_rank(1, 8, 1, 1, True) == 1
+
+
+def test_the_bounce_buffer_coalesces_what_clears_its_gate():
+    g = T.RankPairGeometry(tokens_per_block=32, layers=32, kv_factor=2, slot_bytes_per_token=1024)
+    big = T.descriptors(T.Layout.HEAD_MISMATCH, g, 8192)
+    assert T.layout_for(T.Runtime.PYTHON, T.Layout.HEAD_MISMATCH, 1024, big.total_bytes) is T.Layout.BOUNCE
+    assert T.layout_for(T.Runtime.PYTHON, T.Layout.HEAD_MISMATCH, 256, big.total_bytes) is T.Layout.HEAD_MISMATCH
+    small = T.descriptors(T.Layout.HEAD_MISMATCH, T.RankPairGeometry(32, 16, 2, 1024), 32)  # below the 2 MiB gate
+    assert small.total_bytes == MIB
+    assert T.layout_for(T.Runtime.PYTHON, T.Layout.HEAD_MISMATCH, 1024, small.total_bytes) is T.Layout.HEAD_MISMATCH
+    assert T.layout_for(T.Runtime.CPP, T.Layout.HEAD_MISMATCH, 1024, big.total_bytes) is T.Layout.STAGED
+    p = plan_of(LLAMA8, "quantization=bfloat16", "trtllm_version=1.3.0rc24", "kv_transfer.runtime=PYTHON",
+                "kv_transfer.bounce_size_mb=1024", "generation.tp=2", "traffic.max_input_len=8192")
+    t = p.kv_transfer.transceiver
+    assert (t.layout, t.longest.count, t.bounce_size_mb) == (T.Layout.BOUNCE, 1, 1024)
+
+
+def test_the_transfer_time_an_emulation_takes_from_the_model():
+    """Issue 32's emulated KV transfer: descriptors x per-descriptor overhead + bytes / bandwidth, plus a gather and
+    a scatter (device copies) where the layout stages."""
+    g = T.RankPairGeometry(tokens_per_block=32, layers=32, kv_factor=2, slot_bytes_per_token=1024)
+    staged = T.descriptors(T.Layout.STAGED, g, 8192)
+    lists = T.descriptors(T.Layout.HEAD_MISMATCH, g, 8192)
+    a = T.transfer_time(staged, link_gbps=100, per_descriptor_s=5e-6, copy_gbps=1000)
+    b = T.transfer_time(lists, link_gbps=100, per_descriptor_s=5e-6, copy_gbps=1000)
+    assert a.transfer_s == pytest.approx(5e-6 + 512 * MIB / 100e9)
+    assert a.gather_s == a.scatter_s == pytest.approx(512 * MIB / 1000e9) and b.gather_s == b.scatter_s == 0
+    assert b.transfer_s == pytest.approx(16384 * 5e-6 + 512 * MIB / 100e9)
+    assert a.total_s == pytest.approx(a.gather_s + a.transfer_s + a.scatter_s)
+    with pytest.raises(ValueError, match="link_gbps"):
+        T.transfer_time(staged, link_gbps=float("nan"))
+    curve = T.same_bytes(staged.total_bytes, 2048)
+    assert (curve.count, curve.bytes_each, curve.total_bytes) == (2048, 256 * 1024, 512 * MIB)
+
+
+def test_tk_plan_shows_the_transceiver_and_its_json_carries_it():
+    out = tk_in_process("plan", "llama-3.1-8b-1node", "--json")
+    assert out.returncode == 0, out.stderr
+    t = json.loads(out.stdout)["transceiver"]
+    assert (t["runtime"], t["layout"], t["longest"]["count"]) == ("CPP", "staged-per-rank-pair", 1)
+    shown = tk_in_process("plan", "llama-3.1-8b-1node")
+    assert "C++ transceiver: staged-per-rank-pair, 1 descriptor per rank pair" in " ".join(shown.stderr.split())

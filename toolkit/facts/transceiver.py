@@ -1,0 +1,362 @@
+"""TensorRT-LLM's KV cache transceiver: which one a release runs, and what it hands NIXL for one request.
+
+Pure data and pure functions (standard library only). The plan (``KvTransferPlan.transceiver``), the validator (what
+its agents move), the sizing and the stand-in's emulated transfer time all read them. Every fact below was read in
+TensorRT-LLM's source at the commit cited beside it.
+
+Two transceivers
+----------------
+``Runtime.CPP``, the C++ transceiver (every line; the only one before 1.3), CacheFormatter::format in
+cpp/tensorrt_llm/batch_manager/cacheFormatter.cpp @ 00c77b3088c960b4f2da1c90b4559b6028d750c7: it collects the
+request's blocks, computes one buffer size per target rank, takes a *pre-allocated* send buffer from
+CacheTransBufferManager (cacheTransBuffer.cpp @ 012f8ad2031a113485f7485fd9bfb8aaacded4c5: ``max_tokens_in_buffer`` x
+the rank's KV bytes per token, or TRTLLM_KVCACHE_TRANSFER_BUFFER_SIZE), gathers the blocks into one slice per target
+with splitKVCacheDispatch ("Ideally, we send only once (one buffer) for each target") and calls session.send once per
+target. With the NIXL (and MOONCAKE) backend the connection is an AgentConnection (cacheTransceiver.cpp: "NIXL
+Connection Manager created"), whose send posts ONE TransferRequest{kWRITE} with one source and one destination
+descriptor into the receiver's pre-registered receive buffer, waits for it, then notifies the receiver
+(cpp/tensorrt_llm/executor/cache_transmission/agent_utils/connection.cpp @ 01027ae423dca32c3bb1d6d83268f1c9780ab370,
+AgentConnection::send). The receiver scatters the slices into its blocks with concatKvCacheV2Dispatch
+(CacheFormatter::unformat). Only the staging buffers are registered with NIXL (AgentConnectionManager's constructor).
+An agent connection has no dynamic-buffer fallback: format checks TLLM_CHECK_WITH_INFO(bufferCoverTargetNum ==
+bufferTargetNum, "Agent need all buffer pre-allocated") and unformat "Agent need buffer pre-allocated"; so a request
+whose KV does not fit either side's buffer fails (``AGENT_BUFFER_CHECK``).
+
+``Runtime.PYTHON``, the Python transceiver (tensorrt_llm/_torch/disaggregation, KvCacheTransceiverV2): it registers
+the KV pools themselves and moves per-block descriptor lists built by a mapper,
+tensorrt_llm/_torch/disaggregation/native/mixers/attention/peer.py @ 0b308487366ddf724e72650d9cf122f9a53967d2
+(AttentionPolicy.build_kv_mapper; the same mappers in native/region/block.py @ 27671b7ff56d41391a120e91017b6d8ddf2d033b):
+
+- IdentityMapper when the heads match (same TP per DP group, MLA, or duplicated heads) and both pools hold the
+  transferred layers: one descriptor per block (``Layout.PER_BLOCK``);
+- HeadMatchMapper when the heads match but the layers differ (PP differs): one descriptor per block over the
+  transferred layers (``Layout.HEAD_MATCH``);
+- HeadMismatchMapper otherwise (TP differs): one descriptor per block x layer x K/V of the heads both ranks share
+  (``Layout.HEAD_MISMATCH``).
+
+With ``cache_transceiver_config.kv_cache_bounce_size_mb`` > 0 (PR #15618) it gathers the request into one fabric-VMM
+region and issues "a single multi-rail NIXL write" (llm_args.py @ 0004396720054fd8e205cbf616f21f0b57c6b412), then
+scatters on the receiver (native/bounce/impl.py @ 0e63c12e1ba71a73495d7aa0b5d5b4b31032d4e1, VmmBounceTransport); a
+transfer below 2 MiB (native/bounce/config.py @ 247f14e5f9f1b289ee8c611726a3529b9a9d50c4, DEFAULT_MIN_BYTES) or
+larger than the region stays on the per-block path (``Layout.BOUNCE``). PR #15780 (agent_bounce_buffer_enable, after
+the 1.3 snapshots tk has) does the same in the C++ NIXL agent in chunks of at most 32 MiB, for lists of >= 1024
+descriptors of <= 16 KiB on average.
+
+Neither transceiver READs: the context side WRITEs into the generation side.
+
+Which one runs
+--------------
+``cache_transceiver_config.transceiver_runtime``: CPP | PYTHON, and from PR #16164 ``auto`` as the default. None
+"is equivalent to 'CPP'". At llm_args.py @ 0004396720054fd8e205cbf616f21f0b57c6b412 (the 1.3.0rc24..rc26 snapshot,
+after PR #18134): "'auto' (default) adopts the model's preferred runtime when it declares one; otherwise it selects
+the Python transceiver, falling back to the C++ transceiver only when this config itself rules it out (non-NIXL
+backend or a null kv_transfer_timeout_ms)". The models that declare a preference (GPT-OSS PR #16479, DeepSeek-V3
+PR #16908, GLM-5, Llama/Gemma3 PR #16787) prefer PYTHON, so ``auto`` resolves as without one. A line's default comes
+from the generated data (``trtllm_data.json``: a snapshot's field entry ``default`` where the generator recorded one)
+and otherwise from ``LINE_DEFAULT_SETTING`` when the snapshot allows that value; a snapshot without the field (1.0 to
+1.2) runs the C++ transceiver.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import dataclass
+
+RUNTIME_PATH = "cache_transceiver_config.transceiver_runtime"
+
+# Where each fact comes from (file @ commit), for code comments, plan notes and the report.
+SOURCES = {
+    "cpp_format": "cpp/tensorrt_llm/batch_manager/cacheFormatter.cpp @ 00c77b3088c960b4f2da1c90b4559b6028d750c7 "
+                  "(CacheFormatter::format / unformat)",
+    "cpp_buffer": "cpp/tensorrt_llm/batch_manager/cacheTransBuffer.cpp @ 012f8ad2031a113485f7485fd9bfb8aaacded4c5",
+    "agent_send": "cpp/tensorrt_llm/executor/cache_transmission/agent_utils/connection.cpp @ "
+                  "01027ae423dca32c3bb1d6d83268f1c9780ab370 (AgentConnection::send: one kWRITE, one descriptor)",
+    "mappers": "tensorrt_llm/_torch/disaggregation/native/mixers/attention/peer.py @ "
+               "0b308487366ddf724e72650d9cf122f9a53967d2 (AttentionPolicy.build_kv_mapper)",
+    "bounce": "tensorrt_llm/_torch/disaggregation/native/bounce/impl.py @ 0e63c12e1ba71a73495d7aa0b5d5b4b31032d4e1, "
+              "config.py @ 247f14e5f9f1b289ee8c611726a3529b9a9d50c4 (kv_cache_bounce_size_mb, PR #15618)",
+    "runtime": "tensorrt_llm/llmapi/llm_args.py @ 0004396720054fd8e205cbf616f21f0b57c6b412 "
+               "(CacheTransceiverConfig.transceiver_runtime; PR #16164, PR #18134)",
+}
+
+# TLLM_CHECK_WITH_INFO(bufferCoverTargetNum == bufferTargetNum, "Agent need all buffer pre-allocated") in
+# CacheFormatter::format (and "Agent need buffer pre-allocated" in unformat): an agent connection (NIXL, MOONCAKE)
+# of the C++ transceiver takes no request larger than the pre-allocated buffer.
+AGENT_BUFFER_CHECK = "Agent need all buffer pre-allocated"
+AGENT_BUFFER_SOURCE = SOURCES["cpp_format"]
+# Backends whose C++ connection is an AgentConnection (cacheTransceiver.cpp: NIXL and MOONCAKE make an
+# AgentConnectionManager; UCX and MPI have their own connections, which fall back to dynamic buffers).
+AGENT_BACKENDS = ("NIXL", "MOONCAKE")
+
+# The bounce path's gate: below this many bytes a transfer stays on the per-block path (native/bounce/config.py).
+BOUNCE_MIN_BYTES = 2 << 20
+# PR #15780's C++ agent bounce: chunks of at most this many bytes, for lists of at least BOUNCE_AGENT_MIN_DESCRIPTORS
+# descriptors of at most BOUNCE_AGENT_MAX_AVERAGE_BYTES on average (agent_bounce_params defaults in the PR).
+BOUNCE_AGENT_CHUNK_BYTES = 32 << 20
+BOUNCE_AGENT_MIN_DESCRIPTORS = 1024
+BOUNCE_AGENT_MAX_AVERAGE_BYTES = 16 << 10
+
+# The release line's default transceiver_runtime where the generated data records none, used only when the line's
+# snapshot allows the value (1.3.0rc18..rc20's CPP|PYTHON has no auto: its default was None, the C++ transceiver).
+# A line not listed (a newer one) takes the newest line's.
+LINE_DEFAULT_SETTING = {"1.3": "auto"}
+
+
+class Runtime(str, enum.Enum):
+    CPP = "CPP"
+    PYTHON = "PYTHON"
+
+    @property
+    def label(self) -> str:
+        return "C++ transceiver" if self is Runtime.CPP else "Python transceiver"
+
+
+class Layout(str, enum.Enum):
+    """How one request's KV for one (context rank, generation rank) pair is cut into NIXL descriptors."""
+
+    STAGED = "staged-per-rank-pair"  # C++: gathered into a staging slice, one descriptor, scattered on arrival
+    PER_BLOCK = "per-block"  # Python IdentityMapper: one descriptor per block
+    HEAD_MATCH = "head-match"  # Python HeadMatchMapper (PP differs): one per block over the transferred layers
+    HEAD_MISMATCH = "head-mismatch"  # Python HeadMismatchMapper (TP differs): one per block x layer x K/V
+    BOUNCE = "bounce-coalesced"  # Python with kv_cache_bounce_size_mb: gathered into one region, one descriptor
+
+    @property
+    def gathers(self) -> bool:
+        """A device gather into one region before the WRITE and a scatter after it."""
+        return self in (Layout.STAGED, Layout.BOUNCE)
+
+    @property
+    def what(self) -> str:
+        return {Layout.STAGED: "gathered into a staging slice per target rank, one WRITE, scattered on arrival",
+                Layout.PER_BLOCK: "one descriptor per block",
+                Layout.HEAD_MATCH: "one descriptor per block over the rank's transferred layers",
+                Layout.HEAD_MISMATCH: "one descriptor per block x layer x K/V of the heads both ranks share",
+                Layout.BOUNCE: "gathered into one bounce region, one WRITE, scattered on arrival"}[self]
+
+
+@dataclass(frozen=True)
+class RankPairGeometry:
+    """What one context rank sends one generation rank, per token: the input of ``descriptors``.
+
+    ``slot_bytes_per_token``: one layer's K (or V, or MLA latent) of one token, of the heads both ranks share; a block
+    of the pair's KV is ``tokens_per_block x layers x kv_factor x slot_bytes_per_token`` bytes."""
+
+    tokens_per_block: int
+    layers: int
+    kv_factor: int
+    slot_bytes_per_token: int
+
+    @property
+    def bytes_per_token(self) -> int:
+        return self.layers * self.kv_factor * self.slot_bytes_per_token
+
+    @property
+    def block_bytes(self) -> int:
+        return self.tokens_per_block * self.bytes_per_token
+
+
+@dataclass(frozen=True)
+class Descriptors:
+    """One request's transfer for one rank pair: ``count`` descriptors of ``bytes_each`` in one WRITE."""
+
+    layout: Layout
+    tokens: int  # whole blocks: the request's tokens rounded up to tokens_per_block
+    blocks: int
+    count: int
+    bytes_each: int
+    total_bytes: int
+
+    @property
+    def gathers(self) -> bool:
+        return self.layout.gathers
+
+
+def blocks_of(tokens: int, tokens_per_block: int) -> int:
+    return -(-int(tokens) // int(tokens_per_block))
+
+
+def descriptors(layout: Layout, geom: RankPairGeometry, tokens: int) -> Descriptors:
+    """The descriptors of one ``tokens``-token request between one context rank and one generation rank."""
+    nb = blocks_of(tokens, geom.tokens_per_block)
+    total = nb * geom.block_bytes
+    if layout in (Layout.STAGED, Layout.BOUNCE):
+        count, each = 1, total
+    elif layout in (Layout.PER_BLOCK, Layout.HEAD_MATCH):
+        count, each = nb, geom.block_bytes
+    else:
+        count, each = nb * geom.layers * geom.kv_factor, geom.tokens_per_block * geom.slot_bytes_per_token
+    return Descriptors(layout=layout, tokens=nb * geom.tokens_per_block, blocks=nb, count=count, bytes_each=each,
+                       total_bytes=total)
+
+
+def same_bytes(total_bytes: int, count: int, align: int = 8) -> Descriptors:
+    """``total_bytes`` cut into ``count`` equal descriptors (each a multiple of ``align``): the descriptor-size curve."""
+    each = max(align, total_bytes // count // align * align)
+    return Descriptors(layout=Layout.PER_BLOCK, tokens=0, blocks=count, count=count, bytes_each=each,
+                       total_bytes=each * count)
+
+
+# -- which mapper the Python transceiver picks ------------------------------------------------------------------
+
+def heads_match(ctx_tp: int, gen_tp: int, kv_heads: int, mla: bool) -> bool:
+    """AttentionPolicy.head_match: MLA, the same TP per DP group, or duplicated heads (each side's kv heads per rank x
+    TP differ because a side's TP exceeds the KV heads, which are then repeated)."""
+    if mla or ctx_tp == gen_tp:
+        return True
+    per_rank = (max(1, kv_heads // ctx_tp), max(1, kv_heads // gen_tp))
+    return per_rank[0] * ctx_tp != per_rank[1] * gen_tp
+
+
+def mapper_layout(ctx_tp: int, gen_tp: int, kv_heads: int, mla: bool, ctx_layers: int, gen_layers: int) -> Layout:
+    """AttentionPolicy.build_kv_mapper: identity, head-match or head-mismatch (``ctx_tp``/``gen_tp``: TP per DP group,
+    1 under attention DP; layers: each side's layers per rank)."""
+    if not heads_match(ctx_tp, gen_tp, kv_heads, mla):
+        return Layout.HEAD_MISMATCH
+    return Layout.PER_BLOCK if ctx_layers == gen_layers else Layout.HEAD_MATCH
+
+
+def layout_for(runtime: Runtime, mapper: Layout, bounce_size_mb: int, total_bytes: int) -> Layout:
+    """The layout a transfer of ``total_bytes`` (one rank pair) takes: staged on the C++ transceiver; on the Python
+    one the mapper's lists, or one coalesced region when the bounce buffer is on and the transfer clears its gate."""
+    if runtime is Runtime.CPP:
+        return Layout.STAGED
+    if bounce_size_mb > 0 and BOUNCE_MIN_BYTES <= total_bytes <= bounce_size_mb << 20:
+        return Layout.BOUNCE
+    return mapper
+
+
+def targets_per_context_rank(ctx_tp: int, gen_tp: int, ctx_pp: int, gen_pp: int, mla: bool) -> int:
+    """How many generation ranks one context rank sends a request's KV to (targetIRanks): more generation TP splits
+    the heads over more ranks (MLA's latent is not split: one target), more generation PP splits the layers."""
+    tp = 1 if mla else max(1, gen_tp // max(1, ctx_tp))
+    return tp * max(1, gen_pp // max(1, ctx_pp))
+
+
+# -- which transceiver runs -------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class RuntimeDefault:
+    """A release's transceiver_runtime when the options file does not set it, and why."""
+
+    setting: str | None  # "auto", "CPP", "PYTHON", or None (C++)
+    source: str
+
+
+def snapshot_default(fields: dict | None, line: str, cite: str) -> RuntimeDefault:
+    """The default of a snapshot of TensorRT-LLM's option surface (``fields``: the data's path -> entry, None when
+    tk has no snapshot): its recorded default, else the line's (``LINE_DEFAULT_SETTING``) where the snapshot allows
+    it, else None (the C++ transceiver)."""
+    entry = (fields or {}).get(RUNTIME_PATH)
+    if entry is None:
+        return RuntimeDefault(None, f"{cite}: no transceiver_runtime, the C++ transceiver")
+    if "default" in entry:
+        return RuntimeDefault(entry["default"], f"{cite}: default {entry['default']!r}")
+    newest = LINE_DEFAULT_SETTING[max(LINE_DEFAULT_SETTING, key=lambda v: tuple(int(x) for x in v.split(".")))]
+    guess = LINE_DEFAULT_SETTING.get(line, newest)
+    allowed = entry.get("allowed") or ()
+    if guess in allowed:
+        return RuntimeDefault(guess, f"{cite} allows {'|'.join(allowed)}; default {guess!r} ({SOURCES['runtime']})")
+    return RuntimeDefault(None, f"{cite} allows {'|'.join(allowed)} without {guess!r}: default None, the C++ "
+                                "transceiver")
+
+
+def default_for(line: str, release: str | None = None) -> RuntimeDefault:
+    """The transceiver_runtime default of a TensorRT-LLM release (or, without one, of its line's newest release),
+    from the generated data: the snapshot that carries the release (else the nearest one before it), or the line's
+    newest snapshot; a line tk has no snapshot of takes the newest snapshot tk has."""
+    from toolkit.facts import llm_args
+
+    snaps = llm_args.snapshots()
+    pick = None
+    if release:
+        v = llm_args.version_key(release)
+        carrying = [s for s in snaps if llm_args.version_key(s.first) <= v <= llm_args.version_key(s.last)]
+        before = [s for s in snaps if llm_args.version_key(s.first) <= v]
+        pick = (carrying or before or [None])[-1]
+    if pick is None:
+        in_line = [s for s in snaps if s.line == line]
+        pick = (in_line or list(snaps) or [None])[-1]
+    if pick is None:
+        return RuntimeDefault(None, "no TensorRT-LLM facts: the C++ transceiver")
+    return snapshot_default(pick.fields, line, pick.cite)
+
+
+def resolve_runtime(setting: str | None, backend: str, timeout_ms_null: bool = False) -> tuple[Runtime, str]:
+    """The transceiver a server runs for ``setting`` (what its options file says, or the line's default) with the
+    effective ``backend`` (DEFAULT resolved): CPP or None is the C++ one, PYTHON the Python one, auto the Python one
+    unless the backend is not NIXL or kv_transfer_timeout_ms is null (llm_args.py @ 0004396)."""
+    if setting == Runtime.PYTHON.value:
+        return Runtime.PYTHON, "transceiver_runtime PYTHON"
+    if setting == "auto":
+        if backend != "NIXL":
+            return Runtime.CPP, f"transceiver_runtime auto with backend {backend}: the C++ transceiver"
+        if timeout_ms_null:
+            return Runtime.CPP, "transceiver_runtime auto with kv_transfer_timeout_ms null: the C++ transceiver"
+        return Runtime.PYTHON, "transceiver_runtime auto with the NIXL backend: the Python transceiver"
+    return Runtime.CPP, ("transceiver_runtime CPP" if setting == Runtime.CPP.value
+                         else "transceiver_runtime unset (None): the C++ transceiver")
+
+
+def resolve_backend(backend: str, env: dict, line: str, selectors: dict) -> str:
+    """cache_transceiver_config.backend as a server takes it: DEFAULT is the first TRTLLM_USE_*_KVCACHE selector set
+    to 1 (``selectors``: backend -> variable), else NIXL from 1.2 on and UCX on 1.0/1.1 (toolkit/facts/trtllm.py
+    notes: PR #5234, PR #7926)."""
+    if backend != "DEFAULT":
+        return backend
+    chosen = next((b for b, var in selectors.items() if env.get(var) == "1"), None)
+    if chosen:
+        return chosen
+    return "UCX" if line in ("1.0", "1.1") else "NIXL"
+
+
+def agent_needs_preallocated_buffer(runtime: Runtime, backend: str) -> bool:
+    """The C++ transceiver over an agent connection (NIXL, MOONCAKE) refuses a request larger than its buffer."""
+    return runtime is Runtime.CPP and backend in AGENT_BACKENDS
+
+
+# -- what a transfer costs (for an emulated transfer time) ------------------------------------------------------
+
+# Measured on one H100 with nixl-cu13 1.5.1 over cuda_ipc, two processes (gpu-findings-4 in the project's reference
+# notes): each descriptor costs about 5 us on top of the bytes; one large descriptor reaches the device-copy limit.
+PER_DESCRIPTOR_S_MEASURED = 5e-6
+DEVICE_COPY_GBPS_MEASURED = 1475.0
+
+
+@dataclass(frozen=True)
+class TransferTime:
+    """One request's KV move for one rank pair, in seconds: the gather, the WRITE, the scatter."""
+
+    gather_s: float
+    transfer_s: float
+    scatter_s: float
+
+    @property
+    def total_s(self) -> float:
+        return self.gather_s + self.transfer_s + self.scatter_s
+
+
+def transfer_time(d: Descriptors, *, link_gbps: float, per_descriptor_s: float = PER_DESCRIPTOR_S_MEASURED,
+                  copy_gbps: float = DEVICE_COPY_GBPS_MEASURED) -> TransferTime:
+    """The time of ``d``'s WRITE: ``count x per_descriptor_s + total_bytes / link``; with a gathering layout also a
+    gather and a scatter of ``total_bytes`` at ``copy_gbps`` each (a device copy). GB/s are 1e9 bytes per second."""
+    for name, v in (("link_gbps", link_gbps), ("copy_gbps", copy_gbps), ("per_descriptor_s", per_descriptor_s)):
+        if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0) or (name != "per_descriptor_s" and v == 0):
+            raise ValueError(f"{name} must be a finite positive number, not {v!r}")
+    copy = d.total_bytes / (copy_gbps * 1e9) if d.gathers else 0.0
+    return TransferTime(gather_s=copy, transfer_s=d.count * per_descriptor_s + d.total_bytes / (link_gbps * 1e9),
+                        scatter_s=copy)
+
+
+def describe(runtime: Runtime, d: Descriptors) -> str:
+    """'C++ transceiver: staged-per-rank-pair, 1 descriptor per rank pair of 48.0 MiB (...)'."""
+    n = "1 descriptor" if d.count == 1 else f"{d.count} descriptors"
+    return (f"{runtime.label}: {d.layout.value}, {n} per rank pair of {_size(d.bytes_each)} for a {d.tokens}-token "
+            f"request ({d.layout.what})")
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} B"
