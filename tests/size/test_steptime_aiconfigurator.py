@@ -1,4 +1,4 @@
-"""Spec: the stand-in's iteration table (toolkit.size.steptime) reproduces aiconfigurator's own forward-pass model.
+"""Spec: the stand-in's iteration table (toolkit.facts.steptime) reproduces aiconfigurator's own forward-pass model.
 
 The reference is aiconfigurator 0.12.0's forward-pass perf model, the one the Dynamo mocker calls per iteration
 (``aiconfigurator_core.sdk.rust_engine_step.RustForwardPassPerfModel``, ``Engine::rank_latency_ms`` in
@@ -14,7 +14,7 @@ import pytest
 
 from toolkit.facts.models import resolve_model
 from toolkit.size import aiconfigurator as aic
-from toolkit.size import steptime as st
+from toolkit.facts import steptime as st
 
 pytestmark = pytest.mark.skipif(importlib.util.find_spec("aiconfigurator") is None,
                                 reason="aiconfigurator (the size extra) is not installed")

@@ -1,4 +1,4 @@
-"""The iteration-time table (toolkit.size.steptime) and the choice of aiconfigurator data (pure: no aiconfigurator).
+"""The iteration-time table (toolkit.facts.steptime) and the choice of aiconfigurator data (pure: no aiconfigurator).
 
 The table stores aiconfigurator's parts of an iteration on grids and composes them as its forward-pass model does;
 here the parts are simple functions, so every lookup has an exact expected value."""
@@ -9,9 +9,9 @@ import math
 
 import pytest
 
-from toolkit.size import steptime as st
+from toolkit.facts import steptime as st
 from toolkit.size.aiconfigurator import DataChoice, SizingError, choose_data, quant_modes
-from toolkit.size.steptime import IterationShape as Shape
+from toolkit.facts.steptime import IterationShape as Shape
 
 
 # --- grids and interpolation -------------------------------------------------------------------------------------

@@ -402,7 +402,7 @@ def estimate_agg(model_path: str, system: str, *, isl: int, osl: int, server: Ro
     return _estimate(model_path, system, "agg", kv_dtype, isl=isl, osl=osl, **kwargs)
 
 
-# --- Per-iteration times (the CPU stand-in's emulated timing; the table: toolkit/size/steptime.py) ------------------
+# --- Per-iteration times (the CPU stand-in's emulated timing; the table: toolkit/facts/steptime.py) ------------------
 #
 # Facts from aiconfigurator 0.12.0's source (the wheels; upstream github.com/ai-dynamo/aiconfigurator at 095f58a):
 # - ``aiconfigurator_core.sdk.engine.EngineHandle.compile(model_path, system, backend, backend_version=, tp_size=,
@@ -508,7 +508,7 @@ def quant_modes(model: ModelSpec, precision: str, kv_dtype: str) -> dict:
 
 class StepEngine:
     """aiconfigurator's compiled engine for one model, layout, precision and database: the parts of one iteration
-    in milliseconds (the composition and the table: toolkit/size/steptime.py)."""
+    in milliseconds (the composition and the table: toolkit/facts/steptime.py)."""
 
     def __init__(self, handle, choice: DataChoice, describe: str, notes: tuple[str, ...]):
         self._h = handle

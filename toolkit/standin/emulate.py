@@ -7,7 +7,7 @@ its first log line, ``/version``, ``/server_info`` and ``/standin/stats``):
 1. aiconfigurator's per-operation database (GEMM, context and generation attention, TP all-reduce, MoE and its
    dispatch; measured per GPU and TensorRT-LLM version) for the emulated model in this server's layout (TP, PP,
    EP, attention DP), precision and KV dtype, on the data of the TensorRT-LLM line the server imitates: queried
-   once at start-up into a table (``toolkit.size.steptime``, through tk's one aiconfigurator adapter), read in
+   once at start-up into a table (``toolkit.facts.steptime``, through tk's one aiconfigurator adapter), read in
    microseconds per iteration;
 2. the roofline (``toolkit.facts.roofline``: datasheet peaks, assumed efficiencies) where aiconfigurator has no
    data for that GPU or TensorRT-LLM line, or is not installed (the reason is stated).
@@ -37,7 +37,7 @@ from toolkit.facts.engines import STANDIN
 from toolkit.facts.hardware import EMULATED_GPUS
 from toolkit.facts.models import ModelError, ModelSpec, resolve_model
 from toolkit.facts.roofline import PRECISIONS, Roofline, iteration_time, roofline, transfer_time
-from toolkit.size.steptime import IterationShape
+from toolkit.facts.steptime import IterationShape
 from toolkit.standin.scheduler import Iteration, Scheduler
 
 log = logging.getLogger("toolkit.standin")
@@ -91,7 +91,7 @@ class RooflineTiming:
 
 
 class DatabaseTiming:
-    """aiconfigurator's per-operation data, as a table (``toolkit.size.steptime.StepTable``)."""
+    """aiconfigurator's per-operation data, as a table (``toolkit.facts.steptime.StepTable``)."""
 
     source = DATABASE
 
@@ -118,7 +118,7 @@ def timing_for(emu: Emulation, *, tp: int, pp: int = 1, ep: int | None = None, a
     reason. Builds the table (about a second, most of it aiconfigurator compiling the model's operations)."""
     from toolkit.facts.trtllm import LATEST, parse_version
     from toolkit.size import aiconfigurator as aic
-    from toolkit.size import steptime
+    from toolkit.facts import steptime
 
     roof = emu.roofline(tp, kv_dtype)
     parsed = parse_version((version_text or LATEST).lstrip("v"))

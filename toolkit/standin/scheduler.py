@@ -12,7 +12,7 @@ Modelled on TensorRT-LLM's in-flight batching (pytorch backend, GUARANTEED_NO_EV
   (a context server's leg) is then done; a generation-only request (a generation server's leg) arrives with its
   KV and first token and only decodes;
 - an iteration takes ``cost(shape)`` seconds, ``shape`` being what it schedules as aiconfigurator's forward-pass
-  model reads an iteration (``toolkit.size.steptime.IterationShape``: prefill requests, their new tokens and the KV
+  model reads an iteration (``toolkit.facts.steptime.IterationShape``: prefill requests, their new tokens and the KV
   tokens they already hold, decode requests and their KV tokens), so a long prefill scheduled with decodes stalls
   those decodes for its full duration.
 
@@ -27,7 +27,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from toolkit.size.steptime import IterationShape
+from toolkit.facts.steptime import IterationShape
 
 FULL, CONTEXT_ONLY, GENERATION_ONLY = "context_and_generation", "context_only", "generation_only"
 
