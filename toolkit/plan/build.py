@@ -144,7 +144,7 @@ def _disaggregated_plan(loaded: LoadedRecipe) -> Plan:
 
     env_base = options.worker_env(r, version, engine, transport, target)
     if emulated_model is not None:
-        env_base.update(options.emulation_env(r, engine, transport, emulated_model))
+        env_base.update(options.emulation_env(r, engine, transport, emulated_model, loaded.base_dir))
         emu = r.standin.emulate
         engine = dataclasses.replace(engine, label=emulated_label(engine, emulated_model, emu.gpu, emu.precision))
     ctx_env = {**env_base, **r.context.env}

@@ -5,6 +5,8 @@ Names come from ``toolkit.facts.trtllm``; what differs between engines from the 
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from toolkit.facts import llm_args, trtllm
 from toolkit.facts.engines import EngineProfile
 from toolkit.facts.hardware import MNNVL_GPUS, TransportProfile
@@ -174,14 +176,30 @@ def worker_env(r: Recipe, version: trtllm.TrtllmVersion, engine: EngineProfile,
     return env
 
 
-def emulation_env(r: Recipe, engine: EngineProfile, transport: TransportProfile, model_arg: str) -> dict:
+def emulation_report(given: str, base_dir) -> str | None:
+    """The absolute path of the validation report ``standin.emulate.kv_validation`` names (a run directory holding
+    report.json, or the file), read relative to the recipe's directory; None when there is none."""
+    path = Path(given).expanduser()
+    if not path.is_absolute() and base_dir is not None:
+        path = Path(base_dir) / path
+    report = path / "report.json" if path.is_dir() else path
+    return str(report.resolve()) if report.is_file() else None
+
+
+def emulation_env(r: Recipe, engine: EngineProfile, transport: TransportProfile, model_arg: str,
+                  base_dir=None) -> dict:
     """The env that turns the engine's emulated timing on (`standin.emulate`, checked by rules.check_emulation):
-    the model and GPU whose roofline it sleeps, and the transport's nominal GB/s for the KV bytes it does not
-    move for real."""
+    the model, GPU and precision whose time it sleeps (the layout is each server's own flags and options, the
+    TensorRT-LLM line the engine's version env), the transport's nominal GB/s for its emulated KV transfer, and
+    the validation report whose measured GB/s replaces that figure when the recipe names one."""
     emu = r.standin.emulate
     prefix = engine.emulate_env_prefix
-    return {f"{prefix}MODEL": model_arg, f"{prefix}GPU": emu.gpu, f"{prefix}PRECISION": emu.precision,
-            f"{prefix}KV_GBPS": f"{transport.nominal_gbps:g}"}
+    env = {f"{prefix}MODEL": model_arg, f"{prefix}GPU": emu.gpu, f"{prefix}PRECISION": emu.precision,
+           f"{prefix}KV_GBPS": f"{transport.nominal_gbps:g}"}
+    report = emulation_report(emu.kv_validation, base_dir) if emu.kv_validation else None
+    if report:
+        env[f"{prefix}KV_REPORT"] = report
+    return env
 
 
 def worker_cluster_block(membership) -> dict:

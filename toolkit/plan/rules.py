@@ -114,6 +114,11 @@ def check_emulation(r: Recipe, engine: EngineProfile, c: Collector) -> str | Non
     if emu.precision == "fp8" and figures.fp8_tflops is None:
         c.add("standin.emulate.precision", f"{emu.gpu} has no FP8 tensor cores", "use precision: bf16")
         return None
+    from toolkit.plan.options import emulation_report
+    if emu.kv_validation is not None and emulation_report(emu.kv_validation, c.loaded.base_dir) is None:
+        c.add("standin.emulate.kv_validation", f"{emu.kv_validation}: no `tk validate cluster` run directory or "
+              "report.json there", "give a validate run's directory, or remove it to use the transport's nominal GB/s")
+        return None
     if spec.name in BUILTIN_MODELS:
         return spec.name
     path = Path(emu.model).expanduser()

@@ -197,6 +197,10 @@ class Transceiver:
     # TensorRT-LLM's C++ transceiver over an agent connection (NIXL): a request larger than the pre-allocated buffer
     # fails ("Agent need all buffer pre-allocated", toolkit/facts/transceiver.py) where others fall back
     preallocated_buffer: bool = False
+    # the transceiver this server runs (toolkit.facts.transceiver.resolve_runtime: CPP | PYTHON) and its bounce
+    # region (kv_cache_bounce_size_mb, Python transceiver): what the emulated KV transfer time follows
+    resolved_runtime: str = "CPP"
+    bounce_size_mb: int = 0
 
 
 @dataclass(frozen=True)
@@ -429,4 +433,6 @@ def _transceiver(where, ct, version, tpb, model, kv_dtype, max_seq_len) -> Trans
     return Transceiver(backend=backend, max_tokens_in_buffer=mtib,
                        kv_transfer_timeout_ms=timeout or DEFAULT_TIMEOUT_MS, runtime=runtime, pipelined=pipelined,
                        preallocated_buffer=transceiver_facts.agent_needs_preallocated_buffer(resolved_runtime,
-                                                                                           resolved))
+                                                                                           resolved),
+                       resolved_runtime=resolved_runtime.value,
+                       bounce_size_mb=bounce if isinstance(bounce, int) and not isinstance(bounce, bool) else 0)

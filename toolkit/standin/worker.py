@@ -85,12 +85,15 @@ class Worker:
         s = self.s
         if s.emulate is None:
             return
-        from toolkit.standin.emulate import EmulatedEngine
+        from toolkit.standin.emulate import EmulatedEngine, Layout
+        tr = s.transceiver
         self.engine = EmulatedEngine(s.emulate, tp=s.tp, kv_dtype=s.kv_dtype, max_batch_size=s.max_batch_size,
                                      max_num_tokens=s.max_num_tokens, chunked_prefill=s.enable_chunked_prefill,
                                      tokens_per_block=s.tokens_per_block,
                                      real_kv_bytes_per_token=self.geo.bytes_per_token,
-                                     on_iteration=self._record_emulated_iteration, timing=self.timing)
+                                     on_iteration=self._record_emulated_iteration, timing=self.timing,
+                                     layout=Layout(s.tp, s.pp, s.attention_dp),
+                                     transceiver=(tr.resolved_runtime, tr.bounce_size_mb) if tr else None)
         self.engine.start()
 
     @property
@@ -318,17 +321,27 @@ class Worker:
         try:
             try:
                 if req.request_type == "context_only":
-                    # The emulated prefill, then the real KV is computed and published (milliseconds for the
-                    # stand-in's model; publishing later keeps the KV slot's expiry clock out of the queueing).
+                    # The real KV is computed while the emulated prefill runs, and published after it (publishing
+                    # later keeps the KV slot's expiry clock out of the queueing): the stand-in's own work stays
+                    # inside the emulated time instead of adding to it.
                     ticket = self.engine.submit(CONTEXT_ONLY, n, 1, cached)
-                    await ticket.wait_for(1)
+                    computing = asyncio.ensure_future(self._kv_of(req.prompt_ids))
+                    try:
+                        await ticket.wait_for(1)
+                    except BaseException:
+                        computing.cancel()
+                        raise
                     self.cache.store(lease, req.prompt_ids)
-                    tokens, disagg_out, extra = await self._run(req, n, count, state)
+                    tokens, disagg_out, extra = await self._run(req, n, count, state, computed=await computing)
                 elif req.request_type == "generation_only":
+                    started = time.monotonic()
                     tokens, disagg_out, extra = await self._run(req, n, count, state)  # the real NIXL read
-                    kv_s = self.engine.kv_extra_time(n)  # the emulated model's other KV bytes, at nominal GB/s
-                    if kv_s > 0:
-                        await asyncio.sleep(kv_s)
+                    from toolkit.standin.emulate import Layout
+                    xfer = self.engine.kv_transfer(n, Layout.from_dict(state.get("emulated_layout")))
+                    if xfer is not None:  # the emulated model's transfer on TensorRT-LLM's transceiver
+                        wait = self.engine.transfer_wait(xfer, time.monotonic() - started)
+                        if wait > 0:
+                            await asyncio.sleep(wait)
                     ticket = self.engine.submit(GENERATION_ONLY, n, len(tokens))
                 else:  # the real work overlaps the emulated prefill
                     ticket = self.engine.submit(FULL, n, count, cached)
@@ -375,20 +388,26 @@ class Worker:
     def _check_limits(self, req: P.Request, n: int) -> None:
         self.limits.check(n, req.request_type)
 
-    async def _run(self, req: P.Request, n: int, count: int, state: dict | None):
+    async def _kv_of(self, ids: list[int]):
+        """The prompt's KV and its digest (worker threads)."""
+        kv = await asyncio.to_thread(M.kv_content, self.geo, ids)
+        return kv, await asyncio.to_thread(M.kv_digest, kv)
+
+    async def _run(self, req: P.Request, n: int, count: int, state: dict | None, computed=None):
         ids = req.prompt_ids
         if req.request_type == "generation_only":
             digest = await self.pool.fetch(state, n)
             first = int(req.disagg["first_gen_tokens"][0])
             return M.generate(digest, ids[-1], count, first=first), None, []
-        kv = await asyncio.to_thread(M.kv_content, self.geo, ids)
-        digest = await asyncio.to_thread(M.kv_digest, kv)
+        kv, digest = computed if computed is not None else await self._kv_of(ids)
         tokens = M.generate(digest, ids[-1], count)
         if req.request_type != "context_only":
             extra = [M.generate(M.choice_digest(digest, i), ids[-1], count) for i in range(1, req.n)]
             return tokens, None, extra
         ctx_request_id = next(self.ctx_ids)
         opaque = await self.pool.publish(kv, ctx_request_id)
+        if self.engine is not None:  # the emulated layout, for the generation server's emulated transfer
+            opaque["emulated_layout"] = self.engine.layout.to_dict()
         from toolkit.standin.kv import encode_state
         params = {"request_type": "context_only", "first_gen_tokens": tokens[:1], "ctx_request_id": ctx_request_id,
                   "encoded_opaque_state": encode_state(opaque), "draft_tokens": None}
@@ -596,9 +615,11 @@ def run(settings: WorkerSettings) -> int:
     if settings.emulate is not None:
         worker.timing = emulated_timing(settings)
         e = settings.emulate
-        log.info("tk CPU stand-in, not TensorRT-LLM: %s, %s; extra KV bytes at %s GB/s nominal",
+        tr = settings.transceiver
+        log.info("tk CPU stand-in, not TensorRT-LLM: %s, %s; the emulated KV transfer: %s",
                  e.roofline(settings.tp, settings.kv_dtype).describe(), worker.timing.detail,
-                 f"{e.kv_gbps:g}" if e.kv_gbps else "no")
+                 (f"TensorRT-LLM's {'C++' if tr.resolved_runtime == 'CPP' else 'Python'} transceiver at {e.kv_link}"
+                  if tr and e.kv_gbps else "none (no cache transceiver or no link figure)"))
     log.info("tk CPU stand-in, not TensorRT-LLM: serving %s for the TensorRT-LLM %s protocol on http://%s:%d; "
              "KV %d bytes/token (%s, tokens_per_block %d); %s", settings.model_arg, settings.version.line,
              settings.host, settings.port, worker.geo.bytes_per_token, settings.kv_dtype,
