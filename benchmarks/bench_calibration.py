@@ -428,6 +428,21 @@ def print_report(rep: dict) -> None:
               f"{s['lag_ms_max']:.1f} ms, {s['resyncs']} resyncs")
 
 
+def markdown(rep: dict) -> str:
+    """The calibration table as docs/standin.md shows it."""
+    lines = ["| configuration | c | TTFT p50 ms (aic) | ratio | ITL p50 ms (aic) | ratio | out tok/s/GPU (aic) | ratio |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, run in rep["configs"].items():
+        for c, cell in run["cells"].items():
+            m, p = cell["measured"], cell["predicted"]
+            lines.append(f"| {name} | {c} | {num(m['ttft_p50_ms'])} ({num(p['ttft_ms'])}) | "
+                         f"{ratio(m['ttft_p50_ms'], p['ttft_ms'])} | {num(m['itl_p50_ms'], '.2f')} "
+                         f"({num(p['tpot_ms'], '.2f')}) | {ratio(m['itl_p50_ms'], p['tpot_ms'])} | "
+                         f"{num(m['output_tokens_per_s_per_gpu'])} ({num(p['tokens_s_gpu'])}) | "
+                         f"{ratio(m['output_tokens_per_s_per_gpu'], p['tokens_s_gpu'])} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="calibration-out")
@@ -460,6 +475,7 @@ def main() -> int:
             rep["streams"] = streams(tmp)
     (out / "calibration.json").write_text(json.dumps(rep, indent=1, default=str))
     print_report(rep)
+    print("\n" + markdown(rep))
     print(f"\nwrote {out / 'calibration.json'}")
     return 0
 
