@@ -62,14 +62,14 @@ def test_the_real_read_counts_toward_the_emulated_time_and_an_overrun_is_counted
     emu = emu_env({"TK_STANDIN_EMULATE_MODEL": LLAMA8.name, "TK_STANDIN_EMULATE_GPU": "H100",
                    "TK_STANDIN_EMULATE_KV_GBPS": "100"})
     engine = EmulatedEngine(emu, tp=1, kv_dtype="auto", max_batch_size=4, max_num_tokens=4096, chunked_prefill=False,
-                            tokens_per_block=32, real_kv_bytes_per_token=2048, transceiver=("CPP", 0))
+                            tokens_per_block=32, transceiver=("CPP", 0))
     x = engine.kv_transfer(2048, None)
     assert isinstance(x, KvTransfer) and x.seconds == pytest.approx(xfer().seconds)
     assert engine.transfer_wait(x, 0.001) == pytest.approx(x.seconds - 0.001)
     assert engine.transfer_wait(x, x.seconds + 0.005) == 0.0
     assert engine.stats["kv_transfers"] == 2 and engine.stats["kv_real_over_emulated_s"] == pytest.approx(0.005)
     aggregated = EmulatedEngine(emu, tp=1, kv_dtype="auto", max_batch_size=4, max_num_tokens=4096,
-                                chunked_prefill=False, tokens_per_block=32, real_kv_bytes_per_token=2048)
+                                chunked_prefill=False, tokens_per_block=32)
     assert aggregated.kv_transfer(2048, None) is None
 
 

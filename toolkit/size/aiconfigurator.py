@@ -445,10 +445,14 @@ def trtllm_data_versions(system: str) -> tuple[list[str], str | None]:
     _check_pin()
     from aiconfigurator_core.sdk import perf_database
 
-    slots = perf_database.get_version_slots(system, BACKEND)
-    if slots:
-        return sorted(set(slots.values())), slots.get("current")
-    versions = perf_database.get_supported_databases().get(system, {}).get(BACKEND, [])
+    try:
+        slots = perf_database.get_version_slots(system, BACKEND)
+        if slots:
+            return sorted(set(slots.values())), slots.get("current")
+        versions = perf_database.get_supported_databases().get(system, {}).get(BACKEND, [])
+    except Exception as exc:  # noqa: BLE001 - its own files unreadable: a reason, never a traceback
+        raise SizingError(f"aiconfigurator {PINNED} could not list its TensorRT-LLM data for {system}: "
+                          f"{type(exc).__name__}: {str(exc)[:200]}") from None
     return sorted(versions), None
 
 

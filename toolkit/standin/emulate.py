@@ -14,8 +14,9 @@ its first log line, ``/version``, ``/server_info`` and ``/standin/stats``):
 
 Turned on by the environment the plan renders from a recipe's ``standin.emulate`` (prefix
 ``toolkit.facts.engines.STANDIN.emulate_env_prefix``): ``..._MODEL`` (a built-in name or a directory with
-config.json), ``..._GPU``, ``..._PRECISION`` (bf16 | fp8) and ``..._KV_GBPS`` (the transport profile's nominal
-GB/s, for the emulated model's KV bytes the real NIXL transfer does not move). The layout is the server's own
+config.json), ``..._GPU``, ``..._PRECISION`` (bf16 | fp8), ``..._KV_GBPS`` (the transport profile's nominal GB/s:
+the link of the emulated KV transfer, ``kv_transfer``) and ``..._KV_REPORT`` (a ``tk validate cluster`` report whose
+measured GB/s replaces it). The layout is the server's own
 (``--tp_size``, ``--pp_size``, ``--ep_size`` or ``moe_expert_parallel_size``, ``enable_attention_dp``), the line
 ``TK_STANDIN_TRTLLM_VERSION``.
 
@@ -190,9 +191,9 @@ def timing_for(emu: Emulation, *, tp: int, pp: int = 1, ep: int | None = None, a
     """aiconfigurator's timing of the emulated model in this layout on the data of the TensorRT-LLM line
     ``version_text`` names (a line such as 1.3, or a release such as 1.3.0rc24), else the roofline with the
     reason. Builds the table (about a second, most of it aiconfigurator compiling the model's operations)."""
+    from toolkit.facts import steptime
     from toolkit.facts.trtllm import LATEST, parse_version
     from toolkit.size import aiconfigurator as aic
-    from toolkit.facts import steptime
 
     roof = emu.roofline(tp, kv_dtype)
     parsed = parse_version((version_text or LATEST).lstrip("v"))
@@ -289,8 +290,8 @@ class Ticket:
 
 class EmulatedEngine:
     def __init__(self, emu: Emulation, *, tp: int, kv_dtype: str, max_batch_size: int, max_num_tokens: int,
-                 chunked_prefill: bool, tokens_per_block: int, real_kv_bytes_per_token: int, on_iteration=None,
-                 timing=None, layout: Layout | None = None, transceiver: tuple[str, int] | None = None):
+                 chunked_prefill: bool, tokens_per_block: int, on_iteration=None, timing=None,
+                 layout: Layout | None = None, transceiver: tuple[str, int] | None = None):
         self.emu = emu
         self.kv_dtype = kv_dtype
         self.layout = layout or Layout(tp=tp)
@@ -302,7 +303,6 @@ class EmulatedEngine:
                                chunked_prefill=chunked_prefill, tokens_per_block=tokens_per_block,
                                cost=self.timing.seconds)
         self.tp = tp
-        self.real_kv_bytes_per_token = real_kv_bytes_per_token
         self.on_iteration = on_iteration
         self.tickets: dict[int, Ticket] = {}
         self.ids = itertools.count(1)

@@ -90,7 +90,6 @@ class Worker:
         self.engine = EmulatedEngine(s.emulate, tp=s.tp, kv_dtype=s.kv_dtype, max_batch_size=s.max_batch_size,
                                      max_num_tokens=s.max_num_tokens, chunked_prefill=s.enable_chunked_prefill,
                                      tokens_per_block=s.tokens_per_block,
-                                     real_kv_bytes_per_token=self.geo.bytes_per_token,
                                      on_iteration=self._record_emulated_iteration, timing=self.timing,
                                      layout=Layout(s.tp, s.pp, s.attention_dp),
                                      transceiver=(tr.resolved_runtime, tr.bounce_size_mb) if tr else None)
