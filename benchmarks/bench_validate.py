@@ -30,8 +30,15 @@ side of the target, and the verdict is "inconclusive" rather than met or missed.
 On a shared machine run it alone (no deployment, test suite or other benchmark at the same time): the
 control ratio shows how much noise is left.
 
+The validator moves what the recipe's TensorRT-LLM transceiver moves (toolkit/facts/transceiver.py): --model lists
+(default) is the Python transceiver's descriptor lists (one per block), --model staged the C++ transceiver's one
+descriptor per rank pair (the validator gathers before and scatters after each WRITE, outside its timed window; the
+raw loop WRITEs the same staged descriptors). READ is compared too, though TensorRT-LLM never READs (the validator
+runs it only with --read): what is measured here is the validator's fidelity, op by op. On a GPU,
+benchmarks/bench_transceiver_gpu.py puts both models beside raw NIXL, one descriptor and a device copy.
+
 Usage: python benchmarks/bench_validate.py [--tokens 8192] [--tokens-per-block 128] [--iterations 10]
-       [--warmup 2] [--rounds 9] [--json FILE]
+       [--warmup 2] [--rounds 9] [--model lists|staged] [--json FILE]
 """
 
 from __future__ import annotations
@@ -68,7 +75,7 @@ def _raw_loop(agent, channel, transfers, req, op: str, peer: str, one_slot: bool
     from validation import messages as msg
     from validation.pair import TRANSFER_POLL_S
 
-    nixl, tpb, backends = agent.nixl, req.tpb, transfers.backends
+    nixl, backends = agent.nixl, transfers.backends
     initiator = req.src if op == "WRITE" else req.dst
     if agent.id != initiator:
         channel.send(peer, msg.ready(req.tag, 0, req.total))
@@ -78,7 +85,7 @@ def _raw_loop(agent, channel, transfers, req, op: str, peer: str, one_slot: bool
         channel.wait(peer, req.r, (msg.end_prefix(req.tag),), 120, "the raw loop's end")
         return None
     channel.wait(peer, req.r, (msg.ready_prefix(req.tag),), 60, "the raw loop's target")
-    local, remote = transfers.dlist(agent.id, tpb), transfers.dlist(peer, tpb)
+    local, remote = transfers.dlist(agent.id, req.lists_key), transfers.dlist(peer, req.lists_key)
     lidx, ridx = req.local_remote(op)
     latencies = []
     for it in range(req.total):
@@ -155,10 +162,14 @@ def run(args) -> dict:
     from toolkit.api import load_plan
     from toolkit.validate.params import Options, build_params
 
-    plan = load_plan("standin-2p2d", [f"kv_transfer.tokens_per_block={args.tokens_per_block}"])
+    # the transceiver model the validator moves: the Python transceiver's lists (one descriptor per block), or the C++
+    # transceiver's one staged descriptor per rank pair (toolkit/facts/transceiver.py)
+    version = "1.3.0rc27" if args.model == "lists" else "1.2"  # rc27: the default auto selects Python (NIXL)
+    plan = load_plan("standin-2p2d", [f"kv_transfer.tokens_per_block={args.tokens_per_block}",
+                                      f"trtllm_version={version}"])
     with tempfile.TemporaryDirectory(prefix="bench-validate-") as run_dir:
         opts = Options(mode="local", nodes=2, lengths=(args.tokens,), iterations=args.iterations, warmup=args.warmup,
-                       sweep=False, max_memory_mb=2048)
+                       sweep=False, curve=False, read=True, max_memory_mb=2048)
         params = build_params(plan, opts, run_dir)
         params["bench"] = {"rounds": args.rounds}
         if args.slots:
@@ -188,7 +199,7 @@ def run(args) -> dict:
                 log = Path(run_dir, "logs", f"{aid}.log").read_text()[-3000:]
                 raise SystemExit(f"agent {aid} failed: {res.get('error')}\n{log}")
         rows = [row for res in results.values() for row in res.get("bench", [])]
-        return {"params": {"tokens": args.tokens, "tokens_per_block": args.tokens_per_block,
+        return {"params": {"tokens": args.tokens, "tokens_per_block": args.tokens_per_block, "model": args.model,
                            "iterations": args.iterations, "warmup": args.warmup, "rounds": args.rounds,
                            "env": params["env"]["ctx"], "slots": params["geometry"]["slots"]},
                 "rows": rows}
@@ -267,6 +278,9 @@ def main() -> int:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=11, help="interleaved rounds (the first is discarded)")
     ap.add_argument("--slots", type=int, help="destination slots per request (default: the validator's)")
+    ap.add_argument("--model", choices=("lists", "staged"), default="lists",
+                    help="lists: the Python transceiver's descriptors (one per block); staged: the C++ transceiver's "
+                         "one descriptor per rank pair, gathered and scattered around the timed WRITE")
     ap.add_argument("--json", metavar="FILE", help="also write every latency and the summary here")
     args = ap.parse_args()
     if args.agent:
@@ -277,7 +291,8 @@ def main() -> int:
     row = data["rows"][0]
     p = data["params"]
     print(f"{row['bytes'] / 2**20:.0f} MiB per request ({p['tokens']} tokens of standin-2p2d, 2 KiB each) in "
-          f"{row['descriptors']} scattered descriptors of {row['bytes'] // row['descriptors'] // 1024} KiB, "
+          f"{row['descriptors']} {'scattered ' if row['descriptors'] > 1 else 'staged '}descriptor(s) of "
+          f"{row['bytes'] // row['descriptors'] // 1024} KiB ({p['model']}), "
           f"{row['slots']} destination slots; UCX env {json.dumps({k: v for k, v in p['env'].items() if k.startswith('UCX_')})}")
     print(f"{p['rounds'] - 1} rounds kept of {p['rounds']} (first discarded), kinds interleaved in rotating order; "
           f"{p['iterations']} timed transfers per kind; GB/s = bytes / median latency (post -> DONE); "

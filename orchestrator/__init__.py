@@ -13,6 +13,7 @@ Modules, one job each:
     membership  TensorRT-LLM's cluster storage: registered, deregister, repair after an etcd outage
     tls         the run's client certificate, presented on every call to the etcd the job starts
     events      state/events.jsonl and state/servers/NAME.json
+    background  every thread the job starts: a failure is an event (component, cause), never silent
     startup     nodes, ports, placeholders, provenance, the config check, launcher staggering
     job         the job's life: start-up, supervision, teardown on every signal
 

@@ -9,10 +9,12 @@ Start-up (any failure ends the job; nothing is restarted before the deployment f
   waited on together, each bounded by startup_timeout_s), every worker registered, the proxy healthy; without
   membership the proxy last. Then `ready`.
 Serving: every health_interval_s one concurrent round of liveness probes (bounded by one probe timeout), progress
-  probes in the background, the policy (orchestrator.policy) decides; kills, deregistration and membership repair
-  run on threads and report back, so one slow kill never stalls the loop.
-Teardown on every path (failure, SIGTERM/SIGINT/SIGHUP): `stopping`, SIGTERM to every step (30 s), SIGKILL, then
-  scancel of the job.
+  probes and (with membership) a look at every worker's registration in the background, the policy
+  (orchestrator.policy) decides; kills, deregistration, membership repair and lookups run as background work
+  (orchestrator.background: a failure is an event) and report back through the inbox, as the messages below, so one
+  slow kill never stalls the loop.
+Teardown on every path (a failure, a signal, the job's time limit): `stopping`, SIGTERM to every step (30 s),
+  SIGKILL, then scancel of the job. Signals: see ENDING_SIGNALS.
 """
 
 from __future__ import annotations
@@ -25,10 +27,12 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass
 from types import FrameType
-from typing import Callable, Dict, List, Optional, TextIO
+from typing import Callable, Dict, FrozenSet, List, Optional, TextIO, Union
 
 from orchestrator import membership, startup, tls
+from orchestrator.background import Background, BackgroundFailed
 from orchestrator.events import EventLog, StateFiles, write_atomically
 from orchestrator.policy import (Deregister, Event, Fail, Kill, ProgressWatch, Record, RepairMembership, Start,
                                  Supervisor, exit_code, exit_text)
@@ -36,7 +40,7 @@ from orchestrator.probe import Prober
 from orchestrator.spec import Component, JobSpec
 from orchestrator.states import ComponentState as C
 from orchestrator.states import EventKind as E
-from orchestrator.states import RunState
+from orchestrator.states import ComponentKind, RunState
 from orchestrator.steps import Steps, terminate_all
 
 POLL_S = 1.0  # start-up waits look this often
@@ -44,10 +48,117 @@ STEP_LOOKUP_EVERY_S = 2.0  # while some component has no known step (squeue may 
 STEP_LOOKUP_MAX_S = 60.0  # ... backing off to this while squeue lists no step of the job at all (tk's local shim)
 
 
+def _signals(*names: str) -> FrozenSet[int]:
+    return frozenset(int(getattr(signal, n)) for n in names if hasattr(signal, n))
+
+
+# The real-time signals, SIGRTMIN..SIGRTMAX (their default action ends a process too): Linux numbers its standard
+# signals 1..31 (signal(7)), and Python before 3.11 names no real-time one.
+REALTIME_SIGNALS = frozenset(int(s) for s in signal.valid_signals() if int(s) >= 32)
+# Valid standard signals this Python has no name for (SIGSTKFLT before 3.11): their default ends a process (Term).
+UNNAMED_SIGNALS = frozenset(int(s) for s in signal.valid_signals() if int(s) < 32) - frozenset(
+    int(s) for s in signal.Signals)
+
+
+def signal_name(signum: int) -> str:
+    """SIGUSR1, or SIGRTMIN+3 for a real-time signal, or "signal 16" for one this Python does not name."""
+    if signum in REALTIME_SIGNALS:
+        return f"SIGRTMIN+{signum - min(REALTIME_SIGNALS)}"
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+# Every signal whose default action ends a process (signal(7): "Term" and "Core"), and what the job does with it.
+# Ended with teardown and an event naming the signal: SIGTERM (Slurm's time limit, scancel), SIGINT, SIGHUP, and
+# every other one a person, a tool or Slurm may send: `--signal=B:SIG@T` in cluster.sbatch_args is the user asking
+# for SIG T seconds before the time limit, and the job takes it as the time to end the deployment cleanly (its
+# reason says so: JobSpec.time_limit_signal). The real-time signals SIGRTMIN..SIGRTMAX too.
+ENDING_SIGNALS = _signals("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGALRM", "SIGVTALRM", "SIGPROF",
+                          "SIGIO", "SIGPWR", "SIGSTKFLT", "SIGXCPU", "SIGTRAP", "SIGSYS", "SIGABRT") \
+    | REALTIME_SIGNALS | UNNAMED_SIGNALS
+# Not ending the job: SIGUSR2 prints every thread's stack into the job's output (faulthandler; `kill -USR2 JOBPID`);
+# SIGPIPE and SIGXFSZ stay ignored, as Python starts (a write to a closed pipe, or past the file size limit, fails
+# with an error the writer handles: the job's output, an event line).
+KEPT_SIGNALS = _signals("SIGUSR2", "SIGPIPE", "SIGXFSZ")
+# Not catchable, or not safely: SIGKILL; SIGSEGV, SIGBUS, SIGILL, SIGFPE are the interpreter faulting (a handler that
+# returns re-runs the faulting instruction), so faulthandler prints every thread's stack and the process ends. On
+# Slurm the batch script's end ends the job and every step; locally `tk status` says the job's orchestrator is gone.
+UNCATCHABLE_SIGNALS = _signals("SIGKILL", "SIGSTOP", "SIGSEGV", "SIGBUS", "SIGILL", "SIGFPE")
+
+
 class Interrupted(Exception):
     def __init__(self, signum: int):
-        super().__init__(signal.Signals(signum).name)
+        super().__init__(signal_name(signum))
         self.signum = signum
+
+
+class JobFailed(Exception):
+    """Once serving: the policy ended the run (a role below its minimum, fail-fast)."""
+
+    def __init__(self, reason: str, component: Optional[str] = None):
+        super().__init__(reason)
+        self.reason, self.component = reason, component
+
+
+# -- the inbox: what background work tells the serving loop -----------------------------------------------------
+@dataclass(frozen=True)
+class Killed:
+    """A kill finished: the component died (its exit code) or survived SIGKILL."""
+
+    name: str
+    died: bool
+    rc: Optional[int]
+
+
+@dataclass(frozen=True)
+class ProgressAnswered:
+    """A progress probe ended: its HTTP status, None for no answer."""
+
+    name: str
+    generation: int
+    status: Optional[int]
+
+
+@dataclass(frozen=True)
+class Said:
+    """An event background work wants written (deregistration)."""
+
+    event: Event
+
+
+@dataclass(frozen=True)
+class Repaired:
+    """A membership repair ended (its event says how)."""
+
+    event: Event
+
+
+@dataclass(frozen=True)
+class StepsFound:
+    """squeue's answer: component -> Slurm step, as of the starts counted in `launches`."""
+
+    found: Dict[str, str]
+    launches: Dict[str, int]
+
+
+@dataclass(frozen=True)
+class Registrations:
+    """Which of `asked` (workers) have no key in the cluster storage, as of `launches` and repair `epoch`; None
+    when the storage did not answer (its own liveness is supervised as a component)."""
+
+    asked: List[str]
+    missing: Optional[List[str]]
+    launches: Dict[str, int]
+    epoch: int
+
+
+Message = Union[Killed, ProgressAnswered, Said, Repaired, StepsFound, Registrations]
+
+LIVE_STATES = (C.HEALTHY, C.UNHEALTHY, C.UNREGISTERED)  # serving, or not yet judged otherwise: progress is probed
+PROBED_STATES = (*LIVE_STATES, C.STARTING)  # liveness is probed
+REGISTERED_STATES = (C.HEALTHY, C.UNREGISTERED)  # a worker whose registration is looked at
 
 
 class Job:
@@ -66,13 +177,14 @@ class Job:
         self.events = EventLog(self.state_dir, clock=wall, out=out)
         self.states = StateFiles(self.state_dir, spec.supervision.policy)
         self.steps = steps or Steps(run_dir, self.job_id, spec.srun_flags)
-        self.prober = prober or Prober(spec.supervision.probe_timeout_s)
+        self.work = Background(self._background_failed)
+        self.prober = prober or Prober(spec.supervision.probe_timeout_s, work=self.work)
         self.stop = threading.Event()
         self.signum: Optional[int] = None
         self.handles_signals = False
         self.procs: Dict[str, subprocess.Popen] = {}  # the current process (srun) of each started component
         self.others: List[subprocess.Popen] = []  # provenance and other helper steps, ended at teardown
-        self.inbox: "queue.Queue[tuple]" = queue.Queue()  # results of background work, handled by the loop
+        self.inbox: "queue.Queue[Message]" = queue.Queue()  # results of background work, handled by the loop
         self.nodes: Optional[startup.Nodes] = None
         self.supervisor: Optional[Supervisor] = None
         self.progress = ProgressWatch(spec.supervision.stall_after_s, spec.supervision.health_interval_s)
@@ -80,6 +192,9 @@ class Job:
         self.launches: Dict[str, int] = {}  # starts of each component so far: a step lookup's answer is its own
         self.killing: set = set()
         self.repairing = False
+        self.repair_epoch = 0  # repairs begun: a registration lookup from before one is not believed
+        self.registration_busy = False
+        self.registration_at = float("-inf")
         self.step_lookup_at = float("-inf")
         self.step_lookup_every = STEP_LOOKUP_EVERY_S
         self.step_lookup_busy = False
@@ -112,9 +227,22 @@ class Job:
         self.stop.set()
 
     def install_signals(self) -> None:
+        """Every signal of ENDING_SIGNALS ends the job with teardown and an event; KEPT_SIGNALS keep what they do."""
         self.handles_signals = True
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in ENDING_SIGNALS:
             signal.signal(sig, self._on_signal)
+
+    def signal_reason(self, signum: int) -> str:
+        name = signal_name(signum)
+        said = f"signal received ({name})"
+        if self.spec.time_limit_signal and self.spec.time_limit_signal == name:
+            said += (f": Slurm's --signal=B:{name[3:]}@T of cluster.sbatch_args, sent T seconds before the job's "
+                     "time limit; the deployment is ended cleanly before it")
+        return said
+
+    def _background_failed(self, failed: BackgroundFailed) -> None:
+        """Background work failed: the event (any thread may write one: one append per line)."""
+        self.events.write(Event(E.BACKGROUND_FAILED, failed.component, None, failed.describe()))
 
     def write_state(self, name: str) -> None:
         c = self.spec.component(name)
@@ -135,10 +263,10 @@ class Job:
         try:
             self.start_up()
             self.serve()
-        except startup.StartupFailed as exc:
+        except (startup.StartupFailed, JobFailed) as exc:
             self.record(E.FAILED, exc.component, exc.reason, state=RunState.FAILED.value)
         except Interrupted as exc:
-            self.record(E.FAILED, None, f"signal received ({exc})", state=RunState.FAILED.value)
+            self.record(E.FAILED, None, self.signal_reason(exc.signum), state=RunState.FAILED.value)
             rc = 128 + exc.signum
         except Exception as exc:  # noqa: BLE001  (a bug here must still end in teardown, and say so)
             self.record(E.FAILED, None, f"the job's orchestrator failed: {type(exc).__name__}: {exc}",
@@ -149,7 +277,7 @@ class Job:
 
     def teardown(self, rc: int) -> None:
         if self.handles_signals:  # a second signal must not cut the teardown short
-            for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            for sig in ENDING_SIGNALS:
                 signal.signal(sig, signal.SIG_IGN)
         self.record(E.STOPPING, None, f"exit code {rc}")
         terminate_all([*self.procs.values(), *self.others])
@@ -168,7 +296,7 @@ class Job:
         self.nodes = startup.discover(spec, self.nodelist, self.run_dir)
         self._check_signal()
         startup.write_resolved(spec, self.nodes, self.run_dir)
-        startup.provenance(spec, self.run_dir, self.others.append)
+        startup.provenance(spec, self.run_dir, self.others.append, self.work)
         self.record(E.CHECKING, None, f"options and proxy config on {self.nodes.names[0]}")
         verdict, message = startup.config_check(spec, self.nodes, self.run_dir, stop=self.stop.is_set)
         self._check_signal()
@@ -176,10 +304,10 @@ class Job:
             raise startup.StartupFailed(f"config check: {message} (log: logs/config-check.log)")
         self.record(E.CHECKED if verdict == "ok" else E.CHECK_SKIPPED, None, message)
         front = spec.front
-        workers = [c for c in spec.components if c.kind == "worker"]
+        workers = [c for c in spec.components if c.kind == ComponentKind.WORKER]
         if spec.proxy_first:
             for c in spec.components:
-                if c.kind == "etcd":
+                if c.kind == ComponentKind.ETCD:
                     self.launch(c)
                     self.wait_healthy([c], path=c.health)
             if front is not None:
@@ -341,9 +469,10 @@ class Job:
 
     def begin_supervision(self) -> None:
         spec = self.spec
-        etcd = next((c.name for c in spec.components if c.kind == "etcd"), None)
+        etcd = next((c.name for c in spec.components if c.kind == ComponentKind.ETCD), None)
         self.supervisor = sv = Supervisor(spec.supervision, {c.name: c.role for c in spec.components},
-                                          log_of=self.log, storage_component=etcd if spec.membership else None)
+                                          log_of=self.log, storage_component=etcd if spec.membership else None,
+                                          unregistered_after_s=spec.membership.rejoin_s if spec.membership else None)
         sv.begin(self.clock())
         for name in sv.take_dirty():
             self.write_state(name)
@@ -364,13 +493,12 @@ class Job:
                 why = None if created else (self.steps.srun_said(name) or "srun said nothing")
                 actions += sv.exited(name, rc, now, step_created=created, why=why)
         actions += self.drain_inbox(now)
-        probe = [c for c in self.spec.components if sv.components[c.name].state in (C.HEALTHY, C.UNHEALTHY,
-                                                                                      C.STARTING)
+        probe = [c for c in self.spec.components if sv.components[c.name].state in PROBED_STATES
                  and c.name not in self.killing]
         answers = self.prober.round({c.name: self.url(c, c.live) for c in probe})
         now = self.clock()
         for c in probe:
-            if sv.components[c.name].state in (C.HEALTHY, C.UNHEALTHY, C.STARTING):
+            if sv.components[c.name].state in PROBED_STATES:
                 actions += sv.probed(c.name, answers.get(c.name) == 200, now, url=c.live)
         self.start_progress_probes(now)
         for name, seconds in self.progress.stalls(now):
@@ -379,6 +507,7 @@ class Job:
         self.execute(actions)
         self.execute(sv.overall(self.clock()))
         self.maybe_lookup_steps()
+        self.maybe_check_registrations()
         for name in sv.take_dirty():
             self.write_state(name)
 
@@ -390,17 +519,18 @@ class Job:
     def start_progress_probes(self, now: float) -> None:
         sv = self.supervisor
         assert sv is not None
-        eligible = [c.name for c in self.spec.components if c.progress and c.kind == "worker"
-                    and sv.components[c.name].state in (C.HEALTHY, C.UNHEALTHY) and c.name not in self.killing]
+        eligible = [c.name for c in self.spec.components if c.progress and c.kind == ComponentKind.WORKER
+                    and sv.components[c.name].state in LIVE_STATES and c.name not in self.killing]
         bound = self.spec.supervision.stall_after_s + 2 * self.spec.supervision.health_interval_s + 5
         for name, generation in self.progress.due(eligible, now):
             c = self.spec.component(name)
             assert c.progress is not None
-            self.prober.start_progress(self.url(c, c.progress), bound, self._progress_answer(name, generation))
+            self.prober.start_progress(self.url(c, c.progress), bound, self._progress_answer(name, generation),
+                                       component=name)
 
     def _progress_answer(self, name: str, generation: int) -> Callable[[Optional[int]], None]:
         def done(status: Optional[int]) -> None:
-            self.inbox.put(("progress", name, generation, status))
+            self.inbox.put(ProgressAnswered(name, generation, status))
         return done
 
     def drain_inbox(self, now: float) -> list:
@@ -412,32 +542,37 @@ class Job:
                 item = self.inbox.get_nowait()
             except queue.Empty:
                 return actions
-            kind = item[0]
-            if kind == "killed":
-                _, name, died, rc = item
-                self.killing.discard(name)
-                actions += sv.killed(name, died, rc, now, step_created=self.step_created(name))
-            elif kind == "progress":
-                _, name, generation, status = item
-                refused = self.progress.answered(name, generation, status, now)
+            if isinstance(item, Killed):
+                self.killing.discard(item.name)
+                actions += sv.killed(item.name, item.died, item.rc, now, step_created=self.step_created(item.name))
+            elif isinstance(item, ProgressAnswered):
+                refused = self.progress.answered(item.name, item.generation, item.status, now)
                 if refused:
-                    self.record(E.PROBE_REFUSED, name, f"{name}: {refused}")
-            elif kind == "event":
-                self.events.write(item[1])
-            elif kind == "repaired":
+                    self.record(E.PROBE_REFUSED, item.name, f"{item.name}: {refused}")
+            elif isinstance(item, Said):
+                self.events.write(item.event)
+            elif isinstance(item, Repaired):
                 self.repairing = False
-                self.events.write(item[1])
-            elif kind == "steps":
-                _, found, launches = item
+                self.events.write(item.event)
+            elif isinstance(item, StepsFound):
                 self.step_lookup_busy = False
-                self.step_lookup_every = (STEP_LOOKUP_EVERY_S if found
+                self.step_lookup_every = (STEP_LOOKUP_EVERY_S if item.found
                                           else min(STEP_LOOKUP_MAX_S, self.step_lookup_every * 2))
                 # a component (re)started after the lookup began: what squeue listed may be its previous step
-                found = {n: s for n, s in found.items()
-                         if n in sv.components and self.launches.get(n) == launches.get(n)}
+                found = {n: s for n, s in item.found.items()
+                         if n in sv.components and self.launches.get(n) == item.launches.get(n)}
                 changed = {n for n, s in found.items() if self.step_of.get(n) != s}
                 self.step_of.update(found)
                 sv.dirty.update(changed)
+            elif isinstance(item, Registrations):
+                self.registration_busy = False
+                if item.missing is None or self.repairing or item.epoch != self.repair_epoch:
+                    continue  # the storage did not answer, or a repair deletes and restores keys meanwhile
+                for name in item.asked:  # a worker (re)started since the lookup began is judged on the next one
+                    if self.launches.get(name) == item.launches.get(name) and name not in self.killing:
+                        actions += sv.registration(name, name not in item.missing, now)
+            else:  # not reached: every message is one of the above (mypy checks the union)
+                raise TypeError(f"not an inbox message: {item!r}")
 
     def execute(self, actions: list) -> None:
         sv = self.supervisor
@@ -457,23 +592,24 @@ class Job:
             elif isinstance(a, Fail):
                 for name in sv.take_dirty():
                     self.write_state(name)
-                raise startup.StartupFailed(a.reason, a.component)
+                raise JobFailed(a.reason, a.component)
 
     def kill_in_background(self, name: str) -> None:
         proc = self.procs.get(name)
         if proc is None:
-            self.inbox.put(("killed", name, True, -9))
+            self.inbox.put(Killed(name, True, -9))
             return
         self.killing.add(name)
         step = self.step_of.get(name)
 
         def run() -> None:
-            try:
-                died, rc = self.steps.kill(name, proc, step)
-            except Exception:  # noqa: BLE001
-                died, rc = proc.poll() is not None, proc.poll()
-            self.inbox.put(("killed", name, died, rc))
-        threading.Thread(target=run, name=f"tk-kill-{name}", daemon=True).start()
+            died, rc = self.steps.kill(name, proc, step)
+            self.inbox.put(Killed(name, died, rc))
+
+        def failed(_exc: BaseException) -> None:  # whether the kill happened is what the process says now
+            rc = proc.poll()
+            self.inbox.put(Killed(name, rc is not None, rc))
+        self.work.start("kill", run, name, on_failure=failed)
 
     def deregister_in_background(self, name: str) -> None:
         m = self.spec.membership
@@ -485,13 +621,13 @@ class Job:
             try:
                 gone = membership.deregister(uri, m.worker_key_prefix, addr)
             except membership.StorageError as exc:
-                self.inbox.put(("event", Event(E.DEREGISTERED, name, None, f"{name} ({addr}): its keys could not "
-                                               f"be deleted ({exc}); the storage's TTL removes them")))
+                self.inbox.put(Said(Event(E.DEREGISTERED, name, None, f"{name} ({addr}): its keys could not be "
+                                          f"deleted ({exc}); the storage's TTL removes them")))
                 return
             if gone:
-                self.inbox.put(("event", Event(E.DEREGISTERED, name, None, f"{name} ({addr}): {gone} key(s) "
-                                               "deleted from the cluster storage")))
-        threading.Thread(target=run, name=f"tk-deregister-{name}", daemon=True).start()
+                self.inbox.put(Said(Event(E.DEREGISTERED, name, None, f"{name} ({addr}): {gone} key(s) deleted "
+                                          "from the cluster storage")))
+        self.work.start("deregister", run, name)  # a failure: its event; the storage's TTL removes the keys
 
     def repair_in_background(self) -> None:
         m = self.spec.membership
@@ -499,27 +635,61 @@ class Job:
         if m is None or self.nodes is None or sv is None or self.repairing:
             return
         self.repairing = True
+        self.repair_epoch += 1
         uri = self.nodes.resolve(m.cluster_uri)
         by_role: Dict[str, List[str]] = {}
         for name, addr in m.workers.items():
-            if sv.components[name].state == C.HEALTHY:
+            if sv.components[name].state == C.HEALTHY:  # one without a key has none to replace
                 by_role.setdefault(sv.components[name].role, []).append(self.nodes.resolve(addr))
+        failed_reason = "the cluster storage came back, but its registrations could not be repaired"
 
         def run() -> None:
-            reason = "the cluster storage came back, but its registrations could not be repaired"
             try:
                 done = membership.repair(uri, m.worker_key_prefix, list(by_role.values()), stop=self.stop.is_set)
-                reason = (f"the cluster storage came back: {len(done['replaced'])} worker registration(s) replaced "
-                          "one per role at a time")
-                if done["not_back"]:
-                    reason += f"; not registered again yet: {', '.join(done['not_back'])}"
             except membership.StorageError as exc:
-                reason += f" ({exc})"
-            except Exception as exc:  # noqa: BLE001  (said, and the next time the storage returns it runs again)
-                reason += f" ({type(exc).__name__}: {exc})"
-            finally:  # whatever happened: `repairing` must be cleared, or membership is never repaired again
-                self.inbox.put(("repaired", Event(E.MEMBERSHIP_REPAIRED, None, None, reason)))
-        threading.Thread(target=run, name="tk-membership-repair", daemon=True).start()
+                self.inbox.put(Repaired(Event(E.MEMBERSHIP_REPAIRED, None, None, f"{failed_reason} ({exc})")))
+                return
+            reason = (f"the cluster storage came back: {len(done['replaced'])} worker registration(s) replaced one "
+                      "per role at a time")
+            if done["not_back"]:
+                reason += f"; not registered again yet: {', '.join(done['not_back'])}"
+            self.inbox.put(Repaired(Event(E.MEMBERSHIP_REPAIRED, None, None, reason)))
+
+        def failed(exc: BaseException) -> None:  # `repairing` must be cleared, or membership is never repaired again
+            self.inbox.put(Repaired(Event(E.MEMBERSHIP_REPAIRED, None, None,
+                                          f"{failed_reason} ({type(exc).__name__}: {exc})")))
+        self.work.start("membership-repair", run, on_failure=failed)
+
+    def maybe_check_registrations(self) -> None:
+        """With membership, once per health interval: is every serving worker still registered in the cluster
+        storage? A worker that lost its key (its etcd gateway ended, its lease lapsed and nothing registered it
+        again) keeps answering /health but is out of the proxy's routing; the policy says `unregistered` and
+        restarts it (Supervisor.registration). Not while the storage itself is down or a repair runs."""
+        sv, m = self.supervisor, self.spec.membership
+        if m is None or self.nodes is None or sv is None or self.registration_busy or self.repairing:
+            return
+        if self.clock() - self.registration_at < self.spec.supervision.health_interval_s:
+            return
+        storage = [c.name for c in self.spec.components if c.kind in (ComponentKind.ETCD, ComponentKind.PROXY)]
+        if any(sv.components[n].state != C.HEALTHY for n in storage):
+            return
+        asked = [n for n in m.workers if sv.components[n].state in REGISTERED_STATES and n not in self.killing]
+        if not asked:
+            return
+        self.registration_busy, self.registration_at = True, self.clock()
+        uri = self.nodes.resolve(m.cluster_uri)
+        addrs = {self.nodes.resolve(m.workers[n]): n for n in asked}
+        launches, epoch = dict(self.launches), self.repair_epoch
+
+        def run() -> None:
+            try:
+                left: Optional[List[str]] = [addrs[a] for a in membership.missing(uri, m.worker_key_prefix,
+                                                                                  list(addrs))]
+            except membership.StorageError:
+                left = None  # the storage's own liveness is watched as a component; asked again next round
+            self.inbox.put(Registrations(asked, left, launches, epoch))
+        self.work.start("registration-lookup", run,
+                        on_failure=lambda _exc: self.inbox.put(Registrations(asked, None, launches, epoch)))
 
     def maybe_lookup_steps(self) -> None:
         """Which Slurm step runs each component (tk status shows it; a kill uses it): one squeue, in the
@@ -531,14 +701,8 @@ class Job:
             return
         self.step_lookup_busy, self.step_lookup_at = True, self.clock()
         launches = dict(self.launches)
-
-        def run() -> None:
-            try:
-                found = self.steps.step_ids()
-            except Exception:  # noqa: BLE001
-                found = {}
-            self.inbox.put(("steps", found, launches))
-        threading.Thread(target=run, name="tk-steps", daemon=True).start()
+        self.work.start("step-lookup", lambda: self.inbox.put(StepsFound(self.steps.step_ids(), launches)),
+                        on_failure=lambda _exc: self.inbox.put(StepsFound({}, launches)))
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -554,6 +718,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"tk job: {path}: {exc}", file=sys.stderr)
         return 2
     run_dir = os.environ.get("TK_RUN_DIR") or os.path.dirname(path)
+    faulthandler.enable(all_threads=True)  # the interpreter faulting (UNCATCHABLE_SIGNALS): every thread's stack
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # `kill -USR2 JOBPID`: every thread's stack, in its output
     job = Job(spec, run_dir)
     job.install_signals()

@@ -8,6 +8,7 @@ Nothing here sleeps, spawns or probes. The serving loop (orchestrator.job) feeds
     probed(name, ok, now)                 one liveness probe (HTTP 200 or not)
     stalled(name, seconds, now, failing)  its progress probe has shown no progress for stall_after_s
     killed(name, died, rc, now)           a Kill finished: it died (rc), or it survived SIGKILL
+    registration(name, registered, now)   with membership: whether a serving worker has a key in the storage
     tick(now)                             time passed: restarts whose backoff is over
     overall(now)                          after a round: degraded <-> serving
 
@@ -17,7 +18,10 @@ Record(event) for every state change (orchestrator.events writes them). The poli
 failure, capped at backoff_max_s), up to max_restarts in a row, after which the component is lost; a role with
 fewer live (not lost) components than its minimum ends the run. Healthy for stable_after_s resets the
 consecutive count. Liveness failing for unhealthy_after_s, or no progress for stall_after_s, is killed (and
-restarted). fail-fast: the first exit, or liveness lost, ends the run. An srun that never created its step (the
+restarted). A worker that answers /health but has no key in the cluster storage (membership) is out of the
+proxy's routing: `unregistered`, and killed (and restarted) when it has not registered again within
+unregistered_after_s (a restarted worker is judged once it has registered, or startup_timeout_s after its start).
+fail-fast: the first exit, or liveness or registration lost, ends the run. An srun that never created its step (the
 Slurm controller unreachable, resources not yet released) is retried with backoff and not counted, up to
 NOT_CREATED_MAX times in a row where srun said so; where nothing said either way (no marker, squeue never listed
 the step, srun silent: a marker on a shared filesystem can be missed), only UNCONFIRMED_MAX times in a row, so a
@@ -32,7 +36,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Set, Union
 from orchestrator.spec import Supervision
 from orchestrator.states import ComponentState as C
 from orchestrator.states import EventKind as E
-from orchestrator.states import RunState
+from orchestrator.states import RestartPolicy, Role, RunState
 
 
 NOT_CREATED_MAX = 30  # restarts in a row srun said it could not create (about 30 min at backoff_max_s 60), uncounted
@@ -116,7 +120,7 @@ class Tracked:
     """One component as the policy sees it."""
 
     name: str
-    role: str
+    role: Role
     state: C = C.STARTING
     since: float = 0.0
     restarts: int = 0  # restarts by supervision in this run
@@ -131,15 +135,21 @@ class Tracked:
     healthy_since: float = 0.0
     kill_reason: Optional[str] = None
     retrying: bool = False  # the next start repeats a restart whose step was never created
+    started_at: float = 0.0  # its current life began (begin, or its last Start)
+    registered: bool = False  # seen registered in the cluster storage in its current life
+    unregistered_since: Optional[float] = None  # first seen without a key (since it was last seen with one)
 
 
 class Supervisor:
     """The policy over every component, all of them healthy when supervision begins (``begin``)."""
 
-    def __init__(self, policy: Supervision, roles: Dict[str, str], *,
+    def __init__(self, policy: Supervision, roles: Dict[str, Role], *,
                  log_of: Callable[[str], str] = lambda name: f"logs/{name}.log",
-                 storage_component: Optional[str] = None):
+                 storage_component: Optional[str] = None, unregistered_after_s: Optional[float] = None):
         self.p = policy
+        # a worker without a key for this long is restarted: at least unhealthy_after_s, and at least as long as
+        # TensorRT-LLM's own worker takes to register again (its heartbeat interval plus its 5 s retry)
+        self.unregistered_after_s = max(policy.unhealthy_after_s, unregistered_after_s or 0.0)
         self.components: Dict[str, Tracked] = {name: Tracked(name, role) for name, role in roles.items()}
         self.run_state = RunState.STARTING
         self.log_of = log_of
@@ -153,10 +163,10 @@ class Supervisor:
         t.state, t.reason = state, reason
         self.dirty.add(t.name)
 
-    def live(self, role: str) -> int:
+    def live(self, role: Role) -> int:
         return sum(1 for t in self.components.values() if t.role == role and t.state != C.LOST)
 
-    def minimum(self, role: str) -> int:
+    def minimum(self, role: Role) -> int:
         return int(self.p.minimum.get(role, 1))
 
     def _record(self, kind: E, t: Optional[Tracked], reason: str, exit_code_: Optional[int] = None) -> Record:
@@ -165,7 +175,7 @@ class Supervisor:
 
     @property
     def restart(self) -> bool:
-        return self.p.policy == "restart"
+        return self.p.policy == RestartPolicy.RESTART
 
     # -- entry points -------------------------------------------------------------------------------------------
     def begin(self, now: float) -> List[Action]:
@@ -173,7 +183,8 @@ class Supervisor:
         self.run_state = RunState.READY
         for t in self.components.values():
             self._set(t, C.HEALTHY, now)
-            t.healthy_since = now
+            t.healthy_since = t.started_at = now
+            t.registered = True  # the start-up waited for every worker's registration
         return []
 
     def exited(self, name: str, rc: int, now: float, step_created: Optional[bool] = True,
@@ -255,8 +266,8 @@ class Supervisor:
                 return [self._record(E.STABLE, t, f"{name} healthy for {self.p.stable_after_s:g}s: its "
                                                   "consecutive failures reset")]
             return []
-        if t.state == C.HEALTHY:
-            t.bad_since = now
+        if t.state in (C.HEALTHY, C.UNREGISTERED):
+            t.bad_since = now if t.unregistered_since is None else min(now, t.unregistered_since)
             self._set(t, C.UNHEALTHY, now, f"{url} does not answer 200")
             return [self._record(E.UNHEALTHY, t, f"{name} {url} does not answer 200")]
         if t.state == C.UNHEALTHY and now - t.bad_since >= self.p.unhealthy_after_s:
@@ -274,7 +285,7 @@ class Supervisor:
         """Its progress probe (a bounded generation request) has produced no token for `seconds`; `failing`: what
         its probes answered meanwhile when they did answer ("HTTP 500": the generation failed)."""
         t = self.components[name]
-        if t.state not in (C.HEALTHY, C.UNHEALTHY):
+        if t.state not in (C.HEALTHY, C.UNHEALTHY, C.UNREGISTERED):
             return []
         if failing:
             why = (f"wedged: no progress for {seconds:g}s, its generation probe answers {failing} while /health "
@@ -287,6 +298,35 @@ class Supervisor:
             return [self._record(E.WEDGED, t, reason), Fail(reason, name)]
         return [self._record(E.WEDGED, t, f"{name} {why}; killing it (log: {self.log_of(name)})"),
                 *self._kill(t, f"{why}, killed", now)]
+
+    def registration(self, name: str, registered: bool, now: float) -> List[Action]:
+        """With membership, one look at the cluster storage: whether the worker `name` has a key there."""
+        t = self.components[name]
+        if registered:
+            t.registered, t.unregistered_since = True, None
+            if t.state == C.UNREGISTERED:
+                self._set(t, C.HEALTHY, now)
+                return [self._record(E.RECOVERED, t, f"{name} is registered in the cluster storage again")]
+            return []
+        if t.state == C.HEALTHY:
+            if not t.registered and now - t.started_at < self.p.startup_timeout_s:
+                return []  # restarted: it registers once it serves (TensorRT-LLM registers after its HTTP server)
+            if t.unregistered_since is None:
+                t.unregistered_since = now
+            why = ("answers /health but has no key in the cluster storage: the proxy does not route to it" +
+                   ("" if t.registered else f" (not registered within {self.p.startup_timeout_s:g}s of its start)"))
+            self._set(t, C.UNREGISTERED, now, why)
+            then = ("restarted" if self.restart else "the run fails (supervision policy fail-fast)")
+            return [self._record(E.UNREGISTERED, t, f"{name} {why}; {then} unless it registers again within "
+                                                    f"{self.unregistered_after_s:g}s (log: {self.log_of(name)})")]
+        if t.state == C.UNREGISTERED and t.unregistered_since is not None and \
+                now - t.unregistered_since >= self.unregistered_after_s:
+            why = f"not registered in the cluster storage for {self.unregistered_after_s:g}s (out of the proxy's routing)"
+            if not self.restart:
+                reason = f"{name} {why} (supervision policy fail-fast; log: {self.log_of(name)})"
+                return [self._record(E.UNREGISTERED, t, reason), Fail(reason, name)]
+            return self._kill(t, f"{why}, killed", now)
+        return []
 
     def _kill(self, t: Tracked, reason: str, now: float) -> List[Action]:
         t.kill_reason = reason
@@ -317,6 +357,7 @@ class Supervisor:
                 if not t.retrying:
                     t.restarts += 1
                 t.deadline = now + self.p.startup_timeout_s
+                t.started_at, t.registered, t.unregistered_since = now, False, None
                 self._set(t, C.STARTING, now)
                 actions += [self._record(E.RESTARTING, t, f"{t.name} (restart {t.restarts} of this run"
                                          + (", its step not created before" if t.retrying else "") + ")"),

@@ -10,13 +10,13 @@ Standard library only (urllib in a thread pool), as the batch host may have noth
 from __future__ import annotations
 
 import socket
-import threading
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor, wait
+from concurrent.futures import wait
 from typing import Callable, Dict, Optional
 
 from orchestrator import tls
+from orchestrator.background import Background
 
 MAX_BODY = 64 << 10
 
@@ -37,12 +37,16 @@ def status(url: str, timeout_s: float) -> Optional[int]:
 
 
 class Prober:
-    """Liveness rounds on a pool as wide as the deployment, and progress probes on their own threads."""
+    """Liveness rounds on a pool as wide as the deployment, and progress probes on their own threads; a probe that
+    fails in a way no server causes (a bug: `status` answers every network outcome) counts as no answer and is
+    reported through `work` (the job: a `background-failed` event naming the component)."""
 
-    def __init__(self, timeout_s: float, get: Callable[[str, float], Optional[int]] = status, width: int = 64):
+    def __init__(self, timeout_s: float, get: Callable[[str, float], Optional[int]] = status, width: int = 64,
+                 work: Optional[Background] = None):
         self.timeout_s = timeout_s
         self.get = get
-        self.pool = ThreadPoolExecutor(max_workers=max(1, width), thread_name_prefix="tk-probe")
+        self.work = work or Background()
+        self.pool = self.work.pool("probe", width)
 
     def round(self, urls: Dict[str, str]) -> Dict[str, Optional[int]]:
         """Every URL at once; a probe still running when the round's bound passes counts as no answer."""
@@ -50,17 +54,21 @@ class Prober:
         wait(list(futures.values()), timeout=self.timeout_s + 1.0)
         out: Dict[str, Optional[int]] = {}
         for name, fut in futures.items():
-            out[name] = fut.result() if fut.done() and fut.exception() is None else None
+            out[name] = None
+            if fut.done():
+                exc = fut.exception()
+                if exc is None:
+                    out[name] = fut.result()
+                else:
+                    self.work.fail("liveness-probe", name, exc)
         return out
 
-    def start_progress(self, url: str, timeout_s: float, done: Callable[[Optional[int]], None]) -> None:
-        """GET url on a thread of its own (it may take up to timeout_s); done(status) is called with the result."""
-        def run() -> None:
-            try:
-                done(self.get(url, timeout_s))
-            except Exception:  # noqa: BLE001  (a probe thread must never die silently without an answer)
-                done(None)
-        threading.Thread(target=run, name="tk-progress", daemon=True).start()
+    def start_progress(self, url: str, timeout_s: float, done: Callable[[Optional[int]], None],
+                       component: Optional[str] = None) -> None:
+        """GET url on a thread of its own (it may take up to timeout_s); done(status) is called with the result,
+        done(None) (no progress) when the probe itself failed."""
+        self.work.start("progress-probe", lambda: done(self.get(url, timeout_s)), component,
+                        on_failure=lambda _exc: done(None))
 
     def close(self) -> None:
         self.pool.shutdown(wait=False)

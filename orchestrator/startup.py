@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
+from orchestrator.background import Background
 from orchestrator.spec import ArgItem, JobSpec
 from orchestrator.steps import run_bounded
 
@@ -153,9 +154,10 @@ def write_resolved(spec: JobSpec, nodes: Nodes, run_dir: str) -> Optional[str]:
     return target
 
 
-def provenance(spec: JobSpec, run_dir: str, register: Callable[[subprocess.Popen], None]) -> threading.Thread:
+def provenance(spec: JobSpec, run_dir: str, register: Callable[[subprocess.Popen], None],
+               work: Background) -> threading.Thread:
     """In the background, one step per node: provenance/NODE.json. `register(proc)` hands the srun process to
-    the job (so teardown ends it); nothing here can fail or delay the job."""
+    the job (so teardown ends it); nothing here can fail or delay the job (a failure is said: `work` reports it)."""
     out_dir = os.path.join(run_dir, "provenance")
     os.makedirs(out_dir, exist_ok=True)
     n = spec.nodes
@@ -169,9 +171,7 @@ def provenance(spec: JobSpec, run_dir: str, register: Callable[[subprocess.Popen
         except OSError:
             return
         register(proc)
-        killer = threading.Timer(PROVENANCE_TIMEOUT_S, proc.kill)
-        killer.daemon = True
-        killer.start()
+        killer = work.after("provenance-deadline", PROVENANCE_TIMEOUT_S, proc.kill)
         docs: Dict[str, Dict[str, Optional[str]]] = {}
         try:
             assert proc.stdout is not None
@@ -195,7 +195,7 @@ def provenance(spec: JobSpec, run_dir: str, register: Callable[[subprocess.Popen
                 docs.setdefault(parts[1], {})[parts[2]] = value or None
             proc.wait()
         finally:
-            killer.cancel()
+            killer.set()
         for node, fields in docs.items():
             doc = {"node": node, **{k: fields.get(k) for k in PROVENANCE_FIELDS}, "time": int(time.time())}
             safe = re.sub(r"[^A-Za-z0-9._-]", "_", node)
@@ -205,9 +205,7 @@ def provenance(spec: JobSpec, run_dir: str, register: Callable[[subprocess.Popen
             except OSError:
                 pass
 
-    thread = threading.Thread(target=run, name="tk-provenance", daemon=True)
-    thread.start()
-    return thread
+    return work.start("provenance", run)
 
 
 def config_check(spec: JobSpec, nodes: Nodes, run_dir: str, stop: Callable[[], bool] = lambda: False

@@ -40,6 +40,9 @@ class ComponentState(str, enum.Enum):
     STARTING = "starting"  # its step was started; not healthy yet (at first, or after a restart)
     HEALTHY = "healthy"  # answers its liveness URL with 200 and makes progress
     UNHEALTHY = "unhealthy"  # stopped answering 200; killed after supervision.unhealthy_after_s
+    # answers /health but has no key in the cluster storage (membership): out of the proxy's routing; killed and
+    # restarted when it is not registered again in time (its lease lapsed, its etcd gateway ended)
+    UNREGISTERED = "unregistered"
     KILLING = "killing"  # being killed (hung, wedged, or not healthy in time); its exit follows
     BACKOFF = "backoff"  # exited; restarted after the backoff (the reason says when, and which restart)
     LOST = "lost"  # given up: max_restarts in a row used, or it survived SIGKILL
@@ -55,7 +58,10 @@ class ComponentState(str, enum.Enum):
 
 # What the job's supervision can say of a component that tk's own probe finds not answering: tk shows it as is.
 SUPERVISED_STATES = frozenset({ComponentState.STARTING, ComponentState.UNHEALTHY, ComponentState.KILLING,
-                               ComponentState.BACKOFF, ComponentState.LOST, ComponentState.EXITED})
+                               ComponentState.BACKOFF, ComponentState.LOST, ComponentState.EXITED,
+                               ComponentState.UNREGISTERED})
+# What only the job's supervision can see: tk's own /health probe answering 200 does not make it healthy.
+BEYOND_HEALTH_STATES = frozenset({ComponentState.UNREGISTERED})
 
 
 class EventKind(str, enum.Enum):
@@ -82,11 +88,61 @@ class EventKind(str, enum.Enum):
     RESTARTED = "restarted"  # healthy again after a restart
     STABLE = "stable"  # healthy for stable_after_s: its consecutive failures reset
     LOST = "lost"  # given up
+    UNREGISTERED = "unregistered"  # a serving worker has no key in the cluster storage: the proxy does not route to it
     DEREGISTERED = "deregistered"  # its keys deleted from the cluster storage
     MEMBERSHIP_REPAIRED = "membership-repaired"  # stale registrations replaced after the storage came back
     PROBE_REFUSED = "progress-probe-refused"  # no progress route (404/405/501) or a 4xx: wedge detection off until restart
+    BACKGROUND_FAILED = "background-failed"  # background work (a kill, a lookup, a probe) failed: component, cause
     DEGRADED = "degraded"  # some component is down (reason: which)
     SERVING = "serving"  # every component healthy again
     # the end
     FAILED = "failed"  # the job ends itself (component: the cause, where there is one)
     STOPPING = "stopping"  # teardown (a signal, or after failed)
+
+
+class Word(str, enum.Enum):
+    """A word of a vocabulary (tk's and the job's): compares equal to its text, hashes and formats as it
+    (f"{Role.CTX}" is "ctx" on every Python), and is written as its text in JSON."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+    def __hash__(self) -> int:  # the text's hash, as equality is the text's: Role.CTX and "ctx" are one dict key
+        return str.__hash__(self)
+
+
+class Role(Word):
+    """What a component of a run is for: a server role of the plan (ctx, gen, agg) or the proxy or the job's etcd.
+    A component's logs are logs/NAME.log; `tk logs --role` takes each of these."""
+
+    CTX = "ctx"  # a context (prefill) server
+    GEN = "gen"  # a generation (decode) server
+    AGG = "agg"  # a plain trtllm-serve instance of the aggregated baseline (no proxy, no KV transfer)
+    PROXY = "proxy"  # `trtllm-serve disaggregated`
+    ETCD = "etcd"  # the etcd the job starts for membership
+
+    @property
+    def serves(self) -> bool:
+        """A server that runs the model (not the proxy or etcd)."""
+        return self in SERVER_ROLES
+
+
+SERVER_ROLES = (Role.CTX, Role.GEN, Role.AGG)
+
+
+class ComponentKind(Word):
+    """How the job starts, probes and supervises a component (job.json ``kind``)."""
+
+    WORKER = "worker"  # a server: an MPI world of tp x pp ranks, probed for progress too
+    PROXY = "proxy"  # the front of a disaggregated deployment
+    ETCD = "etcd"  # the cluster storage the job starts (membership with storage etcd)
+
+
+class RestartPolicy(Word):
+    """What supervision does when a component fails once the deployment serves (recipe supervision.policy)."""
+
+    RESTART = "restart"  # kill (when hung) and restart it, with backoff, up to max_restarts in a row
+    FAIL_FAST = "fail-fast"  # the run fails

@@ -4,6 +4,7 @@
     python scripts/trtllm_facts.py --download            # fetch each file at its commit from GitHub, then generate
     python scripts/trtllm_facts.py --from-dir DIR         # files already downloaded, as DIR/<commit>/<path>
     python scripts/trtllm_facts.py --from-dir DIR --check # exit 1 if the committed data file differs
+    python scripts/trtllm_facts.py --from-dir DIR --reuse # a file DIR lacks: its facts from the committed data file
 
 What is read, per kind of source (docs/trtllm-versions.md has the sources and how to add a release):
   manifest       tensorrt_llm/usage/llm_args_golden_manifest.json: the "TorchLlmArgs" rows (path, annotation, kind,
@@ -20,6 +21,12 @@ What is read, per kind of source (docs/trtllm-versions.md has the sources and ho
   disagg_utils   tensorrt_llm/llmapi/disagg_utils.py: extract_disagg_cfg's parameters (top-level keys),
                  extract_ctx_gen_cfgs' (server keys), DisaggClusterConfig's fields, extract_router_config's copied keys;
                  with tensorrt_llm/serve/router.py's create_router table (router types).
+
+Every option gets a normalised value kind ("value": int / float / bool / str / enum with its values / list of a
+kind / dict / model, optional, bounds) from its annotation, so tk checks values against the data, not a hand table;
+the sources file's supplements add what a manifest is silent on (a field it cannot capture, a validator's range or
+values, a default), each with its evidence. The release lines' rows (``lines``) and the releases' tag commits
+(``releases``) are copied into the data with their evidence.
 
 Only the standard library and PyYAML; no tk import, so it runs from a bare checkout.
 """
@@ -165,9 +172,9 @@ class LlmArgsReader:
                            else node.targets[0].id)
         return out
 
-    def model_fields(self, name: str, seen=()) -> dict[str, ast.expr]:
+    def model_fields(self, name: str, seen=()) -> dict[str, ast.AnnAssign]:
         """Fields in MRO order (bases first; a subclass's annotation overrides), ClassVar and private excluded."""
-        out: dict[str, ast.expr] = {}
+        out: dict[str, ast.AnnAssign] = {}
         for base in self.bases(name):
             if base in self.classes and base not in seen:
                 out.update(self.model_fields(base, seen + (name,)))
@@ -176,7 +183,7 @@ class LlmArgsReader:
                 fname = node.target.id
                 if fname.startswith("_") or ast.unparse(node.annotation).startswith("ClassVar"):
                     continue
-                out[fname] = node.annotation
+                out[fname] = node
         return out
 
     def classvar(self, name: str, var: str, seen=()) -> str | None:
@@ -248,7 +255,8 @@ class LlmArgsReader:
         return [], [], False, True
 
     def walk(self, name: str, prefix: str, stack=()) -> None:
-        for fname, ann in self.model_fields(name).items():
+        for fname, node in self.model_fields(name).items():
+            ann = node.annotation
             path = f"{prefix}.{fname}" if prefix else fname
             values, models, safe, opaque = self.analyze(ann)
             unwrapped = ast.unparse(ann)
@@ -269,6 +277,12 @@ class LlmArgsReader:
                     self.walk(m, path, stack + (name,))
                 continue
             self.fields[path] = field(unwrapped, kind, values, flags=flags + (["opaque"] if opaque else []))
+            default = _literal_default(node.value)
+            if default is not NO_DEFAULT:
+                self.fields[path]["default"] = default
+            bounds = _bounds([node.value]) if isinstance(node.value, ast.Call) else {}
+            if bounds:
+                self.fields[path]["bounds"] = bounds
             if opaque:
                 self.opaque.add(path)
 
@@ -283,6 +297,123 @@ def _is_choice(ann: ast.expr) -> bool:
     """Literal or Enum after Optional is unwrapped (TensorRT-LLM's derive_kind); a List of Literal is a value."""
     text = ast.unparse(ann)
     return not re.match(r"(Optional\[)?(List|Set|Tuple|list|set|tuple)\[", text)
+
+
+# --- value kinds -------------------------------------------------------------------------------------------------
+
+# Pydantic's constrained aliases as llm_args.py writes them: name -> the kind and bound they stand for.
+CONSTRAINED = {"PositiveInt": ("int", {"ge": 1}), "NonNegativeInt": ("int", {"ge": 0}),
+               "PositiveFloat": ("float", {"gt": 0}), "NonNegativeFloat": ("float", {"ge": 0}),
+               "StrictInt": ("int", {}), "StrictBool": ("bool", {}), "StrictStr": ("str", {}),
+               "StrictFloat": ("float", {})}
+PLAIN = {"int": "int", "float": "float", "bool": "bool", "str": "str", "Path": "str"}
+LISTS = {"List", "list", "Set", "set", "Tuple", "tuple", "Sequence"}
+DICTS = {"Dict", "dict", "Mapping"}
+
+
+def value_kind(entry: dict) -> dict | None:
+    """The kind of value an option takes, from its annotation (and, for a manifest's categorical row, its allowed
+    values): {"type": int|float|bool|str|enum|list|dict|model|union|any, "optional": null allowed, "ge"/"gt"/"le"/"lt":
+    bounds, "values": an enum's (with "open": the values are a telemetry allow-list, not the validator's set),
+    "items": a list's kind, "of": a union's kinds}. None where the source gives no annotation (tk's hand tables)."""
+    text = entry.get("annotation", "")
+    if entry["kind"] == "section":
+        return {"type": "model", **({"optional": True} if re.match(r"Optional\[|.*\bNone\b", text) else {})}
+    if entry["kind"] == "categorical" and entry.get("converter") == "allowlist":
+        return {"type": "enum", "values": list(entry.get("allowed", ())), "open": True}
+    if not text:
+        return {"type": "enum", "values": list(entry["allowed"])} if entry.get("allowed") else None
+    text = re.sub(r"<(?:class|enum) '([\w.]+)'>", r"\1", text).replace("typing.", "")
+    try:
+        out = _kind(ast.parse(text, mode="eval").body)
+    except SyntaxError:  # "dispatch key": speculative_config's decoding_type tag
+        out = {"type": "any"}
+    if entry["kind"] == "categorical" and entry.get("allowed"):
+        # the row's allowed values are the field's (every arm of a union, an Enum's members), the annotation's
+        # Literal may be one arm's
+        values = {"type": "enum", "values": list(entry["allowed"])}
+        if out.get("type") == "list":
+            return {**out, "items": values}
+        return {**values, **({"optional": True} if out.get("optional") else {})}
+    return out
+
+
+def _kind(node: ast.expr) -> dict:
+    if isinstance(node, ast.Constant) and node.value is None:
+        return {"type": "null"}
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        name = ast.unparse(node).rsplit(".", 1)[-1]
+        if name in CONSTRAINED:
+            kind, bounds = CONSTRAINED[name]
+            return {"type": kind, **bounds}
+        if name in ("None", "NoneType"):
+            return {"type": "null"}
+        return {"type": PLAIN.get(name, "dict" if name in DICTS else "any")}
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        return _union([node.left, node.right])
+    if not isinstance(node, ast.Subscript):
+        return {"type": "any"}
+    head = ast.unparse(node.value).rsplit(".", 1)[-1]
+    args = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+    if head == "Optional":
+        return {**_kind(args[0]), "optional": True}
+    if head == "Union":
+        return _union(args)
+    if head == "Literal":
+        return {"type": "enum", "values": [str(a.value) for a in args if isinstance(a, ast.Constant)]}
+    if head == "Annotated":
+        return {**_kind(args[0]), **_bounds(args[1:])}
+    if head in LISTS:
+        return {"type": "list", "items": _kind(args[0])}
+    if head in DICTS:
+        return {"type": "dict"}
+    return {"type": "any"}
+
+
+def _union(arms: list) -> dict:
+    kinds = [_kind(a) for a in arms]
+    optional = any(k["type"] == "null" or k.get("optional") for k in kinds)
+    kinds = [{k: v for k, v in kd.items() if k != "optional"} for kd in kinds if kd["type"] != "null"]
+    if any(k["type"] == "any" for k in kinds):
+        out = {"type": "any"}
+    elif len(kinds) == 1:
+        out = kinds[0]
+    elif {k["type"] for k in kinds} == {"str"}:
+        out = {"type": "str"}
+    else:
+        out = {"type": "union", "of": kinds}
+    return {**out, "optional": True} if optional else out
+
+
+def _bounds(metadata: list) -> dict:
+    """Gt(gt=0), Ge(ge=0), Lt/Le as pydantic prints them in an Annotated (or Field(gt=...) keywords)."""
+    out = {}
+    for meta in metadata:
+        for kw in getattr(meta, "keywords", ()):
+            if kw.arg in ("gt", "ge", "lt", "le") and isinstance(kw.value, ast.Constant):
+                out[kw.arg] = kw.value.value
+    return out
+
+
+def _literal_default(call: ast.expr | None):
+    """A field's default where llm_args.py writes it as a literal (``= 5`` or ``Field(default=5, ...)``); else a
+    marker that there is none to record (a default_factory, a computed value, no default)."""
+    if call is None:
+        return NO_DEFAULT
+    if isinstance(call, ast.Call) and ast.unparse(call.func).rsplit(".", 1)[-1] == "Field":
+        for kw in call.keywords:
+            if kw.arg == "default":
+                call = kw.value
+                break
+        else:
+            return NO_DEFAULT
+    try:
+        return ast.literal_eval(call)
+    except (ValueError, TypeError, SyntaxError, RecursionError):
+        return NO_DEFAULT
+
+
+NO_DEFAULT = object()
 
 
 # --- environment and proxy ------------------------------------------------------------------------------------------
@@ -338,8 +469,11 @@ def read_router_types(text: str) -> list[str]:
 
 # --- assembly ------------------------------------------------------------------------------------------------------
 
+DERIVED = ("value", "default_from", "evidence", "resolves")  # what generate() adds to a field read from a file
+
+
 def hand_fields(snap: dict, by_id: dict) -> dict[str, dict]:
-    out = dict(by_id[snap["base"]]["fields"]) if snap.get("base") else {}
+    out = {p: _raw(e) for p, e in by_id[snap["base"]]["fields"].items()} if snap.get("base") else {}
     for section, names in (snap.get("fields") or {}).items():
         if section:
             out.setdefault(section, field("", "section", []))
@@ -350,63 +484,181 @@ def hand_fields(snap: dict, by_id: dict) -> dict[str, dict]:
     return out
 
 
-def generate(sources: dict, root: Path) -> dict:
-    snapshots, by_id = [], {}
+def _raw(entry: dict) -> dict:
+    """A field as its source gave it, without what generate() derived (for a base snapshot or a reused record)."""
+    out = {k: v for k, v in entry.items() if k not in DERIVED and k != "annotation_from"}
+    if entry.get("default_from") == "supplement":
+        out.pop("default", None)
+    if entry.get("annotation_from"):
+        out["annotation"] = ""
+    return out
+
+
+class Reader:
+    """Reads the pinned files from DIR/<commit>/<path>; with ``previous`` (the committed data file), a file DIR lacks is
+    taken from the record generated from the same commit, so adding a release needs only its own new files."""
+
+    def __init__(self, root: Path, previous: dict | None):
+        self.root, self.previous, self.reused = root, previous, []
+
+    def has(self, commit: str, path: str) -> bool:
+        return (self.root / commit / path).is_file()
+
+    def text(self, commit: str, path: str) -> str:
+        return read_source(self.root, commit, path)
+
+    def snapshot(self, snap: dict) -> dict[str, dict] | None:
+        """The raw fields of a snapshot read earlier from the same file at the same commit, if reuse is on."""
+        if self.previous is None or self.has(snap["commit"], snap["path"]):
+            return None
+        for old in self.previous.get("snapshots", ()):
+            if old["id"] == snap["id"] and (old.get("source") or {}).get("commit") == snap["commit"]:
+                self.reused.append(f"{snap['path']} @ {snap['commit'][:12]}")
+                return {p: _raw(e) for p, e in old["fields"].items() if "supplement" not in e.get("flags", ())
+                        and "carried" not in e.get("flags", ())}
+        return None
+
+    def source_names(self, kind: str, commit: str, path: str) -> list[str] | None:
+        if self.previous is None or self.has(commit, path):
+            return None
+        for sides in self.previous.get("env", {}).values():
+            for side in sides.values():
+                for src in side.get("sources", ()):
+                    if (src.get("kind"), src.get("commit"), src.get("path")) != (kind, commit, path):
+                        continue
+                    if "names" in src or len(side["sources"]) == 1:  # a side of one source has its names
+                        self.reused.append(f"{path} @ {commit[:12]}")
+                        return list(src.get("names", side["names"]))
+        return None
+
+    def proxy(self, block: dict) -> dict | None:
+        rf = block["routers_from"]
+        if self.previous is None or (self.has(block["commit"], block["path"]) and self.has(rf["commit"], rf["path"])):
+            return None
+        for old in self.previous.get("proxy", {}).values():
+            commits = [src.get("commit") for src in old.get("sources", ())]
+            if commits == [block["commit"], rf["commit"]]:
+                self.reused.append(f"{block['path']} @ {block['commit'][:12]}")
+                return {k: old[k] for k in ("top", "server", "cluster", "router_copied", "routers")}
+        return None
+
+
+def snapshot_fields(snap: dict, reader: Reader, by_id: dict, snapshots: list, last_complete: dict | None) -> dict:
+    kind = snap["kind"]
+    if kind == "hand":
+        return hand_fields(snap, by_id)
+    fields = reader.snapshot(snap)
+    if kind == "llm_args":
+        return fields if fields is not None else LlmArgsReader(reader.text(snap["commit"], snap["path"])).read()
+    if kind != "manifest":
+        raise SourceError(f"snapshot {snap['id']}: unknown kind {kind}")
+    if fields is None:
+        fields = read_manifest(reader.text(snap["commit"], snap["path"]))
+    for s in sorted({p.rsplit(".", 1)[0] for p in fields if "." in p}):  # every prefix of a captured path
+        parts = s.split(".")
+        for i in range(1, len(parts) + 1):
+            fields.setdefault(".".join(parts[:i]), field("", "section", []))
+    if last_complete is not None:
+        carry_uncapturable(fields, snapshots, last_complete)
+    return fields
+
+
+def carry_uncapturable(fields: dict, snapshots: list, last_complete: dict) -> None:
+    """Fields the manifest cannot capture (str/Path/dict/Any), carried from the newest complete llm_args.py."""
+    captured_before = {p for s in snapshots if s["kind"] == "manifest" for p, e in s["fields"].items()
+                       if "carried" not in e.get("flags", [])}
+    for path, entry in last_complete["fields"].items():
+        mine = fields.get(path)
+        if mine is not None and mine["kind"] == entry["kind"] == "section" and not mine.get("annotation"):
+            mine["annotation"] = entry["annotation"]  # the manifest lists no section's type: whether it may be null
+            mine["annotation_from"] = last_complete["id"]
+        if path in fields or path in captured_before:  # an earlier manifest captured it: its absence here is news,
+            continue                                     # not a blind spot
+        flags = set(entry.get("flags", []))
+        parent = path.rsplit(".", 1)[0] if "." in path else ""
+        if "uncapturable" in flags and (not parent or parent in fields):
+            fields[path] = {**_raw(entry), "flags": sorted(flags | {"carried"}), "carried_from": last_complete["id"]}
+
+
+def read_snapshots(sources: dict, reader: Reader) -> list[dict]:
+    snapshots: list[dict] = []
+    by_id: dict[str, dict] = {}
     last_complete: dict | None = None
     for snap in sources["snapshots"]:
-        kind = snap["kind"]
         record = {k: snap[k] for k in ("id", "line", "kind", "first_release", "last_release", "note") if k in snap}
         if snap.get("commit"):
             record["source"] = {"repo": sources["repo"], "path": snap["path"], "commit": snap["commit"]}
-        if kind == "hand":
-            fields = hand_fields(snap, by_id)
-            record["complete_sections"] = snap.get("complete_sections", [])
-        elif kind == "llm_args":
-            reader = LlmArgsReader(read_source(root, snap["commit"], snap["path"]))
-            fields = reader.read()
-            record["complete_sections"] = ["*"] if snap.get("complete") else []
-        elif kind == "manifest":
-            fields = read_manifest(read_source(root, snap["commit"], snap["path"]))
-            sections = {p.rsplit(".", 1)[0] for p in fields if "." in p}
-            for s in sorted(sections):  # every prefix of a captured path is a section
-                parts = s.split(".")
-                for i in range(1, len(parts) + 1):
-                    fields.setdefault(".".join(parts[:i]), field("", "section", []))
-            if last_complete is not None:  # fields the manifest cannot capture, from the newest complete llm_args.py
-                captured_before = {p for s in snapshots if s["kind"] == "manifest" for p, e in s["fields"].items()
-                                   if "carried" not in e.get("flags", [])}
-                for path, entry in last_complete["fields"].items():
-                    if path in fields or path in captured_before:  # an earlier manifest captured it: its absence
-                        continue                                     # here is news, not a blind spot
-                    flags = set(entry.get("flags", []))
-                    parent = path.rsplit(".", 1)[0] if "." in path else ""
-                    if "uncapturable" in flags and (not parent or parent in fields):
-                        fields[path] = {**entry, "flags": sorted(flags | {"carried"}),
-                                        "carried_from": last_complete["id"]}
-            record["complete_sections"] = []
-        else:
-            raise SourceError(f"snapshot {snap['id']}: unknown kind {kind}")
-        record["fields"] = fields
+        record["complete_sections"] = (snap.get("complete_sections", []) if snap["kind"] == "hand" else
+                                       ["*"] if snap.get("complete") else [])
+        record["fields"] = snapshot_fields(snap, reader, by_id, snapshots, last_complete)
         snapshots.append(record)
         by_id[snap["id"]] = record
-        if kind == "llm_args" and snap.get("complete"):
+        if snap["kind"] == "llm_args" and snap.get("complete"):
             last_complete = record
-    for sup in sources.get("supplements", []):
-        for sid in sup["snapshots"]:
-            by_id[sid]["fields"][sup["path"]] = {**field(sup["annotation"], "value", [], flags=["supplement"]),
-                                                 "evidence": " ".join(sup["evidence"].split())}
-    env = {}
+    return snapshots
+
+
+def apply_kinds(snapshots: list[dict]) -> None:
+    for snap in snapshots:
+        for entry in snap["fields"].values():
+            kind = value_kind(entry)
+            if kind is not None:
+                entry["value"] = {**kind, **entry.get("bounds", {})}
+
+
+def apply_supplements(snapshots: list[dict], supplements: list[dict]) -> None:
+    """The sources file's evidence for what a snapshot's file is silent on: a field it cannot list (``annotation``),
+    a validator's bounds (``value``), a closed set of accepted values (``values``), a default (``default``)."""
+    by_id = {s["id"]: s for s in snapshots}
+    for sup in supplements:
+        ids = [s["id"] for s in snapshots] if sup["snapshots"] == "*" else sup["snapshots"]
+        evidence = " ".join(str(sup["evidence"]).split())
+        for sid in ids:
+            if sid not in by_id:
+                raise SourceError(f"supplement {sup['path']}: no snapshot {sid}")
+            fields = by_id[sid]["fields"]
+            entry = fields.get(sup["path"])
+            if entry is None:
+                if "annotation" not in sup:
+                    continue  # a bound or default for a field this snapshot does not have
+                entry = fields[sup["path"]] = field(sup["annotation"], "value", [], flags=["supplement"])
+                entry["value"] = value_kind(entry) or {"type": "any"}
+            _supplement(entry, sup, evidence)
+
+
+def _supplement(entry: dict, sup: dict, evidence: str) -> None:
+    if "value" in sup:
+        entry["value"] = {**entry.get("value", {}), **sup["value"]}
+    if "values" in sup:
+        entry["value"] = {"type": "enum", "values": [str(v) for v in sup["values"]],
+                          **({"optional": True} if entry.get("value", {}).get("optional") else {})}
+    if "default" in sup:
+        entry["default"], entry["default_from"] = sup["default"], "supplement"
+    if "resolves" in sup:  # what the default (or a value such as 'auto') selects at start-up
+        entry["resolves"] = sup["resolves"]
+    entry["evidence"] = sorted(set(entry.get("evidence", [])) | {evidence})
+
+
+def read_env(sources: dict, reader: Reader) -> dict:
+    env: dict = {}
     for block in sources.get("env", []):
         if block["kind"] == "hand":
             names, src = block["names"], {"kind": "hand", "note": " ".join(block["note"].split())}
         else:
-            text = read_source(root, block["commit"], block["path"])
-            names = read_envutils(text) if block["kind"] == "envutils" else read_envs_registry(text)
-            src = {"kind": block["kind"], "repo": sources["repo"], "path": block["path"], "commit": block["commit"]}
+            names = reader.source_names(block["kind"], block["commit"], block["path"])
+            if names is None:
+                text = reader.text(block["commit"], block["path"])
+                names = read_envutils(text) if block["kind"] == "envutils" else read_envs_registry(text)
+            src = {"kind": block["kind"], "repo": sources["repo"], "path": block["path"], "commit": block["commit"],
+                   "names": sorted(names)}
         for line in block["lines"]:
             side = env.setdefault(line, {}).setdefault(block["side"], {"names": [], "sources": []})
             side["names"] = sorted(set(side["names"]) | set(names))
             side["sources"].append(src)
+    return env
+
+
+def read_proxy(sources: dict, reader: Reader) -> dict:
     proxy = {}
     for block in sources.get("proxy", []):
         if block["kind"] == "hand":
@@ -415,24 +667,66 @@ def generate(sources: dict, root: Path) -> dict:
                                "server": block["server"], "cluster": block["cluster"], "routers": block["routers"],
                                "router_copied": block["router_copied"],
                                "sources": [{"kind": "hand", "note": block["note"]}]}
-        else:
-            parsed = read_disagg_utils(read_source(root, block["commit"], block["path"]))
-            rf = block["routers_from"]
-            routers = read_router_types(read_source(root, rf["commit"], rf["path"]))
-            for line in block["lines"]:
-                proxy[line] = {**parsed, "routers": routers, "sources": [
-                    {"kind": "disagg_utils", "repo": sources["repo"], "path": block["path"], "commit": block["commit"]},
-                    {"kind": "router", "repo": sources["repo"], "path": rf["path"], "commit": rf["commit"]}]}
-    renames = [{k: str(v) for k, v in r.items()} for r in sources.get("renames", [])]
-    return {
-        "format": 1,
+            continue
+        rf = block["routers_from"]
+        parsed = reader.proxy(block)
+        if parsed is None:
+            parsed = {**read_disagg_utils(reader.text(block["commit"], block["path"])),
+                      "routers": read_router_types(reader.text(rf["commit"], rf["path"]))}
+        for line in block["lines"]:
+            proxy[line] = {**parsed, "sources": [
+                {"kind": "disagg_utils", "repo": sources["repo"], "path": block["path"], "commit": block["commit"]},
+                {"kind": "router", "repo": sources["repo"], "path": rf["path"], "commit": rf["commit"]}]}
+    return proxy
+
+
+LINE_KEYS = ("line", "release", "releases", "prerelease", "nixl_transports", "cluster_storages", "mtp_kv_layers",
+             "internal_port_envs", "serve_config_flag", "proxy_metadata_flag", "notes")
+
+
+def read_lines(sources: dict, snapshots: list[dict]) -> list[dict]:
+    """The release lines' rows, each complete (``base``: the row it repeats, then overrides)."""
+    rows: dict[str, dict] = {}
+    for row in sources.get("lines", []):
+        merged = {**rows[row["base"]], "notes": []} if row.get("base") else {}
+        merged.update({k: v for k, v in row.items() if k != "base"})
+        unknown = set(merged) - set(LINE_KEYS)
+        if unknown or set(LINE_KEYS) - set(merged):
+            raise SourceError(f"line {row.get('line')}: unknown keys {sorted(unknown)} or missing "
+                              f"{sorted(set(LINE_KEYS) - set(merged))}")
+        merged["notes"] = [" ".join(str(n).split()) for n in merged["notes"]]
+        rows[row["line"]] = merged
+    known = {s["line"] for s in snapshots}
+    for line in rows:
+        if not any(_line_key(s) <= _line_key(line) for s in known):
+            raise SourceError(f"line {line}: no snapshot of it or of an earlier line speaks for it")
+    return list(rows.values())
+
+
+def _line_key(line: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in line.split("."))
+
+
+def generate(sources: dict, root: Path, previous: dict | None = None) -> dict:
+    reader = Reader(root, previous)
+    snapshots = read_snapshots(sources, reader)
+    apply_kinds(snapshots)
+    apply_supplements(snapshots, sources.get("supplements", []))
+    data = {
+        "format": 2,
         "generated_by": "scripts/trtllm_facts.py from scripts/trtllm_sources.yaml",
         "repo": sources["repo"],
         "snapshots": snapshots,
-        "renames": renames,
-        "env": env,
-        "proxy": proxy,
+        "renames": [{k: str(v) for k, v in r.items()} for r in sources.get("renames", [])],
+        "env": read_env(sources, reader),
+        "proxy": read_proxy(sources, reader),
+        "lines": read_lines(sources, snapshots),
+        "releases": [{k: str(v) for k, v in r.items()} for r in sources.get("releases", [])],
     }
+    if reader.reused:
+        print("reused from the committed data (same commit): " + ", ".join(sorted(set(reader.reused))),
+              file=sys.stderr)
+    return data
 
 
 def summary(data: dict) -> str:
@@ -451,17 +745,20 @@ def main(argv=None) -> int:
     src.add_argument("--from-dir", type=Path, help="downloaded files, as DIR/<commit>/<path>")
     src.add_argument("--download", action="store_true", help="fetch every file from GitHub at its commit first")
     ap.add_argument("--check", action="store_true", help="compare with the committed data file instead of writing")
+    ap.add_argument("--reuse", action="store_true",
+                    help="a file DIR lacks: take its facts from the committed data file, generated from the same commit")
     ap.add_argument("--sources", type=Path, default=SOURCES)
     ap.add_argument("--output", type=Path, default=OUTPUT)
     args = ap.parse_args(argv)
     sources = yaml.safe_load(args.sources.read_text())
     try:
+        previous = json.loads(args.output.read_text()) if args.reuse and args.output.exists() else None
         if args.download:
             with tempfile.TemporaryDirectory() as tmp:
                 download(sources, Path(tmp))
-                data = generate(sources, Path(tmp))
+                data = generate(sources, Path(tmp), previous)
         else:
-            data = generate(sources, args.from_dir)
+            data = generate(sources, args.from_dir, previous)
     except (SourceError, OSError, SyntaxError, ValueError, KeyError) as exc:
         print(f"trtllm_facts: {exc}", file=sys.stderr)
         return 2

@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 from toolkit.api import (baseline_plan, bench_compare, bench_recipe, bench_target, check_config, diff,  # noqa: E402
                          import_config, launch_baseline, find_run, list_models, list_recipes, load_plan, logs,
                          multi_turn_share, plan_summary, predict, prepare, recipe_path, runs, size_multi_turn, status,
-                         stop)
+                         stop, validation_runs)
 from toolkit.errors import RecipeError, TkError, Violation  # noqa: E402
 
 __all__ = [
@@ -48,4 +48,5 @@ __all__ = [
     "size_multi_turn",
     "status",
     "stop",
+    "validation_runs",
 ]

@@ -8,6 +8,7 @@
     prepare(plan, ...)                  render into a new run directory, start nothing (`tk launch --dry-run`)
     launch(plan, ...)                   run it (Slurm or local), wait until it serves -> RunRecord
     runs() / find_run(ref)              every run / one run by directory, name or (None) the latest
+    validation_runs()                   every `tk validate cluster` run (tk runs lists them with the runs)
     status(run) / logs(run) / stop(run) look after a run
     doctor(run)                         why a run failed: known failure signatures, cause, fix, evidence
     diff(run_a, run_b)                  what differs between two runs or render directories
@@ -71,6 +72,7 @@ __all__ = [
     "status",
     "stop",
     "validate",
+    "validation_runs",
 ]
 
 # --- recipe -> plan ------------------------------------------------------------------------------
@@ -196,10 +198,29 @@ def runs() -> list[RunRecord]:
     return all_runs()
 
 
-def find_run(ref: str | os.PathLike | None = None) -> RunRecord:
-    """A run by directory, by name (or unique prefix), or (None) the most recent one."""
+def validation_runs() -> list:
+    """Every `tk validate cluster` run (toolkit.validate.runs.ValidationRun: name, run_dir, recipe, mode, created,
+    state validating|passed|failed|incomplete, job_id, report), oldest first; `tk runs` lists them with the runs."""
+    from toolkit.validate.runs import validation_runs as found
+
+    return found()
+
+
+def find_run(ref: str | os.PathLike | None = None, *, active: bool = False) -> RunRecord:
+    """A run by directory, by name (or unique prefix), or (None) the most recent one. ``active`` (what `tk stop`
+    without RUN stops): with ref None, the one run under way (its job not ended); several under way is a TkError
+    naming them (none is chosen for the user); none under way: the most recent one, as without ``active``."""
+    from toolkit.errors import TkError
+    from toolkit.launch import active_runs
     from toolkit.launch.run import find_run as find
 
+    if ref is None and active:
+        under_way = active_runs()
+        if len(under_way) > 1:
+            raise TkError(f"{len(under_way)} runs are active: {', '.join(r.name for r in under_way)}; "
+                          "`tk stop RUN` names the one to stop (`tk runs` lists them)")
+        if under_way:
+            return under_way[0]
     return find(os.fspath(ref) if ref is not None else None)
 
 
@@ -249,17 +270,20 @@ def status(run: RunRecord | str | os.PathLike | None = None) -> RunRecord:
 
 def logs(run: RunRecord | str | os.PathLike | None = None, role: str | None = None,
          instance: int | None = None) -> list[Path]:
-    """The log files of the run's servers, optionally only one role (ctx, gen, proxy) and instance."""
+    """The log files of the run's components, optionally only one role (an orchestrator.states.Role: ctx, gen, agg,
+    proxy, etcd) and instance."""
     from toolkit.launch.logs import select_logs
 
     return select_logs(_record(run), role, instance)
 
 
 def stop(run: RunRecord | str | os.PathLike | None = None) -> list[str]:
-    """Stop the run and verify nothing is left; the problems found (empty when it stopped cleanly)."""
+    """Stop the run and verify nothing is left; the problems found (empty when it stopped cleanly). None: the one
+    run under way (find_run(None, active=True): several is a TkError naming them)."""
     from toolkit.launch import stop as stop_run
+    from toolkit.launch.run import RunRecord as Record
 
-    return stop_run(_record(run))
+    return stop_run(run if isinstance(run, Record) else find_run(run, active=run is None))
 
 
 def doctor(run: RunRecord | str | os.PathLike | None = None) -> dict[str, Any]:
@@ -410,14 +434,21 @@ def predict(plan: Plan) -> dict[str, Any]:
 
 # --- bench -------------------------------------------------------------------------------------------
 
-def _plan_of_run(run: RunRecord):
+def _plan_of_run(run: RunRecord) -> tuple[Plan | None, str | None]:
     """The plan a run was launched from (limits, estimates, GPU count): rebuilt from the resolved recipe its
     manifest.json records (its --set overrides included, whatever the recipe file says now), in the run's mode.
-    None when that cannot be read: bench then goes without the plan's numbers."""
+    (None, why) when it cannot be: a damaged manifest, or a recipe this tk does not read (a newer tk's field); bench
+    then goes without the plan's numbers and says why (a workload note, and the tokenizer error if it needs one)."""
+    from toolkit.errors import RecipeError, TkError
+
     try:
-        return _launched_plan(run, aggregated=run.mode == "aggregated")
-    except Exception:  # noqa: BLE001 - a damaged or foreign manifest: bench without the plan's numbers
-        return None
+        return _launched_plan(run, aggregated=run.mode == "aggregated"), None
+    except (RecipeError, TkError) as exc:
+        why = str(exc)
+    except Exception as exc:  # noqa: BLE001 - a planner bug must not stop the bench: said, with its type
+        why = f"{type(exc).__name__}: {exc}"
+    first = why.strip().splitlines()[0] if why.strip() else "no reason given"
+    return None, f"the plan could not be rebuilt from {run.path / 'manifest.json'} ({first[:300]})"
 
 
 def _launched_plan(record: RunRecord, overrides: Sequence[str] = (), *, aggregated: bool) -> Plan:
@@ -458,6 +489,7 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
     after_target freed them), runs the identical workload, compares greedy answers, and stops it. A RunRecord
     (an aggregated run already serving) or baseline_url (an aggregated server) is measured as it is."""
     import contextlib
+    import dataclasses
 
     from toolkit.bench import (check_bench_name, limits_for_plan, resolve_tokenizer, run_bench, target_for_run,
                                target_for_url)
@@ -469,15 +501,18 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
     objectives = parse_sla(sla)  # bad input first: nothing is started for a typo
     check_bench_name(name)
     record = _refresh_run(_record(run))
-    plan = _plan_of_run(record)
+    plan, no_plan = _plan_of_run(record)
     wl = build_workload(workload, isl=isl, osl=osl, concurrency=tuple(concurrency) if concurrency else None,
                         request_rate=tuple(request_rate) if request_rate else None, requests=requests, turns=turns,
                         seed=seed, limits=limits_for_plan(plan), turn_delay_ms=turn_delay_ms, trace=trace)
+    if no_plan:
+        wl = dataclasses.replace(wl, notes=(*wl.notes, f"{no_plan}: ISL and OSL are not checked against what the "
+                                                       "deployment admits, and the plan's estimates are not shown"))
     # not serving: said first, before anything else is looked up; an aggregated run is measured as one (every
     # instance's URL, no legs to prove)
     target = target_for_run(record, plan, aggregated=record.mode == "aggregated",
                             name="aggregated" if record.mode == "aggregated" else "disaggregated")
-    tok = resolve_tokenizer(tokenizer, plan, record.engine)
+    tok = resolve_tokenizer(tokenizer, plan, record.engine, no_plan=no_plan)
     _check_trace_tokenizer(wl, tok)
     base = None
     if baseline == "aggregated":
@@ -487,12 +522,12 @@ def bench(run: RunRecord | str | os.PathLike | None = None, *, workload: str = "
         def base():
             base_run = launch_baseline(record, overrides=shift)
             try:
-                yield target_for_run(_refresh_run(base_run), _plan_of_run(base_run), name="aggregated",
+                yield target_for_run(_refresh_run(base_run), _plan_of_run(base_run)[0], name="aggregated",
                                      aggregated=True)
             finally:
                 stop(base_run)
     elif isinstance(baseline, Record):
-        base = target_for_run(_refresh_run(baseline), _plan_of_run(baseline), name="aggregated", aggregated=True)
+        base = target_for_run(_refresh_run(baseline), _plan_of_run(baseline)[0], name="aggregated", aggregated=True)
     elif baseline is not None:
         raise BenchInputError(f"--baseline {baseline}: the only baseline is 'aggregated'")
     elif baseline_url:
@@ -584,9 +619,13 @@ def bench_compare(recipe: str | os.PathLike, compare: Sequence[str], *, local: b
     plans = [load_plan(recipe, (*overrides, *v.overrides, "supervision.policy=fail-fast")) for v in variants]
     _bench_recipe_checks(plans[0], bench_kwargs)
     base = Path(run_dir) if run_dir else runs_root() / f"compare-{plans[0].name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    if base.exists():
-        raise TkError(f"{base} exists: give another --run-dir for the comparison")
-    base.mkdir(parents=True)
+    try:  # a new directory, made by this command (mkdir never follows a symlink there, a dangling one included)
+        base.parent.mkdir(parents=True, exist_ok=True)
+        base.mkdir()
+    except FileExistsError:
+        raise TkError(f"{base} exists: give another --run-dir for the comparison") from None
+    except OSError as exc:
+        raise TkError(f"{base}: cannot create the comparison directory ({exc.strerror or exc})") from None
     lines: list[dict] = []
     prefix = bench_kwargs.pop("name", None) or "compare"
     wl = bench_kwargs.get("workload", "fixed")
@@ -694,35 +733,22 @@ def import_config(source: str | os.PathLike, *, kind: str | None = None, name: s
     The recipe is planned at once: the result lists what was not carried, what tk renders differently, and the
     plan's violations (TensorRT-LLM's rules) if any. With ``output`` the recipe is written there atomically (an
     existing file only with ``force``). Raises RecipeError when the source cannot be read or converted."""
-    import tempfile
-
     from toolkit.errors import RecipeError, TkError, Violation
     from toolkit.importer import import_config as convert
+    from toolkit.runtime import files
 
     result = convert(source, kind=kind, name=name, output=output)
     if output is None:
         return result
     out = Path(output)
-    if out.exists() and not force:
-        raise RecipeError([Violation(str(out), None, "(output)", "exists already; tk import does not overwrite it",
-                                     "choose another -o path, or pass --force")])
-    try:  # a whole file or none: written beside the target, then linked (or, with force, renamed) into place
-        out.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(result.text)
-            os.chmod(tmp, 0o644)
-            if force:
-                os.replace(tmp, out)
-            else:
-                os.link(tmp, out)
-        finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+    exists = Violation(str(out), None, "(output)", "exists already; tk import does not overwrite it",
+                       "choose another -o path, or pass --force")
+    try:  # a whole regular file or none (toolkit.runtime.files): with force a regular file is replaced, nothing else
+        files.write_regular_atomically(out, result.text, 0o644, replace=force, parents=True)
     except FileExistsError:
-        raise RecipeError([Violation(str(out), None, "(output)", "exists already; tk import does not overwrite it",
-                                     "choose another -o path, or pass --force")]) from None
+        raise RecipeError([exists]) from None
+    except files.FileProblem as exc:
+        raise TkError(f"-o {exc}; nothing was written") from None
     except OSError as exc:
         raise TkError(f"{out}: cannot write the recipe ({exc.strerror or exc})") from None
     return result

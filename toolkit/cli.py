@@ -9,8 +9,10 @@ import sys
 
 import click
 
+from orchestrator.states import Role
 from toolkit import __version__, api
 from toolkit.errors import RecipeError, TkError
+from toolkit.facts.hardware import Transport
 
 
 def _emit_json(doc) -> None:
@@ -34,6 +36,29 @@ WEEK_S = 7 * 24 * 3600.0
 
 def _seconds(minimum: float) -> _Finite:
     return _Finite(min=minimum, max=WEEK_S)
+
+
+class _LazyChoice(click.Choice):
+    """A click.Choice whose words are a vocabulary defined in a module `tk --help` does not import: read when the
+    option is used or its help is shown."""
+
+    def __init__(self, words):
+        self._words = words
+        super().__init__(())
+
+    @property  # type: ignore[override]
+    def choices(self):
+        return tuple(self._words())
+
+    @choices.setter
+    def choices(self, _value) -> None:
+        pass
+
+
+def _import_formats() -> tuple[str, ...]:
+    from toolkit.importer import KINDS
+
+    return tuple(KINDS)
 
 
 def _say(msg: str) -> None:
@@ -137,7 +162,7 @@ def plan(recipe: str, predict: bool, turns: int | None, answer_len: int | None, 
 @cli.command(name="import")
 @click.argument("source", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), help="Write the recipe here (default: stdout).")
-@click.option("--kind", type=click.Choice(["srt-slurm", "trtllm-bench", "trtllm-disagg"]),
+@click.option("--kind", type=_LazyChoice(_import_formats),
               help="The source's format (default: detected).")
 @click.option("--name", help="The recipe's name (default: the source's).")
 @click.option("--force", is_flag=True, help="Overwrite an existing -o file.")
@@ -179,7 +204,7 @@ def import_(source, output, kind, name, force, as_json):
 @click.option("--osl", required=True, type=click.IntRange(1, 1 << 20), help="Output tokens per request.")
 @click.option("--ttft", required=True, type=_Finite(min=0.1, max=3_600_000.0), help="TTFT limit, ms.")
 @click.option("--tpot", required=True, type=_Finite(min=0.01, max=60_000.0), help="TPOT limit, ms.")
-@click.option("--transport", type=click.Choice(["infiniband", "roce", "efa", "nvlink-single-node", "tcp"]),
+@click.option("--transport", type=click.Choice([t.value for t in Transport]),
               help="KV transport (its nominal GB/s is the transfer term's bandwidth; default nvlink-single-node "
                    "when the budget fits one node, else infiniband).")
 @click.option("--measured", type=click.Path(exists=True), metavar="RUN_DIR",
@@ -338,18 +363,26 @@ def launch(recipe, local, dry_run, run_dir, pending_timeout, startup_timeout, fa
 @cli.command()
 @json_option
 def runs(as_json):
-    """List every run: name, backend, job id, state, endpoint."""
+    """List every run: name, backend, job id, state, endpoint; `tk validate cluster` runs among them."""
     records = api.runs()
+    validations = api.validation_runs()
     if as_json:
-        _emit_json({"runs": [r.public() for r in records]})
+        _emit_json({"runs": [r.public() for r in records], "validations": [v.to_dict() for v in validations]})
         return
-    if not records:
+    if not records and not validations:
         _say("no runs yet; start one with `tk launch RECIPE`")
         return
     import time
 
-    rows = [(r.name, r.backend, r.job_id or "-", "dry run" if r.state == "rendered" else r.state,
-             time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created)), r.endpoint or "-") for r in records]
+    from toolkit.doctor import inert
+
+    listed = sorted([(r.created, (r.name, r.backend, r.job_id or "-",
+                                  "dry run" if r.state == "rendered" else r.state, r.endpoint or "-"))
+                     for r in records] +
+                    [(v.created, (v.name, v.mode, v.job_id or "-", f"validate: {v.state}", "-")) for v in validations],
+                    key=lambda row: row[0])
+    rows = [(inert(name), backend, inert(job), state, time.strftime("%Y-%m-%d %H:%M", time.localtime(created)),
+             inert(endpoint)) for created, (name, backend, job, state, endpoint) in listed]
     header = ("RUN", "BACKEND", "JOB", "STATE", "CREATED", "ENDPOINT")
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header) - 1)]
     for row in (header, *rows):
@@ -361,13 +394,14 @@ def runs(as_json):
 @json_option
 def status(run, as_json):
     """Per server of RUN (default: the last run): node, port, state, health."""
+    from toolkit.doctor import inert
     from toolkit.launch.run import log_tail
 
     record = api.status(run)
     if as_json:
         _emit_json(record.public())
-    else:
-        _say(f"{record.name}: {record.state}{' - ' + record.reason if record.reason else ''}")
+    else:  # reasons and logs are the job's words: printed inert, as `tk doctor` prints them
+        _say(inert(f"{record.name}: {record.state}{' - ' + record.reason if record.reason else ''}"))
         if record.engine_label:
             _say(f"  engine {record.engine_label}")
         _say(f"  backend {record.backend}{', job ' + record.job_id if record.job_id else ''}, "
@@ -382,21 +416,21 @@ def status(run, as_json):
             if s.last_exit is not None:
                 extra.append(f"last exit {s.last_exit}")
             if s.reason and s.state != "healthy":
-                extra.append(s.reason)
+                extra.append(inert(s.reason))
             _say(f"  {s.name:<8} node{s.node:<3} {s.host or '-':<16} port {s.port:<6} {s.state:<9} "
                  f"{', '.join(extra)}".rstrip())
     failed = [s for s in record.servers if s.state == "failed"]
     if record.state == "failed" and not as_json:
         for s in failed:
-            _say(f"--- last lines of {s.name} ({record.log_path(s.name)}) ---")
-            _say(log_tail(record.log_path(s.name)))
+            _say(f"--- last lines of {s.name} ({inert(record.log_path(s.name))}) ---")
+            _say("\n".join(inert(line) for line in log_tail(record.log_path(s.name)).splitlines()))
     if record.state in ("failed", "degraded"):
         raise SystemExit(1)
 
 
 @cli.command()
 @click.argument("run", required=False)
-@click.option("--role", type=click.Choice(["ctx", "gen", "proxy"]), help="Only this role's logs.")
+@click.option("--role", type=click.Choice([r.value for r in Role]), help="Only this role's logs.")
 @click.option("--instance", type=int, help="Only this instance of the role.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing new lines until the run ends (Ctrl-C stops).")
 @click.option("--lines", "-n", type=click.IntRange(0, 1_000_000), default=50, show_default=True,
@@ -417,8 +451,8 @@ def logs(run, role, instance, follow, lines):
 @click.argument("run", required=False)
 @json_option
 def stop(run, as_json):
-    """Stop RUN (default: the last run) and verify nothing is left."""
-    record = api.find_run(run)
+    """Stop RUN (default: the run under way; with several under way, name one) and verify nothing is left."""
+    record = api.find_run(run, active=run is None)
     problems = api.stop(record)
     if as_json:
         _emit_json({**record.public(), "clean": not problems, "problems": problems})
@@ -433,18 +467,19 @@ def stop(run, as_json):
 @json_option
 def doctor(run, as_json):
     """Explain RUN (default: the last run): known failure signatures in its logs, with cause, fix and evidence."""
-    from toolkit.doctor import format_diagnosis
+    from toolkit.doctor import format_diagnosis, inert
 
     doc = api.doctor(run)
     if as_json:
         _emit_json(doc)
         return
     job = doc.get("job") or {}
-    _say(f"{doc['run']}: {doc['state']}{' - ' + doc['reason'] if doc.get('reason') else ''}")
-    _say(f"  run directory {doc['run_dir']}" + (f"; job {job.get('phase')} {job.get('detail') or ''}".rstrip()
-                                                if job else ""))
+    # everything below comes from files the run wrote (reasons, events, Slurm's words): printed inert
+    _say(inert(f"{doc['run']}: {doc['state']}{' - ' + doc['reason'] if doc.get('reason') else ''}"))
+    _say(inert(f"  run directory {doc['run_dir']}" + (f"; job {job.get('phase')} {job.get('detail') or ''}".rstrip()
+                                                      if job else "")))
     if doc["phases"]:
-        _say("  last phases: " + " | ".join(p.replace("\t", " ") for p in doc["phases"][-4:]))
+        _say("  last phases: " + " | ".join(inert(p.replace("\t", " ")) for p in doc["phases"][-4:]))
     click.echo(format_diagnosis(doc))
 
 

@@ -147,7 +147,7 @@ def print_import(result, output) -> None:
     from rich.console import Console
     from rich.markup import escape as rich_escape
 
-    from toolkit.recipe.loader import escape_controls
+    from toolkit.text import escape_controls
 
     def esc(text: str) -> str:  # a source's keys and values may hold ESC or line breaks: one line each, inert
         return rich_escape(escape_controls(text))

@@ -1,7 +1,8 @@
 """Programs that run on the nodes, shipped as one file: a deterministic zipapp of a standard-library package.
 
     archive_bytes("orchestrator", "from orchestrator.job import main")  -> bytes of job.pyz
-    build_archive(dest, package, main_import)                            -> writes it
+
+Whoever ships one writes the bytes: the render with its files, the validation through toolkit.runtime.files.
 
 The package is found through importlib, so a wheel install and a checkout ship the same thing. The archive is
 deterministic: entries sorted, fixed timestamps and modes, stored uncompressed, no __pycache__. Used for the
@@ -14,7 +15,6 @@ import io
 import zipapp
 import zipfile
 from importlib import resources
-from pathlib import Path
 
 INTERPRETER = "/usr/bin/env python3"
 _EPOCH = (1980, 1, 1, 0, 0, 0)  # the earliest time a zip entry can carry
@@ -59,11 +59,3 @@ def archive_bytes(package: str, main_import: str) -> bytes:
     out = io.BytesIO()
     zipapp.create_archive(buf, out, interpreter=INTERPRETER)
     return out.getvalue()
-
-
-def build_archive(dest: Path | str, package: str, main_import: str) -> Path:
-    """Write the archive to dest (a file path), executable."""
-    target = Path(dest)
-    target.write_bytes(archive_bytes(package, main_import))
-    target.chmod(0o755)
-    return target

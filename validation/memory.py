@@ -183,7 +183,7 @@ class _Cupy:
         return int(mask.sum())
 
     def first(self, mask) -> int:
-        return int(self.cp.argmax(mask.reshape(-1)))
+        return int(self.cp.argmax(mask.reshape(-1).astype(self.cp.uint8)))
 
     def sync(self) -> None:
         self.cp.cuda.Device().synchronize()

@@ -155,6 +155,7 @@ _TITLE = re.compile(r"\|\s*(\S+)\s+(self|intra-node|inter-node)\s+cfg#\d+\s*\|(?
 # "remote memory read by ucp_get*(multi) into cuda/GPU0 from cuda/dev[0]": (local, remote) memory types
 _MEMORY = (re.compile(r"\bfrom (\w+)\S*(?: memory)? to (\w+)"), re.compile(r"\binto (\w+)\S* from (\w+)"))
 EMULATION = "software emulation"
+_RANGE = re.compile(r"^\d+(\.\.\S+)?$")  # a table row's message-size range: 0..inf, 2049..8K, 0
 
 
 def parse_ucx_proto_info(text) -> list:
@@ -189,7 +190,7 @@ def _table_row(cur: dict, line: str) -> None:
         cur["operation"] = cells[0]
         return
     if len(cells) >= 3 and cur["operation"]:
-        if cells[-2] and not cells[-2].startswith(("+", "-")) and cells[-2] not in cur["protocols"]:
+        if _RANGE.match(cells[0]) and cells[-2] not in cur["protocols"]:  # a row, not the Range|Description header
             cur["protocols"].append(cells[-2])
         for tok in re.split(r"[\s+]+", cells[-1]):
             if "/" in tok and tok not in cur["transports"]:

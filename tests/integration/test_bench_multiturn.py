@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 
 from tests.integration.helpers import ROOT, processes_mentioning, tk, wait_until
-from toolkit.facts import trtllm
+from toolkit.facts import versions
 
 pytest.importorskip("aiperf")
 pytestmark = [pytest.mark.slow, pytest.mark.nixl]
-if "1.3" not in trtllm.SUPPORTED:
+if "1.3" not in versions.supported():
     pytest.skip("the 1.3 line (ctx_usage, conversation router) is not in this tk", allow_module_level=True)
 
 RECIPE = str(ROOT / "recipes" / "standin-multiturn.yaml")

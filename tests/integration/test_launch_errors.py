@@ -64,3 +64,30 @@ def test_more_nodes_than_the_partition_has_is_refused_before_submitting(dev_slur
     message = refused({"TK_RUNS_DIR": str(tmp_path / "runs")}, "--set", "context.instances=6")
     assert f"needs 8 nodes but partition 'dev' has {dev_slurm.nodes}" in message
     assert dev_slurm.jobs() == jobs_before
+
+
+@pytest.mark.slurm
+def test_every_shipped_standin_recipe_is_accepted_by_the_rehearsal_cluster(dev_slurm, tmp_path):
+    """Round 3 left standin-1p1d-1.3 asking for --gres=gpu:2, which the dev cluster (no GPU gres) refuses at
+    submission. Each shipped stand-in recipe's launch.sbatch is given to sbatch --test-only (nothing is queued) and
+    a GPU request is refused with Slurm's own words, which tk doctor recognises."""
+    from toolkit import api
+    from toolkit.doctor import scan
+    from toolkit.render import render_files
+
+    def test_only(name: str, *overrides: str):
+        d = tmp_path / f"{name}{len(list(tmp_path.iterdir()))}"
+        d.mkdir()
+        script = d / "launch.sbatch"
+        script.write_text(render_files(api.load_plan(name, list(overrides)))["launch.sbatch"])
+        return dev_slurm.run("sbatch", "--test-only", f"--chdir={d}", str(script))
+
+    jobs_before = dev_slurm.jobs()
+    names = [r["name"] for r in api.list_recipes() if r["engine"] == "standin"]
+    assert len(names) >= 4
+    for name in names:
+        proc = test_only(name)
+        assert proc.returncode == 0 and "to start at" in proc.stderr, (name, proc.stderr)
+    gres = test_only("standin-1p1d-1.3", "cluster.gpu_request=gres")
+    assert gres.returncode != 0 and scan([gres.stderr.strip()], "job") == ["slurm-gres-invalid"], gres.stderr
+    assert dev_slurm.jobs() == jobs_before, "--test-only queues nothing"

@@ -90,9 +90,11 @@ def test_a_killed_local_batch_script_is_not_reported_stopped_while_its_servers_s
     try:
         os.kill(_record(run_dir)["job_pid"], signal.SIGKILL)
         time.sleep(1)
-        status = json.loads(tk("status", str(run_dir), "--json", check=True, timeout=120).stdout)
+        status = json.loads(tk("status", str(run_dir), "--json", timeout=120).stdout)  # degraded: exit 1
         assert status["state"] != "stopped"
         assert all(s["state"] != "stopped" for s in status["servers"]), status
+        # the orchestrator's own life: nothing supervises these servers now, and tk status says so
+        assert status["state"] == "degraded" and "the job's orchestrator is gone" in status["reason"], status
     finally:
         tk("stop", str(run_dir), check=True, timeout=120)
     assert processes_mentioning(str(run_dir)) == []

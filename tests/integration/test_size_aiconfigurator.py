@@ -186,7 +186,7 @@ def test_the_memory_plan_agrees_with_aiconfigurators_memory_model(model, system,
                                attention_dp_size=dp, **moe)
     q, _ = memory.weights_quant(m, None, False)
     s = memory.Sharding(tp * dp, 1, dp > 1, ep)
-    weights, _ = memory.weights_per_gpu(m, q, s, mtp=False)
+    weights, _ = memory.weights_per_gpu(m, q, s)
     kv_dtype = "fp8" if m.quantization.startswith("fp8") else "auto"
     ours = (weights + memory.activation_bytes(m, s, 1024) + RUNTIME_OTHER_BYTES + nccl_bytes(tp)
             + memory.kv_bytes_per_token(m, kv_dtype, s, 0) * 1026) / (1 << 30)

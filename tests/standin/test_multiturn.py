@@ -149,8 +149,8 @@ def test_kv_cache_events_have_tensorrt_llm_shape(workers):
 
 
 def _line_13():
-    from toolkit.facts import trtllm
-    if "1.3" not in trtllm.SUPPORTED:
+    from toolkit.facts import versions
+    if "1.3" not in versions.supported():
         pytest.skip("the 1.3 line is not in this tk")
 
 

@@ -267,3 +267,28 @@ def test_a_benchmark_records_what_the_jobs_supervision_did_while_it_ran(tmp_path
     assert [(e["event"], e["component"]) for e in got] == [("wedged", "gen-0"), ("server-exited", "gen-0"),
                                                            ("restarted", "gen-0")]
     assert supervision_during(Target(name="x", endpoint="e", model="m", probe=None), 0, 1e12) == []
+
+
+def test_a_run_whose_plan_cannot_be_rebuilt_says_why_in_the_tokenizer_error_and_the_workload_notes(tmp_path):
+    """Hostile m3: a manifest a newer tk wrote (a field this tk does not know) used to make the plan vanish without a
+    word: bench then lost its limits and asked for a tokenizer with no reason given."""
+    import json
+
+    from tests.unit.helpers import plan_of
+    from tests.unit.test_launch_states import STANDIN
+    from toolkit import api
+    from toolkit.bench import resolve_tokenizer
+    from toolkit.bench.workload import BenchInputError
+    from toolkit.launch.run import RunRecord
+    from toolkit.render import render
+
+    out, _ = render(plan_of(STANDIN), tmp_path / "run")
+    record = RunRecord.new(plan_of(STANDIN), out, "local")
+    assert api._plan_of_run(record)[1] is None  # the manifest tk wrote: the plan comes back
+    manifest = json.loads((out / "manifest.json").read_text())
+    manifest["recipe"]["traffic"]["newer_knob"] = 1
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    plan, why = api._plan_of_run(record)
+    assert plan is None and "the plan could not be rebuilt from" in why and "newer_knob" in why
+    with pytest.raises(BenchInputError, match="no tokenizer for aiperf \\(the plan could not be rebuilt .*newer_knob"):
+        resolve_tokenizer(None, plan, record.engine, no_plan=why)

@@ -234,3 +234,54 @@ def test_staging_left_by_a_dead_bench_on_this_host_is_removed_and_no_other(tmp_p
         (d / "aiperf").mkdir(parents=True)
     assert remove_stale_staging(tmp_path) == [gone]
     assert not gone.exists() and mine.exists() and other.exists()
+
+
+# --- a proxy restart during the run: TensorRT-LLM's /perf_metrics lives in the proxy's memory --------------------
+
+def _trtllm_entries(n: int) -> list[dict]:
+    return [{"ctx_server": "c:1", "gen_server": "g:1", "ctx_perf_metrics": {"x": 1},
+             "gen_perf_metrics": {"perf_metrics": {"timing_metrics": {"kv_cache_size": 4096}}}}] * n
+
+
+PROXY_RESTART = [{"time": 5.0, "event": "server-exited", "component": "proxy", "exit_code": 137,
+                  "reason": "proxy exited with code 137"},
+                 {"time": 9.0, "event": "restarted", "component": "proxy", "exit_code": None, "reason": None}]
+
+
+def test_a_proxy_restart_that_lost_its_perf_metrics_is_said_so_not_blamed_on_the_buffer():
+    """The disaggregated server's /perf_metrics entries are in its process (DisaggPerfMetricsCollector): a proxy
+    restart during the run loses those of the requests it finished before; the verdict must say that, not ask to
+    raise perf_metrics_max_requests."""
+    proof = probes.account_for_restarts(probes.trtllm_proof(_trtllm_entries(20)), PROXY_RESTART)
+    assert proof.restarted == ["proxy"] and any("lost" in n for n in proof.notes)
+    v, n = _fixed(proof)
+    assert v.exit_code == 2 and "proxy restarted during the run" in v.summary and "lost" in v.summary, v.summary
+    assert "perf_metrics_max_requests" not in v.summary
+    # a worker's restart leaves the proxy's entries whole: nothing to add
+    worker = [{**e, "component": "gen-0"} for e in PROXY_RESTART]
+    assert probes.account_for_restarts(probes.trtllm_proof(_trtllm_entries(44)), worker).restarted == []
+    # the stand-in's counters see the restart themselves (instance), and keep counting through the workers'
+    standin = probes.standin_proof(_stats(0), _stats(44))
+    assert probes.account_for_restarts(standin, PROXY_RESTART).restarted == []
+
+
+def test_the_bench_accounts_for_the_jobs_restart_events_in_its_verdict(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from toolkit import bench
+    from toolkit.bench.verdict import Bounds
+
+    wl = build_workload("fixed", isl=128, osl=16, concurrency=(4,))
+    res = read_export(FIX / "fixed", wl.cells[0].name)
+    monkeypatch.setattr(bench, "measure", lambda *a, **k: ({wl.cells[0].name: res},
+                                                           probes.trtllm_proof(_trtllm_entries(20))))
+    monkeypatch.setattr(bench, "supervision_during", lambda target, t0, t1: PROXY_RESTART)
+    target = SimpleNamespace(name="disaggregated", model="m", gpus=2, reference=None, endpoint="http://x",
+                             run={"run_dir": str(tmp_path), "engine": "trtllm", "endpoint": "http://x"})
+    staging = tmp_path / ".staging"
+    staging.mkdir()
+    doc = bench._measure_and_publish(target, wl, aiperf="aiperf", tokenizer="t", final=tmp_path / "out",
+                                     staging=staging, objectives=(), bounds=Bounds(), plan=None, baseline=None,
+                                     after_target=None, timeout_s=10, on_progress=None)
+    assert doc["verdict"]["exit_code"] == 2 and "proxy restarted during the run" in doc["verdict"]["summary"]
+    assert doc["proof"]["restarted"] == ["proxy"]

@@ -225,7 +225,7 @@ def test_tk_diff_compares_what_the_jobs_supervision_did_from_its_events(tmp_path
     doc = api.diff(a, b)
     assert not doc["same"]
     assert doc["supervision"]["gen-0"]["B"] == {"exits": 1, "restarts": 1, "wedged": 1, "lost": 0,
-                                                "steps_not_created": 0}
+                                                "steps_not_created": 0, "unregistered": 0}
     assert doc["supervision"]["gen-0"]["A"]["restarts"] == 0 and doc["supervision"]["gen-1"]["B"]["steps_not_created"] == 1
     assert "supervision of gen-0: A nothing  B 1 exits, 1 restarts, 1 wedged" in format_diff(doc)
 
@@ -313,7 +313,9 @@ def test_an_interrupted_launch_says_so(tmp_path):
     run = _run_dir(tmp_path, [("started", "ctx-0", "ctx-0 on n0"), ("failed", None, "signal received (SIGINT)")],
                    {"ctx-0.log": "loading\n"})
     doc = diagnose(run, state="failed", reason="interrupted; cleanup: none")
-    assert [f["id"] for f in doc["findings"]] == ["interrupted"]
+    # the job's own account (a signal ended it) comes after, as what followed from the interruption
+    assert [f["id"] for f in doc["findings"]] == ["interrupted", "job-signalled"]
+    assert doc["findings"][1]["secondary"]
     assert "launch again" in doc["findings"][0]["fix"]
     assert doc["phases"] == ["started\tctx-0 on n0", "failed\tsignal received (SIGINT)"]
 
@@ -333,3 +335,63 @@ def test_signature_sources_cite_upstream_links_not_files_outside_the_repository(
         assert ".md" not in s.source and not s.source.startswith(("/", "../")), (s.id, s.source)
         for number in re.findall(r"#[0-9]+", s.source):
             raise AssertionError(f"{s.id}: {number} in {s.source!r} is not a link")
+
+
+# --- round 4: the knob for a taken port, Slurm's gres refusal, and what the doctor prints is inert ------------------
+
+def _events(run: Path, *events: dict) -> None:
+    (run / "state").mkdir(parents=True, exist_ok=True)
+    base = {"time": 1.0, "component": None, "state": None, "reason": None, "exit_code": None, "restarts": None}
+    (run / "state" / "events.jsonl").write_text("".join(json.dumps({**base, **e}) + "\n" for e in events))
+
+
+def test_a_taken_port_names_the_setting_that_moves_it(tmp_path):
+    """Hostile round 4 (m6): a port an etcd or an etcd gateway could not bind was answered with
+    cluster.worker_base_port / proxy.port, the wrong knob."""
+    etcd = tmp_path / "etcd-run"
+    (etcd / "logs").mkdir(parents=True)
+    (etcd / "logs" / "etcd.log").write_text(
+        '{"level":"fatal","caller":"etcdmain/etcd.go:204","msg":"discovery failed","error":"listen tcp '
+        '127.0.0.1:2380: bind: address already in use"}\n')
+    _events(etcd, {"event": "failed", "component": "etcd", "reason": "etcd exited with code 1 (log: logs/etcd.log)"})
+    gw = tmp_path / "gateway-run"
+    (gw / "logs").mkdir(parents=True)
+    (gw / "logs" / "gen-0.log").write_text("etcd_gateway.py: [Errno 98] Address already in use\n")
+    for run in (etcd, gw):
+        finding = next(f for f in diagnose(run)["findings"] if f["id"] == "port-in-use")
+        assert "membership.etcd_port" in finding["fix"] and "worker_base_port" not in finding["fix"], run.name
+    server = tmp_path / "server-run"
+    (server / "logs").mkdir(parents=True)
+    (server / "logs" / "ctx-0.log").write_text("OSError: [Errno 98] Address already in use\n")
+    finding = next(f for f in diagnose(server)["findings"] if f["id"] == "port-in-use")
+    for knob in ("cluster.worker_base_port", "cluster.internal_base_port", "proxy.port", "membership.etcd_port"):
+        assert knob in finding["fix"]
+
+
+def test_slurms_gres_refusal_names_cluster_gpu_request(tmp_path):
+    run = tmp_path / "r"
+    run.mkdir()
+    doc = diagnose(run, state="failed", reason="sbatch refused the job: sbatch: error: Invalid generic resource "
+                                                "(gres) specification")
+    assert doc["findings"][0]["id"] == "slurm-gres-invalid" and "cluster.gpu_request" in doc["findings"][0]["fix"]
+
+
+def test_the_doctor_prints_what_a_run_wrote_inert(tmp_path, capsys):
+    """Hostile round 4 (m8): an event reason with an OSC sequence and BEL reached the terminal raw."""
+    from toolkit.cli import main
+    import toolkit.api as api
+
+    record = api.prepare(api.load_plan("standin-2p2d"), local=True, run_dir=tmp_path / "run")
+    evil = "gen-0 exited\x1b]0;owned\x07 \x1b[2J\x9b31m\u2028next"
+    _events(record.path, {"event": "failed", "component": "gen-0", "reason": evil})
+    (record.path / "logs").mkdir(exist_ok=True)
+    (record.path / "logs" / "gen-0.log").write_text(f"RuntimeError: CUDA out of memory \x1b]52;c;AAAA\x07\n{evil}\n")
+    record.set_state("failed", evil)
+    capsys.readouterr()
+    main(["doctor", str(record.path)])
+    out = capsys.readouterr()
+    text = out.out + out.err
+    for raw in ("\x1b", "\x07", "\x9b", "\u2028"):
+        assert raw not in text, repr(raw)
+    assert "\\x1b]0;owned\\x07" in text  # shown, as its escape
+    assert "CUDA out of memory" in text

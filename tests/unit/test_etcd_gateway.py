@@ -192,3 +192,221 @@ def test_refusals_are_logged_at_a_bounded_rate_then_counted(gateway_of, capsys, 
     assert err == ["etcd_gateway: 15 more connections refused in the last minute",
                    "etcd_gateway: refused a connection from 127.0.0.1:51000: its socket belongs to uid 1001, not to "
                    "this gateway's uid 1000"]
+
+
+# --- the exact lookup: the kernel's socket diagnostics ---------------------------------------------------------------
+
+def test_the_socket_diagnostics_request_is_laid_out_as_the_kernel_reads_it():
+    """linux/netlink.h nlmsghdr, linux/inet_diag.h inet_diag_req_v2 and inet_diag_sockid (native-endian header
+    fields, ports and addresses in network order); SOCK_DIAG_BY_FAMILY (20) without NLM_F_DUMP: one exact lookup."""
+    req = gw.diag_request(CLIENT_AT, GATEWAY_AT, 7)
+    assert len(req) == 16 + 8 + 48
+    assert req[:16] == (72).to_bytes(4, "little") + (20).to_bytes(2, "little") + (1).to_bytes(2, "little") + \
+        (7).to_bytes(4, "little") + bytes(4)
+    assert req[16:24] == bytes([2, 6, 0, 0]) + (2).to_bytes(4, "little")  # AF_INET, TCP, established only
+    assert req[24:28] == (51000).to_bytes(2, "big") + (2381).to_bytes(2, "big")  # the client's port first
+    assert req[28:44] == bytes([127, 0, 0, 1]) + bytes(12) and req[44:60] == bytes([127, 0, 0, 1]) + bytes(12)
+    assert req[60:72] == bytes(4) + b"\xff" * 8  # no interface, no cookie
+    assert gw.diag_request(addr("::1", 5), addr("::1", 6), 1)[16] == 10  # AF_INET6
+
+
+def _reply(seq, state=1, uid=1000, kind=20):
+    body = bytes([2, state, 0, 0]) + bytes(48) + bytes(12) + uid.to_bytes(4, "little") + bytes(4)
+    return (16 + len(body)).to_bytes(4, "little") + kind.to_bytes(2, "little") + bytes(2) + \
+        seq.to_bytes(4, "little") + bytes(4) + body
+
+
+def test_a_reply_gives_the_owner_only_for_an_established_socket_of_its_own_request():
+    assert gw.diag_owner(_reply(7, uid=1001), 7) == 1001
+    assert gw.diag_owner(_reply(6), 7) is None  # an earlier request's late reply: read on
+    with pytest.raises(gw.OwnerUnknown, match="TCP state 6, not established"):
+        gw.diag_owner(_reply(7, state=6, uid=0), 7)  # a TIME_WAIT shows uid 0
+    enoent = (20).to_bytes(4, "little") + (2).to_bytes(2, "little") + bytes(2) + (7).to_bytes(4, "little") + \
+        bytes(4) + (-2).to_bytes(4, "little", signed=True)
+    with pytest.raises(gw.OwnerUnknown, match="no such established socket"):
+        gw.diag_owner(enoent, 7)
+    with pytest.raises(gw.OwnerUnknown, match="short message"):
+        gw.diag_owner(b"\0" * 8, 7)
+
+
+def test_the_exact_lookup_finds_this_processs_own_connection_on_this_kernel():
+    import os
+    import socket
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(4)
+    try:
+        owners, why = gw.exact_owners(listener)
+        if owners is None:
+            pytest.skip(f"no socket diagnostics here: {why}")
+        client = socket.create_connection(listener.getsockname())
+        accepted, peer = listener.accept()
+        try:
+            ours = accepted.getsockname()
+            assert owners(addr(*peer[:2]), addr(*ours[:2])) == os.getuid()
+            with pytest.raises(gw.OwnerUnknown, match="no such established socket"):
+                owners(addr(peer[0], 1), addr(*ours[:2]))
+        finally:
+            client.close()
+            accepted.close()
+            owners.close()
+    finally:
+        listener.close()
+
+
+# --- another user's connections cannot push the run's own out ---------------------------------------------------------
+
+class _Conn(_Accepted):
+    def __init__(self, port):
+        super().__init__(peer=("127.0.0.1", port))
+        self.closed = False
+
+    def close(self):
+        self.closed = True
+
+
+def test_refused_connections_never_take_the_places_of_the_users_own(gateway_of, capsys, monkeypatch):
+    """Hostile round 4, H1: another user's connections, refused or still being looked up, took MAX_CONNECTIONS slots,
+    and the run's own worker was closed without a line."""
+    flood, own = range(40000, 40000 + gw.MAX_CONNECTIONS + 10), 51000
+    carried = []
+
+    def owner_of(client, server):
+        if client[1] == own:
+            return 1000
+        raise gw.OwnerUnknown("the other user's socket is gone already")
+    g, _ = gateway_of([1000])
+    g.owner_of, g.exact = owner_of, True
+    monkeypatch.setattr(gw, "OWNER_RETRY_S", 0.2)  # the flood's lookups are retried meanwhile
+
+    async def carry(reader, writer):
+        carried.append(writer.info["peername"][1])
+
+    g.carry = carry
+
+    async def main():
+        others = [asyncio.ensure_future(g.handle(None, _Conn(p))) for p in flood]
+        await asyncio.sleep(0.05)  # every one of them is being looked up again
+        mine = _Conn(own)
+        await g.handle(None, mine)
+        await asyncio.gather(*others)
+        return mine
+    mine = asyncio.run(main())
+    assert carried == [own] and mine.closed and g.active == 0
+    assert "refused a connection from 127.0.0.1:40000: its owner cannot be established" in capsys.readouterr().err
+
+
+def test_a_connection_past_the_cap_of_the_users_own_is_refused_with_a_line(gateway_of, capsys):
+    g, _ = gateway_of([1000])
+    g.active = gw.MAX_CONNECTIONS
+    conn = _Conn(51000)
+    asyncio.run(g.handle(None, conn))
+    assert conn.closed and g.active == gw.MAX_CONNECTIONS
+    assert f"the gateway carries {gw.MAX_CONNECTIONS} connections of its user already" in capsys.readouterr().err
+
+
+def test_the_socket_table_lookup_runs_off_the_event_loop_and_is_bounded(tmp_path, monkeypatch, capsys):
+    """Where the kernel has no socket diagnostics: a table read that takes long (18 k sockets: 35 ms a pass) must not
+    stop the loop, which carries the run's own heartbeats meanwhile."""
+    import time as time_mod
+    from toolkit.runtime.tls import write_run_certificates
+    certs = write_run_certificates(tmp_path / "secrets" / "etcd")
+
+    def slow_owner(client, server):
+        time_mod.sleep(0.3)
+        return 1000
+    g = gw.Gateway([("127.0.0.1", 2379)], str(certs), uid=1000, owner_of=slow_owner)
+
+    async def main():
+        ticks = 0
+
+        async def ticker():
+            nonlocal ticks
+            while True:
+                await asyncio.sleep(0.01)
+                ticks += 1
+        t = asyncio.ensure_future(ticker())
+        admitted = await g.admit(_Accepted())
+        t.cancel()
+        return admitted, ticks
+    admitted, ticks = asyncio.run(main())
+    assert admitted and ticks >= 10, f"the loop ran {ticks} times during a 0.3 s lookup"
+    monkeypatch.setattr(gw, "OWNER_LOOKUP_TIMEOUT_S", 0.05)
+    g = gw.Gateway([("127.0.0.1", 2379)], str(certs), uid=1000, owner_of=slow_owner)
+    assert not asyncio.run(g.admit(_Accepted()))
+    assert "the socket tables were not read within 0.05s" in capsys.readouterr().err
+    monkeypatch.setattr(gw, "MAX_PENDING_LOOKUPS", 0)
+    assert not asyncio.run(g.admit(_Accepted()))
+    assert "0 connections are waiting for their owner already" in capsys.readouterr().err
+
+
+def test_every_connection_waiting_for_its_owner_is_answered_by_one_pass_over_the_tables():
+    """Hostile round 4, H1: one pass per connection (x3 when not found) made a burst of 256 connections cost hundreds
+    of passes. Now the connections waiting when a pass begins share it."""
+    passes = []
+
+    def read(pairs):
+        passes.append(len(pairs))
+        return {p: (1000 if p[0][1] == 51000 else 65534) for p in pairs}
+
+    async def main():
+        tables = gw.TableOwners(read)
+        mine = asyncio.ensure_future(tables.owner(CLIENT_AT, GATEWAY_AT))
+        others = [asyncio.ensure_future(tables.owner(addr("127.0.0.3", 40000 + i), GATEWAY_AT)) for i in range(255)]
+        return await mine, await asyncio.gather(*others)
+    mine, others = asyncio.run(main())
+    assert mine == 1000 and set(others) == {65534}
+    assert passes == [256]
+
+
+def test_one_pass_over_the_tables_finds_every_connection_it_was_asked_for(tmp_path):
+    tcp = tmp_path / "tcp"
+    tcp.write_text(TCP + row(4, "0100007F:C73A", "0100007F:094D", "01", 1005, 4005))
+    other = addr("127.0.0.1", 0xC73A)
+    gone = addr("127.0.0.1", 0xC739)  # its TIME_WAIT row only
+    owners = gw.owners_in_tables([(CLIENT_AT, GATEWAY_AT), (other, GATEWAY_AT), (gone, GATEWAY_AT)], (str(tcp),),
+                                 byteorder="little")
+    assert owners[(CLIENT_AT, GATEWAY_AT)] == 1001 and owners[(other, GATEWAY_AT)] == 1005
+    assert owners[(gone, GATEWAY_AT)].startswith("no established socket 127.0.0.1:51001 -> 127.0.0.1:2381 in ")
+
+
+def test_a_gateway_that_fails_says_so_and_ends_its_server(gateway_of, capsys, monkeypatch):
+    import os
+    import signal
+    g, _ = gateway_of([1000])
+    saved = {s: signal.getsignal(s) for s in gw.ENDING_SIGNALS}
+    ended = []
+
+    async def broken(sock, gateway, parent):
+        raise RuntimeError("the loop broke")
+    monkeypatch.setattr(gw, "serve", broken)
+    try:
+        assert gw.run_beside(None, g, os.getppid(), end_server=lambda pid, sig: ended.append((pid, sig))) == 1
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    assert ended == [(os.getppid(), signal.SIGTERM)]
+    line = capsys.readouterr().err.strip()
+    assert line.startswith('etcd_gateway: background-failed {"task": "gateway", "component": "etcd-gateway", '
+                           '"cause": "RuntimeError: the loop broke"')
+
+
+def test_a_failing_connection_handler_is_said_and_the_gateway_goes_on(gateway_of, capsys):
+    g, _ = gateway_of([1000])
+
+    async def carry(reader, writer):
+        raise KeyError("a bug")
+    g.carry = carry
+    conn = _Conn(51000)
+    asyncio.run(g.handle(None, conn))
+    assert conn.closed and g.active == 0
+    assert '"task": "connection", "component": "etcd-gateway", "cause": "KeyError: \'a bug\'"' in \
+        capsys.readouterr().err
+
+
+def test_the_event_loops_own_complaints_are_the_gateways_structured_line_but_a_cancellation_is_not_one(capsys):
+    gw._loop_exception(None, {"message": "Task exception was never retrieved", "exception": OSError("EMFILE")})
+    gw._loop_exception(None, {"message": "x", "exception": asyncio.CancelledError()})
+    err = capsys.readouterr().err.splitlines()
+    assert err == ['etcd_gateway: background-failed {"task": "event-loop", "component": "etcd-gateway", '
+                   '"cause": "OSError: EMFILE", "then": "the gateway goes on"}']

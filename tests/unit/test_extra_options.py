@@ -45,7 +45,7 @@ def test_did_you_mean_only_for_a_key_no_version_has():
     assert "did you mean max_num_tokens?" in v.message and v.fix == "rename it to max_num_tokens"
     # a key another version has is named with the versions, never renamed into another option
     v = only(BASE, "trtllm_version=1.2", "context.extra_options.cache_transceiver_config.enable_pipelined_transfer=true")
-    assert "It exists in TensorRT-LLM 1.3 (1.3.0rc24..1.3.0rc26)" in v.message and "did you mean" not in v.message
+    assert "It exists in TensorRT-LLM 1.3.0rc27..1.4.0rc1" in v.message and "did you mean" not in v.message
     assert "target a TensorRT-LLM version that has it" in v.fix
 
 
@@ -108,12 +108,52 @@ def test_tensor_parallel_size_contradicting_tp_is_refused_naming_tp():
     ("context.extra_options.kv_cache_config.free_gpu_memory_fraction=0.5", "context.free_gpu_memory_fraction"),
     ("generation.extra_options.cache_transceiver_config.max_tokens_in_buffer=64",
      "generation.max_tokens_in_buffer"),
-    ("context.extra_options.moe_expert_parallel_size=2", "context.ep"),  # dense model: tk writes none
+    # a dense model: tk writes none, and one that does not divide tp TensorRT-LLM's Mapping refuses
+    ("context.extra_options.moe_expert_parallel_size=2", "context.ep"),
     ("context.extra_options.max_seq_len=99", "context.max_seq_len"),
 ])
 def test_owned_options_are_refused_when_they_change_tks_value(override, recipe_field):
     v = only(BASE, override)
     assert v.field == override.split("=")[0] and recipe_field in v.fix
+
+
+SPEC = "{decoding_type: Eagle3, max_draft_len: 3, speculative_model_dir: /models/eagle3}"
+
+
+def test_a_section_tk_derives_from_an_unset_field_is_rendered_as_pasted_with_a_warning():
+    # before: refused ("tk writes no speculative_config for this recipe"), so a published config pasted whole failed
+    p = plan_of(BASE, "trtllm_version=1.3", f"context.extra_options.speculative_config={SPEC}",
+                f"generation.extra_options.speculative_config={SPEC}")
+    for role in (p.context, p.generation):
+        assert role.llm_api_options["speculative_config"] == {
+            "decoding_type": "Eagle3", "max_draft_len": 3, "speculative_model_dir": "/models/eagle3"}
+    [warning] = [w for w in p.warnings if w.startswith("context.extra_options.speculative_config is written as given")]
+    assert "its better home is speculative (" in warning
+    # the keys below it are still checked as any key is: a value the line lacks is refused
+    refused = violations_of(BASE, "trtllm_version=1.0", f"context.extra_options.speculative_config={SPEC}",
+                            f"generation.extra_options.speculative_config={SPEC}")
+    assert {v.field for v in refused} == {f"{t}.extra_options.speculative_config.decoding_type"
+                                          for t in ("context", "generation")}
+    assert all("Eagle3 is not a value of speculative_config.decoding_type" in v.message for v in refused)
+
+
+def test_a_section_tk_derives_from_a_set_field_is_refused_when_it_differs():
+    deepseek = BASE.replace("meta-llama/Llama-3.3-70B-Instruct", "deepseek-ai/DeepSeek-R1") + \
+        "cluster: {gpus_per_node: 8, gpu: B200}\ncontext: {tp: 8}\ngeneration: {tp: 8}\n"
+    deepseek = deepseek.replace("cluster: {gpus_per_node: 8}\n", "")
+    mtp = "{decoding_type: MTP, num_nextn_predict_layers: 3}"
+    v = only(deepseek, "speculative.mtp_layers=1", f"context.extra_options.speculative_config={mtp}")
+    assert "tk writes speculative_config = " in v.message and v.fix.startswith("set speculative (")
+    p = plan_of(deepseek, "speculative.mtp_layers=3", f"context.extra_options.speculative_config={mtp}")
+    assert p.context.llm_api_options["speculative_config"]["num_nextn_predict_layers"] == 3  # repeats tk's value
+
+
+def test_expert_parallelism_of_a_dense_model_is_rendered_where_tensorrt_llm_takes_it():
+    p = plan_of(BASE, "context.tp=4", "context.extra_options.moe_expert_parallel_size=2")
+    assert p.context.llm_api_options["moe_expert_parallel_size"] == 2
+    assert any(w.startswith("context.extra_options.moe_expert_parallel_size is written as given") for w in p.warnings)
+    v = only(BASE, "context.tp=4", "context.extra_options.moe_expert_parallel_size=3")
+    assert "does not divide context.tp = 4" in v.message and "mapping.py" in v.message
 
 
 def test_owned_options_may_repeat_tks_value():
@@ -183,7 +223,7 @@ def test_config_flag_is_unknown_to_1_0():
 
 # --- bug 14: extra_options values tk reads are type-checked, never a TypeError -------------------------------
 
-@pytest.mark.parametrize("value,shown", [("abc", "'abc'"), ("null", "null"), ('"%d"', "'%d'"), ("0", "0"),
+@pytest.mark.parametrize("value,shown", [("abc", "'abc'"), ('"%d"', "'%d'"), ("0", "0"),
                                          ("-32", "-32"), ("4096.5", "4096.5"), ("[1]", "[1]")])
 def test_max_num_tokens_of_the_wrong_kind_is_a_violation(value, shown):
     v = only(STANDIN, f"context.extra_options.max_num_tokens={value}")
@@ -198,7 +238,7 @@ def test_max_num_tokens_of_the_wrong_kind_is_a_violation(value, shown):
     ("context.extra_options.cache_transceiver_config=[]", "is not a mapping"),
     ("generation.extra_options.cuda_graph_config.batch_sizes=[0]", "list of positive integers"),
     ("context.extra_options.kv_cache_config.free_gpu_memory_fraction=.nan", "fraction"),
-    ("context.extra_options.kv_cache_config.dtype=int4", "KV dtype"),
+    ("context.extra_options.kv_cache_config.dtype=int4", "would change it to 'int4'"),  # tk's kv_transfer.dtype
     ("context.extra_options={1: x}", "option name 1 must be an identifier"),
     ("context.extra_options.max_num_tokens=99999999999999999999", "does not fit in 64 bits"),
 ])
@@ -250,10 +290,10 @@ PIPELINED = "enable_chunked_prefill: true, cache_transceiver_config: {enable_pip
 
 @pytest.mark.parametrize("extra,field,expect", [
     (PIPELINED + ', kv_cache_bounce_size_mb: "x"}', "cache_transceiver_config.kv_cache_bounce_size_mb",
-     "'x' is not an integer"),
+     "'x' is not a non-negative integer"),
     (PIPELINED + '}, context_parallel_size: "two"', "context_parallel_size", "'two' is not a positive integer"),
     (PIPELINED + ", kv_cache_bounce_size_mb: [1]}", "cache_transceiver_config.kv_cache_bounce_size_mb",
-     "[1] is not an integer"),
+     "[1] is not a non-negative integer"),
     (PIPELINED + ", kv_transfer_poll_interval_ms: {a: 1}}", "cache_transceiver_config.kv_transfer_poll_interval_ms",
      "is not a positive integer"),
     ("enable_chunked_prefill: true, cache_transceiver_config: {enable_pipelined_transfer: maybe}",
@@ -372,3 +412,8 @@ def test_the_aggregated_baseline_writes_the_converted_value_too():
     p = build_plan(load_recipe_text(QWEN, "r.yaml", ["generation.extra_options.enable_chunked_prefill=1"]),
                    aggregated=True)
     assert p.aggregated.llm_api_options["enable_chunked_prefill"] is True
+
+
+def test_a_null_option_pydantic_takes_is_refused_only_as_a_change_of_tks_value():
+    v = only(STANDIN, "context.extra_options.max_num_tokens=null")  # Optional[int] in TensorRT-LLM: null is taken
+    assert "would change it to null" in v.message and "context.max_num_tokens" in v.fix

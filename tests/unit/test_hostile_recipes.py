@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from toolkit.errors import RecipeError
 from toolkit.plan import build_plan
 from toolkit.recipe import load_recipe, load_recipe_text
-from toolkit.recipe.loader import MAX_DEPTH, MAX_NODES, MAX_RECIPE_BYTES
+from toolkit.recipe.yaml import MAX_DEPTH, MAX_NODES, MAX_RECIPE_BYTES
 from orchestrator.spec import JobSpec
 from toolkit.render import render_files
 from tests.conftest import ROOT
@@ -435,6 +435,17 @@ def test_bug20_error_lines_are_capped():
     assert max(len(str(v)) for v in violations) < 1000
     [v] = _refused(STANDIN, "description=" + "\x1b" * 100_000)
     assert len(str(v)) < 1000
+
+
+def test_one_escaper_for_messages_and_comment_lines():
+    """A bidirectional override or a zero-width space in a name reorders or hides what a terminal shows: the error
+    message escapes it as a rendered comment line does (before, messages escaped control characters only)."""
+    from toolkit.render.escape import comment
+
+    hostile = "a\u202eb\u200bc\nd"
+    [v] = _refused(STANDIN, f"foo{hostile}=1")
+    assert "a\\u202eb\\u200bc\\nd" in str(v) and "\u202e" not in str(v) and "\u200b" not in str(v)
+    assert comment(hostile) == "a\\u202eb\\u200bc\\nd"
 
 
 def test_bug20_many_unknown_keys_are_summarised():

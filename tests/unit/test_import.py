@@ -351,3 +351,31 @@ def test_the_report_shows_a_source_key_with_control_characters_escaped(tmp_path)
     proc = tk("import", str(src), "-o", str(tmp_path / "r.yaml"))
     assert proc.returncode == 0 and "\x1b" not in proc.stderr
     assert "not carried: benchmark.x\\x1b[2J\\ny:" in proc.stderr
+
+
+def test_keys_tk_does_not_know_are_listed_as_not_understood_with_their_path():
+    """Nothing vanishes: a key no importer rule reads (a new srt-slurm section, a new resources knob, a new backend
+    setting, a new key in a role's options' neighbours) is listed, and the header does not claim nothing else was
+    dropped."""
+    doc = yaml.safe_load(SRT)
+    doc["new_section"] = {"knob": 1}
+    doc["resources"]["new_knob"] = 3
+    doc["backend"]["new_backend_knob"] = "x"
+    doc["model"]["new_model_knob"] = [1, 2]
+    result = import_doc(doc, "new.yaml", site=None)
+    dropped = {d.path: d for d in result.ledger.dropped}
+    for path, value in (("new_section.knob", 1), ("resources.new_knob", 3), ("backend.new_backend_knob", "x"),
+                        ("model.new_model_knob", [1, 2])):
+        assert path in dropped and dropped[path].value == value, sorted(dropped)
+        assert "not understood" in dropped[path].why
+        assert f"#   {path}: " in result.text
+    assert "nothing else was dropped" not in result.text
+    # what the importer reads is not listed: the known keys are carried or dropped with their own reason
+    assert not [p for p, d in dropped.items() if "not understood" in d.why and not p.split(".")[0].startswith("new")
+                and "new_" not in p]
+
+
+def test_a_source_whose_every_key_is_read_says_nothing_else_was_dropped():
+    doc = yaml.safe_load(SRT)
+    result = import_doc(doc, "known.yaml", site=None)
+    assert not [d for d in result.ledger.dropped if "not understood" in d.why], result.ledger.dropped

@@ -24,7 +24,7 @@ def _lint_imports(*args):
     return subprocess.run([*cmd, "--no-cache", *extra, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
 
 
-CONTRACTS = ["agent-standalone", "job-standalone", "standin-separate", "standin-protected", "stages"]
+CONTRACTS = ["agent-standalone", "job-standalone", "standin-separate", "standin-protected", "stages", "acyclic"]
 
 
 def test_every_contract_in_pyproject_is_checked_here():

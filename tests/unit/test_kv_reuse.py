@@ -236,3 +236,22 @@ def test_the_proxy_reads_conversation_ids_from_the_body_before_the_headers():
     headers = {"x-session-id": " ", "X-Correlation-ID": "aiperf-1"}  # names compare case-insensitively
     assert Proxy._route_request(None, "chat", {"messages": []}, headers).conversation_id == "aiperf-1"
     assert Proxy._route_request(None, "completion", {"prompt": [1, 2]}, {}).tokens_of_client
+
+
+# --- /kv_cache_events exposure (hostile round 4, H3) -------------------------------------------------------------
+
+def test_the_plan_warns_where_workers_answer_kv_cache_events_to_anyone_who_reaches_them():
+    """TensorRT-LLM's POST /kv_cache_events is unauthenticated and drains the events it returns, token ids included
+    (tensorrt_llm/serve/openai_server.py @ 00057725, cpp/tensorrt_llm/batch_manager/kvCacheEventManager.cpp @
+    05843b0a): where a recipe turns the events on, tk plan says who can read them and what a reader takes."""
+    from toolkit import api
+
+    plan = api.load_plan("standin-multiturn")  # kv_cache_aware context router: tk turns the events on
+    (warning,) = [w for w in plan.warnings if "/kv_cache_events" in w]
+    for said in ("context", "event_buffer_max_size", "unauthenticated", "drain", "token ids", "router",
+                 "0.0.0.0", "docs/multiturn.md"):
+        assert said in warning, said
+    gen = api.load_plan("standin-2p2d", ['generation.extra_options={"kv_cache_config": {"event_buffer_max_size": 8}}'])
+    assert any("/kv_cache_events" in w and w.startswith("generation") for w in gen.warnings)
+    quiet = api.load_plan("standin-2p2d")  # no events: no warning
+    assert not any("/kv_cache_events" in w for w in quiet.warnings)

@@ -363,3 +363,41 @@ def test_a_proxy_that_answers_before_the_job_says_ready_is_not_a_ready_run(plan,
         launch(plan, "fake", str(tmp_path / "run"), startup_timeout_s=0.05)
     assert "did not report ready" in str(exc.value) and "started proxy" in str(exc.value)
     assert backend.stopped == 1
+
+
+def _state_file(run, name, state, reason):
+    import json
+    states = run.path / "state" / "servers"
+    states.mkdir(parents=True, exist_ok=True)
+    (states / f"{name}.json").write_text(json.dumps(
+        {"name": name, "role": name.split("-")[0], "state": state, "since": 1.0, "restarts": 0, "failures": 0,
+         "last_exit": None, "pid": None, "step": None, "reason": reason, "policy": "restart"}))
+
+
+def test_a_worker_the_job_sees_out_of_the_cluster_storage_is_not_shown_healthy_for_answering_health(plan, fake,
+                                                                                                   tmp_path):
+    http = FakeHttp(all_ports(plan))
+    fake(FakeBackend([JobState("RUNNING")], on_submit=lambda run: write_job_files(run, all_names(plan))), http)
+    run = launch(plan, "fake", str(tmp_path / "run"))
+    _state_file(run, "gen-0", "unregistered", "answers /health but has no key in the cluster storage: the proxy does "
+                                              "not route to it")
+    run = refresh(run)  # gen-0 still answers /health
+    assert run.server("gen-0").state == "unregistered" and run.state == "degraded"
+    assert "gen-0 unregistered (answers /health but has no key" in run.reason
+
+
+def test_a_run_whose_orchestrator_is_gone_is_degraded_and_says_nothing_supervises_it(plan, fake, tmp_path):
+    """The orchestrator's own life: a local job whose batch script was killed (SIGKILL: nothing can catch it) leaves
+    its servers serving, unsupervised; tk status must not say ready."""
+    http = FakeHttp(all_ports(plan))
+    backend = fake(FakeBackend([JobState("RUNNING")], on_submit=lambda run: write_job_files(run, all_names(plan))),
+                   http)
+    run = launch(plan, "fake", str(tmp_path / "run"))
+    backend.states = [JobState("RUNNING", "its batch script is gone; 5 of its processes still run", unsupervised=True)]
+    run = refresh(run)
+    assert run.state == "degraded" and {s.state for s in run.servers} == {"healthy"}
+    assert run.reason.startswith("the job's orchestrator is gone (its batch script is gone; 5 of its processes still "
+                                 "run): nothing supervises the servers")
+    from toolkit.doctor import diagnose
+    doc = diagnose(run.path, state=run.state, reason=run.reason)
+    assert doc["findings"][0]["id"] == "orchestrator-gone"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.unit.helpers import BASE, fields, plan_of, violations_of
-from toolkit.facts import trtllm
+from toolkit.facts import trtllm, versions
 from toolkit.facts.hardware import GPU_FIGURES
 from toolkit.facts.models import BUILTIN_MODELS, resolve_model, weight_params
 from toolkit.plan import memory
@@ -54,7 +54,7 @@ def test_qwen25_72b_bf16_on_one_h100_is_refused_with_tp2(tmp_path):
     d = model_dir(tmp_path, QWEN25_72B)
     vs = violations_of(recipe(str(d), "H100", 8, "{instances: 8, tp: 1}", "{tp: 8}"))
     [v] = vs
-    assert v.field == "context.tp" and "more than one H100's 80.0 GiB" in v.message and "bfloat16" in v.message
+    assert v.field == "context.tp" and "more than one H100's 79.6 GiB" in v.message and "bfloat16" in v.message
     assert "tp: 2" in v.fix and "2 x H100 per instance" in v.fix
 
 
@@ -78,7 +78,7 @@ def test_a_layout_that_fits_plans_and_shows_the_numbers(tmp_path):
     d = model_dir(tmp_path, QWEN25_72B)
     p = plan_of(recipe(str(d), "H100", 8, "{instances: 4, tp: 2}", "{tp: 8}"))
     m = p.context.memory
-    assert m.gpu == "H100" and m.gpu_memory_bytes == 80 * GIB and m.quantization == "bfloat16"
+    assert m.gpu == "H100" and m.gpu_memory_bytes == 81559 << 20 and m.quantization == "bfloat16"  # nvidia-smi's
     assert 66 * GIB < m.weights_bytes < 70 * GIB  # 72.7B x 2 bytes over 2 ranks
     assert m.kv_bytes_per_token == 2 * 80 * 4 * 128 * 1  # 4 of 8 KV heads per rank, fp8
     free = m.gpu_memory_bytes - m.weights_bytes - m.activation_bytes - m.cuda_graph_bytes - m.runtime_bytes
@@ -99,7 +99,7 @@ def _role_plans():
             seq = layout["isl"] if name == "prefill" else opts["max_seq_len"]
             yield layout, name, memory.plan_role(
                 name, model, GPU_FIGURES[layout["gpu"]], q, opts, sequence_tokens=seq,
-                kv_extra_layers=trtllm.mtp_kv_layers(trtllm.get(trtllm.LATEST), mtp),
+                kv_extra_layers=versions.mtp_kv_layers(trtllm.get(versions.latest()), mtp),
                 buffer_tokens=opts.get("max_tokens_in_buffer", 0))
 
 
@@ -179,8 +179,8 @@ def test_a_declared_quantization_tk_cannot_read_is_unknown_named_and_judged_at_f
 def test_attention_dp_replicates_attention_and_dense_layers_but_splits_experts():
     m = BUILTIN_MODELS["deepseek-ai/DeepSeek-R1"]
     q, _ = memory.weights_quant(m, None, False)
-    tep, _ = memory.weights_per_gpu(m, q, memory.Sharding(8, 1, False, 8), mtp=False)
-    dep, _ = memory.weights_per_gpu(m, q, memory.Sharding(8, 1, True, 8), mtp=False)
+    tep, _ = memory.weights_per_gpu(m, q, memory.Sharding(8, 1, False, 8))
+    dep, _ = memory.weights_per_gpu(m, q, memory.Sharding(8, 1, True, 8))
     w = weight_params(m)
     # what DEP8 holds whole on every rank instead of an eighth: attention's TP-split projections, the dense MLPs and
     # shared experts (fp8), the embedding and the lm_head (bf16)
@@ -192,8 +192,8 @@ def test_attention_dp_replicates_attention_and_dense_layers_but_splits_experts()
 def test_nvfp4_moe_checkpoints_keep_attention_in_16_bits_in_the_estimate_not_the_lower_bound():
     m = BUILTIN_MODELS["moonshotai/Kimi-K2-Instruct"]
     q, _ = memory.weights_quant(m, "nvfp4", False)
-    est, _ = memory.weights_per_gpu(m, q, memory.Sharding(4, 1, True, 4), mtp=False)
-    low, _ = memory.weights_per_gpu(m, q, memory.Sharding(4, 1, True, 4), mtp=False, lower=True)
+    est, _ = memory.weights_per_gpu(m, q, memory.Sharding(4, 1, True, 4))
+    low, _ = memory.weights_per_gpu(m, q, memory.Sharding(4, 1, True, 4), lower=True)
     assert 150 * GIB < est < GPU_FIGURES["GB200"].memory_bytes  # DEP4 on GB200, as NVIDIA runs it
     assert low < 140 * GIB
 
@@ -327,3 +327,69 @@ def test_fp8_kv_cache_on_a100_is_accepted_silently():
     p = plan_of(BASE.replace("meta-llama/Llama-3.3-70B-Instruct", "meta-llama/Llama-3.1-8B-Instruct").replace(
         "quantization: fp8\n", ""), "cluster.gpu=A100", "kv_transfer.dtype=fp8")
     assert not any("A100" in w for w in p.warnings)
+
+
+# --- what the options add to the weights: EPLB slots, MTP modules, a draft model; GPUs as nvidia-smi reports them --
+
+QWEN3_MOE = BASE.replace("meta-llama/Llama-3.3-70B-Instruct", "Qwen/Qwen3-235B-A22B") + \
+    "context:\n  tp: 4\ngeneration:\n  tp: 8\n  ep: 8\n  attention_dp: true\n"
+EAGLE3_DRAFT = {"architectures": ["LlamaForCausalLMEagle3"], "hidden_size": 4096, "intermediate_size": 14336,
+                "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 1, "vocab_size": 128256,
+                "draft_vocab_size": 32000, "max_position_embeddings": 2048, "torch_dtype": "bfloat16"}
+
+
+def test_eplb_redundant_expert_slots_are_weights_on_every_gpu():
+    # before: num_slots changed nothing in the memory plan. TensorRT-LLM allocates num_slots // ep slots per EP rank
+    # (WideEPMoE.expert_size_per_partition = num_local_slots), each a whole expert's weights
+    plain = plan_of(QWEN3_MOE).generation.memory
+    eplb = plan_of(QWEN3_MOE, "generation.extra_options.moe_config.load_balancer.num_slots=160").generation.memory
+    m = BUILTIN_MODELS["Qwen/Qwen3-235B-A22B"]
+    w = weight_params(m)
+    slots = dict(eplb.weights_detail)["expert_slots"]
+    per_expert_layer = w.experts / m.num_experts / 8 * 1.0  # fp8: one byte a weight, over the 8 EP ranks
+    assert slots == pytest.approx(w.moe_layers * 32 * per_expert_layer, rel=1e-6)  # 160 - 128 redundant slots
+    assert eplb.weights_bytes == plain.weights_bytes + slots and eplb.kv_pool_bytes < plain.kv_pool_bytes
+    assert any("32 redundant expert slots" in n for n in eplb.notes)
+
+
+def test_eplb_slots_must_split_over_the_expert_parallel_ranks():
+    # TensorRT-LLM: MoeLoadBalancerConfig.setup raises unless num_slots % ep_size == 0
+    [v] = violations_of(QWEN3_MOE, "generation.extra_options.moe_config.load_balancer.num_slots=132")
+    assert v.field == "generation.extra_options.moe_config.load_balancer.num_slots" and "multiple of 8" in v.fix
+    p = plan_of(QWEN3_MOE, "generation.extra_options.moe_config.load_balancer.num_slots=120")
+    assert any("fewer than Qwen/Qwen3-235B-A22B's 128 experts" in w for w in p.warnings)
+
+
+def test_mtp_modules_are_one_for_mtp_eagle_and_one_per_draft_token_for_vanilla_mtp():
+    # MTPForCausalLM: mtp_num_layers = 1 for MTP-Eagle one-model (what tk renders), num_nextn_predict_layers with
+    # use_mtp_vanilla
+    text = recipe("deepseek-ai/DeepSeek-R1", "B200", 8, "{tp: 8, ep: 8, attention_dp: true}",
+                  "{tp: 8, ep: 8, attention_dp: true}", "quantization: fp8_block\n")
+    one = dict(plan_of(text, "speculative.mtp_layers=3").generation.memory.weights_detail)["mtp"]
+    vanilla = plan_of(text, "speculative.mtp_layers=3", "speculative.options.use_mtp_vanilla=true")
+    assert dict(vanilla.generation.memory.weights_detail)["mtp"] == pytest.approx(3 * one, rel=1e-6)
+
+
+def test_an_eagle3_draft_model_is_weights_beside_the_target(tmp_path):
+    draft = model_dir(tmp_path, EAGLE3_DRAFT, "eagle3")
+    base = BASE.replace("meta-llama/Llama-3.3-70B-Instruct", "meta-llama/Llama-3.1-8B-Instruct")
+    spec = ["speculative.decoding_type=Eagle3", "speculative.max_draft_len=3"]
+    without = plan_of(base).generation.memory
+    read = plan_of(base, *spec, f"speculative.model={draft}").generation.memory
+    h, q, kv, inter = 4096, 32 * 128, 8 * 128, 14336
+    layer = 2 * h * (q + 2 * kv) + q * h + 3 * h * inter  # Eagle3's QKV takes 2 x hidden
+    expected = (layer + 3 * h * h + 128256 * h) * 2  # + fc (3 captured layers) + its lm_head, 16-bit
+    assert dict(read.weights_detail)["draft"] == expected
+    assert read.weights_bytes == without.weights_bytes + expected and not read.notes
+    guessed = plan_of(base, *spec, "speculative.model=/nowhere/eagle3").generation.memory
+    assert dict(guessed.weights_detail)["draft"] == expected  # the target's geometry: the same shape here
+    assert any("estimated as one decoder layer" in n and "/nowhere/eagle3" in n for n in guessed.notes)
+
+
+def test_gpu_memory_is_what_nvidia_smi_reports():
+    # H100 80GB HBM3 and H200 read on the machines (issue 30); B200 from public nvidia-smi printouts; the Blackwell
+    # Ultra, GB200 and L40S rows from aiconfigurator 0.12.0's systems files ("reported by nvidia-smi")
+    mib = {name: g.memory_bytes >> 20 for name, g in GPU_FIGURES.items() if g.memory_bytes}
+    assert mib == {"H100": 81559, "H200": 143771, "B200": 183359, "GB200": 189471, "B300": 275040,
+                   "GB300": 284208, "A100": 81920, "L40S": 46068}
+    assert all(g.memory_bytes % (1 << 20) == 0 for g in GPU_FIGURES.values())

@@ -115,7 +115,7 @@ class FakeProber:
     def round(self, urls):
         return {name: (None if name in self.down else 200) for name in urls}
 
-    def start_progress(self, url, timeout_s, done):
+    def start_progress(self, url, timeout_s, done, component=None):
         done(200)
 
     def close(self):
@@ -364,7 +364,10 @@ def test_the_provenance_reader_reads_lines_of_bounded_length(tmp_path, monkeypat
             pass
     monkeypatch.setattr(startup.subprocess, "Popen", lambda *a, **k: Proc())
     (tmp_path / "logs").mkdir()
-    startup.provenance(spec_of(), str(tmp_path), lambda proc: None).join(30)
+    from orchestrator.background import Background
+    failures = []
+    startup.provenance(spec_of(), str(tmp_path), lambda proc: None, Background(failures.append)).join(30)
+    assert failures == []
     assert json.loads((tmp_path / "provenance" / "n0.json").read_text())["kernel"] == "6.1"
 
 
@@ -610,3 +613,139 @@ def test_a_probe_round_takes_about_one_probe_timeout_whatever_the_number_of_comp
     prober.close()
     assert took < 0.2 + 1.0 + 0.3, took  # one timeout plus the round's slack, not 16 of them
     assert answers["h"] is None and all(answers[f"s{i}"] == 200 for i in range(15))
+
+
+# --- registration watched as health is ---------------------------------------------------------------------------
+
+def _registration_round(j):
+    j.registration_at = float("-inf")
+    j.maybe_check_registrations()
+    answer = j.inbox.get(timeout=10)
+    j.inbox.put(answer)
+    j.execute(j.drain_inbox(j.clock()))
+    return answer
+
+
+def test_a_serving_worker_whose_key_is_gone_is_unregistered_then_restarted(job_in_process, tmp_path, monkeypatch):
+    from toolkit.runtime.tls import write_run_certificates
+    write_run_certificates(tmp_path / "secrets" / "etcd")
+    spec = spec_of("membership.enabled=true")
+    j = _serving(job_in_process(spec))
+    gen0 = j.nodes.resolve(spec.membership.workers["gen-0"])
+    asked = []
+
+    def missing(uri, prefix, workers):
+        asked.append(sorted(workers))
+        return [gen0]
+    monkeypatch.setattr(membership, "missing", missing)
+    answer = _registration_round(j)
+    assert answer.missing == ["gen-0"] and set(answer.asked) == {"ctx-0", "ctx-1", "gen-0", "gen-1"}
+    assert j.supervisor.components["gen-0"].state.value == "unregistered"
+    (ev,) = [e for e in _events(tmp_path) if e["event"] == "unregistered"]
+    assert ev["component"] == "gen-0" and "the proxy does not route to it" in ev["reason"]
+    j.clock = lambda: 10 ** 6  # its grace passed, still without a key: killed (and restarted by the policy)
+    _registration_round(j)
+    assert j.supervisor.components["gen-0"].state.value in ("killing", "backoff")
+    assert any(e["event"] == "killed" and e["component"] == "gen-0" for e in _events(tmp_path))
+
+
+def test_a_registration_lookup_from_before_a_repair_is_not_believed(job_in_process, tmp_path, monkeypatch):
+    from toolkit.runtime.tls import write_run_certificates
+    write_run_certificates(tmp_path / "secrets" / "etcd")
+    spec = spec_of("membership.enabled=true")
+    j = _serving(job_in_process(spec))
+    monkeypatch.setattr(membership, "missing", lambda uri, prefix, workers: list(workers))  # a repair deletes keys
+    j.registration_at = float("-inf")
+    j.maybe_check_registrations()
+    answer = j.inbox.get(timeout=10)
+    j.repair_epoch += 1  # a repair began meanwhile
+    j.inbox.put(answer)
+    j.drain_inbox(j.clock())
+    assert all(t.state.value == "healthy" for t in j.supervisor.components.values())
+    j.repairing = True
+    j.maybe_check_registrations()
+    assert not j.registration_busy  # none is asked while a repair runs
+
+
+def test_registrations_are_not_looked_at_while_the_storage_itself_is_down(job_in_process, tmp_path, monkeypatch):
+    from toolkit.runtime.tls import write_run_certificates
+    write_run_certificates(tmp_path / "secrets" / "etcd")
+    j = _serving(job_in_process(spec_of("membership.enabled=true")))
+    j.supervisor.probed("etcd", False, j.clock())
+    j.registration_at = float("-inf")
+    j.maybe_check_registrations()
+    assert not j.registration_busy and j.inbox.empty()
+
+
+# --- signals: every one whose default ends the process ---------------------------------------------------------
+
+# signal(7), Linux: the default action of these is Term or Core (the real-time signals' too); the rest stop,
+# continue or are ignored.
+DEFAULT_ENDS = ("SIGABRT", "SIGALRM", "SIGBUS", "SIGFPE", "SIGHUP", "SIGILL", "SIGINT", "SIGIO", "SIGKILL", "SIGPIPE",
+                "SIGPROF", "SIGPWR", "SIGQUIT", "SIGSEGV", "SIGSTKFLT", "SIGSYS", "SIGTERM", "SIGTRAP", "SIGUSR1",
+                "SIGUSR2", "SIGVTALRM", "SIGXCPU", "SIGXFSZ")
+
+
+@pytest.fixture
+def signal_handlers():
+    """The test process's own handlers, put back afterwards."""
+    import signal
+    saved = {s: signal.getsignal(s) for s in job_mod.ENDING_SIGNALS}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+def test_every_signal_whose_default_ends_the_job_is_handled_or_left_as_documented(job_in_process, signal_handlers):
+    import signal
+    default_ends = {int(getattr(signal, n)) for n in DEFAULT_ENDS if hasattr(signal, n)} | job_mod.REALTIME_SIGNALS
+    kept, uncatchable = job_mod.KEPT_SIGNALS, job_mod.UNCATCHABLE_SIGNALS
+    assert default_ends == job_mod.ENDING_SIGNALS | kept | (uncatchable & default_ends)
+    assert {job_mod.signal_name(s) for s in kept} == {"SIGUSR2", "SIGPIPE", "SIGXFSZ"}
+    assert len(job_mod.REALTIME_SIGNALS) >= 30  # SIGRTMIN..SIGRTMAX
+    j = job_in_process(spec_of("membership.enabled=false"))
+    j.install_signals()
+    assert all(signal.getsignal(s) == j._on_signal for s in job_mod.ENDING_SIGNALS)
+
+
+@pytest.mark.parametrize("name", ["SIGUSR1", "SIGQUIT", "SIGALRM", "SIGRTMIN+3"])
+def test_a_signal_the_job_did_not_handle_before_now_ends_it_with_teardown_and_an_event(job_in_process, tmp_path,
+                                                                                      signal_handlers, name):
+    """Hostile round 4: SIGUSR1 (Slurm's --signal=B:USR1@T) killed the orchestrator without teardown or a word, and
+    the servers went on serving unsupervised."""
+    import signal
+    signum = min(job_mod.REALTIME_SIGNALS) + 3 if name == "SIGRTMIN+3" else int(getattr(signal, name))
+    j = job_in_process(spec_of("membership.enabled=false"))
+    j.install_signals()
+    j.start_up()
+    signal.raise_signal(signum)
+    assert j.run() == 128 + signum
+    events = _events(tmp_path)
+    failed = [e for e in events if e["event"] == "failed"]
+    assert failed and failed[-1]["reason"] == f"signal received ({name})"
+    assert events[-1]["event"] == "stopping" and j.steps.cancelled >= 1  # teardown ran: the job is cancelled
+
+
+def test_the_signal_slurm_sends_before_the_time_limit_is_named_as_such(job_in_process, tmp_path, signal_handlers):
+    import dataclasses
+    import signal
+    spec = dataclasses.replace(spec_of("membership.enabled=false"), time_limit_signal="SIGUSR1")
+    j = job_in_process(spec)
+    j.install_signals()
+    signal.raise_signal(signal.SIGUSR1)
+    assert j.run() == 128 + signal.SIGUSR1
+    (failed,) = [e for e in _events(tmp_path) if e["event"] == "failed"]
+    assert "--signal=B:USR1@T of cluster.sbatch_args" in failed["reason"] and "time limit" in failed["reason"]
+
+
+def test_sbatch_args_that_signal_the_batch_shell_render_into_job_json_and_one_without_b_is_warned():
+    from toolkit.plan.derive import SlurmSignal, slurm_signals
+    assert spec_of("cluster.sbatch_args=[\"--signal=B:USR1@300\"]").time_limit_signal == "SIGUSR1"
+    assert spec_of().time_limit_signal is None
+    assert slurm_signals(["--signal=10@5", "--sig=B:TERM", "--signal", "RB:RTMIN@9"])[:2] == (
+        SlurmSignal("--signal=10@5", False, "SIGUSR1", 5), SlurmSignal("--sig=B:TERM", True, "SIGTERM", 60))
+    plan = load_plan(STANDIN, ["cluster.sbatch_args=[\"--signal=USR1@300\"]"])
+    (warning,) = [w for w in plan.warnings if "--signal" in w]
+    assert "sends SIGUSR1 to every job step, the servers" in warning and "--signal=B:USR1@300" in warning
+    plan = load_plan(STANDIN, ["cluster.sbatch_args=[\"--signal=B:USR2@60\"]"])
+    assert any("does not end on SIGUSR2" in w for w in plan.warnings)

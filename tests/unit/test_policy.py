@@ -381,3 +381,79 @@ def test_a_stall_while_the_generation_probe_fails_says_so():
 @pytest.mark.parametrize("stall", [0, -1])
 def test_progress_probes_are_off_without_a_stall_bound(stall):
     assert ProgressWatch(stall_after_s=stall, interval_s=2).due(["gen-0"], 0.0) == []
+
+
+# --- registration: a worker that answers /health but is out of the cluster storage ---------------------------------
+
+def registered_serving(**kw) -> Supervisor:
+    sv = Supervisor(policy(**kw), dict(ROLES), storage_component="etcd", unregistered_after_s=10.0)
+    sv.begin(0.0)
+    sv.take_dirty()
+    return sv
+
+
+def test_a_worker_that_loses_its_key_is_unregistered_then_restarted_unless_it_registers_again():
+    sv = registered_serving()
+    t = sv.components["gen-0"]
+    assert sv.registration("gen-0", True, 5.0) == []
+    (ev,) = events(sv.registration("gen-0", False, 6.0), E.UNREGISTERED)
+    assert t.state == C.UNREGISTERED and "has no key in the cluster storage" in ev.reason
+    assert "restarted unless it registers again within 20s" in ev.reason  # the larger of unhealthy_after_s and rejoin
+    assert sv.probed("gen-0", True, 7.0) == [] and t.state == C.UNREGISTERED  # /health answering does not clear it
+    (ev,) = events(sv.overall(7.0), E.DEGRADED)
+    assert "gen-0 unregistered" in ev.reason
+    assert sv.registration("gen-0", False, 25.9) == []
+    actions = sv.registration("gen-0", False, 26.0)
+    assert Kill("gen-0", "not registered in the cluster storage for 20s (out of the proxy's routing), killed") \
+        in actions and t.state == C.KILLING
+    assert sv.killed("gen-0", True, -9, 27.0)[0] == Deregister("gen-0") and t.state == C.BACKOFF
+
+
+def test_a_worker_that_registers_again_in_time_is_healthy_again():
+    sv = registered_serving()
+    sv.registration("gen-1", False, 10.0)
+    (ev,) = events(sv.registration("gen-1", True, 15.0), E.RECOVERED)
+    assert sv.components["gen-1"].state == C.HEALTHY and "registered in the cluster storage again" in ev.reason
+    sv.registration("gen-1", False, 40.0)  # lost again later: its grace starts afresh
+    assert sv.registration("gen-1", False, 59.0) == [] and sv.components["gen-1"].state == C.UNREGISTERED
+
+
+def test_the_grace_is_at_least_what_the_worker_takes_to_register_again_by_itself():
+    sv = Supervisor(policy(unhealthy_after_s=4), dict(ROLES), unregistered_after_s=10.0)
+    assert sv.unregistered_after_s == 10.0
+    assert Supervisor(policy(unhealthy_after_s=30), dict(ROLES), unregistered_after_s=10.0).unregistered_after_s == 30
+
+
+def test_a_restarted_worker_is_judged_once_it_has_registered_or_its_start_up_time_is_over():
+    sv = registered_serving()
+    t = sv.components["gen-0"]
+    sv.exited("gen-0", -9, 100.0)
+    sv.tick(102.0)
+    sv.probed("gen-0", True, 104.0)
+    assert t.state == C.HEALTHY
+    assert sv.registration("gen-0", False, 105.0) == []  # it registers after it serves (TensorRT-LLM's order)
+    assert sv.registration("gen-0", True, 106.0) == [] and t.registered
+    assert kinds(sv.registration("gen-0", False, 107.0)) == [E.UNREGISTERED]
+    sv.exited("gen-1", -9, 200.0)
+    sv.tick(202.0)
+    sv.probed("gen-1", True, 204.0)
+    assert sv.registration("gen-1", False, 261.0) == []  # never registered, within startup_timeout_s (60) of start
+    (ev,) = events(sv.registration("gen-1", False, 262.0), E.UNREGISTERED)
+    assert "not registered within 60s of its start" in ev.reason
+
+
+def test_a_worker_without_its_key_that_stops_answering_is_unhealthy_counted_from_when_its_key_went():
+    sv = registered_serving()
+    sv.registration("gen-0", False, 10.0)
+    sv.probed("gen-0", False, 12.0)
+    t = sv.components["gen-0"]
+    assert t.state == C.UNHEALTHY and t.bad_since == 10.0
+    assert kinds(sv.probed("gen-0", False, 30.0))[-1] == "Kill"
+
+
+def test_under_fail_fast_a_worker_not_registered_again_in_time_ends_the_run():
+    sv = registered_serving(policy="fail-fast")
+    sv.registration("ctx-0", False, 1.0)
+    actions = sv.registration("ctx-0", False, 21.0)
+    (fail,) = [a for a in actions if isinstance(a, Fail)]
+    assert fail.component == "ctx-0" and "not registered in the cluster storage for 20s" in fail.reason

@@ -13,7 +13,7 @@ import yaml
 
 from toolkit.facts import llm_args
 
-from toolkit.facts import trtllm as versions
+from toolkit.facts import versions
 from toolkit.errors import RecipeError, TkError
 from toolkit.plan import build_plan
 from toolkit.recipe import load_recipe
@@ -60,7 +60,7 @@ def _line_overrides(path, line):
 
 def _all_version_renders():
     for path in RECIPES:
-        for line in versions.SUPPORTED:
+        for line in versions.supported():
             try:
                 plan = plan_for(path, *_line_overrides(path, line))
             except RecipeError:
@@ -70,14 +70,14 @@ def _all_version_renders():
 
 def test_every_shipped_trtllm_recipe_renders_for_every_line_from_its_own():
     """A recipe renders for every line from the oldest that has the options it sets: any line where it sets
-    nothing newer, from 1.3 where it uses 1.3's fields (the 1.3 recipes)."""
+    nothing newer, from its own line where it is a line's recipe (NAME-1.3, NAME-1.4: it uses that line's fields)."""
     rendered = {p.id for p in _all_version_renders()}
     for path in RECIPES:
         if path.stem == "standin-2p2d":
             continue  # sets kv_transfer_timeout_ms explicitly, which 1.0/1.1 lack (refused by design)
         own = plan_for(path).trtllm_version
-        lines = versions.SUPPORTED[versions.SUPPORTED.index(own):] if path.stem.endswith("-1.3") else \
-            versions.SUPPORTED
+        pinned = path.stem.rsplit("-", 1)[-1] in versions.supported()
+        lines = versions.supported()[versions.supported().index(own):] if pinned else versions.supported()
         assert {f"{path.stem}-{line}" for line in lines} <= rendered, path.stem
 
 

@@ -50,7 +50,7 @@ def test_user_buffer_smaller_than_longest_input_is_a_warning_where_tensorrt_llm_
     assert p.buffer.max_tokens_in_buffer == 2048
     assert any("smaller than the longest input" in w and "buffers allocated for each request" in w
                for w in p.warnings)
-    p = plan_of(BASE, "trtllm_version=1.3.0rc24", "kv_transfer.runtime=PYTHON", "traffic.max_input_len=4096",
+    p = plan_of(BASE, "trtllm_version=1.3.0rc27", "kv_transfer.runtime=PYTHON", "traffic.max_input_len=4096",
                 "kv_transfer.max_tokens_in_buffer=2048")
     assert p.kv_transfer.transceiver.runtime.value == "PYTHON"
     assert not any("smaller than the longest input" in w for w in p.warnings)
@@ -336,6 +336,25 @@ def test_gpu_request_defaults_to_gres_and_renders_each_form():
     assert plan_of(BASE, "cluster.gpu_request=none").slurm.gpu_directives == ()
 
 
+def test_an_engine_that_uses_no_gpu_asks_slurm_for_none_unless_the_recipe_says():
+    """Round 3 left standin-1p1d-1.3 (and standin-lab-1p1d) asking the rehearsal cluster for --gres=gpu:2, which a
+    partition without GPU gres refuses: the CPU stand-in's default request is none, from its engine profile."""
+    from toolkit import api
+    from toolkit.facts.engines import ENGINES
+
+    assert ENGINES["trtllm"].uses_gpus and not ENGINES["standin"].uses_gpus
+    from toolkit.render import render_files
+
+    for row in [r for r in api.list_recipes() if r["engine"] == "standin"]:
+        plan = api.load_plan(row["name"])
+        assert plan.slurm.gpu_directives == (), row["name"]
+        assert "--gres" not in render_files(plan)["launch.sbatch"], row["name"]
+    asked = api.load_plan("standin-1p1d-1.3", ["cluster.gpu_request=gres"])  # said in the recipe: rendered as said
+    assert asked.slurm.gpu_directives == ("--gres=gpu:2",)
+    # the resolved recipe (manifest.json, what tk bench and the baseline rebuild the plan from) keeps "the engine's"
+    assert api.load_plan("standin-1p1d-1.3").recipe["cluster"]["gpu_request"] is None
+
+
 @pytest.mark.parametrize("field,arg,owner", [
     ("sbatch_args", "--nodes=3", "--nodes"), ("sbatch_args", "--node=3", "abbreviation"),
     ("sbatch_args", "--output=x.log", "--output"), ("sbatch_args", "--gres=gpu:4", "cluster.gpu_request"),
@@ -361,3 +380,30 @@ def test_harmless_extra_slurm_arguments_are_rendered():
                 'cluster.srun_args=["--container-writable", "--cpu-bind=none"]')
     assert p.slurm.sbatch_args == ("--constraint=h100", "--exclude=node1,node2", "--qos=high")
     assert p.slurm.srun_args == ("--container-writable", "--cpu-bind=none")
+
+
+# --- rules after derivation ----------------------------------------------------------------------
+
+def test_the_planner_derives_first_and_every_rule_only_reads_and_reports():
+    """The derivation is complete for a recipe that breaks rules; then every rule in RULES reads it and reports to
+    the collector, returning nothing and changing nothing (a rule never computes plan data)."""
+    import copy
+
+    from toolkit.plan.derive import derive
+    from toolkit.plan.rules import RULES, Collector
+    from toolkit.recipe import load_recipe_text
+
+    broken = load_recipe_text(BASE, "r.yaml", ["kv_transfer.max_tokens_in_buffer=1050", "context.tp=3",
+                                               "membership.enabled=true", "membership.storage=http",
+                                               "supervision.backoff_initial_s=500", "supervision.backoff_max_s=60"])
+    d = derive(broken)  # no RecipeError: deriving refuses nothing
+    assert d.membership is not None and d.membership.unauthenticated and d.buffer.max_tokens_in_buffer == 1050
+    assert set(d.memories) == {"context", "generation"} and d.context.instances and d.generation.instances
+    before = copy.deepcopy(d)
+    c = Collector(broken)
+    for rule in RULES:
+        assert rule(d, c) is None, rule
+    assert d == before
+    assert {"kv_transfer.max_tokens_in_buffer", "context.tp", "membership.storage",
+            "supervision.backoff_initial_s"} <= fields(c.violations)
+    assert fields(c.violations) == fields(violations_of(BASE, *broken.overrides))  # what build_plan refuses

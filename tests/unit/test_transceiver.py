@@ -8,6 +8,7 @@ import json
 import pytest
 
 from tests.unit.helpers import BASE, plan_of, tk_in_process
+from toolkit.facts import llm_args
 from toolkit.facts import transceiver as T
 
 MIB = 1 << 20
@@ -27,43 +28,81 @@ def test_a_1_2_recipe_moves_one_staged_descriptor_per_rank_pair_of_the_request_s
     assert (d.count, d.tokens, d.blocks) == (1, 8192, 256)
     assert d.bytes_each == d.total_bytes == 8192 * 32 * 2 * 1024  # the pair's heads, every layer, K and V: 512 MiB
     assert t.model.startswith("C++ transceiver: staged-per-rank-pair, 1 descriptor per rank pair of 512.0 MiB")
-    assert "unset (None)" in t.runtime_reason and "no transceiver_runtime" in t.default_source
+    # 1.2's own snapshot has no transceiver_runtime: the C++ transceiver, cited from 1.2's file (not the 1.3
+    # manifest after it, which has the field)
+    assert "no transceiver_runtime" in t.runtime_reason and "llm_args.py @ 3e906a0ed7c6" in t.default_source
+    assert t.verified
 
 
 def test_a_1_3_recipe_on_the_python_runtime_moves_the_mapper_s_lists():
     """TP differs: HeadMismatchMapper, one descriptor per block x layer x K/V of the shared heads (peer.py)."""
-    p = plan_of(LLAMA8, "quantization=bfloat16", "trtllm_version=1.3.0rc24", "kv_transfer.runtime=PYTHON",
+    p = plan_of(LLAMA8, "quantization=bfloat16", "trtllm_version=1.3.0rc27", "kv_transfer.runtime=PYTHON",
                 "generation.tp=2", "traffic.max_input_len=8192")
     t = p.kv_transfer.transceiver
     assert (t.runtime, t.layout) == (T.Runtime.PYTHON, T.Layout.HEAD_MISMATCH)
     assert (t.longest.count, t.longest.bytes_each) == (256 * 32 * 2, 32 * 1024)
     assert t.longest.total_bytes == 8192 * 32 * 2 * 1024  # the same bytes as the C++ transceiver's one descriptor
-    same = plan_of(LLAMA8, "quantization=bfloat16", "trtllm_version=1.3.0rc24", "kv_transfer.runtime=PYTHON")
+    same = plan_of(LLAMA8, "quantization=bfloat16", "trtllm_version=1.3.0rc27", "kv_transfer.runtime=PYTHON")
     assert (same.kv_transfer.transceiver.layout, same.kv_transfer.transceiver.longest.count) == (T.Layout.PER_BLOCK, 128)
     assert same.kv_transfer.transceiver.longest.bytes_each == 32 * 32 * 2 * 2048  # a whole block: 4 MiB
 
 
-def test_the_1_3_default_auto_picks_the_python_transceiver_on_nixl_only():
-    """llm_args.py @ 0004396 (1.3.0rc24..rc26): 'auto' selects the Python transceiver, the C++ one for a non-NIXL
-    backend or a null kv_transfer_timeout_ms; 1.3.0rc18..rc20 has no 'auto' (default None: C++)."""
-    nixl = plan_of(LLAMA8, "trtllm_version=1.3.0rc24").kv_transfer.transceiver
-    assert (nixl.runtime, nixl.runtime_setting) == (T.Runtime.PYTHON, "auto")
-    assert "manifest.json @ 000439672005" in nixl.default_source
-    ucx = plan_of(LLAMA8, "trtllm_version=1.3.0rc24", "kv_transfer.backend=UCX").kv_transfer.transceiver
+def test_the_default_and_what_it_selects_are_the_generated_data_s():
+    """manifest@0004396 (1.3.0rc27..1.4.0rc1): default 'auto', which selects the Python transceiver, the C++ one for
+    a non-NIXL backend or a null kv_transfer_timeout_ms; manifest@92e3075 (1.3.0rc18..rc20): default null (C++).
+    Each read from trtllm_data.json (llm_args.entry: default, resolves), none from tk's code."""
+    for release in ("1.3.0rc27", "1.4.0rc1"):
+        nixl = plan_of(LLAMA8, f"trtllm_version={release}").kv_transfer.transceiver
+        assert (nixl.runtime, nixl.runtime_setting, nixl.verified) == (T.Runtime.PYTHON, "auto", True)
+        assert "manifest.json @ 000439672005" in nixl.default_source and "default 'auto'" in nixl.default_source
+        entry = llm_args.entry(T.RUNTIME_PATH, llm_args.Target(release[:3], release))
+        assert entry["default"] == nixl.runtime_setting and entry["resolves"]["auto"] == nixl.runtime.value
+    ucx = plan_of(LLAMA8, "trtllm_version=1.3.0rc27", "kv_transfer.backend=UCX").kv_transfer.transceiver
     assert ucx.runtime is T.Runtime.CPP and "backend UCX" in ucx.runtime_reason
     early = plan_of(LLAMA8, "trtllm_version=1.3.0rc20").kv_transfer.transceiver
-    assert (early.runtime, early.runtime_setting) == (T.Runtime.CPP, None)
-    assert T.resolve_runtime("auto", "NIXL", timeout_ms_null=True)[0] is T.Runtime.CPP
-    assert T.resolve_runtime(None, "NIXL")[0] is T.Runtime.CPP  # None is equivalent to CPP
+    assert (early.runtime, early.runtime_setting) == (T.Runtime.CPP, None) and "92e3075299d7" in early.default_source
+    rc27 = llm_args.Target("1.3", "1.3.0rc27")
+    assert T.choose_runtime(rc27, True, "auto", "NIXL", timeout_ms_null=True).runtime is T.Runtime.CPP
+    assert T.choose_runtime(rc27, True, None, "NIXL").runtime is T.Runtime.CPP  # None is equivalent to CPP
 
 
-def test_the_default_comes_from_the_generated_data_when_it_records_one():
-    fields = {T.RUNTIME_PATH: {"allowed": ["CPP", "PYTHON", "auto"], "default": "PYTHON"}}
-    assert T.snapshot_default(fields, "1.4", "a snapshot").setting == "PYTHON"
-    fields = {T.RUNTIME_PATH: {"allowed": ["CPP", "PYTHON", "auto"]}}
-    assert T.snapshot_default(fields, "1.4", "a snapshot").setting == "auto"  # a newer line: the newest line's
-    assert T.snapshot_default({T.RUNTIME_PATH: {"allowed": ["CPP", "PYTHON"]}}, "1.3", "s").setting is None
-    assert T.snapshot_default({}, "1.2", "s").setting is None
+def test_what_a_setting_selects_follows_the_data_not_the_code():
+    """A snapshot whose data says 'auto' selects the C++ transceiver is read so; a snapshot without the field has
+    only the C++ transceiver; a setting the snapshot does not resolve is left to the rules (None)."""
+    flipped = T.SnapshotRuntime("a snapshot", "1.9", has_field=True, default="auto",
+                                resolves=(("auto", "CPP"), ("auto_when_not_nixl", "CPP"), ("null", "PYTHON")))
+    assert flipped.select("auto", "NIXL", False)[0] is T.Runtime.CPP
+    assert flipped.select(None, "NIXL", False)[0] is T.Runtime.PYTHON
+    assert flipped.select("auto", "NIXL", True) is None  # the data says nothing of auto with a null timeout
+    assert T.SnapshotRuntime("s", "1.2", has_field=False).select("PYTHON", "NIXL", False)[0] is T.Runtime.CPP
+
+
+def test_a_release_between_snapshots_that_disagree_is_planned_from_the_newer_and_named_unverified():
+    """1.3.0rc23 lies between manifest@92e3075 (null: C++) and manifest@0004396 ('auto': Python on NIXL): the plan
+    takes the newer one's, as llm_args reads every field there, says which transceiver is unverified, and refuses
+    no buffer that only the C++ transceiver would fail."""
+    p = plan_of(LLAMA8, "trtllm_version=1.3.0rc23")
+    t = p.kv_transfer.transceiver
+    assert (t.runtime, t.verified) == (T.Runtime.PYTHON, False)
+    assert any("which cache transceiver TensorRT-LLM 1.3.0rc23 runs is unverified" in w for w in p.warnings)
+    p = plan_of(LLAMA8, "trtllm_version=1.3.0rc23", "traffic.max_input_len=4096",
+                "kv_transfer.max_tokens_in_buffer=2048")  # no RecipeError
+    assert any("smaller than the longest input" in w and "Agent need all buffer pre-allocated" in w
+               for w in p.warnings)
+    chosen = plan_of(LLAMA8, "trtllm_version=1.3.0rc23", "kv_transfer.runtime=CPP")
+    assert chosen.kv_transfer.transceiver.verified and not any("unverified" in w and "transceiver" in w
+                                                               for w in chosen.warnings)
+
+
+def test_the_1_4_recipe_plans_the_python_transceiver_and_a_1_2_recipe_the_cpp_staged_one():
+    from tests.conftest import ROOT
+    from toolkit.plan import build_plan
+    from toolkit.recipe import load_recipe
+
+    py = build_plan(load_recipe(ROOT / "recipes" / "standin-1p1d-1.4.yaml")).kv_transfer.transceiver
+    assert (py.runtime, py.layout, py.runtime_setting) == (T.Runtime.PYTHON, T.Layout.PER_BLOCK, "auto")
+    cpp = build_plan(load_recipe(ROOT / "recipes" / "llama-3.1-8b-1node.yaml")).kv_transfer.transceiver
+    assert (cpp.runtime, cpp.layout, cpp.longest.count) == (T.Runtime.CPP, T.Layout.STAGED, 1)
 
 
 def test_pipeline_parallelism_that_differs_moves_blocks_over_the_shared_layers():
@@ -83,7 +122,7 @@ def test_the_bounce_buffer_coalesces_what_clears_its_gate():
     assert small.total_bytes == MIB
     assert T.layout_for(T.Runtime.PYTHON, T.Layout.HEAD_MISMATCH, 1024, small.total_bytes) is T.Layout.HEAD_MISMATCH
     assert T.layout_for(T.Runtime.CPP, T.Layout.HEAD_MISMATCH, 1024, big.total_bytes) is T.Layout.STAGED
-    p = plan_of(LLAMA8, "quantization=bfloat16", "trtllm_version=1.3.0rc24", "kv_transfer.runtime=PYTHON",
+    p = plan_of(LLAMA8, "quantization=bfloat16", "trtllm_version=1.3.0rc27", "kv_transfer.runtime=PYTHON",
                 "kv_transfer.bounce_size_mb=1024", "generation.tp=2", "traffic.max_input_len=8192")
     t = p.kv_transfer.transceiver
     assert (t.layout, t.longest.count, t.bounce_size_mb) == (T.Layout.BOUNCE, 1, 1024)

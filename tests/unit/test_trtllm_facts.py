@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from toolkit.facts import llm_args
-from toolkit.facts import trtllm as versions
+from toolkit.facts import versions
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA = json.loads((ROOT / "toolkit" / "facts" / "trtllm_data.json").read_text())
@@ -63,12 +63,12 @@ def test_the_data_file_is_generated_from_the_sources_file_as_committed():
         assert mine["line"] == theirs["line"] and mine.get("source", {}).get("commit") == theirs.get("commit")
         assert (mine["first_release"], mine["last_release"]) == (theirs["first_release"], theirs["last_release"])
     assert [(r["old"], r["new"]) for r in DATA["renames"]] == [(r["old"], r["new"]) for r in SOURCES["renames"]]
-    assert set(DATA["env"]) == set(DATA["proxy"]) == set(versions.SUPPORTED)
+    assert set(DATA["env"]) == set(DATA["proxy"]) == set(versions.supported())
 
 
 def test_every_supported_line_has_facts_and_the_newest_manifest_lists_the_1_3_transceiver_fields():
-    lines = {s["line"] for s in DATA["snapshots"]}
-    assert set(versions.SUPPORTED) <= lines
+    for line in versions.supported():  # its own snapshots, or (a line before its first manifest) the nearest ones
+        assert llm_args.snapshots_of(line), line
     newest = DATA["snapshots"][-1]
     assert newest["kind"] == "manifest"
     for key in ("transceiver_runtime", "kv_transfer_poll_interval_ms", "kv_cache_bounce_size_mb",
@@ -208,7 +208,7 @@ def test_a_missing_source_file_is_named_and_nothing_is_written(small_sources, tm
 
 
 def test_a_key_of_every_snapshot_of_a_line_is_known_and_one_no_version_has_gets_a_did_you_mean():
-    target = llm_args.Target("1.3", "1.3.0rc26")
+    target = llm_args.Target("1.3", "1.3.0rc27")
     assert llm_args.status(target, "cache_transceiver_config.enable_pipelined_transfer").verdict \
         is llm_args.Verdict.KNOWN
     st = llm_args.status(target, "cache_transceiver_config.max_tokens_in_bufer")
@@ -216,7 +216,94 @@ def test_a_key_of_every_snapshot_of_a_line_is_known_and_one_no_version_has_gets_
 
 
 def test_a_value_outside_the_manifest_s_allowed_values_is_refused_with_them():
-    target = llm_args.Target("1.3", "1.3.0rc26")
+    target = llm_args.Target("1.3", "1.3.0rc27")
     st = llm_args.value_status(target, "cache_transceiver_config.transceiver_runtime", "RUST")
     assert st is not None and st.verdict is llm_args.Verdict.ABSENT and "PYTHON" in st.reason + st.fix
     assert llm_args.value_status(target, "cache_transceiver_config.transceiver_runtime", "PYTHON") is None
+
+
+# --- value kinds, supplements, rows, reuse --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("annotation,kind,allowed,converter,expect", [
+    ("<class 'int'>", "value", [], "", {"type": "int"}),
+    ("Optional[Annotated[int, Gt(gt=0)]]", "value", [], "", {"type": "int", "gt": 0, "optional": True}),
+    ("Optional[PositiveInt]", "value", [], "", {"type": "int", "ge": 1, "optional": True}),
+    ("Optional[List[Annotated[int, Gt(gt=0)]]]", "value", [], "", {"type": "list", "items": {"type": "int", "gt": 0},
+                                                                     "optional": True}),
+    ("Optional[Literal['CPP', 'PYTHON']]", "categorical", ["CPP", "PYTHON"], "",
+     {"type": "enum", "values": ["CPP", "PYTHON"], "optional": True}),
+    ("Literal['AUTO']", "categorical", ["AUTO", "MTP"], "", {"type": "enum", "values": ["AUTO", "MTP"]}),  # all arms
+    ("<class 'str'>", "categorical", ["auto", "fp8"], "allowlist", {"type": "enum", "values": ["auto", "fp8"],
+                                                                     "open": True}),
+    ("Union[bool, Literal['auto']]", "value", ["auto"], "", {"type": "union", "of": [
+        {"type": "bool"}, {"type": "enum", "values": ["auto"]}]}),
+    ("Optional[Dict[str, str]]", "value", [], "", {"type": "dict", "optional": True}),
+    ("Optional[Union[str, Path]]", "value", [], "", {"type": "str", "optional": True}),
+    ("dispatch key", "categorical", ["MTP", "Eagle"], "", {"type": "enum", "values": ["MTP", "Eagle"]}),
+    ("Optional[CudaGraphConfig]", "section", [], "", {"type": "model", "optional": True}),
+    ("", "value", [], "", None),  # tk's hand tables record no type
+])
+def test_every_annotation_becomes_a_value_kind(annotation, kind, allowed, converter, expect):
+    assert gen.value_kind(gen.field(annotation, kind, allowed, converter)) == expect
+
+
+def test_llm_args_py_gives_defaults_and_field_bounds(small_sources):
+    sources, _, src = small_sources
+    (src / C1 / "tensorrt_llm/llmapi/llm_args.py").write_text(LLM_ARGS.replace(
+        "max_tokens_in_buffer: Optional[int] = None",
+        "max_tokens_in_buffer: Optional[int] = Field(default=None, ge=1)\n    poll_ms: int = Field(default=5000)"))
+    fields = gen.generate(sources, src)["snapshots"][0]["fields"]
+    assert fields["cache_transceiver_config.poll_ms"]["default"] == 5000
+    assert fields["cache_transceiver_config.max_tokens_in_buffer"]["value"] == {"type": "int", "optional": True, "ge": 1}
+    assert fields["kv_cache_config.enable_block_reuse"]["default"] is True
+
+
+def test_supplements_add_bounds_values_and_defaults_with_their_evidence(small_sources):
+    sources, _, src = small_sources
+    sources["supplements"] = [
+        {"snapshots": "*", "path": "tensor_parallel_size", "value": {"ge": 1}, "default": 1, "evidence": "E1"},
+        {"snapshots": ["new"], "path": "cache_transceiver_config.backend", "values": ["UCX"], "evidence": "E2"},
+        {"snapshots": ["new"], "path": "speculative_config.speculative_model", "annotation": "Optional[str]",
+         "evidence": "E3"}]
+    new = gen.generate(sources, src)["snapshots"][1]["fields"]
+    assert new["tensor_parallel_size"]["value"]["ge"] == 1 and new["tensor_parallel_size"]["default"] == 1
+    assert new["tensor_parallel_size"]["evidence"] == ["E1"]
+    assert new["cache_transceiver_config.backend"]["value"]["values"] == ["UCX"]
+    assert "supplement" in new["speculative_config.speculative_model"]["flags"]
+    sources["supplements"] = [{"snapshots": ["nope"], "path": "a", "value": {}, "evidence": "x"}]
+    with pytest.raises(gen.SourceError, match="no snapshot nope"):
+        gen.generate(sources, src)
+
+
+def test_a_line_row_repeats_its_base_and_names_only_known_keys(small_sources):
+    sources, _, src = small_sources
+    base = {"line": "9.0", "release": "9.0.1", "releases": ["9.0.0", "9.0.1"], "prerelease": False,
+            "nixl_transports": ["UCX"], "cluster_storages": [], "mtp_kv_layers": "one", "internal_port_envs": [],
+            "serve_config_flag": True, "proxy_metadata_flag": True, "notes": ["n"]}
+    sources["lines"] = [base, {"line": "9.1", "base": "9.0", "release": "9.1.0rc3", "releases": ["9.1.0rc0", "9.1.0rc3"],
+                               "prerelease": True}]
+    rows = gen.generate(sources, src)["lines"]
+    assert rows[1]["nixl_transports"] == ["UCX"] and rows[1]["prerelease"] is True and rows[1]["notes"] == []
+    sources["lines"] = [{**base, "colour": "red"}]
+    with pytest.raises(gen.SourceError, match="colour"):
+        gen.generate(sources, src)
+
+
+def test_the_committed_data_regenerates_from_the_sources_file_with_reuse(tmp_path):
+    """Every fact in the data file is what the sources file says, regenerated (no file at hand: --reuse)."""
+    out = tmp_path / "data.json"
+    out.write_text((ROOT / "toolkit/facts/trtllm_data.json").read_text())
+    assert gen.main(["--from-dir", str(tmp_path / "none"), "--reuse", "--output", str(out), "--check"]) == 0
+
+
+def test_the_transceiver_runtime_default_and_what_it_selects_per_release():
+    """What the transceiver model reads: TensorRT-LLM's default of transceiver_runtime, per release, and what each
+    value selects (llm_args.py @ 0004396: 'auto' is the Python transceiver with NIXL and a finite timeout)."""
+    path = "cache_transceiver_config.transceiver_runtime"
+    before = llm_args.entry(path, llm_args.Target("1.3", "1.3.0rc19"))
+    assert before["default"] is None and before["resolves"]["null"] == "CPP"
+    for target in (llm_args.Target("1.3", "1.3.0rc27"), llm_args.Target("1.4", "1.4.0rc1"), llm_args.Target("1.4")):
+        now = llm_args.entry(path, target)
+        assert now["default"] == "auto" and now["resolves"]["auto"] == "PYTHON", target
+        assert now["resolves"]["auto_when_not_nixl"] == "CPP" and now["evidence"]

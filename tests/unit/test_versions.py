@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from toolkit.errors import RecipeError
-from toolkit.facts import trtllm
+from toolkit.facts import llm_args, trtllm, versions
 from toolkit.plan import build_plan
 from toolkit.recipe import load_recipe, load_recipe_text
 from tests.conftest import RECIPES
@@ -44,13 +44,13 @@ def refused(image: str, *overrides: str, version: str | None = None):
     ("1.3.0rc1", "1.3", True),
 ])
 def test_versions_map_to_their_release_line(text, line, pre):
-    v = trtllm.parse_version(text)
+    v = versions.parse_version(text)
     assert (v.line, v.prerelease) == (line, pre)
 
 
 @pytest.mark.parametrize("text", ["", "1", "v1.2", "1.2.0-rc1", "latest", "1.2.0\n", "1.2.x", "１.２"])
 def test_what_is_not_a_version(text):
-    assert trtllm.parse_version(text) is None
+    assert versions.parse_version(text) is None
 
 
 @pytest.mark.parametrize("text,line", [("1.2.1", "1.2"), ("1.0.0", "1.0"), ("1.1.0rc5", "1.1")])
@@ -70,7 +70,7 @@ def test_patch_and_pre_releases_select_their_line_in_a_recipe(text, line):
     ("registry.local:5000/nvidia/tensorrt-llm/release:1.0.0", "1.0.0"),
 ])
 def test_readable_image_tags(image, text):
-    assert trtllm.image_version(image).version.text == text
+    assert versions.image_version(image).version.text == text
 
 
 @pytest.mark.parametrize("image,why", [
@@ -79,7 +79,7 @@ def test_readable_image_tags(image, text):
     ("/images/trtllm-1.2.0.sqsh", "image file"), ("myorg/trtllm:1.2.0", "not one of"),
 ])
 def test_unreadable_image_tags_say_why(image, why):
-    found = trtllm.image_version(image)
+    found = versions.image_version(image)
     assert found.version is None and why in found.reason
 
 
@@ -98,7 +98,7 @@ def test_the_line_is_derived_from_the_image_when_the_recipe_names_none(tag, line
 def test_without_an_image_the_default_is_the_newest_line():
     text = RECIPE.replace("  container_image: {image}\n", "")
     lr = load_recipe_text(text, "r.yaml")
-    assert (lr.recipe.trtllm_version, lr.version_source, lr.warnings) == (trtllm.LATEST, "default", ())
+    assert (lr.recipe.trtllm_version, lr.version_source, lr.warnings) == (versions.latest(), "default", ())
 
 
 def test_a_version_written_in_the_file_that_contradicts_the_image_is_refused_at_its_line():
@@ -126,9 +126,16 @@ def test_set_image_alone_that_contradicts_the_files_version_blames_the_image():
 
 
 def test_an_image_of_a_line_tk_has_no_facts_for_is_refused():
-    v = refused(f"{IMG}:1.4.0rc1")
-    assert v.field == "cluster.container_image" and "1.4.0rc1" in v.message
+    v = refused(f"{IMG}:1.9.0rc1")
+    assert v.field == "cluster.container_image" and "1.9.0rc1" in v.message
     assert f"{PYXIS_IMG}:1.2.0" in v.fix
+
+
+@pytest.mark.parametrize("version,line", [("1.4.0rc1", "1.4"), ("1.4.0rc0", "1.4"), ("1.3.0rc27", "1.3")])
+def test_the_1_4_line_and_1_3_0rc27_images_plan_with_their_release(version, line):
+    plan = build_plan(loaded(f"{IMG}:{version}"))
+    assert (plan.trtllm_version, plan.target_release) == (line, version)
+    assert not [w for w in plan.warnings if "that tk knows of" in w]
 
 
 def test_a_1_3_pre_release_image_selects_the_1_3_line_and_its_release():
@@ -148,7 +155,7 @@ def test_an_unreadable_tag_is_a_plan_warning_not_an_error(version):
     if version:
         assert plan.trtllm_version == "1.1" and "trtllm_version 1.1" in w
     else:
-        assert plan.trtllm_version == trtllm.LATEST and "set trtllm_version" in w
+        assert plan.trtllm_version == versions.latest() and "set trtllm_version" in w
 
 
 def test_a_pre_release_image_is_named_in_a_warning():
@@ -165,8 +172,8 @@ def test_a_pre_release_image_is_named_in_a_warning():
 def test_a_release_tk_does_not_know_was_published_is_a_warning_naming_the_known_releases(version, image, field):
     plan = build_plan(loaded(image, version=version))
     [w] = [w for w in plan.warnings if "that tk knows of" in w]
-    line = trtllm.parse_version(image.rsplit(":", 1)[1]).line
-    first, last = trtllm.KNOWN_RELEASES[line]
+    line = versions.parse_version(image.rsplit(":", 1)[1]).line
+    first, last = versions.get(line).releases
     assert w.startswith(f"{field}: TensorRT-LLM has no release") and f"{first} .. {last}" in w
     assert plan.trtllm_version == line
 
@@ -200,20 +207,20 @@ def test_every_shipped_recipe_is_coherent(path):
     image = lr.recipe.cluster.container_image
     if image and lr.recipe.engine == "trtllm":
         assert lr.version_source in ("image", "recipe")
-        assert trtllm.image_version(image).version.line == plan.trtllm_version
+        assert versions.image_version(image).version.line == plan.trtllm_version
     assert not any("cannot read" in w for w in plan.warnings)
 
 
 # --- W4: keys whose acceptance by a line is unverified --------------------------------------------------------
 
 def test_every_unverified_key_has_one_facts_row_with_a_default_and_a_source():
-    for fact in trtllm.OPTION_FACTS:
+    for fact in trtllm.option_facts():
         assert fact.source and fact.default is not None
-        for line in trtllm.SUPPORTED:
-            assert trtllm.acceptance(trtllm.get(line), fact) in (trtllm.VERIFIED, trtllm.UNVERIFIED)
-    [tpb] = [f for f in trtllm.OPTION_FACTS if f.dotted == "kv_cache_config.tokens_per_block"]
-    assert tpb.default == 32 and trtllm.acceptance(trtllm.get("1.0"), tpb) == trtllm.UNVERIFIED
-    assert trtllm.acceptance(trtllm.get("1.2"), tpb) == trtllm.VERIFIED
+        for line in versions.supported():
+            assert trtllm.acceptance(trtllm.get(line), fact) in (llm_args.Verdict.KNOWN, llm_args.Verdict.UNSURE)
+    [tpb] = [f for f in trtllm.option_facts() if f.dotted == "kv_cache_config.tokens_per_block"]
+    assert tpb.default == 32 and trtllm.acceptance(trtllm.get("1.0"), tpb) == llm_args.Verdict.UNSURE
+    assert trtllm.acceptance(trtllm.get("1.2"), tpb) == llm_args.Verdict.KNOWN
 
 
 @pytest.mark.parametrize("tag,written", [("1.0.0", False), ("1.1.0", True), ("1.2.0", True)])
@@ -250,13 +257,13 @@ def _deepseek(*overrides):
 @pytest.mark.parametrize("line", ["1.0", "1.1", "1.2"])
 def test_released_lines_allocate_one_kv_layer_per_mtp_layer(line):
     v = trtllm.get(line)
-    assert [trtllm.mtp_kv_layers(v, n) for n in (0, 1, 3)] == [0, 1, 3]
+    assert [versions.mtp_kv_layers(v, n) for n in (0, 1, 3)] == [0, 1, 3]
 
 
 def test_the_1_3_line_allocates_one_kv_layer_for_mtp_eagle_one_model():
     # speculative/utils.py @ 011d0933 (2026): get_num_spec_layers returns 1 for MTP-Eagle one-model
     v = trtllm.get("1.3")
-    assert [trtllm.mtp_kv_layers(v, n) for n in (0, 1, 3)] == [0, 1, 1]
+    assert [versions.mtp_kv_layers(v, n) for n in (0, 1, 3)] == [0, 1, 1]
 
 
 def test_deepseek_r1_with_mtp3_moves_64_layers_of_576_bytes_in_fp8():

@@ -28,7 +28,7 @@ RECIPE = str(ROOT / "recipes" / "standin-2p2d.yaml")
 SMALL = ["--iterations", "3", "--warmup", "1", "--sweep-iterations", "2", "--transfer-timeout", "5",
          "--rendezvous-timeout", "5", "--timeout", "120"]
 AGENT_PACKAGE = ROOT / "validation"
-AS_1_3 = ("--set", "trtllm_version=1.3.0rc24")  # the Python transceiver (auto on NIXL): descriptor lists
+AS_1_3 = ("--set", "trtllm_version=1.3.0rc27")  # the Python transceiver (auto on NIXL): descriptor lists
 
 
 def validate(tmp_path, *extra, fault=None, json_out=True, timeout=180, base=SMALL):
@@ -157,7 +157,7 @@ def test_a_1_3_recipe_moves_the_python_transceiver_s_lists_and_sweeps_and_reads_
 # 2 warm-up + 10 timed transfers per request, in a pool of 13 MiB: the 1024-token request gets 5 destination
 # slots (bursts of 5, 5, 2), the 512-token one 10 (bursts of 10, 2). Large recipes run this way by default
 # (Llama-3.3-70B gets fewer than 12 slots at the default 256 MiB cap).
-BURSTS = ["--iterations", "10", "--warmup", "2", "--max-memory-mb", "13", "--lengths", "512,1024", "--no-sweep",
+BURSTS = ["--iterations", "10", "--warmup", "2", "--max-memory-mb", "13", "--lengths", "512,1024", "--no-sweep", "--no-curve",
           "--transfer-timeout", "10", "--rendezvous-timeout", "5", "--timeout", "150"]
 
 
@@ -212,7 +212,7 @@ def test_human_output_is_a_table_on_stderr(tmp_path):
 @pytest.mark.nixl
 @pytest.mark.slow
 def test_corrupted_buffer_fails_naming_the_pair_block_and_offset(tmp_path):
-    report, bad = failed_pairs(validate(tmp_path, "--nodes", "4", "--no-sweep", fault="corrupt:node2"))
+    report, bad = failed_pairs(validate(tmp_path, "--nodes", "4", "--no-sweep", "--no-curve", fault="corrupt:node2"))
     assert [(p["src"], p["dst"], p["direction"], p["op"]) for p in bad] == [("node0", "node2", "forward", "WRITE")]
     err = bad[0]["error"]
     for needle in ("data mismatch", "node0 -> node2", "128-token request", "block", "offset"):
@@ -224,7 +224,7 @@ def test_corrupted_buffer_fails_naming_the_pair_block_and_offset(tmp_path):
 @pytest.mark.slow
 def test_corruption_moving_back_is_caught_by_the_context_side(tmp_path):
     """generation -> context: the context agent verifies, and names the reverse direction."""
-    _, bad = failed_pairs(validate(tmp_path, "--nodes", "2", "--no-sweep", fault="corrupt:node0"))
+    _, bad = failed_pairs(validate(tmp_path, "--nodes", "2", "--no-sweep", "--no-curve", fault="corrupt:node0"))
     assert [(p["src"], p["dst"], p["direction"], p["op"]) for p in bad] == [("node0", "node1", "reverse", "WRITE")]
     assert "data mismatch node1 -> node0 WRITE (reverse: generation -> context)" in bad[0]["error"]
 
@@ -232,7 +232,7 @@ def test_corruption_moving_back_is_caught_by_the_context_side(tmp_path):
 @pytest.mark.nixl
 @pytest.mark.slow
 def test_agent_killed_mid_run_fails_within_the_bound(tmp_path):
-    report, bad = failed_pairs(validate(tmp_path, "--nodes", "4", "--no-sweep", fault="kill:node2"), within_s=60)
+    report, bad = failed_pairs(validate(tmp_path, "--nodes", "4", "--no-sweep", "--no-curve", fault="kill:node2"), within_s=60)
     assert {(p["src"], p["dst"]) for p in bad} == {("node0", "node2"), ("node1", "node2")}
     assert all("node2" in p["error"] for p in bad)
     assert any("exited with code 137" in p["error"] for p in bad)
@@ -243,7 +243,7 @@ def test_agent_killed_mid_run_fails_within_the_bound(tmp_path):
 @pytest.mark.nixl
 @pytest.mark.slow
 def test_agent_that_stops_answering_fails_its_pairs_within_the_bound(tmp_path):
-    report, bad = failed_pairs(validate(tmp_path, "--nodes", "4", "--no-sweep", "--transfer-timeout", "3",
+    report, bad = failed_pairs(validate(tmp_path, "--nodes", "4", "--no-sweep", "--no-curve", "--transfer-timeout", "3",
                                         fault="hang:node2"), within_s=60)
     assert {(p["src"], p["dst"]) for p in bad} == {("node0", "node2"), ("node1", "node2")}
     assert all("no answer from node2 within 3s" in p["error"] or "node2 stopped answering" in p["error"]
@@ -255,7 +255,7 @@ def test_agent_that_stops_answering_fails_its_pairs_within_the_bound(tmp_path):
 @pytest.mark.nixl
 @pytest.mark.slow
 def test_peer_that_never_shows_up_is_named_within_the_bound(tmp_path):
-    report, bad = failed_pairs(validate(tmp_path, "--nodes", "4", "--no-sweep", "--rendezvous-timeout", "3",
+    report, bad = failed_pairs(validate(tmp_path, "--nodes", "4", "--no-sweep", "--no-curve", "--rendezvous-timeout", "3",
                                         fault="absent:node3"), within_s=60)
     assert {(p["src"], p["dst"]) for p in bad} == {("node0", "node3"), ("node1", "node3")}
     assert all("node3 never showed up" in p["error"] for p in bad)
@@ -267,7 +267,7 @@ def test_peer_that_never_shows_up_is_named_within_the_bound(tmp_path):
 def test_vram_without_a_gpu_is_a_clear_preflight_failure(tmp_path):
     if shutil.which("nvidia-smi"):
         pytest.skip("this machine has nvidia-smi")
-    proc = validate(tmp_path, "--nodes", "2", "--no-sweep", "--memory", "vram")
+    proc = validate(tmp_path, "--nodes", "2", "--no-sweep", "--no-curve", "--memory", "vram")
     assert proc.returncode == 1
     items = [i for i in proc.report["preflight"] if i["name"] == "memory"]
     assert items and all(i["status"] == "fail" and "no GPU" in i["detail"] for i in items)

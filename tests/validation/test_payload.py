@@ -47,9 +47,9 @@ def test_a_1_2_recipe_moves_one_staged_descriptor_per_rank_pair_of_the_request_s
 
 
 def test_a_1_3_recipe_on_the_python_runtime_moves_the_mapper_s_lists():
-    """1.3.0rc24's default transceiver_runtime auto picks the Python transceiver on NIXL; context TP1 -> generation
+    """1.3.0rc27's default transceiver_runtime auto picks the Python transceiver on NIXL; context TP1 -> generation
     TP2 differ in heads: one descriptor per block x layer x K/V (HeadMismatchMapper)."""
-    plan = plan_of(BASE.replace("Llama-3.3-70B", "Llama-3.1-8B"), "trtllm_version=1.3.0rc24", "generation.tp=2",
+    plan = plan_of(BASE.replace("Llama-3.3-70B", "Llama-3.1-8B"), "trtllm_version=1.3.0rc27", "generation.tp=2",
                    "traffic.max_input_len=2048")
     g, lengths, _ = geometry(plan, Options(max_memory_mb=4096))
     assert (g["transfer"]["runtime"], g["transfer"]["layout"]) == ("PYTHON", "head-mismatch")
@@ -318,3 +318,41 @@ def test_ucx_protocol_tables_give_the_rma_transport_per_scope():
         ("inter-node", "remote memory write", ["tcp/eth0"]),  # a TCP fallback the RDMA profiles fail on
         ("inter-node", "remote memory read", ["rc_mlx5/mlx5_0:1", "rc_mlx5/mlx5_1:1"]),
     ]
+
+
+# UCX 1.19 as NIXL 1.5 bundles it prints the title and the operation on one line (as gpu-findings-4 recorded on an H100)
+UCX_CUDA_TABLES = """\
+[1795841642.1] [gpu:5:0]   | ucp_context_0 intra-node cfg#2 | remote memory write by ucp_put*(multi) from cuda/GPU0 to cuda/dev[1] |
+[1795841642.1] [gpu:5:0]   +--------------------------------+---------------------------+---------------+
+[1795841642.1] [gpu:5:0]   |                          Range | Description               | Config        |
+[1795841642.1] [gpu:5:0]   |                         0..inf | {write}                   | {tl}          |
+[1795841642.2] [gpu:5:0]   | ucp_context_0 intra-node cfg#2 | remote memory read by ucp_get*(multi) into cuda/GPU0 from cuda/dev[1] |
+[1795841642.2] [gpu:5:0]   |                         0..inf | software emulation        | tcp/lo        |
+"""
+
+
+def test_ucx_s_protocol_per_op_and_memory_type_is_read():
+    from validation.probes import parse_ucx_proto_info, protocol_choices
+
+    choices = protocol_choices(parse_ucx_proto_info(UCX_CUDA_TABLES.format(write="zero-copy", tl="cuda_ipc/cuda")))
+    assert [(c["op"], c["memory"], c["protocols"], c["transports"], c["emulated"]) for c in choices] == [
+        ("WRITE", ["cuda", "cuda"], ["zero-copy"], ["cuda_ipc/cuda"], False),
+        ("READ", ["cuda", "cuda"], ["software emulation"], ["tcp/lo"], True)]
+    old = protocol_choices(parse_ucx_proto_info(UCX_TABLES))  # the title and the operation on two lines
+    assert ("WRITE", ["host", "host"], ["zero-copy"]) in [(c["op"], c["memory"], c["protocols"]) for c in old]
+
+
+def test_a_cuda_write_by_software_emulation_fails_naming_cause_and_fix():
+    """TensorRT-LLM WRITEs: its op of CUDA memory served through host memory is a finding; a READ so served is said
+    and passes (TensorRT-LLM never READs)."""
+    from validation.probes import parse_ucx_proto_info, protocol_choices, protocol_verdict
+
+    ok = protocol_choices(parse_ucx_proto_info(UCX_CUDA_TABLES.format(write="zero-copy", tl="cuda_ipc/cuda")))
+    status, detail = protocol_verdict(ok, "cuda_copy,cuda_ipc,sm,self,tcp")
+    assert status == "pass" and "READ of CUDA memory is served by UCX's software emulation" in detail
+    bad = protocol_choices(parse_ucx_proto_info(UCX_CUDA_TABLES.format(write="software emulation", tl="tcp/lo")))
+    status, detail = protocol_verdict(bad, "cuda_copy,sm,self,tcp")
+    assert status == "fail" and "software emulation" in detail
+    assert "UCX_TLS=cuda_copy,sm,self,tcp lacks cuda_ipc" in detail and "fix: add cuda_ipc to UCX_TLS" in detail
+    status, detail = protocol_verdict(bad, "cuda_copy,cuda_ipc,sm,self,tcp")  # the list is right: the memory is not
+    assert status == "fail" and "VMM allocation" in detail and "kv_transfer.runtime: CPP" in detail

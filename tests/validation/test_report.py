@@ -14,7 +14,7 @@ from toolkit.validate.params import Options, build_params
 from toolkit.validate.report import build_report, load_schema, recommend, roles_of
 
 
-def _params(tmp_path, read=True, version="1.3.0rc24", **opts):
+def _params(tmp_path, read=True, version="1.3.0rc27", **opts):
     """The 4-agent stand-in recipe as a 1.3 line recipe (the Python transceiver's lists, a tokens_per_block sweep),
     with READ measured too (--read) unless read=False."""
     return build_params(load_plan("standin-2p2d", (f"trtllm_version={version}",)),

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from orchestrator.states import EventKind
+from orchestrator.states import SERVER_ROLES, EventKind, Role
 from toolkit.bench import probe as probes
 from toolkit.bench.results import CellResult, ExportError, read_export
 from toolkit.bench.runner import AiperfFailed, find_aiperf, log_tail, run_aiperf
@@ -76,14 +76,14 @@ def target_for_run(run, plan=None, *, name: str = "disaggregated", aggregated: b
     gpus = plan.gpu_count if plan is not None else None
     # The servers whose counters tk reads: context, generation (or aggregated) servers only, never the proxy nor
     # the etcd a membership run starts, which has no such counters (M1)
-    roles = {s.name for s in run.servers if s.role in ("ctx", "gen", "agg")}
+    roles = {s.name for s in run.servers if s.role in SERVER_ROLES}
     servers = {k: v for k, v in _server_urls(run).items() if k in roles}
     reference = None
     if aggregated:
         pr = probes.AggregatedProbe()
     else:
         pr = probes.probe_for(run.endpoint, servers)
-        reference = next((servers[s.name] for s in run.servers if s.role == "gen" and s.name in servers), None)
+        reference = next((servers[s.name] for s in run.servers if s.role == Role.GEN and s.name in servers), None)
     urls = tuple(getattr(run, "endpoints", None) or ()) if aggregated else ()
     return Target(name=name, endpoint=run.endpoint, model=run.model, probe=pr, gpus=gpus, run=run.public(),
                   urls=urls, workers=servers, reference=None if aggregated else reference)
@@ -101,9 +101,10 @@ def limits_for_plan(plan) -> Limits:
     return Limits(plan.traffic.max_input_len, plan.traffic.max_output_len)
 
 
-def resolve_tokenizer(tokenizer: str | None, plan=None, engine: str = "") -> str:
+def resolve_tokenizer(tokenizer: str | None, plan=None, engine: str = "", no_plan: str | None = None) -> str:
     """--tokenizer DIR, else the engine's shipped tokenizer (if the engine profile names one), else the
-    recipe's model path when it is a local directory. BenchInputError (exit 2) with the fix otherwise."""
+    recipe's model path when it is a local directory. BenchInputError (exit 2) with the fix otherwise (no_plan: why
+    the run's plan, which names them, could not be rebuilt)."""
     if tokenizer:
         if not Path(tokenizer).is_dir():
             raise BenchInputError(f"--tokenizer {tokenizer}: not a directory (a Hugging Face tokenizer directory: "
@@ -120,7 +121,8 @@ def resolve_tokenizer(tokenizer: str | None, plan=None, engine: str = "") -> str
         if model_path and Path(model_path).is_dir():
             return model_path
     raise BenchInputError(
-        "no tokenizer for aiperf: pass --tokenizer DIR (the model's tokenizer directory"
+        "no tokenizer for aiperf" + (f" ({no_plan})" if plan is None and no_plan else "")
+        + ": pass --tokenizer DIR (the model's tokenizer directory"
         + "; for the CPU stand-in, a whitespace word-level tokenizer)")
 
 
@@ -318,7 +320,8 @@ def _multi_turn(workload: Workload, results: dict, plan, proof, reverse, verdict
 
 # What the job's supervision did to a component while it was measured (orchestrator.states.EventKind values).
 SUPERVISION_EVENTS = (EventKind.EXITED, EventKind.WEDGED, EventKind.KILLED, EventKind.RESTARTED, EventKind.LOST,
-                      EventKind.STEP_NOT_CREATED, EventKind.UNHEALTHY, EventKind.MEMBERSHIP_REPAIRED)
+                      EventKind.STEP_NOT_CREATED, EventKind.UNHEALTHY, EventKind.MEMBERSHIP_REPAIRED,
+                      EventKind.UNREGISTERED)
 
 
 def supervision_during(target: Target, t0: float, t1: float) -> list[dict]:
@@ -385,6 +388,7 @@ def _measure_and_publish(target: Target, workload: Workload, *, aiperf: str, tok
     results, proof = measure(target, workload, aiperf=aiperf, tokenizer=tokenizer, out=staging, log=log,
                              timeout_s=timeout_s, on_progress=on_progress)
     supervision = supervision_during(target, started, time.time())
+    proof = probes.account_for_restarts(proof, supervision)  # what a restart took from the counters, said
     conditional = bool(plan is not None and plan.proxy is not None
                        and (plan.proxy.config.get("conditional_disagg_config") or {}))
     # the measurement's own verdict (the multi-turn reuse findings join it); decided again at the end with the

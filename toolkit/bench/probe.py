@@ -23,6 +23,8 @@ from typing import Protocol
 
 import requests
 
+from orchestrator.states import EventKind
+
 
 @dataclass
 class Proof:
@@ -208,6 +210,29 @@ def trtllm_proof(entries: list) -> Proof:
         p.notes.append("/perf_metrics returned no entries: set perf_metrics_max_requests (disagg config) and "
                        "return_perf_metrics: true on both roles to let tk prove the legs")
     return p
+
+
+# The job's events that mean the proxy's process was replaced or gone
+PROXY_GONE_EVENTS = (EventKind.EXITED, EventKind.KILLED, EventKind.RESTARTED, EventKind.LOST)
+
+
+def account_for_restarts(proof: Proof, supervision: list[dict]) -> Proof:
+    """The proof, with what the job's own supervision events (bench.supervision_during: the measurement's window)
+    say it cannot see. TensorRT-LLM's /perf_metrics entries live in the disaggregated server's memory
+    (DisaggPerfMetricsCollector, tensorrt_llm/serve/perf_metrics.py): a proxy that exited or was restarted while
+    the benchmark ran lost the entries of the requests it finished before, so its counts cover only part of the
+    run, and the proof says so (``restarted``, a note) rather than leave a shortfall to be read as a small buffer.
+    The stand-in's counters see a restart themselves (each carries its process's ``instance``) and the workers'
+    keep counting, so a stand-in proof is returned as it is."""
+    if proof.kind != "trtllm" or "proxy" in proof.restarted:
+        return proof
+    gone = [e for e in supervision if e.get("component") == "proxy" and e.get("event") in PROXY_GONE_EVENTS]
+    if gone:
+        proof.restarted.append("proxy")
+        proof.notes.append(f"the proxy ({gone[0]['event']} during the run) lost the /perf_metrics entries of the "
+                           "requests it had finished before: they live in its process, so the legs are counted "
+                           "for part of the run only")
+    return proof
 
 
 class AggregatedProbe:

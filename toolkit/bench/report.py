@@ -8,6 +8,9 @@ import json
 import time
 from pathlib import Path
 
+from toolkit.bench.verdict import Outcome, Stage
+from toolkit.runtime import files
+
 CSV_COLUMNS = ["target", "cell", "isl", "osl", "turns", "concurrency", "request_rate", "requests", "errors",
                "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms", "tpot_p99_ms",
                "e2e_p50_ms", "e2e_p99_ms", "request_throughput", "output_tokens_per_s",
@@ -45,6 +48,12 @@ def csv_text(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
+def _save(fig, path: Path) -> None:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
+    files.write_regular_atomically(path, buf.getvalue(), sync=False)
+
+
 def _plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, list[tuple[float, float]]],
           logx: bool = False) -> bool:
     import matplotlib
@@ -67,7 +76,7 @@ def _plot(path: Path, title: str, xlabel: str, ylabel: str, series: dict[str, li
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    _save(fig, path)
     plt.close(fig)
     return True
 
@@ -134,7 +143,7 @@ def write_turn_plot(path: Path, series: dict[str, list[dict]], title: str) -> bo
         ax.xaxis.get_major_locator().set_params(integer=True)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, format="png")
+    _save(fig, path)
     plt.close(fig)
     return True
 
@@ -262,10 +271,11 @@ def write_all(out: Path, doc: dict) -> list[str]:
                            f"per-turn TTFT and recomputed tokens: {doc['name']}"):
             plots.append("turns.png")
     doc["plots"] = plots
-    (out / "results.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    (out / "results.csv").write_text(csv_text(doc["rows"]))
-    (out / "verdict.json").write_text(json.dumps(doc["verdict"], indent=2, default=str) + "\n")
-    (out / "report.md").write_text(markdown(doc, plots))
+    for name, text in (("results.json", json.dumps(doc, indent=2, default=str) + "\n"),
+                       ("results.csv", csv_text(doc["rows"])),
+                       ("verdict.json", json.dumps(doc["verdict"], indent=2, default=str) + "\n"),
+                       ("report.md", markdown(doc, plots))):
+        files.write_regular_atomically(out / name, text)
     return plots
 
 
@@ -306,12 +316,12 @@ def print_summary(doc: dict) -> None:
                   " [red](they differ: see report.md)[/red]"))
     print_turns(con, doc)
     v = doc["verdict"]
-    for stage in ("validity", "disaggregation", "parity", "sla", "reuse"):
+    for stage in Stage:
         checks = [c for c in v["checks"] if c["stage"] == stage and not c.get("skipped")]
         if not checks:
             continue
         bad = [c for c in checks if not c["ok"]]
-        if stage == "reuse":  # findings explain the numbers; they do not change the exit code
+        if stage == Stage.REUSE:  # findings explain the numbers; they do not change the exit code
             con.print(f"{stage}: " + (f"{len(checks)} check(s) passed" if not bad else
                                       f"[yellow]{len(bad)} finding(s)[/yellow] (the exit code is unchanged)"))
         else:
@@ -325,7 +335,7 @@ def print_summary(doc: dict) -> None:
         con.print(f"note: the streams arrived in one chunk in {len(one_chunk)} cell(s): ITL, TPOT and tokens/s per "
                   "user are not measurable there (shown as -), and no SLA objective on them was judged",
                   highlight=False)
-    style = "green" if v["exit_code"] == 0 else "red"
+    style = "green" if v["exit_code"] == Outcome.PASS else "red"
     con.print(f"[{style}]{v['summary']}[/{style}]", soft_wrap=True)  # one line, whatever its length (grep-able)
     con.print(f"report: {doc['bench_dir']}/report.md", soft_wrap=True)  # a path is never split across lines
 

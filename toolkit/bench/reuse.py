@@ -15,9 +15,10 @@ from dataclasses import dataclass, field
 
 from toolkit.bench import multiturn as MT
 from toolkit.bench.pullback import Bandwidth, projection
-from toolkit.bench.verdict import Check
+from toolkit.bench.verdict import Check, Stage
+from toolkit.facts.trtllm import Router
 
-STAGE = "reuse"
+STAGE = Stage.REUSE
 
 
 @dataclass(frozen=True)
@@ -50,8 +51,8 @@ def setting_of(plan) -> ReuseSetting | None:
     kvc = plan.context.llm_api_options.get("kv_cache_config") or {}
     cond = (cfg.get("conditional_disagg_config") or {}).get("max_local_prefill_length")
     return ReuseSetting(
-        context_router=((cfg.get("context_servers") or {}).get("router") or {}).get("type", "round_robin"),
-        generation_router=((cfg.get("generation_servers") or {}).get("router") or {}).get("type", "round_robin"),
+        context_router=((cfg.get("context_servers") or {}).get("router") or {}).get("type", Router.ROUND_ROBIN.value),
+        generation_router=((cfg.get("generation_servers") or {}).get("router") or {}).get("type", Router.ROUND_ROBIN.value),
         context_servers=len(plan.context.instances), generation_servers=len(plan.generation.instances),
         context_block_reuse=bool(kvc.get("enable_block_reuse", True)),
         context_events=bool(kvc.get("event_buffer_max_size", 0)), conditional=cond, line=plan.trtllm_version)
@@ -231,10 +232,10 @@ def _causes(setting: ReuseSetting | None, counts: ServerCounts | None) -> list[s
         causes.append("block reuse is off on the context servers (kv_cache_config.enable_block_reuse: false)")
     if not setting.aggregated and setting.context_servers > 1:
         router = setting.context_router
-        if router in ("round_robin", "load_balancing"):
+        if router in (Router.ROUND_ROBIN, Router.LOAD_BALANCING):
             causes.append(f"the context router ({router}) does not keep a conversation on the context server that "
                           f"holds its history ({setting.context_servers} context servers)")
-        elif router == "kv_cache_aware":
+        elif router == Router.KV_CACHE_AWARE:
             blind = (counts.routers.get("context") or {}).get("matches_all_zero") if counts else None
             routed = (counts.routers.get("context") or {}).get("routed") if counts else None
             evidence = (f": {blind} of {routed} routing decisions saw no cached block anywhere" if blind else "")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 from toolkit.bench.workload import BenchInputError
-from toolkit.runtime import signals
+from toolkit.runtime import files, signals
 
 AIPERF_ENV = "TK_AIPERF"
 INSTALL_FIX = "install it with: pip install 'tk-disagg[bench]' (or scripts/setup), or point TK_AIPERF at an aiperf"
@@ -46,7 +46,7 @@ def run_aiperf(argv: list[str], log_path: Path, timeout_s: float,
     group and raises TimeoutError past timeout_s."""
     env = dict(os.environ, NO_COLOR="1", TERM="dumb")
     deadline = time.monotonic() + timeout_s
-    with open(log_path, "ab") as log:
+    with files.open_append(log_path) as log:
         log.write(("$ " + " ".join(argv) + "\n").encode())
         log.flush()
         # A process group of its own (so a timeout ends aiperf and its workers), but not a session of its own:

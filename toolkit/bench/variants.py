@@ -23,6 +23,7 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from toolkit.bench.verdict import Outcome, Stage
 from toolkit.bench.workload import BenchInputError
 
 MAX_VARIANTS = 16
@@ -105,7 +106,7 @@ def summarise(variant: Variant, doc: dict | None, error: str | None = None) -> d
     turns = doc.get("turns") or []
     mt = next(iter((doc.get("multi_turn") or {}).values()), {})
     row = (doc.get("rows") or [{}])[0]
-    return {"variant": variant.label, "slug": variant.slug, "valid": doc["verdict"]["exit_code"] != 2,
+    return {"variant": variant.label, "slug": variant.slug, "valid": doc["verdict"]["exit_code"] != Outcome.INVALID,
             "verdict": doc["verdict"]["summary"], "bench_dir": doc.get("bench_dir"),
             "turns": [{k: t.get(k) for k in ("turn", "requests", "prompt_tokens", "cached_tokens", "reusable_tokens",
                                            "recomputed_tokens", "recomputed_answer_tokens", "ttft_p50_ms",
@@ -114,7 +115,7 @@ def summarise(variant: Variant, doc: dict | None, error: str | None = None) -> d
             "recomputed_later": _later_mean(turns, "recomputed_tokens"),
             "reuse_share": mt.get("reuse_share"), "request_throughput": row.get("request_throughput"),
             "pullback": (doc.get("pullback_projection") or {}).get("summary"),
-            "findings": [c["name"] for c in doc["verdict"]["checks"] if c["stage"] == "reuse" and not c["ok"]]}
+            "findings": [c["name"] for c in doc["verdict"]["checks"] if c["stage"] == Stage.REUSE and not c["ok"]]}
 
 
 def recommend(lines: list[dict]) -> dict:
@@ -180,5 +181,7 @@ def write_comparison(out: Path, doc: dict) -> None:
         out / "compare_turns.png", {ln["variant"]: ln["turns"] for ln in doc["variants"] if ln.get("turns")},
         f"{doc['recipe']}: per-turn TTFT and recomputed tokens by variant") else None
     doc["plot"] = plot
-    (out / "compare.json").write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    (out / "compare.md").write_text(comparison_markdown(doc, plot))
+    from toolkit.runtime import files
+
+    files.write_regular_atomically(out / "compare.json", json.dumps(doc, indent=2, default=str) + "\n")
+    files.write_regular_atomically(out / "compare.md", comparison_markdown(doc, plot))

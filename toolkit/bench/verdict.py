@@ -15,14 +15,37 @@ Exit 0 when all pass.
 
 from __future__ import annotations
 
+import enum
 from dataclasses import asdict, dataclass, field
+
+from orchestrator.states import Word
 
 from toolkit.bench.probe import Proof
 from toolkit.bench.results import TOKEN_TIMING_METRICS, CellResult
 from toolkit.bench.sla import Objective
 from toolkit.bench.workload import TEMPLATE_TOKENS_PER_MESSAGE, Workload
 
-PASS, SLA_MISSED, INVALID = 0, 1, 2
+
+
+class Outcome(enum.IntEnum):
+    """A benchmark's verdict, which is `tk bench`'s exit code (verdict.json ``exit_code``)."""
+
+    PASS = 0  # valid, disaggregated, every SLA objective met
+    SLA_MISSED = 1  # valid, and an SLA objective missed (named)
+    INVALID = 2  # invalid (zero-token answers, errors, lengths off, legs not proven) or the answers differ
+
+
+class Stage(Word):
+    """Which part of the verdict a check belongs to, in the order they are judged (the module doc)."""
+
+    VALIDITY = "validity"
+    DISAGGREGATION = "disaggregation"
+    PARITY = "parity"
+    SLA = "sla"
+    REUSE = "reuse"  # informational findings of multi-turn reuse (toolkit.bench.reuse): they change no exit code
+
+
+PASS, SLA_MISSED, INVALID = Outcome.PASS, Outcome.SLA_MISSED, Outcome.INVALID
 
 
 @dataclass(frozen=True)
@@ -39,7 +62,7 @@ class Bounds:
 @dataclass
 class Check:
     name: str
-    stage: str  # validity | disaggregation | sla
+    stage: Stage
     ok: bool
     reason: str
     cell: str | None = None
@@ -52,7 +75,7 @@ class Check:
 
 @dataclass
 class Verdict:
-    exit_code: int
+    exit_code: Outcome
     summary: str
     checks: list[Check]
 
@@ -77,7 +100,7 @@ def _validity(workload: Workload, results: dict[str, CellResult], b: Bounds) -> 
     for cell in workload.cells:
         res = results.get(cell.name)
         if res is None:
-            checks.append(Check("results_present", "validity", False, "aiperf left no results", cell.name))
+            checks.append(Check("results_present", Stage.VALIDITY, False, "aiperf left no results", cell.name))
             continue
         prof = res.profiled
         ok_recs = [r for r in prof if r.ok]
@@ -85,18 +108,18 @@ def _validity(workload: Workload, results: dict[str, CellResult], b: Bounds) -> 
         if not n or not ok_recs:
             why = f"no successful profiled request ({n} sent, {n_err} failed)"
             first = next((r.error for r in prof if r.error), None)
-            checks.append(Check("requests_succeeded", "validity", False,
+            checks.append(Check("requests_succeeded", Stage.VALIDITY, False,
                                 why + (f"; first error: {first}" if first else ""), cell.name,
                                 {"requests": n, "errors": n_err}))
             continue
         zero = [r for r in ok_recs if not r.osl or r.completion_tokens == 0]
-        checks.append(Check("no_zero_token_answers", "validity", not zero,
+        checks.append(Check("no_zero_token_answers", Stage.VALIDITY, not zero,
                             f"{len(zero)} of {len(ok_recs)} successful requests returned no output tokens"
                             if zero else f"all {len(ok_recs)} successful requests returned tokens",
                             cell.name, {"zero_token_answers": len(zero), "successful": len(ok_recs)}))
         rate = n_err / n
         first = next((r.error for r in prof if r.error), None)
-        checks.append(Check("error_rate", "validity", rate <= b.max_error_rate,
+        checks.append(Check("error_rate", Stage.VALIDITY, rate <= b.max_error_rate,
                             f"{n_err} of {n} requests failed ({100 * rate:.2f} %, bound {100 * b.max_error_rate:g} %)"
                             + (f"; first: {first}" if first and rate > b.max_error_rate else ""),
                             cell.name, {"errors": n_err, "requests": n, "error_rate": rate,
@@ -128,21 +151,21 @@ def _validity(workload: Workload, results: dict[str, CellResult], b: Bounds) -> 
             problems.append(f"{len(bad_usage_in)} requests where the server's prompt_tokens do not match the sent "
                             f"prompt plus chat template (e.g. {r.prompt_tokens} vs ISL {r.isl}): is the benchmark's "
                             f"tokenizer the model's?")
-        checks.append(Check("lengths_match", "validity", not problems,
+        checks.append(Check("lengths_match", Stage.VALIDITY, not problems,
                             "; ".join(problems) or f"ISL {isl_vals[:4]}, OSL {osl_vals[:4]} as asked; server prompt "
                             f"tokens exceed ISL by {overhead[:4]} (chat template)", cell.name,
                             {"isl": isl_vals[:8], "osl": osl_vals[:8], "template_overhead": overhead[:8],
                              "expected_isl": cell.isl, "expected_osl": cell.osl, "turns": cell.turns}))
         if res.one_chunk_streams:
             one, streams = res.one_chunk_count
-            checks.append(Check("token_timing", "validity", True,
+            checks.append(Check("token_timing", Stage.VALIDITY, True,
                                 f"{one} of {streams} streams arrived in one chunk (the server answers at once, e.g. "
                                 "the plain CPU stand-in without emulated timing): ITL, TPOT and tokens/s per user are "
                                 "not measurable; TTFT, latency and throughput are", cell.name,
                                 {"one_chunk_streams": one, "streams": streams}))
         counted = res.stat("request_count")
         warm_in_summary = counted is not None and int(counted) != len(ok_recs)
-        checks.append(Check("warmup_excluded", "validity", bool(res.warmup) and not warm_in_summary,
+        checks.append(Check("warmup_excluded", Stage.VALIDITY, bool(res.warmup) and not warm_in_summary,
                             (f"{len(res.warmup)} warm-up requests kept out of the summary"
                              if res.warmup and not warm_in_summary else
                              "no warm-up phase in the records" if not res.warmup else
@@ -154,15 +177,21 @@ def _validity(workload: Workload, results: dict[str, CellResult], b: Bounds) -> 
 
 def _disaggregation(results: dict[str, CellResult], proof: Proof | None, conditional: bool = False) -> list[Check]:
     if proof is None or proof.kind == "aggregated":
-        return [Check("disaggregated", "disaggregation", True, "aggregated baseline: not applicable", skipped=True)]
+        return [Check("disaggregated", Stage.DISAGGREGATION, True, "aggregated baseline: not applicable", skipped=True)]
     sent = sum(len(r.records) for r in results.values())  # warm-up included: it went through the proxy too
     ok = sum(1 for res in results.values() for r in res.records if r.ok)
     numbers = {**{k: v for k, v in proof.to_dict().items() if k not in ("notes", "per_server")},
                "client_requests": sent, "client_successful": ok}
     if not proof.available:
-        return [Check("disaggregated", "disaggregation", False,
+        return [Check("disaggregated", Stage.DISAGGREGATION, False,
                       "cannot prove the deployment served disaggregated: " + "; ".join(proof.notes), numbers=numbers)]
     problems = []
+    if proof.kind == "trtllm" and "proxy" in proof.restarted:
+        # its /perf_metrics entries were in the process that went away (probe.account_for_restarts)
+        return [Check("disaggregated", "disaggregation", False,
+                      f"the legs cannot be counted: the proxy restarted during the run and its /perf_metrics "
+                      f"entries of the requests before were lost with its process ({proof.requests} entries for "
+                      f"{ok} successful requests); measure again without a restart", numbers=numbers)]
     if proof.kind == "trtllm" and proof.requests < ok:
         problems.append(f"/perf_metrics holds {proof.requests} requests for {ok} successful "
                         f"(raise perf_metrics_max_requests to at least {ok})")
@@ -200,7 +229,7 @@ def _disaggregation(results: dict[str, CellResult], proof: Proof | None, conditi
         + (f"; {local} prefilled on the generation server (conditional disaggregation)" if local else "")
         + (f"; the proxy counted {proof.disaggregated} through both legs (per server lifetime: "
            f"{', '.join(affected)} restarted during the run)" if workers_affected else ""))
-    return [Check("disaggregated", "disaggregation", not problems, reason, numbers=numbers)]
+    return [Check("disaggregated", Stage.DISAGGREGATION, not problems, reason, numbers=numbers)]
 
 
 def _sla(workload: Workload, results: dict[str, CellResult], objectives: tuple[Objective, ...],
@@ -210,7 +239,7 @@ def _sla(workload: Workload, results: dict[str, CellResult], objectives: tuple[O
         for cell in workload.cells:
             res = results.get(cell.name)
             if res is not None and obj.metric in TOKEN_TIMING_METRICS and res.one_chunk_streams:
-                checks.append(Check(obj.key, "sla", True, f"{obj.key} not judged at {cell.name}: most streams "
+                checks.append(Check(obj.key, Stage.SLA, True, f"{obj.key} not judged at {cell.name}: most streams "
                                     "arrived in one chunk, so the gaps between tokens were never seen", cell.name,
                                     {"limit": obj.limit, "metric": obj.metric, "stat": obj.stat}, skipped=True))
                 continue
@@ -218,7 +247,7 @@ def _sla(workload: Workload, results: dict[str, CellResult], objectives: tuple[O
             if value is not None and obj.per_gpu:
                 value = value / gpus if gpus else None
             if value is None:
-                checks.append(Check(obj.key, "sla", False, f"{obj.key}: aiperf reported no {obj.metric} "
+                checks.append(Check(obj.key, Stage.SLA, False, f"{obj.key}: aiperf reported no {obj.metric} "
                                     f"{obj.stat}" + (" (GPU count unknown)" if obj.per_gpu and not gpus else ""),
                                     cell.name, {"limit": obj.limit}))
                 continue
@@ -227,7 +256,7 @@ def _sla(workload: Workload, results: dict[str, CellResult], objectives: tuple[O
             bad_op = ">" if obj.kind == "max" else "<"
             reason = (f"{obj.key}: {value:.4g} {op} {obj.limit:g}" if ok else
                       f"{obj.key} missed: {value:.4g} {bad_op} {obj.limit:g} at {cell.name}")
-            checks.append(Check(obj.key, "sla", ok, reason, cell.name,
+            checks.append(Check(obj.key, Stage.SLA, ok, reason, cell.name,
                                 {"measured": value, "limit": obj.limit, "metric": obj.metric, "stat": obj.stat}))
     return checks
 
@@ -238,13 +267,13 @@ def _parity(answers: dict | None, baseline_error: str | None, reference_error: s
     is a skipped check, named, never a silent absence."""
     if answers is None:
         if baseline_error:
-            return [Check("answers_match", "parity", True, f"not compared: the baseline failed "
+            return [Check("answers_match", Stage.PARITY, True, f"not compared: the baseline failed "
                           f"({baseline_error[:200]})", skipped=True)]
         if reference_error:
-            return [Check("answers_match", "parity", True, f"not compared: the generation server answering whole "
+            return [Check("answers_match", Stage.PARITY, True, f"not compared: the generation server answering whole "
                           f"requests failed ({reference_error[:200]})", skipped=True)]
         return []
-    return [Check("answers_match", "parity", bool(answers.get("agree")), str(answers.get("reason", "")),
+    return [Check("answers_match", Stage.PARITY, bool(answers.get("agree")), str(answers.get("reason", "")),
                   numbers={k: answers.get(k) for k in ("matching", "prompts")})]
 
 
@@ -264,26 +293,26 @@ def decide(workload: Workload, results: dict[str, CellResult], proof: Proof | No
     # A restart during the run is named in every verdict: the numbers include its outage.
     restarts = sorted(set(proof.restarted) | set(proof.unreadable)) if proof is not None else []
     during = f" [restarted during the run: {', '.join(restarts)}]" if restarts else ""
-    invalid = [c for c in failed if c.stage in ("validity", "disaggregation")]
+    invalid = [c for c in failed if c.stage in (Stage.VALIDITY, Stage.DISAGGREGATION)]
     if invalid:
-        what = "not disaggregated: " if all(c.stage == "disaggregation" for c in invalid) else ""
+        what = "not disaggregated: " if all(c.stage == Stage.DISAGGREGATION for c in invalid) else ""
         return Verdict(INVALID, "INVALID: " + what + "; ".join(
             f"{c.name}{f' [{c.cell}]' if c.cell else ''}: {c.reason}" for c in invalid[:3]) + during, checks)
-    wrong = [c for c in failed if c.stage == "parity"]
+    wrong = [c for c in failed if c.stage == Stage.PARITY]
     if wrong:
         return Verdict(INVALID, f"FAIL: the answers differ from {against}: "
                        + "; ".join(c.reason for c in wrong) + during, checks)
-    missed = [c for c in failed if c.stage == "sla"]
+    missed = [c for c in failed if c.stage == Stage.SLA]
     if missed:
         return Verdict(SLA_MISSED, "SLA MISSED: " + "; ".join(c.reason for c in missed[:4]) + during, checks)
-    unjudged = sorted({c.name for c in checks if c.stage == "sla" and c.skipped})
+    unjudged = sorted({c.name for c in checks if c.stage == Stage.SLA and c.skipped})
     judged = [o for o in objectives if o.key not in unjudged or
-              any(c.name == o.key and c.stage == "sla" and not c.skipped for c in checks)]
+              any(c.name == o.key and c.stage == Stage.SLA and not c.skipped for c in checks)]
     n_sla = len(judged)
     sla_text = (f", {n_sla} SLA objective(s) met in every cell" if n_sla else
                 ", no SLA declared" if not objectives else ", no SLA objective could be judged")
     if unjudged:
         sla_text += f" ({', '.join(unjudged)} not judged: the streams arrived in one chunk)"
-    sla_text += "".join(f"; answers {c.reason}" for c in checks if c.stage == "parity" and c.skipped)
+    sla_text += "".join(f"; answers {c.reason}" for c in checks if c.stage == Stage.PARITY and c.skipped)
     return Verdict(PASS, "PASS: valid" + (", disaggregated" if proof and proof.kind != "aggregated" else "")
                    + sla_text + during, checks)

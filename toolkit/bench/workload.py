@@ -7,6 +7,7 @@ phase from the results, fixes the random seed and asks the server to ignore EOS 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
@@ -228,46 +229,88 @@ def trace_path(name_or_file: str) -> str:
 
 
 MAX_TRACE_BYTES = 64 << 20
+MAX_SESSION_ID = 1024  # characters of a session_id (tk and aiperf key conversations by it)
+HASH_ID_RANGE = (-2**63, 2**63)  # what a 64-bit block hash holds; aiperf keys its synthetic blocks by them
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:40] + "..."
+
+
+def _trace_entry(doc, where: str) -> dict:
+    """One mooncake_trace line as aiperf 0.13 reads it (aiperf/dataset/loader/models.py ``MooncakeTrace``:
+    input_length and output_length ints, hash_ids a list of ints, session_id a string, delay and timestamp numbers
+    of milliseconds), checked within tk's bounds. BenchInputError names the line (``where``) and the field."""
+    def is_int(v) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def is_ms(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 2**53
+
+    if not isinstance(doc, dict):
+        raise BenchInputError(f"{where}: expected an object with session_id, input_length, output_length")
+    for key in ("input_length", "output_length"):
+        v = doc.get(key)
+        if not is_int(v) or not 1 <= v <= 1 << 20:
+            raise BenchInputError(f"{where}: {key} {_shown(v)} is not a token count from 1 to {1 << 20}")
+    session = doc.get("session_id")
+    if session is not None and (not isinstance(session, str) or len(session) > MAX_SESSION_ID):
+        raise BenchInputError(f"{where}: session_id {_shown(session)} is not text of at most {MAX_SESSION_ID} "
+                              "characters (aiperf reads it as a string)")
+    delay = doc.get("delay", 0)
+    if delay is not None and (not is_ms(delay) or delay > 3_600_000):
+        raise BenchInputError(f"{where}: delay {_shown(delay)} is not 0 to 3600000 ms")
+    stamp = doc.get("timestamp")
+    if stamp is not None and not is_ms(stamp):
+        raise BenchInputError(f"{where}: timestamp {_shown(stamp)} is not a finite number of ms from 0")
+    ids = doc.get("hash_ids")
+    if ids is not None:
+        if not isinstance(ids, list):
+            raise BenchInputError(f"{where}: hash_ids {_shown(ids)} is not a list of block hashes (integers)")
+        for i, h in enumerate(ids):
+            if not is_int(h) or not HASH_ID_RANGE[0] <= h < HASH_ID_RANGE[1]:
+                raise BenchInputError(f"{where}: hash_ids[{i}] {_shown(h)} is not a 64-bit integer block hash")
+        if len(ids) > doc["input_length"]:
+            raise BenchInputError(f"{where}: {len(ids)} hash_ids, more hash_ids than the {doc['input_length']} input "
+                                  "tokens they cover (each names a block of at least one token)")
+    return doc
 
 
 def read_trace(path: str) -> list[dict]:
-    """The entries of a mooncake_trace file, checked for what tk needs (session_id, input_length,
-    output_length; hash_ids and delay optional). BenchInputError names the line at fault."""
-    import json
-    from pathlib import Path
+    """The entries of a mooncake_trace file, checked for what tk and aiperf read (session_id, input_length,
+    output_length; hash_ids, delay and timestamp optional): bounded in size and in each line's nesting, every
+    number finite and in range. BenchInputError names the line and the field at fault."""
+    from toolkit.runtime import files
 
-    p = Path(path)
-    if p.stat().st_size > MAX_TRACE_BYTES:
-        raise BenchInputError(f"{p}: larger than {MAX_TRACE_BYTES >> 20} MiB; split the trace")
+    try:
+        text = files.read_text(path, MAX_TRACE_BYTES)
+    except files.FileProblem as exc:
+        raise BenchInputError(f"--trace {exc}; split the trace or give a regular file") from None
+    except OSError as exc:
+        raise BenchInputError(f"--trace {path}: cannot be read ({exc.strerror or exc})") from None
     out = []
-    for n, line in enumerate(p.read_text(errors="replace").splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            doc = json.loads(line)
-        except ValueError as exc:
-            raise BenchInputError(f"{p}:{n}: not JSON ({exc})") from None
-        if not isinstance(doc, dict):
-            raise BenchInputError(f"{p}:{n}: expected an object with session_id, input_length, output_length")
-        for key in ("input_length", "output_length"):
-            v = doc.get(key)
-            if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 1 << 20:
-                raise BenchInputError(f"{p}:{n}: {key} {v!r} is not a token count from 1 to {1 << 20}")
-        delay = doc.get("delay", 0)
-        if isinstance(delay, bool) or not isinstance(delay, (int, float)) or not 0 <= delay <= 3_600_000:
-            raise BenchInputError(f"{p}:{n}: delay {delay!r} is not 0 to 3600000 ms")
-        out.append(doc)
+        try:  # bounded nesting: a line of 200,000 '[' is a message, never a RecursionError
+            doc = files.loads(line, what=f"{path}:{n}")
+        except files.FileProblem as exc:
+            raise BenchInputError(str(exc)) from None
+        out.append(_trace_entry(doc, f"{path}:{n}"))
     if not out:
-        raise BenchInputError(f"{p}: no trace entries")
+        raise BenchInputError(f"{path}: no trace entries")
     return out
 
 
 def _trace_workload(trace: str, concurrency, seed: int, limits: Limits, warmup: int | None) -> Workload:
     path = trace_path(trace)
     entries = read_trace(path)
-    sessions: dict[str, list[dict]] = {}
+    sessions: dict[object, list[dict]] = {}
     for i, e in enumerate(entries):
-        sessions.setdefault(str(e.get("session_id", f"_single{i}")), []).append(e)
+        # aiperf gives an entry without a session_id (absent, null or "") a conversation of its own
+        # (MooncakeTraceDatasetLoader._group_traces: ``trace.session_id or self.session_id_generator.next()``)
+        sessions.setdefault(e.get("session_id") or ("single", i), []).append(e)
     turns = max(len(v) for v in sessions.values())
     longest = max(sum(e["input_length"] + e["output_length"] for e in v) - v[-1]["output_length"]
                   for v in sessions.values())

@@ -22,6 +22,7 @@ from pathlib import Path
 from toolkit.doctor.signatures import AFTER_LINES, JOB, PHASES, PROXY, SERVER, SIGNATURES, Signature
 from orchestrator.states import EventKind
 from toolkit.runtime import files, rundir
+from toolkit.text import escape_controls
 
 HEAD_BYTES = 64 * 1024
 TAIL_BYTES = 256 * 1024
@@ -205,7 +206,7 @@ def diagnose(run_dir: str | os.PathLike, *, name: str | None = None, state: str 
         if not evidence:
             continue
         own = failing is not None and any(Path(e["file"]).stem == failing for e in evidence)
-        finding = {"id": sig.id, "title": sig.title, "cause": sig.cause, "fix": sig.fix, "source": sig.source,
+        finding = {"id": sig.id, "title": sig.title, "cause": sig.cause, "fix": sig.fix_for(evidence), "source": sig.source,
                    "secondary": sig.secondary, "matches": len(evidence), "evidence": evidence[:MAX_EVIDENCE]}
         if sig.per_request:  # a client's request the servers refused: not why a run failed
             refused.append(finding)
@@ -240,8 +241,16 @@ def failing_component(run_dir: Path) -> str | None:
     return None
 
 
+def inert(text) -> str:
+    """Text a run wrote (log lines, event reasons, file names), made safe to print: every control character, line
+    or paragraph separator shown as its escape (ESC, BEL, OSC and CSI sequences never reach the terminal):
+    toolkit.text's one escaper."""
+    return escape_controls(str(text))
+
+
 def format_diagnosis(doc: dict, *, brief: bool = False) -> str:
-    """Plain text: each finding's cause, fix and evidence; else the first error line and the log tail."""
+    """Plain text: each finding's cause, fix and evidence; else the first error line and the log tail. What the run
+    wrote (evidence, the first error line, the tail, file names) is printed inert (`inert`)."""
     out = []
     primary = [f for f in doc["findings"] if not f["secondary"]] or doc["findings"]
     shown = primary[:1] if brief else doc["findings"]
@@ -250,27 +259,27 @@ def format_diagnosis(doc: dict, *, brief: bool = False) -> str:
         out.append(f"  cause: {f['cause']}")
         out.append(f"  fix:   {f['fix']}")
         for e in f["evidence"]:
-            out.append(f"  seen:  {e['where']}: {e['text']}")
+            out.append(f"  seen:  {inert(e['where'])}: {inert(e['text'])}")
         if f["matches"] > len(f["evidence"]):
             out.append(f"         (+{f['matches'] - len(f['evidence'])} more matching lines)")
         out.append(f"  source: {f['source']}")
     if brief and len(doc["findings"]) > 1:
-        out.append(f"  ({len(doc['findings']) - 1} more finding(s): tk doctor {doc['run_dir']})")
+        out.append(f"  ({len(doc['findings']) - 1} more finding(s): tk doctor {inert(doc['run_dir'])})")
     for f in [] if brief else doc.get("refused_requests", []):
         out.append(f"refused requests [{f['id']}]: {f['title']} ({f['matches']} line(s)); not a failure of the run, "
                    "which went on serving")
         out.append(f"  fix:   {f['fix']}")
         for e in f["evidence"][:1]:
-            out.append(f"  seen:  {e['where']}: {e['text']}")
+            out.append(f"  seen:  {inert(e['where'])}: {inert(e['text'])}")
     if not doc["findings"]:
         out.append("no known failure signature matched")
         if doc["first_error"]:
             e = doc["first_error"]
-            out.append(f"first error-looking line: {e['where']}: {e['text']}")
+            out.append(f"first error-looking line: {inert(e['where'])}: {inert(e['text'])}")
         if doc["tail"] and not brief:
-            out.append(f"--- last lines of {doc['tail']['file']} ---")
-            out.extend(doc["tail"]["lines"])
+            out.append(f"--- last lines of {inert(doc['tail']['file'])} ---")
+            out.extend(inert(line) for line in doc["tail"]["lines"])
     return "\n".join(out)
 
 
-__all__ = ["diagnose", "failing_component", "format_diagnosis", "read_bounded", "scan"]
+__all__ = ["diagnose", "failing_component", "format_diagnosis", "inert", "read_bounded", "scan"]

@@ -37,7 +37,8 @@ RENDERED = ("ctx.yaml", "gen.yaml", "disagg.yaml", "ctx.env", "gen.env", "proxy.
             "validate.sbatch", "params.json")
 # The job's events counted per component (orchestrator.states.EventKind values).
 SUPERVISION_COUNTS = {"exits": EventKind.EXITED, "restarts": EventKind.RESTARTING, "wedged": EventKind.WEDGED,
-                      "lost": EventKind.LOST, "steps_not_created": EventKind.STEP_NOT_CREATED}
+                      "lost": EventKind.LOST, "steps_not_created": EventKind.STEP_NOT_CREATED,
+                      "unregistered": EventKind.UNREGISTERED}
 RUN_FIELDS = ("recipe", "backend", "engine", "model", "nodes", "state", "reason")
 RESULT_FILES = ("report.json", "benchmark.json", "benchmark*.json", "results/*.json")
 

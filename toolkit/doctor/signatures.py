@@ -15,6 +15,8 @@ and print the cause and the fix. A row names:
               or the tool whose message it is
     after     a pattern that must match one of the AFTER_LINES lines before a matching line (a log table whose
               header names what a row means), or None
+    fix_when  (pattern, fix) pairs: where a line of the evidence (its file and text) matches the pattern, the fix is
+              that one instead (the first that matches): one cause whose remedy depends on what failed
     secondary a consequence of an earlier failure, not a cause: shown after the others ("look further up")
     per_request  one client request the servers refused (a prompt too long, ...): the deployment is fine and keeps
               serving, so it is reported apart from the run's failures ("refused requests"), never as its diagnosis
@@ -50,6 +52,15 @@ class Signature:
     secondary: bool = False
     per_request: bool = False
     after: str | None = None
+    fix_when: tuple[tuple[str, str], ...] = ()
+
+    def fix_for(self, evidence: list[dict]) -> str:
+        """The fix for this evidence: the first fix_when whose pattern a line of it matches, else `fix`."""
+        for pattern, fix in self.fix_when:
+            rx = re.compile(pattern)
+            if any(rx.search(f"{e['file']} {e['text']}") for e in evidence):
+                return fix
+        return self.fix
 
     def compiled(self) -> tuple[re.Pattern, ...]:
         return _compiled(self)
@@ -191,9 +202,15 @@ SIGNATURES: tuple[Signature, ...] = (
         cause="another process (often a server left from an earlier run, or another deployment on the same node) "
               "holds a port of this plan; tk's own port check (phase 'failed: port(s) ... already in use') or the "
               "server's bind found it",
-        fix="`tk runs` and `tk stop RUN` for a run left behind; otherwise move cluster.worker_base_port and "
-            "proxy.port to a free range (every instance gets its own ports from the plan)",
+        fix="`tk runs` and `tk stop RUN` for a run left behind; otherwise move the setting of the port that is "
+            "taken to a free range (`tk plan` lists every port): cluster.worker_base_port (the servers), "
+            "cluster.internal_base_port (their internal ports), proxy.port (the proxy), membership.etcd_port (the "
+            "etcd the job starts, its peer port and the servers' etcd gateways)",
         source="https://github.com/NVIDIA/TensorRT-LLM/pull/17460 (port races); tk launch.sbatch port check",
+        # etcd's own bind error (logs/etcd.log, "etcdmain") or a server's etcd gateway's (templates/etcd_gateway.py)
+        fix_when=((r"etcd", "`tk runs` and `tk stop RUN` for a run left behind; otherwise move membership.etcd_port "
+                   "to a free range: the etcd the job starts takes etcd_port (clients) and etcd_port + 1 (its peer "
+                   "port), and each server's etcd gateway one of the ports after those"),),
     ),
     Signature(
         id="mpi-spawn",
@@ -299,6 +316,58 @@ SIGNATURES: tuple[Signature, ...] = (
             "servers said before the interruption",
         source="tk launch (signals and Ctrl-C end the launch and release the job)",
     ),
+    Signature(
+        id="job-signalled",
+        title="the job's orchestrator was ended by a signal",
+        patterns=(r"^failed\tsignal received \(SIG",),
+        where=(PHASES,),
+        cause="a signal reached the job's orchestrator (the batch script): Slurm's time limit (SIGTERM), "
+              "--signal=B:SIG@T in cluster.sbatch_args (sent T seconds before it), scancel --signal, or a person; the "
+              "job ended the deployment cleanly on it",
+        fix="if the time limit ended it, raise cluster.time_limit; if a --signal in cluster.sbatch_args did, that is "
+            "its purpose; otherwise find who sent the signal the event names",
+        source="tk's job (orchestrator/job.py ENDING_SIGNALS); sbatch(1) --signal",
+        secondary=True,  # tk launch's own interruption, or tk stop, signals the job too: that cause comes first
+    ),
+    Signature(
+        id="worker-unregistered",
+        title="a worker lost its place in the cluster storage",
+        patterns=(r"^unregistered\t",),
+        where=(PHASES,),
+        cause="a worker answered /health but had no key in the cluster storage, so the proxy did not route to it: "
+              "its lease lapsed (an etcd stall, a flood of connections to its etcd gateway) and it did not register "
+              "again, or its etcd gateway ended (the gateway's line `etcd_gateway: ...` in the worker's log says "
+              "why); supervision restarts it when it does not register again in time",
+        fix="read the worker's log around the event for the gateway's or the heartbeat's failure; if leases lapse "
+            "under load, raise membership.inactive_timeout_s (TensorRT-LLM's inactive_timeout_sec)",
+        source="tk's job (orchestrator/policy.py Supervisor.registration); TensorRT-LLM disagg_auto_scaling.py "
+               "DisaggClusterWorker (heartbeat, re-registration)",
+    ),
+    Signature(
+        id="background-failed",
+        title="background work failed (said, not silent)",
+        patterns=(r"^background-failed\t", r"\bbackground-failed \{"),
+        where=EVERYWHERE,
+        cause="a piece of background work of tk's job (a kill, a lookup, a probe, the membership repair), of the "
+              "stand-in (a heartbeat, the membership poll) or of an etcd gateway ended with an exception; the "
+              "line names the component and the cause, and what happened next (restarted, the component failed)",
+        fix="read the cause: a storage or Slurm answer tk did not expect is a bug to report with the line; the "
+            "component it names was restarted or failed as the line says",
+        source="tk's job (orchestrator/background.py), the stand-in (toolkit/standin/tasks.py), "
+               "templates/etcd_gateway.py",
+        secondary=True,
+    ),
+    Signature(
+        id="orchestrator-gone",
+        title="the job's orchestrator is gone while its servers run",
+        patterns=(r"the job's orchestrator is gone",),
+        where=(PHASES,),
+        cause="the local job's batch script (tk's job orchestrator) ended without its teardown (SIGKILL, the OOM "
+              "killer, the interpreter faulting) while servers it started still run: nothing supervises them",
+        fix="tk stop RUN, then launch again; `kill -USR2` of a live orchestrator prints its threads' stacks into "
+            "logs/job.log, and faulthandler's dump there says where a faulting one stopped",
+        source="tk status (the local backend's session, toolkit/launch/backends.py LocalBackend.job_state)",
+    ),
     # --- GPU, memory, NCCL --------------------------------------------------------------------------------
     Signature(
         id="cuda-oom",
@@ -311,6 +380,19 @@ SIGNATURES: tuple[Signature, ...] = (
         fix="lower the role's free_gpu_memory_fraction (e.g. 0.8) or max_batch_size, or kv_transfer."
             "max_tokens_in_buffer; check that no other process uses the GPU (`nvidia-smi`)",
         source="https://github.com/NVIDIA/TensorRT-LLM/issues/13506",
+    ),
+    Signature(
+        id="slurm-gres-invalid",
+        title="Slurm refused the job's GPU request (gres)",
+        patterns=(r"Invalid generic resource \(gres\) specification",),
+        where=(PHASES, JOB),
+        cause="the job asks for GPUs as a generic resource (#SBATCH --gres=gpu:N, cluster.gpu_request \"gres\", the "
+              "default for TensorRT-LLM) and the partition has no GPU gres configured, or not that many per node: "
+              "sbatch refuses the whole job (Slurm's ESLURM_INVALID_GRES)",
+        fix="set cluster.gpu_request to how this cluster hands out GPUs: \"gpus-per-node\" (--gpus-per-node=N), or "
+            "\"none\" for a partition that does not confine devices (and the CPU stand-in, which asks for none by "
+            "default); check `sinfo -N -o '%N %G'` for the partition's gres, and cluster.partition",
+        source="Slurm's error text for ESLURM_INVALID_GRES (SchedMD/slurm src/common/slurm_errno.c @ 46783aa7)",
     ),
     Signature(
         id="no-gpu-visible",

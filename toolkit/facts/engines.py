@@ -20,6 +20,7 @@ class EngineProfile:
     serve_command: tuple[str, ...]  # the `trtllm-serve`-compatible command (servers and proxy)
     launcher: tuple[str, ...]  # wraps each server's ranks (the MPI launcher), or ()
     uses_mpi: bool  # one MPI rank per GPU (srun --mpi=pmix, ntasks = tp*pp) or one process per server
+    uses_gpus: bool  # its servers need the node's GPUs: the job asks Slurm for them (cluster.gpu_request's default)
     options_file_flag: str  # how a server is handed its LLM-API options file
     kv_memory: str  # "gpu" | "host": where the KV cache lives; picks the transport profile's UCX_TLS
     # cache_transceiver_config backends the engine can serve (None: whatever the TensorRT-LLM line accepts),
@@ -49,6 +50,7 @@ TRTLLM = EngineProfile(
     serve_command=(trtllm.SERVE_COMMAND,),
     launcher=(trtllm.LAUNCHER,),
     uses_mpi=True,
+    uses_gpus=True,
     options_file_flag=trtllm.OPTIONS_FILE_FLAG,
     kv_memory="gpu",
     kv_backends=None,
@@ -69,6 +71,7 @@ STANDIN = EngineProfile(
     serve_command=("tk-standin-serve",),
     launcher=(),
     uses_mpi=False,
+    uses_gpus=False,  # a CPU engine: a GPU request would only keep it off partitions without GPU gres
     options_file_flag=trtllm.OPTIONS_FILE_FLAG,  # it parses trtllm-serve's command line
     kv_memory="host",
     kv_backends=("NIXL", "UCX", "DEFAULT"),

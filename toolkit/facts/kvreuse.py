@@ -34,6 +34,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from toolkit.facts.trtllm import Router
+
 # --- KvCacheConfig / BlockReuseConfig defaults ------------------------------------------------------------------
 ENABLE_BLOCK_REUSE_DEFAULT = True
 EVENT_BUFFER_MAX_SIZE_DEFAULT = 0
@@ -47,7 +49,7 @@ MAX_NUM_TURNS_DEFAULT = 1
 KV_AWARE_TOKENS_PER_BLOCK_DEFAULT = 32  # KvCacheAwareRouter(tokens_per_block=32)
 KV_AWARE_MAX_BATCH_SIZE_DEFAULT = 64  # KvCacheAwareRouter(max_batch_size=64)
 TOKENS_PER_BLOCK_ENV = "TRTLLM_KVCACHE_AWARE_ROUTER_HASH_TOKENS_PER_BLOCK"  # BlockHashMixin._init_block_hashing
-CONVERSATION_ROUTER = "conversation"
+CONVERSATION_ROUTER = Router.CONVERSATION
 CONVERSATION_DEFAULTS = {"match_threshold": 0.75, "tokens_per_block": 128, "use_token_ids": False,
                          "hash_skip_count": 0, "max_sessions": 100000}
 CONVERSATION_CHARS_PER_TOKEN = 5  # ConversationRouter.CHAR_PER_TOKEN ("approximately 4 characters per token + 1")

@@ -15,9 +15,11 @@ import re
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-# Bytes per element of the KV cache for each kv dtype tk accepts.
+# Bytes per element of the KV cache for each kv dtype tk sizes (what a TensorRT-LLM options file may say too).
 KV_DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "fp8": 1, "nvfp4": 0.5625}
 # nvfp4: 4 bits per value plus one fp8 scale per 16 values = 4.5 bits.
+# The KV dtypes a recipe names (kv_transfer.dtype; which a line takes is in its facts: TrtllmVersion.kv_dtypes).
+KV_DTYPES = ("auto", "fp8", "nvfp4")
 
 
 class ModelError(ValueError):
@@ -89,12 +91,14 @@ class ModelSpec:
         return 1 if self.attention == "mla" else 2
 
     def kv_bytes_per_token_per_layer_per_rank(self, kv_dtype: str, tp: int) -> float:
-        """KV bytes one token takes in one layer on one tensor-parallel rank: TP splits the KV heads
-        (at least one per rank); MLA's latent is replicated on every rank, not split."""
+        """KV bytes one token takes in one layer on one rank of an attention TP group of ``tp`` (1 under attention
+        DP): each rank keeps ceil(num_kv_heads / tp) KV heads, one replicated head where there are more ranks than
+        heads (Attention.__init__, tensorrt_llm/_torch/modules/attention.py @ 00547a25; toolkit/plan/memory.py);
+        MLA's latent is replicated on every rank, not split."""
         elem = KV_DTYPE_BYTES[kv_dtype]
         if self.attention == "mla":
             return (self.kv_lora_rank + self.qk_rope_head_dim) * elem
-        return 2 * max(1, self.num_kv_heads // tp) * self.head_dim * elem
+        return 2 * math.ceil(self.num_kv_heads / tp) * self.head_dim * elem
 
     def layers_per_rank(self, pp: int, extra_layers: int = 0) -> int:
         """KV layers the fullest pipeline-parallel rank holds. TensorRT-LLM splits the model's layers like
@@ -105,9 +109,16 @@ class ModelSpec:
             return math.ceil(self.num_layers / pp)
         return max(math.ceil(self.num_layers / pp), self.num_layers // pp + extra_layers)
 
-    def kv_bytes_per_token_per_rank(self, kv_dtype: str, tp: int, pp: int, extra_layers: int = 0) -> int:
-        """KV bytes one token takes on the fullest rank of a tp x pp server, all of that rank's layers."""
-        return int(self.kv_bytes_per_token_per_layer_per_rank(kv_dtype, tp) * self.layers_per_rank(pp, extra_layers))
+    def kv_bytes_per_token_per_rank(self, kv_dtype: str, tp: int, pp: int, extra_layers: int = 0,
+                                    full_only: bool = False) -> int:
+        """KV bytes one token takes on the fullest rank of a server (attention TP ``tp``, ``pp`` pipeline stages),
+        all of that rank's layers, ``extra_layers`` (MTP) included. The one computation of it: the plan's KV
+        geometry, each role's memory plan, the validation payloads and the emulated roofline read it.
+        ``full_only``: sliding-window layers left out (they hold at most a window of tokens)."""
+        layers = self.layers_per_rank(pp, extra_layers)
+        if full_only and self.sliding_layers:
+            layers = max(1, layers - math.ceil(self.sliding_layers / pp))
+        return int(self.kv_bytes_per_token_per_layer_per_rank(kv_dtype, tp) * layers)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -62,7 +62,7 @@ def roofline(model: ModelSpec, gpu: str, tp: int = 1, precision: str = "bf16", k
         raise ValueError(f"{gpu} has no FP8 tensor cores; emulate it with precision bf16")
     if tp < 1:
         raise ValueError("tp must be at least 1")
-    kv = model.kv_bytes_per_token_per_layer_per_rank(kv_dtype, tp) * model.num_layers
+    kv = model.kv_bytes_per_token_per_rank(kv_dtype, tp, 1)
     return Roofline(model=model, gpu=figures, tp=tp, precision=precision, kv_bytes_per_token=kv)
 
 

@@ -1,8 +1,8 @@
 """TensorRT-LLM's KV cache transceiver: which one a release runs, and what it hands NIXL for one request.
 
-Pure data and pure functions (standard library only). The plan (``KvTransferPlan.transceiver``), the validator (what
-its agents move), the sizing and the stand-in's emulated transfer time all read them. Every fact below was read in
-TensorRT-LLM's source at the commit cited beside it.
+Pure data and pure functions (the standard library, and the generated data through ``llm_args``). The plan
+(``KvTransferPlan.transceiver``), the validator (what its agents move), the sizing and the stand-in's emulated transfer
+time all read them. Every fact below was read in TensorRT-LLM's source at the commit cited beside it.
 
 Two transceivers
 ----------------
@@ -47,14 +47,19 @@ Neither transceiver READs: the context side WRITEs into the generation side.
 Which one runs
 --------------
 ``cache_transceiver_config.transceiver_runtime``: CPP | PYTHON, and from PR #16164 ``auto`` as the default. None
-"is equivalent to 'CPP'". At llm_args.py @ 0004396720054fd8e205cbf616f21f0b57c6b412 (the 1.3.0rc24..rc26 snapshot,
-after PR #18134): "'auto' (default) adopts the model's preferred runtime when it declares one; otherwise it selects
-the Python transceiver, falling back to the C++ transceiver only when this config itself rules it out (non-NIXL
-backend or a null kv_transfer_timeout_ms)". The models that declare a preference (GPT-OSS PR #16479, DeepSeek-V3
-PR #16908, GLM-5, Llama/Gemma3 PR #16787) prefer PYTHON, so ``auto`` resolves as without one. A line's default comes
-from the generated data (``trtllm_data.json``: a snapshot's field entry ``default`` where the generator recorded one)
-and otherwise from ``LINE_DEFAULT_SETTING`` when the snapshot allows that value; a snapshot without the field (1.0 to
-1.2) runs the C++ transceiver.
+"is equivalent to 'CPP'". At llm_args.py @ 0004396720054fd8e205cbf616f21f0b57c6b412 (after PR #18134): "'auto'
+(default) adopts the model's preferred runtime when it declares one; otherwise it selects the Python transceiver,
+falling back to the C++ transceiver only when this config itself rules it out (non-NIXL backend or a null
+kv_transfer_timeout_ms)". The models that declare a preference (GPT-OSS PR #16479, DeepSeek-V3 PR #16908, GLM-5,
+Llama/Gemma3 PR #16787) prefer PYTHON, so ``auto`` resolves as without one.
+
+Which default a release has and what each setting selects is the generated data's, not this module's
+(``trtllm_data.json``: the field's ``default`` and ``resolves`` per snapshot, with their evidence in
+scripts/trtllm_sources.yaml): null (= C++) in manifest@92e3075 (1.3.0rc18..rc20), ``auto`` -> PYTHON, or CPP for a
+non-NIXL backend or a null timeout, in manifest@0004396 (1.3.0rc27..1.4.0rc1). A snapshot without the field (1.0 to
+1.2) has only the C++ transceiver. A release between two snapshots (1.3.0rc21..rc26) is read as llm_args reads any
+field there, from the newer one, and where the two select different transceivers that choice is unverified
+(``RuntimeChoice.candidates``): the plan says so, and refuses nothing that only one of them would refuse.
 """
 
 from __future__ import annotations
@@ -62,6 +67,8 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass
+
+from toolkit.facts import llm_args
 
 RUNTIME_PATH = "cache_transceiver_config.transceiver_runtime"
 
@@ -96,12 +103,6 @@ BOUNCE_MIN_BYTES = 2 << 20
 BOUNCE_AGENT_CHUNK_BYTES = 32 << 20
 BOUNCE_AGENT_MIN_DESCRIPTORS = 1024
 BOUNCE_AGENT_MAX_AVERAGE_BYTES = 16 << 10
-
-# The release line's default transceiver_runtime where the generated data records none, used only when the line's
-# snapshot allows the value (1.3.0rc18..rc20's CPP|PYTHON has no auto: its default was None, the C++ transceiver).
-# A line not listed (a newer one) takes the newest line's.
-LINE_DEFAULT_SETTING = {"1.3": "auto"}
-
 
 class Runtime(str, enum.Enum):
     CPP = "CPP"
@@ -236,66 +237,106 @@ def targets_per_context_rank(ctx_tp: int, gen_tp: int, ctx_pp: int, gen_pp: int,
 # -- which transceiver runs -------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class RuntimeDefault:
-    """A release's transceiver_runtime when the options file does not set it, and why."""
+class SnapshotRuntime:
+    """What one snapshot of TensorRT-LLM's option surface says about transceiver_runtime (the generated data's field
+    entry): its default and what each setting selects (``resolves``); ``has_field`` False where the snapshot has no
+    transceiver_runtime, which is the C++ transceiver whatever is set."""
 
-    setting: str | None  # "auto", "CPP", "PYTHON", or None (C++)
-    source: str
+    cite: str
+    line: str
+    has_field: bool
+    default: str | None = None
+    resolves: tuple[tuple[str, str], ...] = ()
+
+    def select(self, setting: str | None, backend: str, timeout_ms_null: bool) -> tuple[Runtime, str] | None:
+        """The runtime ``setting`` (None: unset) selects with the effective ``backend``, and why; None where this
+        snapshot does not say (a setting it does not allow)."""
+        if not self.has_field:
+            return Runtime.CPP, "no transceiver_runtime: the C++ transceiver"
+        resolves = dict(self.resolves)
+        if setting in (Runtime.CPP.value, Runtime.PYTHON.value):
+            return Runtime(setting), f"transceiver_runtime {setting}"
+        if setting is None:
+            key, why = "null", "transceiver_runtime unset (None)"
+        elif setting == "auto" and backend != "NIXL":
+            key, why = "auto_when_not_nixl", f"transceiver_runtime auto with backend {backend}"
+        elif setting == "auto" and timeout_ms_null:
+            key, why = "auto_when_no_timeout", "transceiver_runtime auto with kv_transfer_timeout_ms null"
+        else:
+            key, why = str(setting), f"transceiver_runtime {setting} with the NIXL backend"
+        if key not in resolves:
+            return None
+        runtime = Runtime(resolves[key])
+        return runtime, f"{why}: the {runtime.label}"
 
 
-def snapshot_default(fields: dict | None, line: str, cite: str) -> RuntimeDefault:
-    """The default of a snapshot of TensorRT-LLM's option surface (``fields``: the data's path -> entry, None when
-    tk has no snapshot): its recorded default, else the line's (``LINE_DEFAULT_SETTING``) where the snapshot allows
-    it, else None (the C++ transceiver)."""
-    entry = (fields or {}).get(RUNTIME_PATH)
-    if entry is None:
-        return RuntimeDefault(None, f"{cite}: no transceiver_runtime, the C++ transceiver")
-    if "default" in entry:
-        return RuntimeDefault(entry["default"], f"{cite}: default {entry['default']!r}")
-    newest = LINE_DEFAULT_SETTING[max(LINE_DEFAULT_SETTING, key=lambda v: tuple(int(x) for x in v.split(".")))]
-    guess = LINE_DEFAULT_SETTING.get(line, newest)
-    allowed = entry.get("allowed") or ()
-    if guess in allowed:
-        return RuntimeDefault(guess, f"{cite} allows {'|'.join(allowed)}; default {guess!r} ({SOURCES['runtime']})")
-    return RuntimeDefault(None, f"{cite} allows {'|'.join(allowed)} without {guess!r}: default None, the C++ "
-                                "transceiver")
-
-
-def default_for(line: str, release: str | None = None) -> RuntimeDefault:
-    """The transceiver_runtime default of a TensorRT-LLM release (or, without one, of its line's newest release),
-    from the generated data: the snapshot that carries the release (else the nearest one before it), or the line's
-    newest snapshot; a line tk has no snapshot of takes the newest snapshot tk has."""
-    from toolkit.facts import llm_args
-
+def snapshot_runtimes(target: llm_args.Target) -> tuple[SnapshotRuntime, ...]:
+    """What every snapshot that speaks for ``target`` (llm_args.evidence: the release's own, else the nearest before
+    and after it) says about transceiver_runtime, oldest first, from the generated data (trtllm_data.json: the
+    field's ``default`` and ``resolves``; scripts/trtllm_sources.yaml gives their evidence). A snapshot that has the
+    field but records neither (a new release before its default is read) is read with the nearest earlier snapshot
+    that does, and its cite says so."""
     snaps = llm_args.snapshots()
-    pick = None
-    if release:
-        v = llm_args.version_key(release)
-        carrying = [s for s in snaps if llm_args.version_key(s.first) <= v <= llm_args.version_key(s.last)]
-        before = [s for s in snaps if llm_args.version_key(s.first) <= v]
-        pick = (carrying or before or [None])[-1]
-    if pick is None:
-        in_line = [s for s in snaps if s.line == line]
-        pick = (in_line or list(snaps) or [None])[-1]
-    if pick is None:
-        return RuntimeDefault(None, "no TensorRT-LLM facts: the C++ transceiver")
-    return snapshot_default(pick.fields, line, pick.cite)
+    out = []
+    for snap in llm_args.evidence(target):
+        entry = snap.fields.get(RUNTIME_PATH)
+        if entry is None:
+            out.append(SnapshotRuntime(snap.cite, snap.line, has_field=False))
+            continue
+        cite = snap.cite
+        if "default" not in entry and "resolves" not in entry:
+            before = snaps[:next(i for i, s in enumerate(snaps) if s is snap)]
+            earlier = [s for s in before if "default" in s.fields.get(RUNTIME_PATH, {})]
+            if earlier:
+                cite = f"{snap.cite}, which records no default: read as {earlier[-1].cite}"
+                entry = earlier[-1].fields[RUNTIME_PATH]
+        out.append(SnapshotRuntime(cite, snap.line, has_field=True, default=entry.get("default"),
+                                   resolves=tuple(sorted((entry.get("resolves") or {}).items()))))
+    return tuple(out)
 
 
-def resolve_runtime(setting: str | None, backend: str, timeout_ms_null: bool = False) -> tuple[Runtime, str]:
-    """The transceiver a server runs for ``setting`` (what its options file says, or the line's default) with the
-    effective ``backend`` (DEFAULT resolved): CPP or None is the C++ one, PYTHON the Python one, auto the Python one
-    unless the backend is not NIXL or kv_transfer_timeout_ms is null (llm_args.py @ 0004396)."""
-    if setting == Runtime.PYTHON.value:
-        return Runtime.PYTHON, "transceiver_runtime PYTHON"
-    if setting == "auto":
-        if backend != "NIXL":
-            return Runtime.CPP, f"transceiver_runtime auto with backend {backend}: the C++ transceiver"
-        if timeout_ms_null:
-            return Runtime.CPP, "transceiver_runtime auto with kv_transfer_timeout_ms null: the C++ transceiver"
-        return Runtime.PYTHON, "transceiver_runtime auto with the NIXL backend: the Python transceiver"
-    return Runtime.CPP, ("transceiver_runtime CPP" if setting == Runtime.CPP.value
-                         else "transceiver_runtime unset (None): the C++ transceiver")
+@dataclass(frozen=True)
+class RuntimeChoice:
+    """The transceiver one role's servers run: what the newest snapshot that speaks for the release selects (as
+    llm_args.entry reads a field), and every runtime the snapshots that speak for it select (more than one for a
+    release between two snapshots that disagree, e.g. 1.3.0rc21..rc26: then which one runs is unverified)."""
+
+    runtime: Runtime
+    setting: str | None  # transceiver_runtime as the options file gives it, else the deciding snapshot's default
+    why: str
+    default_source: str  # the snapshot whose default or resolution decided
+    candidates: frozenset[Runtime]
+
+    @property
+    def verified(self) -> bool:
+        return len(self.candidates) == 1
+
+
+def choose_runtime(target: llm_args.Target, given: bool, setting: str | None, backend: str,
+                   timeout_ms_null: bool = False) -> RuntimeChoice:
+    """The transceiver a server of ``target`` runs: ``setting`` where its options file sets transceiver_runtime
+    (``given``), else each snapshot's default, resolved with the effective ``backend`` (DEFAULT resolved) by each
+    snapshot's ``resolves``. The newest snapshot that speaks for the release decides, as llm_args.entry reads a
+    field, where the release surely has the field (llm_args.status KNOWN); where that is not established (1.2.0:
+    only the 1.3 snapshot after it has the field), the newest snapshot without it decides (the C++ transceiver); of
+    the line's own snapshots where it has any. A target tk has no facts for, or a setting no snapshot resolves (one
+    TensorRT-LLM refuses; the rules report it), runs the C++ transceiver."""
+    known = llm_args.status(target, RUNTIME_PATH).verdict is llm_args.Verdict.KNOWN
+    picks = []
+    for snap in snapshot_runtimes(target):
+        value = setting if given else snap.default
+        chosen = snap.select(value, backend, timeout_ms_null)
+        if chosen is not None:
+            picks.append((snap, value, *chosen))
+    if not picks:
+        return RuntimeChoice(Runtime.CPP, setting if given else None,
+                             f"transceiver_runtime {setting!r} is resolved by no snapshot tk has for TensorRT-LLM "
+                             f"{target}: the C++ transceiver", "no snapshot", frozenset({Runtime.CPP}))
+    deciding = [p for p in picks if p[0].has_field == known] or picks
+    deciding = [p for p in deciding if p[0].line == target.line] or deciding  # the release's own line first
+    snap, value, runtime, why = deciding[-1]
+    source = snap.cite if given or not snap.has_field else f"{snap.cite}: default {snap.default!r}"
+    return RuntimeChoice(runtime, value, why, source, frozenset(p[2] for p in picks))
 
 
 def resolve_backend(backend: str, env: dict, line: str, selectors: dict) -> str:

@@ -19,7 +19,8 @@ import yaml
 from toolkit.errors import RecipeError, Violation
 from toolkit.importer import srtslurm, trtllm_bench, trtllm_disagg
 from toolkit.importer.common import Ledger, SourceError, flatten
-from toolkit.recipe.loader import cut, escape_controls
+from toolkit.recipe.yaml import parse_yaml
+from toolkit.text import cut, escape_controls
 
 KINDS = {m.KIND: m for m in (srtslurm, trtllm_bench, trtllm_disagg)}
 MAX_SOURCE_BYTES = 1 << 20
@@ -49,9 +50,7 @@ def read_source(path: str | Path) -> dict:
 
 
 def _read(path: str | Path) -> tuple[dict, dict]:
-    """The source's mapping and the line of each field path in it (toolkit.recipe.loader.parse_yaml)."""
-    from toolkit.recipe.loader import parse_yaml
-
+    """The source's mapping and the line of each field path in it (toolkit.recipe.yaml.parse_yaml)."""
     p = Path(path)
     file = cut(str(path))
     if not p.is_file():
@@ -105,6 +104,7 @@ def import_doc(doc: dict, file: str, kind: str | None = None, name: str | None =
     doc = as_data(doc)
     try:
         recipe = KINDS[found].convert(doc, ledger)
+        ledger.sweep(doc)
     except SourceError as exc:
         raise RecipeError([Violation(file, (lines or {}).get(tuple(exc.path.split("."))), exc.path,
                                      f"{cut(str(exc))}: tk cannot import it as {found}",
@@ -144,7 +144,8 @@ def as_data(value):
 
 def render_text(recipe: dict, ledger: Ledger) -> str:
     head = [f"# Imported by `tk import` from {ledger.source} ({ledger.kind}).",
-            "# Every value tk can carry is here; what it could not carry is listed below (nothing else was dropped)."]
+            "# Every value tk can carry is here; " + ("what it could not carry, or did not understand, is listed below."
+                                                     if ledger.dropped else "nothing was dropped.")]
     if ledger.dropped:
         head.append("# Not carried:")
         head += [f"#   {d.path}: {d.why}" for d in ledger.dropped]

@@ -11,8 +11,8 @@ import copy
 import re
 from dataclasses import dataclass, field
 
-from toolkit.facts.hardware import GPUS, MNNVL_GPUS
-from toolkit.facts.models import ALIASES, BUILTIN_MODELS
+from toolkit.facts.hardware import GPUS, MNNVL_GPUS, Transport
+from toolkit.facts.models import ALIASES, BUILTIN_MODELS, KV_DTYPES
 
 # Option paths a role's servers take that are recipe fields of the role: path -> RoleSpec field.
 ROLE_FIELDS = {
@@ -34,7 +34,6 @@ OPTIONAL_SHARED = {
     "cache_transceiver_config.kv_cache_bounce_size_mb": "bounce_size_mb",
     "cache_transceiver_config.enable_pipelined_transfer": "pipelined",
 }
-KV_DTYPES = ("auto", "fp8", "nvfp4")  # the recipe's kv_transfer.dtype
 GRACE_GPUS = ("GB200", "GB300")  # Grace-Blackwell nodes: NVIDIA's srt-slurm binds memory with numactl -m 0,1
 NUMACTL = ["numactl", "-m", "0,1"]
 
@@ -62,6 +61,17 @@ class Ledger:
 
     def carry(self, path: str) -> None:
         self.carried.append(path)
+
+    def accounted(self, path: str) -> bool:
+        """Whether ``path`` (a source leaf) was carried or dropped, itself or as part of a section."""
+        return any(path == p or path.startswith(p + ".") for p in [*self.carried, *(d.path for d in self.dropped)])
+
+    def sweep(self, doc: dict) -> None:
+        """Every leaf of the source no rule carried or dropped is dropped as not understood, with its path: what an
+        importer does not know (a key a newer release of the format added) is listed, never lost silently."""
+        for path, value in leaves(doc):
+            if not self.accounted(path):
+                self.drop(path, value, f"not understood: tk's {self.kind} import has no rule for it")
 
 
 class SourceError(ValueError):
@@ -104,6 +114,16 @@ def flatten(d: dict, prefix: str = "") -> dict:
         else:
             out[path] = v
     return out
+
+
+def leaves(d: dict, prefix: str = ""):
+    """(dotted path, value) of every leaf: a value that is not a mapping, or an empty mapping."""
+    for k, v in d.items():
+        path = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict) and v:
+            yield from leaves(v, path)
+        else:
+            yield path, v
 
 
 def dig(d, path: str, default=None):
@@ -257,6 +277,35 @@ def speculative(per_role: dict[str, dict], where: dict[str, str], ledger: Ledger
     return out
 
 
+def finish_roles(recipe: dict, roles: dict[str, dict], per_role: dict[str, dict], where: dict[str, str],
+                 ledger: Ledger) -> dict:
+    """What every importer does once each role's options are split: the shared kv_transfer fields and the
+    speculative section from both roles' options, the rest as each role's extra_options (carried), the roles into
+    the recipe. Returns the recipe's kv_transfer section (without a transport: the caller knows the GPU)."""
+    kv = shared_fields(per_role, where, ledger)
+    spec = speculative(per_role, where, ledger)
+    for title, rest in per_role.items():
+        if rest:
+            roles[title]["extra_options"] = rest
+            for key in rest:
+                ledger.carry(f"{where[title]}.{key}")
+        recipe[title] = roles[title]
+    kv.setdefault("kv_transfer_timeout_ms", None)  # the source sets none: TensorRT-LLM's default, not tk's 60000
+    recipe["kv_transfer"] = kv
+    if spec:
+        recipe["speculative"] = spec
+    return kv
+
+
+def drop_known(doc: dict, table: dict[str, str], ledger: Ledger) -> None:
+    """Drop every path of ``table`` (dotted source path -> why tk does not carry it) the source has."""
+    missing = object()
+    for path, why in table.items():
+        value = dig(doc, path, missing)
+        if value is not missing:
+            ledger.drop(path, value, why)
+
+
 def launcher_for(gpu: str | None, numa_bind) -> list[str]:
     if numa_bind is True or (numa_bind is None and gpu in GRACE_GPUS):
         return list(NUMACTL)
@@ -268,11 +317,11 @@ def transport_for(gpu: str | None, recipe: dict, ledger: Ledger) -> str:
     UCX. On GB200/GB300 (NVL72 racks) tk's nvlink-multi-node profile does the same; elsewhere tk's infiniband
     profile sets UCX_TLS (its reason is in the env files), which the import says unless a role's env sets it."""
     if gpu in MNNVL_GPUS:
-        return "nvlink-multi-node"
+        return Transport.NVLINK_MULTI_NODE.value
     if not any("UCX_TLS" in (recipe.get(t) or {}).get("env", {}) for t in ("context", "generation")):
         ledger.notes.append("the source leaves UCX_TLS to UCX; tk's transport profile infiniband sets it (tk plan "
                             "shows the list and why): set kv_transfer.transport, or UCX_TLS in a role's env")
-    return "infiniband"
+    return Transport.INFINIBAND.value
 
 
 def env_mapping(value, where: str, ledger: Ledger) -> dict:

@@ -13,8 +13,8 @@ wraps them in trtllm-llmapi-launch, and serves through Dynamo's frontend or ``tr
 from __future__ import annotations
 
 from toolkit.facts.models import BUILTIN_MODELS, FOUR_BIT
-from toolkit.importer.common import (Ledger, env_mapping, gpu_name, launcher_for, model_name, role_options, section,
-                                     shared_fields, speculative, transport_for)
+from toolkit.importer.common import (Ledger, drop_known, env_mapping, finish_roles, gpu_name, launcher_for, model_name,
+                                     role_options, section, transport_for)
 
 KIND = "srt-slurm"
 ROLES = {"prefill": "context", "decode": "generation"}
@@ -58,9 +58,17 @@ def looks_like(doc: dict) -> bool:
     return isinstance(backend, dict) and backend.get("type") == "trtllm" and "trtllm_config" in backend
 
 
+MACHINERY = ("srtctl's own deployment machinery (Dynamo, NATS/etcd, health polling): tk runs and supervises the "
+             "deployment itself")
+WORKER_SETTING = "a srtctl/Dynamo worker setting tk has no counterpart for"
+# Source paths srtctl reads that tk does not carry, with the reason.
+DROPPED = {"dynamo": MACHINERY, "health_check": MACHINERY, "infra": MACHINERY,
+           "backend.publish_events_and_metrics": WORKER_SETTING, "backend.sequential_node_start": WORKER_SETTING}
+# Placement srtctl computes that tk derives itself from tp x pp and gpus_per_node.
+PLACEMENT = ("prefill_nodes", "decode_nodes", "gpus_per_prefill", "gpus_per_decode")
+
+
 def convert(doc: dict, ledger: Ledger) -> dict:
-    recipe: dict = {"schema_version": 1, "name": str(doc.get("name") or "imported")}
-    ledger.carry("name")
     model = section(doc, "model")
     res = section(doc, "resources")
     backend = section(doc, "backend")
@@ -72,91 +80,22 @@ def convert(doc: dict, ledger: Ledger) -> dict:
     missing = [r for r in ROLES if not isinstance(configs.get(r), dict)]
     if missing:
         raise ValueError(f"backend.trtllm_config has no {' / '.join(missing)} section")
-
-    path = str(model.get("path", ""))
-    name, served, quant = srt_model(path, model.get("precision"))
-    recipe["model"] = name
-    if served is not None and "/" in served.removeprefix("hf:"):
-        recipe["model_path"] = served.removeprefix("hf:")
-        ledger.notes.append(f"model.path {path!r} is sized as {name}, tk's built-in of the same architecture")
-    elif served is not None:
-        recipe["model_path"] = served
-        ledger.notes.append(f"model.path {path!r} is a srt-slurm model alias (srtslurm.yaml model_paths) for "
-                            f"{name}; set model_path to the checkpoint directory the servers load")
-    ledger.carry("model.path")
-    if quant is not None:
-        recipe["quantization"] = quant
-        ledger.carry("model.precision")
-
-    cluster: dict = {}
+    recipe: dict = {"schema_version": 1, "name": str(doc.get("name") or "imported")}
+    ledger.carry("name")
+    ledger.carry("backend.type")  # what makes it a TensorRT-LLM recipe (looks_like)
+    recipe.update(_model(model, ledger))
     gpu = gpu_name(res.get("gpu_type"))
-    if gpu:
-        cluster["gpu"] = gpu
-        ledger.carry("resources.gpu_type")
-    elif res.get("gpu_type") is not None:
-        ledger.drop("resources.gpu_type", res["gpu_type"], "a GPU tk has no facts for")
-    if res.get("gpus_per_node") is not None:
-        cluster["gpus_per_node"] = res["gpus_per_node"]
-        ledger.carry("resources.gpus_per_node")
-    container = model.get("container") or section(section(doc, "identity"), "container", "identity").get("image")
-    if container:
-        cluster["container_image"] = str(container)
-        ledger.carry("model.container")
-        if "/" not in str(container) and "#" not in str(container):
-            ledger.notes.append(f"model.container {container!r} is a srtctl container alias (srtslurm.yaml "
-                                "containers); set cluster.container_image to the image it names")
-    sbatch = [f"--{k}={v}" if v not in (None, "") else f"--{k}" for k, v in section(doc, "sbatch_directives").items()]
-    if sbatch:
-        cluster["sbatch_args"] = sbatch
-        ledger.carry("sbatch_directives")
-    srun = [f"--{k}={v}" if v not in (None, "") else f"--{k}" for k, v in section(doc, "srun_options").items()]
-    if srun:
-        cluster["srun_args"] = srun
-        ledger.carry("srun_options")
-    recipe["cluster"] = cluster
-
-    per_role, roles, where = {}, {}, {}
+    recipe["cluster"] = _cluster(doc, model, res, gpu, ledger)
+    roles, per_role, where = {}, {}, {}
     for src_name, title in ROLES.items():
         where[title] = f"backend.trtllm_config.{src_name}"
-        ledger.role_sources[title] = dict(configs[src_name])
-        role, rest = role_options(configs[src_name], title, where[title], ledger)
-        role["instances"] = res.get(f"{src_name}_workers", 1)
-        ledger.carry(f"resources.{src_name}_workers")
-        env = env_mapping(backend.get(f"{src_name}_environment"), f"backend.{src_name}_environment", ledger)
-        if env:
-            role["env"] = env
-        prefix = launcher_for(gpu, backend.get("numa_memory_bind"))
-        if prefix:
-            role["launcher_prefix"] = prefix
-            ledger.carry("backend.numa_memory_bind" if "numa_memory_bind" in backend else "resources.gpu_type")
-        per_role[title], roles[title] = rest, role
-    kv = shared_fields(per_role, where, ledger)
-    spec = speculative(per_role, where, ledger)
-    for title in ROLES.values():
-        if per_role[title]:
-            roles[title]["extra_options"] = per_role[title]
-            for key in per_role[title]:
-                ledger.carry(f"{where[title]}.{key}")
-        recipe[title] = roles[title]
-    if "kv_transfer_timeout_ms" not in kv:
-        kv["kv_transfer_timeout_ms"] = None  # the source sets none: TensorRT-LLM's default, not tk's 60000
+        roles[title], per_role[title] = _role(src_name, title, configs[src_name], res, backend, gpu, ledger)
+    kv = finish_roles(recipe, roles, per_role, where, ledger)
     kv["transport"] = transport_for(gpu, recipe, ledger)
-    recipe["kv_transfer"] = kv
-    if spec:
-        recipe["speculative"] = spec
-
-    bench = section(doc, "benchmark")
-    traffic = {}
-    for key, fld in (("isl", "max_input_len"), ("osl", "max_output_len")):
-        if isinstance(bench.get(key), int) and not isinstance(bench.get(key), bool):
-            traffic[fld] = bench[key]
-            ledger.carry(f"benchmark.{key}")
+    traffic = _traffic(section(doc, "benchmark"), ledger)
     if traffic:
         recipe["traffic"] = traffic
-    for key, value in bench.items():
-        if key not in ("isl", "osl"):
-            ledger.drop(f"benchmark.{key}", value, "srtctl's benchmark settings: run tk bench with its own options")
-    for key in ("prefill_nodes", "decode_nodes", "gpus_per_prefill", "gpus_per_decode"):
+    for key in PLACEMENT:
         if key in res:
             ledger.notes.append(f"resources.{key} = {res[key]}: tk places the servers itself from tp x pp and "
                                 "gpus_per_node (tk plan shows the nodes)")
@@ -167,11 +106,87 @@ def convert(doc: dict, ledger: Ledger) -> dict:
                     "and trtllm-serve workers, not the Dynamo frontend and dynamo.trtllm workers")
     elif frontend:
         ledger.carry("frontend")
-    for key in ("dynamo", "health_check", "infra"):
-        if key in doc:
-            ledger.drop(key, doc[key], "srtctl's own deployment machinery (Dynamo, NATS/etcd, health polling): tk "
-                        "runs and supervises the deployment itself")
-    for key in ("publish_events_and_metrics", "sequential_node_start"):
-        if key in backend:
-            ledger.drop(f"backend.{key}", backend[key], "a srtctl/Dynamo worker setting tk has no counterpart for")
+    drop_known(doc, DROPPED, ledger)
     return recipe
+
+
+def _model(model: dict, ledger: Ledger) -> dict:
+    out: dict = {}
+    path = str(model.get("path", ""))
+    name, served, quant = srt_model(path, model.get("precision"))
+    out["model"] = name
+    if served is not None and "/" in served.removeprefix("hf:"):
+        out["model_path"] = served.removeprefix("hf:")
+        ledger.notes.append(f"model.path {path!r} is sized as {name}, tk's built-in of the same architecture")
+    elif served is not None:
+        out["model_path"] = served
+        ledger.notes.append(f"model.path {path!r} is a srt-slurm model alias (srtslurm.yaml model_paths) for "
+                            f"{name}; set model_path to the checkpoint directory the servers load")
+    ledger.carry("model.path")
+    if quant is not None:
+        out["quantization"] = quant
+        ledger.carry("model.precision")
+    return out
+
+
+def _flags(mapping: dict) -> list[str]:
+    return [f"--{k}={v}" if v not in (None, "") else f"--{k}" for k, v in mapping.items()]
+
+
+def _cluster(doc: dict, model: dict, res: dict, gpu: str | None, ledger: Ledger) -> dict:
+    cluster: dict = {}
+    if gpu:
+        cluster["gpu"] = gpu
+        ledger.carry("resources.gpu_type")
+    elif res.get("gpu_type") is not None:
+        ledger.drop("resources.gpu_type", res["gpu_type"], "a GPU tk has no facts for")
+    if res.get("gpus_per_node") is not None:
+        cluster["gpus_per_node"] = res["gpus_per_node"]
+        ledger.carry("resources.gpus_per_node")
+    identity = section(section(doc, "identity"), "container", "identity")
+    container = model.get("container") or identity.get("image")
+    if container:
+        cluster["container_image"] = str(container)
+        ledger.carry("model.container" if model.get("container") else "identity.container.image")
+        if "/" not in str(container) and "#" not in str(container):
+            ledger.notes.append(f"model.container {container!r} is a srtctl container alias (srtslurm.yaml "
+                                "containers); set cluster.container_image to the image it names")
+    for src, dst in (("sbatch_directives", "sbatch_args"), ("srun_options", "srun_args")):
+        flags = _flags(section(doc, src))
+        if flags:
+            cluster[dst] = flags
+            ledger.carry(src)
+    return cluster
+
+
+def _role(src_name: str, title: str, options: dict, res: dict, backend: dict, gpu: str | None,
+          ledger: Ledger) -> tuple[dict, dict]:
+    where = f"backend.trtllm_config.{src_name}"
+    ledger.role_sources[title] = dict(options)
+    role, rest = role_options(options, title, where, ledger)
+    role["instances"] = res.get(f"{src_name}_workers", 1)
+    ledger.carry(f"resources.{src_name}_workers")
+    env = env_mapping(backend.get(f"{src_name}_environment"), f"backend.{src_name}_environment", ledger)
+    if env:
+        role["env"] = env
+    prefix = launcher_for(gpu, backend.get("numa_memory_bind"))
+    if prefix:
+        role["launcher_prefix"] = prefix
+        ledger.carry("backend.numa_memory_bind" if "numa_memory_bind" in backend else "resources.gpu_type")
+    elif "numa_memory_bind" in backend:
+        ledger.carry("backend.numa_memory_bind")  # false: no prefix, which is what tk writes
+    return role, rest
+
+
+def _traffic(bench: dict, ledger: Ledger) -> dict:
+    traffic = {}
+    for key, fld in (("isl", "max_input_len"), ("osl", "max_output_len")):
+        if isinstance(bench.get(key), int) and not isinstance(bench.get(key), bool):
+            traffic[fld] = bench[key]
+            ledger.carry(f"benchmark.{key}")
+        elif key in bench:
+            ledger.drop(f"benchmark.{key}", bench[key], f"not a whole number of tokens for traffic.{fld}")
+    for key, value in bench.items():
+        if key not in ("isl", "osl"):
+            ledger.drop(f"benchmark.{key}", value, "srtctl's benchmark settings: run tk bench with its own options")
+    return traffic

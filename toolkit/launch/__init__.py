@@ -18,11 +18,11 @@ from typing import Callable
 import requests
 
 import toolkit.doctor as doctor
-from orchestrator.states import SUPERVISED_STATES, ComponentState, EventKind, RunState
+from orchestrator.states import BEYOND_HEALTH_STATES, SUPERVISED_STATES, ComponentState, EventKind, Role, RunState
 from toolkit.errors import TkError
 from toolkit.launch.backends import LaunchError, backend_for
-from toolkit.launch.run import (RunRecord, find_run, load_run, log_tail, new_run_dir, read_events, read_nodes,
-                                read_supervision)
+from toolkit.launch.run import (RunRecord, all_runs, find_run, load_run, log_tail, new_run_dir, read_events,
+                                read_nodes, read_supervision)
 from toolkit.plan import plan_for_run
 from toolkit.plan.build import RUN_TAG_LEN
 from toolkit.plan.model import Plan
@@ -254,7 +254,7 @@ def _job_said_ready(run: RunRecord) -> bool:
 
 def _healthy_counts(run: RunRecord) -> dict:
     out = {}
-    for role in dict.fromkeys(["ctx", "gen", "proxy"] if run.front else [s.role for s in run.servers]):
+    for role in dict.fromkeys([Role.CTX, Role.GEN, Role.PROXY] if run.front else [s.role for s in run.servers]):
         servers = [s for s in run.servers if s.role == role]
         out[role] = (sum(s.state == ComponentState.HEALTHY for s in servers), len(servers))
     return out
@@ -295,7 +295,9 @@ def _probe(run: RunRecord) -> None:
             s.pid = seen["pid"] if run.backend == "local" else None  # on Slurm that PID is srun's, not the server's
         ok = answers[s.name]
         before = s.state
-        if ok:
+        if ok and seen and seen["state"] in BEYOND_HEALTH_STATES:  # /health answers, but the job sees more
+            s.state, s.reason = seen["state"], seen["reason"]
+        elif ok:
             s.state, s.reason = ComponentState.HEALTHY.value, None
         elif seen and seen["state"] in SUPERVISED_STATES:
             s.state, s.reason = seen["state"], seen["reason"]
@@ -391,8 +393,10 @@ def refresh(run: RunRecord) -> RunRecord:
         if run.state in (RunState.READY, RunState.DEGRADED):
             # Worked out afresh on every refresh, so a run that recovered is "ready" again with no stale reason.
             down = [s for s in run.servers if s.state != ComponentState.HEALTHY]
-            state = RunState.DEGRADED if down else RunState.READY
+            state = RunState.DEGRADED if down or job.unsupervised else RunState.READY
             reason = "; ".join(f"{s.name} {s.state}" + (f" ({s.reason})" if s.reason else "") for s in down) or None
+            if job.unsupervised:  # the orchestrator's own life: nothing restarts what fails from now on
+                reason = "; ".join(filter(None, [ORCHESTRATOR_GONE.format(detail=job.detail, run=run.name), reason]))
             if state != run.state:
                 run.history.append([round(time.time(), 3), state.value, reason])
             run.state, run.reason = state.value, reason
@@ -407,6 +411,10 @@ def refresh(run: RunRecord) -> RunRecord:
     except OSError:
         pass  # a read-only or copied run directory: the state shown is still current
     return run
+
+
+ORCHESTRATOR_GONE = ("the job's orchestrator is gone ({detail}): nothing supervises the servers, and a failure is "
+                     "neither restarted nor said; tk stop {run}, then launch again")
 
 
 def _endpoint_from_job(run: RunRecord) -> None:
@@ -426,6 +434,25 @@ def _mark_stopped(run: RunRecord) -> None:
             s.state = ComponentState.STOPPED.value
 
 
+ACTIVE_STATES = (RunState.SUBMITTED, RunState.PENDING, RunState.STARTING, RunState.READY, RunState.DEGRADED)
+
+
+def active_runs() -> list[RunRecord]:
+    """The runs whose record says they are under way and whose job the backend has not seen end (a job it cannot
+    ask about, a Slurm controller that does not answer, counts as under way), oldest first."""
+    out = []
+    for run in all_runs():
+        if run.state not in ACTIVE_STATES:
+            continue
+        try:
+            if backend_for(run.backend).job_state(run).phase == "ENDED":
+                continue
+        except TkError:
+            pass
+        out.append(run)
+    return out
+
+
 def stop(run: RunRecord) -> list[str]:
     """End the run's job (bounded) and record it; the problems, if any."""
     with signals.deferred():
@@ -442,4 +469,5 @@ def stop(run: RunRecord) -> list[str]:
     return problems
 
 
-__all__ = ["LaunchFailed", "Progress", "diagnose", "find_run", "launch", "load_run", "prepare", "refresh", "stop"]
+__all__ = ["LaunchFailed", "Progress", "active_runs", "diagnose", "find_run", "launch", "load_run", "prepare", "refresh",
+           "stop"]

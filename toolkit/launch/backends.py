@@ -23,7 +23,7 @@ from typing import Protocol
 from toolkit.errors import TkError
 from toolkit.launch.run import RunRecord
 from toolkit.plan.model import Plan
-from toolkit.runtime import ports, procs, signals, slurm
+from toolkit.runtime import files, ports, procs, signals, slurm
 from toolkit.runtime.rundir import wait_until
 from toolkit.runtime.slurm import JobState
 
@@ -101,18 +101,19 @@ class LocalBackend:
     log_name = LOCAL_JOB_LOG
 
     def preflight(self, plan: Plan) -> None:
-        internal = [(f"{s.name} {env}", port) for s in plan.servers for env, port in s.internal_ports]
-        front = [("proxy", plan.proxy.port)] if plan.proxy is not None else []
-        wanted = [*((s.name, s.port) for s in plan.servers), *front, *internal]
+        # Every port the run binds, the etcd client, peer and gateway ports included, each with the setting that
+        # moves it: a port taken there would otherwise fail the job later with etcd's or the gateway's bind error.
+        wanted = plan.bound_ports
         listening = ports.listening_ports()
-        move = "move cluster.worker_base_port / proxy.port / cluster.internal_base_port"
-        for name, port in wanted:
-            if port in listening:
-                holder = _run_holding(port)
-                raise LaunchError(f"port {port} ({name}) is already in use on this machine: something listens on "
+        for b in wanted:
+            if b.port in listening:
+                holder = _run_holding(b.port)
+                raise LaunchError(f"port {b.port} ({b.what}) is already in use on this machine: something listens on "
                                   "it" + (f" (the tk run {holder}: `tk stop {holder}`)" if holder else
-                                          f"; stop what holds it (`ss -ltnp 'sport = :{port}'`)") + f", or {move}")
-        for name, port in wanted:
+                                          f"; stop what holds it (`ss -ltnp 'sport = :{b.port}'`)")
+                                  + f", or move {b.setting}")
+        for b in wanted:
+            name, port, move = b.what, b.port, f"move {b.setting}"
             # Servers bind with SO_REUSEADDR, so a port whose last connections linger in TIME_WAIT is free for them.
             # Nothing listens here; a bind can still fail while a live connection's local end holds the port (a
             # client's ephemeral source port): wait for it to close, bounded, then say what it is.
@@ -130,8 +131,7 @@ class LocalBackend:
         bin_dir = run.path / "local" / "bin"
         bin_dir.mkdir(parents=True, exist_ok=True)
         for name in SHIM_COMMANDS:
-            shutil.copyfile(SHIM / name, bin_dir / name)
-            (bin_dir / name).chmod(0o755)
+            files.write_regular_atomically(bin_dir / name, (SHIM / name).read_bytes(), 0o755, sync=False)
         run.run_id = run.run_id or uuid.uuid4().hex
         env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
                "TK_RUN_DIR": str(run.path), "TK_LOCAL_NODES": str(run.nodes),
@@ -156,7 +156,8 @@ class LocalBackend:
             return JobState("ENDED", "the local job has exited")
         if run.job_pid in left:
             return JobState("RUNNING", f"session {run.job_pid}")
-        return JobState("RUNNING", f"its batch script is gone; {len(left)} of its processes still run")
+        return JobState("RUNNING", f"its batch script is gone; {len(left)} of its processes still run",
+                        unsupervised=True)
 
     def stop(self, run: RunRecord, timeout_s: float = 30.0) -> list[str]:
         left = procs.terminate(run.job_pid, run.run_id or "", grace_s=timeout_s)

@@ -21,7 +21,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from orchestrator.states import ComponentState, RunState
+from orchestrator.states import SERVER_ROLES, ComponentState, Role, RunState
 from toolkit.errors import TkError
 from toolkit.plan.model import Plan
 from toolkit.runtime import files, rundir
@@ -34,13 +34,13 @@ RUN_RECORD_MAX_BYTES = 4 << 20  # a run.json is a few KiB; its history grows a l
 JOB_IDS = {"slurm": re.compile(r"[0-9]{1,20}(_[0-9]{1,10})?"), "local": re.compile(r"local-[0-9a-f]{12}")}
 JOB_ID_FORMS = {"slurm": "digits, or digits_digits for an array task", "local": "local- and 12 hex digits"}
 RUN_ID = re.compile(r"[0-9a-f]{32}")
-SERVER_NAME = re.compile(r"(ctx|gen|agg)-[0-9]{1,4}|proxy|etcd")
+SERVER_NAME = re.compile(rf"({'|'.join(SERVER_ROLES)})-[0-9]{{1,4}}|{Role.PROXY}|{Role.ETCD}")
 
 
 @dataclass
 class ServerRecord:
     name: str  # ctx-0, gen-1, proxy; agg-0 (an aggregated run)
-    role: str  # ctx | gen | proxy | agg
+    role: str  # an orchestrator.states.Role value: ctx | gen | agg | proxy | etcd
     instance: int
     node: int  # plan node index of its first node
     port: int
@@ -86,14 +86,14 @@ class RunRecord:
 
     @classmethod
     def new(cls, plan: Plan, run_dir: Path, backend: str) -> "RunRecord":
-        servers = [ServerRecord(name=s.name, role=s.role, instance=s.index, node=s.first_node, port=s.port)
+        servers = [ServerRecord(name=s.name, role=s.role.value, instance=s.index, node=s.first_node, port=s.port)
                    for s in plan.servers]
         if plan.proxy is not None:
-            servers.append(ServerRecord(name="proxy", role="proxy", instance=0, node=plan.proxy.node,
+            servers.append(ServerRecord(name="proxy", role=Role.PROXY.value, instance=0, node=plan.proxy.node,
                                         port=plan.proxy.port))
         etcd = plan.membership.etcd if plan.membership is not None else None
         if etcd is not None and etcd.started_by_job:  # the job starts and supervises it: status shows it too
-            servers.append(ServerRecord(name="etcd", role="etcd", instance=0, node=etcd.node, port=etcd.port))
+            servers.append(ServerRecord(name="etcd", role=Role.ETCD.value, instance=0, node=etcd.node, port=etcd.port))
         return cls(name=run_dir.name, run_dir=str(run_dir.resolve()), recipe=plan.recipe_file, backend=backend,
                    engine=plan.engine.name, created=time.time(), servers=servers,
                    model=plan.roles[0].model_path, nodes=plan.node_count, engine_label=plan.engine.label,
@@ -148,7 +148,9 @@ class RunRecord:
         return Path(self.run_dir)
 
     def save(self) -> None:
-        rundir.write_text_atomically(self.path / RUN_RECORD, json.dumps(self.to_dict(), indent=2) + "\n")
+        # rewritten at every state change and poll: whole for every reader, but not synced to disk each time
+        files.write_regular_atomically(self.path / RUN_RECORD, json.dumps(self.to_dict(), indent=2) + "\n",
+                                       sync=False)
 
     def set_state(self, state: RunState | str, reason: str | None = None) -> None:
         self.state = RunState(state).value

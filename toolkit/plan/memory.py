@@ -130,28 +130,124 @@ def _bytes_per_weight(q: WeightsQuant, model: ModelSpec, lower: bool) -> dict[st
             "mtp": dtype if q.name in FOUR_BIT else qb, "embedding": dtype}
 
 
-def weights_per_gpu(model: ModelSpec, q: WeightsQuant, s: Sharding, mtp: bool, lower: bool = False
+@dataclass(frozen=True)
+class Extras:
+    """What a server's options add to the model's own weights (speculative_config, moe_config), read by
+    ``extras_of``. How TensorRT-LLM allocates each:
+
+    - MTP: ``MTPForCausalLM`` creates one MTP module for MTP-Eagle one-model (the mode tk renders: no
+      ``use_mtp_vanilla``) and ``num_nextn_predict_layers`` modules for vanilla MTP (``mtp_num_layers = 1 if
+      spec_dec_mode.is_mtp_eagle_one_model() else ...num_nextn_predict_layers``,
+      tensorrt_llm/_torch/models/modeling_speculative.py @ b35ac1b64368513d215c57d2ed01d62d910df8da); each module
+      is one decoder layer of the model (its MoE included) plus its 2h x h projection.
+    - EPLB: with ``moe_config.load_balancer.num_slots`` every MoE layer (the MTP layer's too) allocates
+      ``num_slots // moe_ep_size`` expert weight slots per EP rank instead of ``num_experts // moe_ep_size``
+      (WideEPMoE: ``expert_size_per_partition = moe_load_balancer_config.num_local_slots``,
+      tensorrt_llm/_torch/modules/fused_moe/fused_moe_wide_ep.py @ 01303b3887e039d6dda1b5487ec8a94d9ef9db76;
+      ``num_local_slots = num_slots // ep_size``, MoeLoadBalancerConfig, tensorrt_llm/llmapi/llm_args.py @
+      0004396720054fd8e205cbf616f21f0b57c6b412): the redundant slots hold replicas of experts, at the experts' width.
+    - An Eagle/Eagle3 draft: ``Eagle3DraftModel`` (modeling_speculative.py @ b35ac1b6): its decoder layers (a QKV
+      projection taking 2 x hidden for Eagle3, attention and MLP split as the target's), an ``fc`` of
+      num_capture_layers (3) x hidden_in -> hidden (not split), its lm_head (draft_vocab_size rows, or the target's
+      reused when the draft checkpoint has none: counted at the config's vocab_size, an upper bound); the embedding
+      is the target's. Sizes from the draft's config.json where tk can read it, else one decoder layer of the
+      target's geometry with the target's vocabulary (an estimate, said in the plan's notes).
+    - A separate draft model (Draft_Target): its whole weights, from its config.json (not counted without one).
+    The draft weights are 16-bit (draft checkpoints are not quantized) and sit on the last pipeline stage.
+    """
+
+    mtp_modules: int = 0
+    expert_slots: int = 0  # 0: one slot per expert
+    draft: str = ""  # the speculative decoding_type that loads a draft model beside the target ("" for none)
+    draft_model: ModelSpec | None = None  # the draft's config.json, where tk could read it
+
+
+NO_EXTRAS = Extras()
+EAGLE_DRAFTS = ("Eagle", "Eagle3")
+SEPARATE_DRAFTS = ("Draft_Target", "DraftTarget")
+
+
+def extras_of(model: ModelSpec, opts: dict, draft_model: ModelSpec | None = None) -> Extras:
+    """What a server's LLM-API options add to the model's weights (``Extras``)."""
+    spec = _mapping(opts.get("speculative_config"))
+    nextn = _count(spec.get("num_nextn_predict_layers"), 0)
+    mtp = (nextn if spec.get("use_mtp_vanilla") is True else 1) if nextn else 0
+    balancer = _mapping(_mapping(opts.get("moe_config")).get("load_balancer"))
+    slots = _count(balancer.get("num_slots"), 0) if model.is_moe else 0
+    kind = spec.get("decoding_type")
+    draft = kind if kind in EAGLE_DRAFTS + SEPARATE_DRAFTS else ""
+    return Extras(mtp_modules=mtp, expert_slots=slots, draft=draft, draft_model=draft_model if draft else None)
+
+
+def extras_notes(model: ModelSpec, opts: dict, x: Extras) -> list[str]:
+    """What the memory plan says about the weights the options add (``Extras``), where it is not obvious."""
+    notes = []
+    if x.expert_slots > model.num_experts:
+        notes.append(f"moe_config.load_balancer.num_slots {x.expert_slots}: {x.expert_slots - model.num_experts} "
+                     f"redundant expert slots beside the {model.num_experts} experts in every MoE layer are counted")
+    balancer = _mapping(opts.get("moe_config")).get("load_balancer")
+    if model.is_moe and isinstance(balancer, str):
+        notes.append(f"moe_config.load_balancer is the file {balancer}, which tk does not read: redundant expert "
+                     "slots are not counted")
+    spec = _mapping(opts.get("speculative_config"))
+    where = spec.get("speculative_model") or spec.get("speculative_model_dir")
+    if x.draft in EAGLE_DRAFTS and x.draft_model is None:
+        notes.append(f"the {x.draft} draft's weights are estimated as one decoder layer of {model.name}'s geometry "
+                     f"with its vocabulary: the draft's config.json ({where}) is not readable here")
+    elif x.draft in SEPARATE_DRAFTS and x.draft_model is None:
+        notes.append(f"the draft model's weights are not counted: its config.json ({where}) is not readable here")
+    return notes
+
+
+def _draft_bytes(model: ModelSpec, x: Extras, s: Sharding, dtype: float, lower: bool) -> float:
+    """The draft model's weight bytes on one GPU of the last stage (``Extras``); its layers only for ``lower``."""
+    d = x.draft_model
+    if x.draft in SEPARATE_DRAFTS:
+        return weight_params(d).total * dtype / s.tp if d is not None else 0.0
+    if not x.draft:
+        return 0.0
+    g = d or model  # the draft's geometry, else one decoder layer of the target's
+    h = g.hidden_size or g.num_attention_heads * g.head_dim
+    q, kv = g.num_attention_heads * g.head_dim, g.num_kv_heads * g.head_dim
+    qkv_in = 2 * h if x.draft == "Eagle3" else h
+    layer = qkv_in * (q + 2 * kv) + q * h + 3 * h * (g.intermediate_size or 4 * h)
+    layers = (d.num_layers if d is not None else 1) * layer / (s.tp if lower else s.attn_tp)
+    if lower:
+        return layers * dtype
+    target_h = model.hidden_size or h
+    fc = (3 if x.draft == "Eagle3" else 2) * target_h * h
+    lm_tp = s.tp if (s.lm_head_tp or not s.attention_dp) else 1
+    lm_head = (g.vocab_size or model.vocab_size) * h / lm_tp
+    return (layers + fc + lm_head) * dtype
+
+
+def weights_per_gpu(model: ModelSpec, q: WeightsQuant, s: Sharding, extras: Extras = NO_EXTRAS, lower: bool = False
                     ) -> tuple[int, tuple[tuple[str, int], ...]]:
-    """Weight bytes on the fullest rank of a server sharded as ``s`` (the lower bound with ``lower``: every
-    weight split over the whole TP group, at the narrowest width the checkpoint could have)."""
+    """Weight bytes on the fullest rank of a server sharded as ``s``, with what its options add (``extras``:
+    MTP modules, redundant expert slots, a draft model). ``lower``: the lower bound (every weight split over the
+    whole TP group, at the narrowest width the checkpoint could have)."""
     w = weight_params(model)
     b = _bytes_per_weight(q, model, lower)
     attn_tp = s.tp if lower else s.attn_tp
     mlp_tp = attn_tp  # dense MLPs and shared experts follow attention (DP under attention DP)
-    per_dense = w.attn_split / attn_tp * b["attention"] + w.attn_replicated * b["attention"] / (
-        s.tp if lower else 1) + w.dense_mlp / mlp_tp * b["mlp"]
-    per_moe = (w.attn_split / attn_tp * b["attention"] + w.attn_replicated * b["attention"] / (s.tp if lower else 1)
-               + w.experts / s.tp * b["experts"] + w.shared / mlp_tp * b["shared"] + w.router * b["embedding"])
+    attn = w.attn_split / attn_tp * b["attention"] + w.attn_replicated * b["attention"] / (s.tp if lower else 1)
+    per_dense = attn + w.dense_mlp / mlp_tp * b["mlp"]
+    per_moe = attn + w.experts / s.tp * b["experts"] + w.shared / mlp_tp * b["shared"] + w.router * b["embedding"]
+    # redundant expert slots (EPLB): slots - experts more experts' weights in every MoE layer, split as the experts
+    slots = extras.expert_slots
+    slot_share = max(0, slots - model.num_experts) / model.num_experts if slots and model.num_experts else 0.0
+    per_slots = w.experts * slot_share / s.tp * b["experts"]
     embed = w.embed / attn_tp * b["embedding"]
     lm_tp = s.tp if (lower or s.lm_head_tp or not s.attention_dp) else 1
     lm_head = w.lm_head / lm_tp * b["embedding"]
     mtp_bytes = 0.0
-    if mtp and w.mtp_layer:
+    if extras.mtp_modules and w.mtp_layer:
         m_attn = (w.attn_split / attn_tp + w.attn_replicated / (s.tp if lower else 1))
-        mtp_bytes = model.mtp_layers * (m_attn + w.experts / s.tp + w.shared / mlp_tp + 2 * model.hidden_size *
-                                        model.hidden_size) * b["mtp"]
+        mtp_bytes = extras.mtp_modules * (m_attn + w.experts * (1 + slot_share) / s.tp + w.shared / mlp_tp
+                                          + 2 * model.hidden_size * model.hidden_size) * b["mtp"]
+    draft = _draft_bytes(model, extras, s, min(2.0, b["embedding"]), lower)
     # Pipeline stages (tensorrt_llm/mapping.py pp_layers: torch.tensor_split, the first ranks one layer more):
-    # the first holds the embedding and the leading (dense) layers, the last the lm_head and the MTP layers.
+    # the first holds the embedding and the leading (dense) layers, the last the lm_head, the MTP layers, the draft.
     layers = w.dense_layers + w.moe_layers
     first_n = math.ceil(layers / s.pp)
     last_n = layers // s.pp if s.pp > 1 else layers
@@ -159,12 +255,13 @@ def weights_per_gpu(model: ModelSpec, q: WeightsQuant, s: Sharding, mtp: bool, l
     def stage(n_layers: int, first: bool) -> tuple[float, dict[str, float]]:
         dense = min(n_layers, w.dense_layers) if first else max(0, n_layers - w.moe_layers)
         moe = n_layers - dense
-        parts = {"layers": dense * per_dense + moe * per_moe}
+        parts = {"layers": dense * per_dense + moe * per_moe, "expert_slots": moe * per_slots}
         if first or s.pp == 1:
             parts["embedding"] = embed
         if not first or s.pp == 1:
             parts["lm_head"] = lm_head
             parts["mtp"] = mtp_bytes
+            parts["draft"] = draft
         return sum(parts.values()), parts
 
     candidates = [stage(first_n, True)] + ([stage(last_n, False)] if s.pp > 1 else [])
@@ -196,37 +293,33 @@ def activation_bytes(model: ModelSpec, s: Sharding, tokens: int) -> int:
 
 def kv_bytes_per_token(model: ModelSpec, kv_dtype: str, s: Sharding, extra_layers: int, full_only: bool = False
                        ) -> int:
-    """KV bytes one token takes on the fullest rank: all heads under attention DP, ceil(kv_heads / tp) otherwise
-    (MLA's latent on every rank), the rank's layers plus ``extra_layers`` (MTP) on the last stage.
-    ``full_only``: sliding-window layers left out (they hold at most a window of tokens)."""
-    per_layer = model.kv_bytes_per_token_per_layer_per_rank(kv_dtype, s.attn_tp)
-    if model.attention != "mla" and s.attn_tp > model.num_kv_heads:
-        per_layer = 2 * model.head_dim * KV_DTYPE_BYTES[kv_dtype]  # one (replicated) KV head per rank
-    layers = model.layers_per_rank(s.pp, extra_layers)
-    if full_only and model.sliding_layers:
-        layers = max(1, layers - math.ceil(model.sliding_layers / s.pp))
-    return int(per_layer * layers)
+    """KV bytes one token takes on the fullest rank of a server sharded as ``s``: all heads under attention DP,
+    ceil(kv_heads / tp) otherwise (MLA's latent on every rank), the rank's layers plus ``extra_layers`` (MTP) on the
+    last stage (facts.models.ModelSpec.kv_bytes_per_token_per_rank, the one computation)."""
+    return model.kv_bytes_per_token_per_rank(kv_dtype, s.attn_tp, s.pp, extra_layers, full_only=full_only)
 
 
 def role_memory(model: ModelSpec, gpu: GpuFigures, q: WeightsQuant, s: Sharding, *, opts: dict,
-                sequence_tokens: int, kv_extra_layers: int, buffer_tokens: int = 0) -> RoleMemory:
+                sequence_tokens: int, kv_extra_layers: int, buffer_tokens: int = 0,
+                draft_model: ModelSpec | None = None) -> RoleMemory:
     """The memory plan of one GPU of a server whose LLM-API options are ``opts`` (ctx.yaml / gen.yaml, or a
     published recipe's): max_batch_size, max_num_tokens, kv_cache_config (dtype, free_gpu_memory_fraction,
-    max_tokens), cuda_graph_config, speculative_config. ``sequence_tokens``: the longest request the role
-    holds (a context server's longest input, a generation server's max_seq_len)."""
+    max_tokens), cuda_graph_config, speculative_config, moe_config.load_balancer. ``sequence_tokens``: the longest
+    request the role holds (a context server's longest input, a generation server's max_seq_len). ``draft_model``:
+    the speculative draft's config.json, where tk could read it (``Extras``)."""
     kv_cfg = _mapping(opts.get("kv_cache_config"))
     fraction = _fraction(kv_cfg.get("free_gpu_memory_fraction"), 0.9)  # TensorRT-LLM's KvCacheConfig default
     kv_dtype = kv_cfg.get("dtype") if kv_cfg.get("dtype") in KV_DTYPE_BYTES else "auto"
     spec = _mapping(opts.get("speculative_config"))
     draft = _count(spec.get("num_nextn_predict_layers"), 0)
-    mtp = draft > 0
     mnt = _count(opts.get("max_num_tokens"), 8192)  # TensorRT-LLM's default
     batch = _count(opts.get("max_batch_size"), 2048)
     graphs = _mapping(opts.get("cuda_graph_config"))
     sizes = graphs.get("batch_sizes") if isinstance(graphs.get("batch_sizes"), list) else []
     graph_batch = max([_count(x, 0) for x in sizes] + [_count(graphs.get("max_batch_size"), 0)]) if graphs else 0
-    weights, detail = weights_per_gpu(model, q, s, mtp)
-    weights_min, _ = weights_per_gpu(model, q, s, mtp, lower=True)
+    extras = extras_of(model, opts, draft_model)
+    weights, detail = weights_per_gpu(model, q, s, extras)
+    weights_min, _ = weights_per_gpu(model, q, s, extras, lower=True)
     act = activation_bytes(model, s, mnt)
     graph = activation_bytes(model, s, graph_batch * (1 + draft)) if graph_batch else 0
     runtime = RUNTIME_OTHER_BYTES + nccl_bytes(s.tp)
@@ -245,6 +338,7 @@ def role_memory(model: ModelSpec, gpu: GpuFigures, q: WeightsQuant, s: Sharding,
     if model.sliding_layers:
         notes.append(f"{model.sliding_layers} sliding-window layers ({model.sliding_window} tokens) are counted "
                      "as full layers: the pool holds more tokens than shown")
+    notes.extend(extras_notes(model, opts, extras))
     buffer = buffer_tokens * per_token
     return RoleMemory(
         gpu=gpu.name, gpu_memory_bytes=capacity, quantization=q.name, quantization_source=q.source,
@@ -401,18 +495,23 @@ def sharding_of(model: ModelSpec, opts: dict) -> Sharding:
                     lm_head_tp=bool(opts.get("enable_lm_head_tp_in_adp")))
 
 
+def heads_problems(title: str, model: ModelSpec, s: Sharding) -> list[tuple[str, str, str]]:
+    """The attention split TensorRT-LLM refuses (``check_heads``) as a violation (field, message, fix), or none."""
+    why = check_heads(model, s.tp, s.attention_dp)
+    if not why:
+        return []
+    valid = [t for t in (1 << i for i in range(10)) if t <= max(64, s.tp) and check_heads(model, t, False) is None]
+    return [(f"{title}.tp", why, f"use a tp that fits the heads ({', '.join(map(str, valid))})"
+             + (", or attention_dp: true" if model.is_moe else ""))]
+
+
 def plan_role(title: str, model: ModelSpec, gpu: GpuFigures, q: WeightsQuant, opts: dict, *, sequence_tokens: int,
               kv_extra_layers: int, buffer_tokens: int = 0
               ) -> tuple[RoleMemory | None, list[tuple[str, str, str]], list[str]]:
-    """One role's memory plan and its verdicts: (plan, violations as (field, message, fix), warnings). No plan
-    for a GPU whose memory tk does not know."""
+    """One server's memory plan and its verdicts, for options outside a plan (a published recipe's): (plan,
+    violations as (field, message, fix), warnings). No plan for a GPU whose memory tk does not know."""
     s = sharding_of(model, opts)
-    errors: list[tuple[str, str, str]] = []
-    why = check_heads(model, s.tp, s.attention_dp)
-    if why:
-        valid = [t for t in (1 << i for i in range(10)) if t <= max(64, s.tp) and check_heads(model, t, False) is None]
-        errors.append((f"{title}.tp", why, f"use a tp that fits the heads ({', '.join(map(str, valid))})"
-                       + (", or attention_dp: true" if model.is_moe else "")))
+    errors = heads_problems(title, model, s)
     if not gpu.memory_bytes:
         return None, errors, []
     m = role_memory(model, gpu, q, s, opts=opts, sequence_tokens=sequence_tokens, kv_extra_layers=kv_extra_layers,
@@ -421,35 +520,54 @@ def plan_role(title: str, model: ModelSpec, gpu: GpuFigures, q: WeightsQuant, op
     return m, errors + more, warnings
 
 
-def plan_roles(r, model: ModelSpec, engine, merged: dict[str, dict], kv_extra_layers: int, buffer, c,
-               general: bool = True) -> dict[str, RoleMemory]:
-    """The memory plans of a recipe's roles (``merged``: title -> LLM-API options), their violations and
-    warnings added to the rules' collector ``c`` (``general``: also the plan-wide quantization warnings). Only
-    for an engine whose KV cache lives on the GPU (TensorRT-LLM)."""
-    from toolkit.facts.hardware import GPU_FIGURES
+def sequence_tokens(r, title: str, opts: dict) -> int:
+    """The longest request a role's server holds: a context server's longest input, a generation server's
+    max_seq_len."""
     from toolkit.plan.sizing import longest_input
 
-    if engine.kv_memory != "gpu":
-        return {}
+    if title == "context":
+        return longest_input(r)
+    return _count(opts.get("max_seq_len"), longest_input(r) + r.traffic.max_output_len)
+
+
+def role_memories(r, model: ModelSpec, engine, q: WeightsQuant, merged: dict[str, dict], kv_extra_layers: int,
+                  drafts: dict[str, ModelSpec | None] | None = None) -> dict[str, RoleMemory]:
+    """The memory plan of one GPU of each role's servers (``merged``: title -> LLM-API options; ``drafts``: title ->
+    the speculative draft's config.json where tk could read it): only for an engine whose KV cache lives on the GPU
+    (TensorRT-LLM) and a GPU whose memory tk knows. ``check_roles`` judges them."""
+    from toolkit.facts.hardware import GPU_FIGURES
+
     gpu = GPU_FIGURES[r.cluster.gpu]
-    stated = r.context.quantization or r.quantization
-    path_given = bool(r.model_path or r.context.model_path or r.generation.model_path)
-    q, note = weights_quant(model, stated, path_given)
+    if engine.kv_memory != "gpu" or not gpu.memory_bytes:
+        return {}
+    return {title: role_memory(model, gpu, q, sharding_of(model, opts), opts=opts,
+                               sequence_tokens=sequence_tokens(r, title, opts), kv_extra_layers=kv_extra_layers,
+                               buffer_tokens=_count(_mapping(opts.get("cache_transceiver_config")).get(
+                                   "max_tokens_in_buffer"), 0), draft_model=(drafts or {}).get(title))
+            for title, opts in merged.items()}
+
+
+def check_roles(r, model: ModelSpec, engine, q: WeightsQuant, note: str | None, merged: dict[str, dict],
+                memories: dict[str, RoleMemory], kv_extra_layers: int, c, general: bool = True) -> None:
+    """The rules on the roles' memory (module doc), to the rules' collector ``c``: the attention split, weights
+    that cannot fit, a KV pool that cannot hold one sequence; warnings for what depends on the estimates
+    (``general``: also the plan-wide quantization warnings). Only for an engine whose KV cache lives on the GPU."""
+    from toolkit.facts.hardware import GPU_FIGURES
+
+    if engine.kv_memory != "gpu":
+        return
+    gpu = GPU_FIGURES[r.cluster.gpu]
     if note and general:
         c.warnings.append(note)
     if general:
         c.warnings.extend(check_quantization_hardware(gpu, q, r.kv_transfer.dtype))
-    out = {}
     for title, opts in merged.items():
-        sequence = longest_input(r) if title == "context" else \
-            _count(opts.get("max_seq_len"), longest_input(r) + r.traffic.max_output_len)
-        transceiver = _mapping(opts.get("cache_transceiver_config"))
-        m, errors, warnings = plan_role(title, model, gpu, q, opts, sequence_tokens=sequence,
-                                        kv_extra_layers=kv_extra_layers,
-                                        buffer_tokens=_count(transceiver.get("max_tokens_in_buffer"), 0))
+        s = sharding_of(model, opts)
+        errors, warnings = heads_problems(title, model, s), []
+        if title in memories:
+            more, warnings = verdicts(title, memories[title], model, gpu, q, opts, kv_extra_layers=kv_extra_layers,
+                                      pp=s.pp)
+            errors += more
         for field, message, fix in errors:
             c.add(field, message, fix)
         c.warnings.extend(warnings)
-        if m is not None:
-            out[title] = m
-    return out

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
+from orchestrator.states import RestartPolicy, Role
 from toolkit.facts import trtllm
 from toolkit.facts.engines import EngineProfile
-from toolkit.facts.transceiver import Descriptors, Layout, RankPairGeometry, Runtime
 from toolkit.facts.hardware import TransportProfile
 from toolkit.facts.models import ModelSpec
+from toolkit.facts.transceiver import Descriptors, Layout, RankPairGeometry, Runtime
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,8 @@ class TransceiverPlan:
     runtime: Runtime  # the context servers' (the sender's)
     runtime_setting: str | None  # transceiver_runtime as the options file gives it, else the release's default
     runtime_reason: str
-    default_source: str  # where the release's default comes from (generated data, or the line)
+    default_source: str  # the snapshot of the generated data whose default or resolution decided
+    verified: bool  # every snapshot that speaks for the release selects this runtime (not so between two that differ)
     backend: str  # cache_transceiver_config.backend with DEFAULT resolved
     mapper: Layout  # the Python transceiver's mapper for this pair of roles (what it would move without bounce)
     layout: Layout  # what the runtime moves: staged on the C++ transceiver, the mapper's lists or bounce on Python
@@ -154,7 +156,7 @@ class BufferSizing:
 class ServerInstance:
     """One context or generation server: an MPI world of tp*pp ranks on one or more nodes."""
 
-    role: str  # "ctx" | "gen" | "agg" (an aggregated plan's plain trtllm-serve instance)
+    role: Role  # ctx | gen | agg (an aggregated plan's plain trtllm-serve instance)
     index: int
     nodes: tuple[int, ...]  # indices into Plan.nodes
     gpus: tuple[int, ...]  # GPU ids on each node (CUDA_VISIBLE_DEVICES)
@@ -179,7 +181,7 @@ class ServerInstance:
 
 @dataclass(frozen=True)
 class RolePlan:
-    role: str  # "ctx" | "gen" | "agg"
+    role: Role  # ctx | gen | agg
     title: str  # "context" | "generation" | "aggregated"
     tp: int
     pp: int
@@ -226,7 +228,7 @@ class SupervisionPlan:
     """What the job's orchestrator does when a component exits, stops answering /health or stops making progress
     once the deployment serves (orchestrator.policy)."""
 
-    policy: str  # "restart" | "fail-fast"
+    policy: RestartPolicy
     max_restarts: int  # consecutive failed restarts of one component before it is given up ("lost")
     backoff_initial_s: int
     backoff_max_s: int
@@ -240,7 +242,7 @@ class SupervisionPlan:
 
     @property
     def restarts(self) -> bool:
-        return self.policy == "restart"
+        return self.policy == RestartPolicy.RESTART
 
 
 @dataclass(frozen=True)
@@ -309,6 +311,9 @@ class SlurmPlan:
     # `srun --mpi=` of every server step (cluster.mpi, else the engine's default: pmix for TensorRT-LLM's MPI
     # ranks); None: no --mpi (an engine that starts one process per server)
     mpi: str | None = None
+    # the signal cluster.sbatch_args asks Slurm to send the batch shell before the time limit (--signal=B:SIG@T,
+    # "SIGUSR1"): the job's orchestrator ends the deployment cleanly on it and says why (job.json time_limit_signal)
+    time_limit_signal: str | None = None
 
     @property
     def gpu_directives(self) -> tuple[str, ...]:
@@ -316,6 +321,17 @@ class SlurmPlan:
         out = {"gres": (f"--gres=gpu:{self.gpus_per_node}",),
                "gpus-per-node": (f"--gpus-per-node={self.gpus_per_node}",)}.get(self.gpu_request, ())
         return out + (("--exclusive",) if self.exclusive else ())
+
+
+@dataclass(frozen=True)
+class BoundPort:
+    """A port a deployment binds: on which plan node, what binds it ("ctx-0", "proxy", "etcd peer", "gen-1's etcd
+    gateway"), and the recipe setting that moves it (the doctor's and the preflight's advice)."""
+
+    node: int
+    port: int
+    what: str
+    setting: str
 
 
 @dataclass(frozen=True)
@@ -379,31 +395,43 @@ class Plan:
     def gpu_count(self) -> int:
         return sum(role.gpu_count for role in self.roles)
 
-    def role(self, name: str) -> RolePlan:
-        """The role named "ctx", "gen" or "agg"."""
+    def role(self, name: Role | str) -> RolePlan:
+        """The role named ctx, gen or agg."""
         for role in self.roles:
             if role.role == name:
                 return role
         raise KeyError(name)
 
     @property
-    def ports_by_node(self) -> tuple[tuple[int, ...], ...]:
-        """Per node index, the ports this deployment's servers (HTTP and internal) and proxy listen on there."""
-        ports: list[list[int]] = [[] for _ in range(self.node_count)]
+    def bound_ports(self) -> tuple[BoundPort, ...]:
+        """Every port this deployment binds, on which node, what binds it and the recipe setting that moves it: the
+        servers (HTTP and internal, bound by rank 0 on the first node), the proxy, the etcd the job starts (client
+        and peer) and each component's etcd gateway."""
+        out = []
         for s in self.servers:
-            ports[s.first_node].append(s.port)
-            ports[s.first_node].extend(p for _, p in s.internal_ports)  # bound by rank 0, on the first node
+            out.append(BoundPort(s.first_node, s.port, s.name, "cluster.worker_base_port"))
+            out.extend(BoundPort(s.first_node, p, f"{s.name} {env}", "cluster.internal_base_port")
+                       for env, p in s.internal_ports)
         if self.proxy is not None:
-            ports[self.proxy.node].append(self.proxy.port)
+            out.append(BoundPort(self.proxy.node, self.proxy.port, "proxy", "proxy.port"))
         etcd = self.membership.etcd if self.membership else None
-        if etcd and etcd.started_by_job:
-            ports[etcd.node].extend((etcd.port, etcd.peer_port))
+        if etcd and etcd.started_by_job and etcd.node is not None and etcd.port and etcd.peer_port:
+            out += [BoundPort(etcd.node, etcd.port, "etcd client", "membership.etcd_port"),
+                    BoundPort(etcd.node, etcd.peer_port, "etcd peer", "membership.etcd_port")]
         if self.membership and self.membership.gateways:
             nodes = {s.name: s.first_node for s in self.servers}
             if self.proxy is not None:
                 nodes["proxy"] = self.proxy.node
-            for name, port in self.membership.gateways:
-                ports[nodes[name]].append(port)
+            out.extend(BoundPort(nodes[name], port, f"{name}'s etcd gateway", "membership.etcd_port")
+                       for name, port in self.membership.gateways)
+        return tuple(out)
+
+    @property
+    def ports_by_node(self) -> tuple[tuple[int, ...], ...]:
+        """Per node index, the ports this deployment binds there (bound_ports)."""
+        ports: list[list[int]] = [[] for _ in range(self.node_count)]
+        for b in self.bound_ports:
+            ports[b.node].append(b.port)
         return tuple(tuple(sorted(p)) for p in ports)
 
     def to_dict(self) -> dict:

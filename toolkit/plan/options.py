@@ -5,12 +5,9 @@ Names come from ``toolkit.facts.trtllm``; what differs between engines from the 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from toolkit.facts import llm_args, trtllm
 from toolkit.facts.engines import EngineProfile
 from toolkit.facts.hardware import MNNVL_GPUS, TransportProfile
-from toolkit.facts.kvreuse import CONVERSATION_ROUTER
 from toolkit.facts.models import ModelSpec
 from toolkit.plan.model import BufferSizing, ProxyPlan, ServerInstance
 from toolkit.plan.sizing import ceil_to, longest_input
@@ -33,11 +30,11 @@ def derived_options(r: Recipe, title: str, role: RoleSpec, model: ModelSpec, ver
         # Under conditional disaggregation short prompts are prefilled on the generation server itself.
         default_mnt = max(default_mnt, ceil_to(tpb, r.proxy.conditional_max_local_prefill_length))
     router = r.proxy.context_router if is_ctx else r.proxy.generation_router
-    kv_aware = router == "kv_cache_aware" or (not is_ctx and r.proxy.conditional_max_local_prefill_length is not None)
+    kv_aware = router == trtllm.Router.KV_CACHE_AWARE or (not is_ctx and r.proxy.conditional_max_local_prefill_length is not None)
     # Block reuse where a router keeps requests on the server that holds their prefix (kv_cache_aware, or 1.3's
     # conversation router with its affinity); KV-cache events (event_buffer_max_size) only where a kv_cache_aware
     # router reads them: without them it routes by load alone (TensorRT-LLM #14882, toolkit.facts.kvreuse).
-    reuse = kv_aware or router == CONVERSATION_ROUTER
+    reuse = kv_aware or router == trtllm.Router.CONVERSATION
     opts: dict = {
         "tensor_parallel_size": role.tp,
         "pipeline_parallel_size": role.pp,
@@ -125,7 +122,7 @@ def draft_model_key(target: llm_args.Target) -> str:
 
 
 def omit_unverified_defaults(opts: dict, version: trtllm.TrtllmVersion) -> None:
-    """Drop keys whose acceptance by this line is unverified (facts.trtllm.OPTION_FACTS) where tk's value is
+    """Drop keys whose acceptance by this line is unverified (facts.trtllm.UNVERIFIABLE_OPTIONS) where tk's value is
     TensorRT-LLM's default anyway: the engine behaves the same and cannot refuse a key it is not given. A
     value other than the default is kept (rules.check_unverified_options warns)."""
     for fact in trtllm.unverified_options(version):
@@ -176,18 +173,8 @@ def worker_env(r: Recipe, version: trtllm.TrtllmVersion, engine: EngineProfile,
     return env
 
 
-def emulation_report(given: str, base_dir) -> str | None:
-    """The absolute path of the validation report ``standin.emulate.kv_validation`` names (a run directory holding
-    report.json, or the file), read relative to the recipe's directory; None when there is none."""
-    path = Path(given).expanduser()
-    if not path.is_absolute() and base_dir is not None:
-        path = Path(base_dir) / path
-    report = path / "report.json" if path.is_dir() else path
-    return str(report.resolve()) if report.is_file() else None
-
-
 def emulation_env(r: Recipe, engine: EngineProfile, transport: TransportProfile, model_arg: str,
-                  base_dir=None) -> dict:
+                  kv_report: str | None = None) -> dict:
     """The env that turns the engine's emulated timing on (`standin.emulate`, checked by rules.check_emulation):
     the model, GPU and precision whose time it sleeps (the layout is each server's own flags and options, the
     TensorRT-LLM line the engine's version env), the transport's nominal GB/s for its emulated KV transfer, and
@@ -196,9 +183,8 @@ def emulation_env(r: Recipe, engine: EngineProfile, transport: TransportProfile,
     prefix = engine.emulate_env_prefix
     env = {f"{prefix}MODEL": model_arg, f"{prefix}GPU": emu.gpu, f"{prefix}PRECISION": emu.precision,
            f"{prefix}KV_GBPS": f"{transport.nominal_gbps:g}"}
-    report = emulation_report(emu.kv_validation, base_dir) if emu.kv_validation else None
-    if report:
-        env[f"{prefix}KV_REPORT"] = report
+    if kv_report:
+        env[f"{prefix}KV_REPORT"] = kv_report
     return env
 
 
@@ -213,7 +199,7 @@ def proxy_plan(r: Recipe, ctx: tuple[ServerInstance, ...], gen: tuple[ServerInst
                version: trtllm.TrtllmVersion | None = None) -> ProxyPlan:
     def section(instances, router: str, tpb: int, args: dict) -> dict:
         router_cfg: dict = {"type": router}
-        if router == "kv_cache_aware":
+        if router == trtllm.Router.KV_CACHE_AWARE:
             router_cfg["tokens_per_block"] = tpb
         router_cfg.update(args)
         out: dict = {"num_instances": len(instances)}

@@ -5,25 +5,28 @@ from __future__ import annotations
 import dataclasses
 import math
 
+from orchestrator.states import Role
 from toolkit.facts import trtllm
 from toolkit.facts.engines import EngineProfile
 from toolkit.plan.model import ServerInstance
 from toolkit.recipe.schema import RoleSpec
 
 
-def nodes_per_instance(role: RoleSpec, gpn: int, title: str, c) -> int:
-    """How many nodes one instance of the role spans; a violation (to c) when it does not pack evenly."""
+def nodes_per_instance(role: RoleSpec, gpn: int) -> int:
+    """How many nodes one instance of the role spans (``packing_problem`` says when it does not pack evenly)."""
+    return math.ceil(role.tp * role.pp / gpn)
+
+
+def packing_problem(role: RoleSpec, gpn: int) -> tuple[str, str] | None:
+    """Why an instance of the role does not pack evenly onto gpn-GPU nodes, and the fix; None when it does."""
     world = role.tp * role.pp
-    if world <= gpn:
-        if gpn % world:
-            c.add(f"{title}.tp", f"an instance of tp*pp={world} GPUs does not pack evenly into "
-                  f"{gpn}-GPU nodes", f"use tp*pp that divides {gpn}")
-        return 1
-    if world % gpn:
-        c.add(f"{title}.tp", f"an instance of tp*pp={world} GPUs spans nodes but is not a multiple of "
-              f"gpus_per_node={gpn}", f"use tp*pp that is a multiple of {gpn}")
-        return math.ceil(world / gpn)
-    return world // gpn
+    if world <= gpn and gpn % world:
+        return (f"an instance of tp*pp={world} GPUs does not pack evenly into {gpn}-GPU nodes",
+                f"use tp*pp that divides {gpn}")
+    if world > gpn and world % gpn:
+        return (f"an instance of tp*pp={world} GPUs spans nodes but is not a multiple of gpus_per_node={gpn}",
+                f"use tp*pp that is a multiple of {gpn}")
+    return None
 
 
 class GpuCursor:
@@ -55,7 +58,7 @@ class GpuCursor:
         return (node,), gpus
 
 
-def place(role_name: str, role: RoleSpec, cursor: GpuCursor, first_port: int,
+def place(role_name: Role, role: RoleSpec, cursor: GpuCursor, first_port: int,
           uses_mpi: bool) -> tuple[ServerInstance, ...]:
     """The role's instances, in order, from the cursor's next free GPU; ports count up from first_port."""
     world = role.tp * role.pp
@@ -76,7 +79,7 @@ def internal_ports(servers: tuple[ServerInstance, ...], version: trtllm.TrtllmVe
                    first_port: int) -> tuple[ServerInstance, ...]:
     """Each instance's own internal ports, or, where the line has no knob for them and the engine starts its
     servers through TensorRT-LLM's launcher, the order co-located instances must start in (facts.trtllm, W2)."""
-    envs = trtllm.internal_port_envs(version)
+    envs = version.internal_port_envs
     out, port, last_on_node = [], first_port, {}
     for s in servers:
         if envs:

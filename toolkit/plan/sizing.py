@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-from toolkit.facts import trtllm
+from toolkit.facts import trtllm, versions
 from toolkit.facts.hardware import GPU_PEAK_TFLOPS, PREFILL_EFFICIENCY, TransportProfile
 from toolkit.facts.models import KV_DTYPE_BYTES, ModelSpec
 from toolkit.plan.model import BufferSizing, Estimates, KvGeometry, RoleKv
@@ -19,37 +19,32 @@ def longest_input(r: Recipe) -> int:
     return r.traffic.max_input_len + r.traffic.prefix_len
 
 
-def size_buffer(r: Recipe, c) -> BufferSizing:
-    """cache_transceiver_config.max_tokens_in_buffer per role: the role's own (context.max_tokens_in_buffer,
-    generation.max_tokens_in_buffer), else kv_transfer.max_tokens_in_buffer, else derived. Checked (violations to c):
-    a multiple of tokens_per_block, which TensorRT-LLM asserts at start-up (TLLM_CHECK(maxNumTokens.value() %
-    tokensPerBlock == 0) in CacheTransBufferManager's constructor, cpp/tensorrt_llm/batch_manager/
-    cacheTransBuffer.cpp, e.g. @ 012f8ad2031a113485f7485fd9bfb8aaacded4c5). Smaller than the longest input is judged
-    by the role's transceiver (toolkit/plan/transceiver.py check_buffer): refused where TensorRT-LLM fails such a
-    request, a warning where it falls back to buffers allocated per request."""
-    tpb = r.kv_transfer.tokens_per_block
-    common = r.kv_transfer.max_tokens_in_buffer
-    values, given_any = {}, False
+def given_buffers(r: Recipe) -> dict[str, tuple[str, int]]:
+    """cache_transceiver_config.max_tokens_in_buffer the recipe gives, per role title: (the field, its value). A
+    role's own (context.max_tokens_in_buffer, generation.max_tokens_in_buffer), else kv_transfer.max_tokens_in_buffer
+    (rules.check_buffer checks them)."""
+    out = {}
     for title, role in (("context", r.context), ("generation", r.generation)):
-        field = f"{title}.max_tokens_in_buffer" if role.max_tokens_in_buffer is not None \
-            else "kv_transfer.max_tokens_in_buffer"
-        given = role.max_tokens_in_buffer if role.max_tokens_in_buffer is not None else common
-        if given is None:
-            continue
-        given_any = True
-        values[title] = given
-        if given % tpb:
-            c.add(field, f"{given} is not a multiple of tokens_per_block={tpb}; TensorRT-LLM aborts at start-up "
-                  "(TLLM_CHECK(maxNumTokens.value() % tokensPerBlock == 0) in cacheTransBuffer.cpp)",
-                  f"use {ceil_to(tpb, given)}, or remove the field and let tk size it")
+        if role.max_tokens_in_buffer is not None:
+            out[title] = (f"{title}.max_tokens_in_buffer", role.max_tokens_in_buffer)
+        elif r.kv_transfer.max_tokens_in_buffer is not None:
+            out[title] = ("kv_transfer.max_tokens_in_buffer", r.kv_transfer.max_tokens_in_buffer)
+    return out
+
+
+def size_buffer(r: Recipe) -> BufferSizing:
+    """cache_transceiver_config.max_tokens_in_buffer per role: the one the recipe gives (``given_buffers``), else
+    derived."""
+    tpb = r.kv_transfer.tokens_per_block
     longest = longest_input(r)
+    values = {title: value for title, (_, value) in given_buffers(r).items()}
     ctx_mnt = r.context.max_num_tokens or ceil_to(tpb, longest)
     derived = ceil_to(tpb, max(longest, ctx_mnt))
     why = (f"the larger of the longest admitted input ({r.traffic.max_input_len} input + {r.traffic.prefix_len} "
            f"prefix = {longest} tokens) and the context servers' max_num_tokens ({ctx_mnt}), the most KV one "
            f"prefill iteration hands to the transceiver, rounded up to tokens_per_block={tpb} (NVIDIA's "
            "examples/disaggregated/slurm/benchmark/config.yaml sets it to the context max_num_tokens)")
-    if not given_any:
+    if not values:
         return BufferSizing(derived, why, user_given=False)
     ctx = values.get("context")
     gen = values.get("generation")
@@ -62,8 +57,8 @@ def size_buffer(r: Recipe, c) -> BufferSizing:
 
 
 def spec_layers(r: Recipe, version: trtllm.TrtllmVersion) -> int:
-    """KV layers TensorRT-LLM adds for speculative decoding (MTP): facts.trtllm.mtp_kv_layers."""
-    return trtllm.mtp_kv_layers(version, r.speculative.mtp_layers)
+    """KV layers TensorRT-LLM adds for speculative decoding (MTP): facts.versions.mtp_kv_layers."""
+    return versions.mtp_kv_layers(version, r.speculative.mtp_layers)
 
 
 def role_kv(model: ModelSpec, kv_dtype: str, role: RoleSpec, extra_layers: int = 0) -> RoleKv:

@@ -1,4 +1,5 @@
-"""Load a recipe: YAML with line numbers, ``--set a.b=c`` overrides, schema validation.
+"""Load a recipe: its YAML (toolkit.recipe.yaml), the site defaults under it (toolkit.recipe.site), ``--set a.b=c``
+overrides, schema validation (refusals worded by toolkit.recipe.violations), the TensorRT-LLM version it targets.
 
 The result is a ``LoadedRecipe``: the validated ``Recipe`` plus where each field came from,
 so later stages can point a user at the line to change.
@@ -6,20 +7,21 @@ so later stages can point a user at the line to change.
 
 from __future__ import annotations
 
-import difflib
-import re
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from toolkit.errors import RecipeError, Violation
-from toolkit.facts import trtllm
+from toolkit.facts import versions
 from toolkit.facts.engines import ENGINES
+from toolkit.recipe import yaml as recipe_yaml
 from toolkit.recipe.schema import Recipe
+from toolkit.recipe.site import load_site, merge_under, site_leaves
+from toolkit.recipe.violations import violations
+from toolkit.recipe.yaml import MAX_DEPTH, MAX_NODES, MAX_RECIPE_BYTES
+from toolkit.text import cut, short
 
 Path_ = tuple  # a field path, e.g. ("kv_transfer", "tokens_per_block")
 
@@ -34,7 +36,7 @@ class LoadedRecipe:
     lines: dict = field(default_factory=dict)  # field path -> line number
     overrides: tuple = ()  # the --set expressions applied, in order
     # Where recipe.trtllm_version came from: "recipe" (written or --set), "image" (derived from the tag of
-    # cluster.container_image) or "default" (trtllm.LATEST: no version written and no readable image tag).
+    # cluster.container_image) or "default" (versions.latest(): no version written and no readable image tag).
     version_source: str = "recipe"
     warnings: tuple = ()  # found while loading (an unreadable image tag); the plan lists them with its own
     # The site defaults merged under the recipe (toolkit.recipe.site): their file, where each of their values is
@@ -159,269 +161,6 @@ def _nearest(lines: dict, path: tuple) -> int | None:
     return lines[path[:n]] if n else None
 
 
-# Bounds on what a recipe may be: a recipe is a small hand-written file, and a YAML alias "bomb"
-# (a few hundred bytes that expand to billions of values) must be refused before it is expanded.
-MAX_RECIPE_BYTES = 1 << 20  # 1 MiB, the recipe file and each --set value
-MAX_NODES = 10_000  # values in the document, every alias and merge key counted as expanded
-MAX_DEPTH = 64  # nesting of mappings and sequences, aliases expanded
-MAX_ECHO = 200  # characters of a value an error message repeats
-MAX_VIOLATIONS = 50  # violations reported at once
-
-_MERGE_TAG = "tag:yaml.org,2002:merge"
-
-
-def escape_controls(text: str) -> str:
-    """``text`` with every control character, surrogate and line or paragraph separator written as its escape
-    (\\n, \\x85, \\u2028): what is left is one line to a terminal and to YAML (whose line breaks include
-    \\x85, \\u2028 and \\u2029)."""
-    return "".join(ch.encode("unicode_escape").decode("ascii") if unicodedata.category(ch) in ("Cc", "Cs", "Zl", "Zp")
-                   else ch for ch in text)
-
-
-def cut(text: str, limit: int = MAX_ECHO) -> str:
-    """Text for an error message: control characters escaped (a newline or ESC in a file name or a --set
-    must not break the message or drive the terminal), cut to ``limit`` characters (a 20,000-entry mapping
-    is not echoed whole)."""
-    n = len(text)
-    text = escape_controls(text[:limit])
-    if len(text) > limit or n > limit:
-        text = text[:limit] + f"... ({n} characters)"
-    return text
-
-
-def short(value: Any, limit: int = MAX_ECHO) -> str:
-    """``repr`` of a value for an error message, cut to ``limit`` characters."""
-    try:
-        text = repr(value)
-    except Exception:  # noqa: BLE001 - an odd object must not break the error report
-        text = f"<{type(value).__name__}>"
-    return cut(text, limit)
-
-
-class _Bound(Exception):
-    """The document breaks a size, depth or alias bound (raised while composing, before expanding)."""
-
-    def __init__(self, mark, message: str, fix: str):
-        super().__init__(message)
-        self.line = mark.line + 1 if mark is not None else None
-        self.message = message
-        self.fix = fix
-
-
-class _BoundedComposer(yaml.composer.Composer):
-    """Composes the node graph while counting what it would expand to.
-
-    PyYAML shares an aliased node instead of copying it, so composing a billion-laughs document is cheap;
-    the expansion happens later, in whoever walks the data. Here each node counts once, and each alias
-    (merge keys included) counts as the size of what it points to, so the walk is refused before it starts.
-    Recursive aliases (an anchor used inside itself) are refused too: the data would be a cycle.
-    """
-
-    def compose_document(self):
-        self._tk_total = 0
-        self._tk_heights: list[int] = []  # per open node: the tallest child so far
-        self._tk_open: set[str] = set()  # anchors whose node is still being composed
-        self._tk_anchored: dict[str, tuple[int, int]] = {}  # anchor -> (expanded size, height)
-        self._tk_aliases = 0
-        return super().compose_document()
-
-    def _tk_add(self, n: int, mark) -> None:
-        self._tk_total += n
-        if self._tk_total > MAX_NODES:
-            if self._tk_aliases:
-                raise _Bound(mark, f"the document expands to more than {MAX_NODES} values, each alias (*name, "
-                             "<<: *name) counted as the values it repeats; a recipe is a small file",
-                             "remove the aliases that repeat large parts, or write the values out")
-            raise _Bound(mark, f"the document holds more than {MAX_NODES} values; a recipe is a small file",
-                         "remove what tk does not need")
-
-    def compose_node(self, parent, index):
-        if self.check_event(yaml.events.AliasEvent):
-            event = self.peek_event()
-            if event.anchor in self._tk_open:
-                raise _Bound(event.start_mark, f"alias *{event.anchor} is used inside its own anchor "
-                             f"&{event.anchor} (a recursive structure)",
-                             f"remove *{event.anchor} from inside the value it names")
-            node = super().compose_node(parent, index)  # raises on an undefined alias
-            self._tk_aliases += 1
-            size, height = self._tk_anchored.get(event.anchor, (1, 1))
-            if len(self._tk_heights) + height > MAX_DEPTH:
-                raise _Bound(event.start_mark, f"alias *{event.anchor} nests values deeper than {MAX_DEPTH} "
-                             "levels", "flatten the structure")
-            self._tk_add(size, event.start_mark)
-            if self._tk_heights:
-                self._tk_heights[-1] = max(self._tk_heights[-1], height)
-            return node
-        event = self.peek_event()
-        if len(self._tk_heights) >= MAX_DEPTH:
-            raise _Bound(event.start_mark, f"values nested deeper than {MAX_DEPTH} levels",
-                         "flatten the structure; a recipe needs only a few levels")
-        anchor = event.anchor
-        before = self._tk_total
-        self._tk_add(1, event.start_mark)
-        if anchor is not None:
-            self._tk_open.add(anchor)
-        self._tk_heights.append(0)
-        node = super().compose_node(parent, index)
-        height = 1 + self._tk_heights.pop()
-        if self._tk_heights:
-            self._tk_heights[-1] = max(self._tk_heights[-1], height)
-        if anchor is not None:
-            self._tk_open.discard(anchor)
-            self._tk_anchored[anchor] = (self._tk_total - before, height)
-        return node
-
-
-class _LineLoader(yaml.reader.Reader, yaml.scanner.Scanner, yaml.parser.Parser, _BoundedComposer,
-                  yaml.constructor.SafeConstructor, yaml.resolver.Resolver):
-    """SafeLoader with bounds, that refuses duplicate and complex keys and supports merge keys (``<<: *x``).
-
-    Duplicate keys are refused because a silent override is a classic recipe bug; a key given by a merge
-    key and again in the mapping itself is an override by design (YAML 1.1), not a duplicate.
-    """
-
-    def __init__(self, stream):
-        yaml.reader.Reader.__init__(self, stream)
-        yaml.scanner.Scanner.__init__(self)
-        yaml.parser.Parser.__init__(self)
-        _BoundedComposer.__init__(self)
-        yaml.constructor.SafeConstructor.__init__(self)
-        yaml.resolver.Resolver.__init__(self)
-
-
-def _construct_mapping(loader, node, deep=False):
-    if not isinstance(node, yaml.MappingNode):
-        raise yaml.constructor.ConstructorError(None, None, f"expected a mapping, found {node.id}", node.start_mark)
-    seen = {}
-    for key_node, _ in node.value:
-        if key_node.tag == _MERGE_TAG:
-            continue
-        if not isinstance(key_node, yaml.ScalarNode):
-            raise yaml.constructor.ConstructorError(
-                None, None, f"a key must be a plain name, not a {key_node.id} (`? [a, b]` or `? {{a: 1}}`)",
-                key_node.start_mark)
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            hash(key)
-        except TypeError:
-            raise yaml.constructor.ConstructorError(None, None, f"key {short(key)} cannot be a mapping key",
-                                                    key_node.start_mark) from None
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {short(key)} (first on line {seen[key] + 1})", key_node.start_mark)
-        seen[key] = key_node.start_mark.line
-    loader.flatten_mapping(node)  # merge keys: the merged pairs first, so the mapping's own keys win
-    return yaml.constructor.BaseConstructor.construct_mapping(loader, node, deep=deep)
-
-
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
-
-
-def _line_map(node, path=(), out=None, texts=None) -> tuple[dict, dict]:
-    """field path -> line, and field path -> source text of each unquoted number (see ``_AS_WRITTEN``).
-
-    Walks the flattened node graph (merge keys already applied), so it visits at most MAX_NODES nodes."""
-    out = {} if out is None else out
-    texts = {} if texts is None else texts
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            child = path + (key_node.value,)
-            out[child] = key_node.start_mark.line + 1
-            _line_map(value_node, child, out, texts)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            out[path + (i,)] = item.start_mark.line + 1
-            _line_map(item, path + (i,), out, texts)
-    elif isinstance(node, yaml.ScalarNode) and path in _AS_WRITTEN and node.style is None:
-        texts[path] = node.value
-    return out, texts
-
-
-# Fields that are strings even when written as a YAML number: `trtllm_version: 1.10` means "1.10",
-# which YAML would read as the float 1.1. The loader keeps the text as written.
-_AS_WRITTEN = {("trtllm_version",)}
-
-
-def _expand(value):
-    """A fresh copy of the data: an aliased value is shared by PyYAML, and an override of one use must not
-    change the others. Bounded by the composer (at most MAX_NODES values, MAX_DEPTH deep)."""
-    if isinstance(value, dict):
-        return {k: _expand(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_expand(v) for v in value]
-    return value
-
-
-def _yaml_violation(source: str, exc: BaseException) -> Violation:
-    if isinstance(exc, _Bound):
-        return Violation(source, exc.line, "(yaml)", exc.message, exc.fix)
-    if isinstance(exc, yaml.MarkedYAMLError):
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark else None
-        return Violation(source, line, "(yaml)", f"not valid YAML: {cut(str(exc.problem or exc))}",
-                         "fix the YAML syntax on that line")
-    if isinstance(exc, yaml.YAMLError):
-        return Violation(source, None, "(yaml)", f"not valid YAML: {cut(str(exc))}", "fix the YAML syntax")
-    # A value PyYAML cannot build (e.g. the date 2024-13-01), or a bound this module missed.
-    return Violation(source, None, "(yaml)", f"cannot read the YAML: {cut(f'{type(exc).__name__}: {exc}')}",
-                     "fix the value, or quote it to make it a string")
-
-
-def parse_site_text(text: str, source: str) -> tuple[Any, dict]:
-    """A site file's YAML, read with a recipe's bounds and rules (toolkit.recipe.site); numbers written for
-    text fields (``trtllm_version: 1.10``) are kept as written, as in a recipe."""
-    data, lines, texts = _parse(text, source)
-    if isinstance(data, dict):
-        _keep_as_written(data, texts)
-    return data, lines
-
-
-def _keep_as_written(data: dict, texts: dict) -> None:
-    for path, written in texts.items():  # `trtllm_version: 1.10` is "1.10", not the float 1.1
-        if len(path) == 1 and isinstance(data.get(path[0]), (int, float)) and not isinstance(data.get(path[0]), bool):
-            data[path[0]] = written
-
-
-def parse_yaml(text: str, file: str) -> tuple[Any, dict]:
-    """Parse YAML text within the bounds; any problem becomes a RecipeError pointing at the line."""
-    data, lines, _ = _parse(text, file)
-    return data, lines
-
-
-def _parse(text: str, source: str) -> tuple[Any, dict, dict]:
-    if len(text) > MAX_RECIPE_BYTES:
-        raise RecipeError([Violation(source, None, "(size)", f"{len(text)} characters, more than the "
-                                     f"{MAX_RECIPE_BYTES} a recipe may have", "a recipe is a small file; "
-                                     "remove what tk does not need")])
-    loader = None
-    try:
-        loader = _LineLoader(text)  # the reader refuses unprintable characters here already
-        node = loader.get_single_node()
-        if node is None:
-            return None, {}, {}
-        data = loader.construct_document(node)
-        lines, texts = _line_map(node)
-        return _expand(data), lines, texts
-    except (yaml.YAMLError, _Bound, ValueError, TypeError, OverflowError, RecursionError, MemoryError) as exc:
-        raise RecipeError([_yaml_violation(source, exc)]) from None
-    finally:
-        if loader is not None:
-            loader.dispose()
-
-
-def _count_values(data, limit: int) -> int:
-    """How many values ``data`` holds, stopping past ``limit`` (the overrides can add up)."""
-    count, stack = 0, [data]
-    while stack and count <= limit:
-        v = stack.pop()
-        count += 1
-        if isinstance(v, dict):
-            stack.extend(v.values())
-        elif isinstance(v, list):
-            stack.extend(v)
-    return count
-
-
 def _set_path(expr: str) -> tuple:
     return tuple(k.strip() for k in expr.split("=", 1)[0].strip().split("."))
 
@@ -441,13 +180,13 @@ def apply_override(data: dict, expr: str) -> None:
         raise RecipeError([Violation(source, None, cut(dotted), f"a field path deeper than {MAX_DEPTH} levels",
                                      "give the path of a recipe field, e.g. context.env.NAME")])
     try:
-        value, _, texts = _parse(raw_value, source) if raw_value.strip() else ("", {}, {})
+        value, _, texts = recipe_yaml.parse(raw_value, source) if raw_value.strip() else ("", {}, {})
     except RecipeError as exc:
         if exc.violations[0].field != "(yaml)" or not exc.violations[0].message.startswith("not valid YAML"):
             raise  # a bound (size, depth, aliases): never taken as a plain string
         value = raw_value  # not YAML: the text as given, e.g. --set description=a: b: c
     else:
-        if tuple(keys) in _AS_WRITTEN and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if tuple(keys) in recipe_yaml.AS_WRITTEN and isinstance(value, (int, float)) and not isinstance(value, bool):
             value = raw_value.strip()  # --set trtllm_version=1.10 means "1.10"
     node = data
     for key in keys[:-1]:
@@ -498,8 +237,6 @@ def load_recipe(path: str | Path, overrides: list[str] | tuple[str, ...] = (), s
         raise refuse(f"cannot read the recipe: {cut(str(exc))}",
                      "check the file's permissions and encoding (UTF-8)") from None
     if site is _SITE_AUTO:
-        from toolkit.recipe.site import load_site
-
         site = load_site()
     return load_recipe_text(text, file, overrides, site=site)
 
@@ -518,23 +255,21 @@ def load_recipe_text(text: str, file: str, overrides=(), site=None) -> LoadedRec
     """Parse, override and validate recipe text. site: a toolkit.recipe.site.SiteDefaults merged under the
     recipe (None: none; a resolved recipe read back from a manifest must not get the site again)."""
     overrides = tuple(overrides)
-    data, lines, texts = _parse(text, cut(file))
+    data, lines, texts = recipe_yaml.parse(text, cut(file))
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise RecipeError([Violation(cut(file), 1, "(top level)", "a recipe must be a YAML mapping",
                                      "start from a recipe in recipes/ (see `tk recipes`)")])
-    _keep_as_written(data, texts)
+    recipe_yaml.keep_as_written(data, texts)
     site_kw: dict = {}
     if site is not None:
-        from toolkit.recipe.site import merge_under, site_leaves
-
         site_kw = {"site_file": site.file, "site_lines": dict(site.lines),
                    "site_paths": tuple(site_leaves(site.data, data))}
-        data = merge_under(_expand(site.data), data)
+        data = merge_under(recipe_yaml.expand(site.data), data)
     for expr in overrides:
         apply_override(data, expr)
-    if overrides and _count_values(data, MAX_NODES) > MAX_NODES:
+    if overrides and recipe_yaml.count_values(data, MAX_NODES) > MAX_NODES:
         raise RecipeError([Violation(f"--set {cut(overrides[-1])}", None, "(size)",
                                      f"with the overrides the recipe holds more than {MAX_NODES} values",
                                      "set fewer or smaller values")])
@@ -543,7 +278,7 @@ def load_recipe_text(text: str, file: str, overrides=(), site=None) -> LoadedRec
     try:
         recipe = Recipe.model_validate(data)
     except ValidationError as exc:
-        raise RecipeError(_violations(exc, proto)) from None
+        raise RecipeError(violations(exc, proto)) from None
     line, source, warnings = resolve_version(recipe, proto)
     release = _release(recipe)
     if recipe.trtllm_version is None:
@@ -552,16 +287,21 @@ def load_recipe_text(text: str, file: str, overrides=(), site=None) -> LoadedRec
                         version_source=source, warnings=tuple(warnings), release=release, **site_kw)
 
 
+def _image(recipe: Recipe) -> str | None:
+    """cluster.container_image where it says which TensorRT-LLM it holds (the engine runs TensorRT-LLM's image)."""
+    image = recipe.cluster.container_image
+    return image if image and ENGINES[recipe.engine].image_holds_trtllm else None
+
+
 def _release(recipe: Recipe) -> str | None:
     """The exact release: a trtllm_version with more than the line ("1.2.0rc6.post1"), else a readable image tag."""
-    given = recipe.trtllm_version
-    if given and not re.fullmatch(r"[0-9]+\.[0-9]+", given):
-        return given
-    image = recipe.cluster.container_image
-    if image and ENGINES[recipe.engine].image_holds_trtllm:
-        found = trtllm.image_version(image)
-        if found.version is not None and (not given or trtllm.get(given).line == found.version.line):
-            return found.version.text
+    given = versions.parse_version(recipe.trtllm_version) if recipe.trtllm_version else None
+    if given and not given.line_only:
+        return given.text
+    image = _image(recipe)
+    found = versions.image_version(image).version if image else None
+    if found is not None and (not given or given.line == found.line):
+        return found.text
     return None
 
 
@@ -570,12 +310,12 @@ def resolve_version(recipe: Recipe, loaded: LoadedRecipe) -> tuple[str, str, lis
     named by trtllm_version or the image's tag that tk does not know was published is a warning too."""
     line, source, warnings = _resolve_version(recipe, loaded)
     named = {"trtllm_version": recipe.trtllm_version}
-    image = recipe.cluster.container_image
-    if image and ENGINES[recipe.engine].image_holds_trtllm:
-        found = trtllm.image_version(image).version
+    image = _image(recipe)
+    if image:
+        found = versions.image_version(image).version
         named["cluster.container_image"] = found.text if found else None
     for where, text in named.items():
-        why = trtllm.unknown_release(text) if text else None
+        why = versions.unknown_release(text) if text else None
         if why and not (where != "trtllm_version" and text == named["trtllm_version"]):  # said once
             shown = short(text) if where == "trtllm_version" else f"{short(image)} (tag {text})"
             warnings.append(f"{where} {shown}: {why}")
@@ -585,129 +325,73 @@ def resolve_version(recipe: Recipe, loaded: LoadedRecipe) -> tuple[str, str, lis
 def _resolve_version(recipe: Recipe, loaded: LoadedRecipe) -> tuple[str, str, list[str]]:
     """The TensorRT-LLM line the recipe targets, where it came from, and warnings.
 
-    The tag of ``cluster.container_image`` is read where tk can (facts.trtllm.image_version): with no
+    The tag of ``cluster.container_image`` is read where tk can (facts.versions.image_version): with no
     ``trtllm_version`` written, its line is the recipe's; with one written, the two must name the same line
     (a 1.0.0 container fed 1.2 options fails at start-up on keys it does not know). An image tk cannot read is
     a warning: nothing checks that it holds the targeted line. Raises RecipeError on a contradiction."""
     given = recipe.trtllm_version
-    image = recipe.cluster.container_image
-    if not image or not ENGINES[recipe.engine].image_holds_trtllm:
-        return (trtllm.get(given).line, "recipe", []) if given else (trtllm.LATEST, "default", [])
-    found = trtllm.image_version(image)
-    shown = short(image)
+    image = _image(recipe)
+    if not image:
+        return (versions.get(given).line, "recipe", []) if given else (versions.latest(), "default", [])
+    found = versions.image_version(image)
     if found.version is None:
+        why = f"cannot read the TensorRT-LLM version of cluster.container_image {short(image)}: {found.reason}; "
         if given:
-            return trtllm.get(given).line, "recipe", [
-                f"cannot read the TensorRT-LLM version of cluster.container_image {shown}: {found.reason}; "
-                f"tk renders for trtllm_version {given} and cannot check that the image holds it"]
-        return trtllm.LATEST, "default", [
-            f"cannot read the TensorRT-LLM version of cluster.container_image {shown}: {found.reason}; "
-            f"tk renders for its newest line, {trtllm.LATEST}: set trtllm_version to the image's line "
-            f"({', '.join(trtllm.SUPPORTED)})"]
+            return versions.get(given).line, "recipe", [
+                why + f"tk renders for trtllm_version {given} and cannot check that the image holds it"]
+        return versions.latest(), "default", [
+            why + f"tk renders for its newest line, {versions.latest()}: set trtllm_version to the image's line "
+            f"({', '.join(versions.supported())})"]
     version = found.version
     from toolkit.facts.containers import pyxis_image
 
     repository = pyxis_image(image).rendered.rsplit(":", 1)[0]  # the fixes show the spelling pyxis needs
-    example = f"{repository}:{trtllm.get(given).release.lstrip('v')}" if given else ""
-    if version.line not in trtllm.SUPPORTED:
-        blame = ("cluster", "container_image")
+    if version.line not in versions.supported():
         raise RecipeError([loaded.violation(
-            blame, f"the image holds TensorRT-LLM {version.text} (line {version.line}); tk has facts only for "
-            f"the lines {', '.join(trtllm.SUPPORTED)}, so it cannot render options that image accepts",
-            f"use an image of a supported line, e.g. {repository}:"
-            f"{trtllm.get(trtllm.LATEST).release.lstrip('v')}")])
-    warnings = []
-    if version.prerelease:
-        from toolkit.facts import llm_args
-
-        ev = llm_args.evidence(llm_args.Target(version.line, version.text))
-        if not any(llm_args.version_key(s.first) <= llm_args.version_key(version.text) <= llm_args.version_key(s.last)
-                   for s in ev):
-            warnings.append(
-                f"cluster.container_image {shown} is a pre-release ({version.text}); tk has no facts read at it: "
-                f"its options are checked against {' and '.join(s.cite for s in ev)}, and a key only one of them "
-                "has is a warning")
+            ("cluster", "container_image"), f"the image holds TensorRT-LLM {version.text} (line {version.line}); tk "
+            f"has facts only for the lines {', '.join(versions.supported())}, so it cannot render options that image "
+            f"accepts", f"use an image of a supported line, e.g. {repository}:"
+            f"{versions.get(versions.latest()).release.lstrip('v')}")])
+    warnings = _prerelease_warning(version, image)
     if not given:
         return version.line, "image", warnings
-    line = trtllm.get(given).line
+    line = versions.get(given).line
     if line != version.line:
-        # Blame the value the user changed last: a --set of the image alone points at the image.
-        image_set = loaded.override_of(("cluster", "container_image")) is not None
-        version_set = loaded.override_of(("trtllm_version",)) is not None
-        if image_set and not version_set:
-            raise RecipeError([loaded.violation(
-                ("cluster", "container_image"),
-                f"the image holds TensorRT-LLM {version.text} (line {version.line}) but the recipe's "
-                f"trtllm_version is {given}; tk would render {line} options for a {version.line} container",
-                f"use a {line} image (e.g. {example}), or set trtllm_version: \"{version.line}\" too, "
-                "or remove trtllm_version to follow the image")])
-        raise RecipeError([loaded.violation(
-            ("trtllm_version",),
-            f"trtllm_version {given} contradicts cluster.container_image {shown}, which holds TensorRT-LLM "
-            f"{version.text} (line {version.line}); the servers would start {line} options in a "
-            f"{version.line} container",
-            f"set cluster.container_image to a {line} image too (e.g. --set cluster.container_image={example}), "
-            + ("or drop --set trtllm_version" if version_set else "or remove trtllm_version")
-            + " to follow the image")])
+        raise RecipeError([_contradiction(loaded, given, line, version, image, repository)])
     return line, "recipe", warnings
 
 
-def _model_at(path: tuple) -> type[BaseModel] | None:
-    """The schema class that holds the field at ``path`` (for did-you-mean)."""
-    model: Any = Recipe
-    for key in path[:-1]:
-        field_info = getattr(model, "model_fields", {}).get(key)
-        if field_info is None:
-            return None
-        ann = field_info.annotation
-        if isinstance(ann, type) and issubclass(ann, BaseModel):
-            model = ann
-        else:
-            return None
-    return model
+def _prerelease_warning(version: versions.ParsedVersion, image: str) -> list[str]:
+    """A pre-release no snapshot was read at is checked against the nearest ones: said once."""
+    from toolkit.facts import llm_args
+
+    if not version.prerelease or llm_args.read_at(version.text):
+        return []
+    ev = llm_args.evidence(llm_args.Target(version.line, version.text))
+    return [f"cluster.container_image {short(image)} is a pre-release ({version.text}); tk has no facts read at it: "
+            f"its options are checked against {' and '.join(s.cite for s in ev)}, and a key only one of them has is a "
+            "warning"]
 
 
-def _violations(exc: ValidationError, loaded: LoadedRecipe) -> list[Violation]:
-    out = []
-    errors = exc.errors()
-    for err in errors[:MAX_VIOLATIONS]:
-        loc = tuple(err["loc"])
-        kind = err["type"]
-        if kind == "extra_forbidden":
-            model = _model_at(loc)
-            known = sorted(model.model_fields) if model else []
-            guess = difflib.get_close_matches(str(loc[-1]), known, n=1, cutoff=0.6)
-            hint = f"did you mean {guess[0]!r}?" if guess else f"known keys here: {', '.join(known)}"
-            out.append(loaded.violation(loc, f"unknown key {short(loc[-1])}", hint))
-        elif kind == "missing":
-            out.append(loaded.violation(loc, "required field is missing", f"add `{cut(str(loc[-1]))}:` to the recipe"))
-        elif kind in ("literal_error", "enum"):
-            expected = err.get("ctx", {}).get("expected", "")
-            out.append(loaded.violation(loc, f"{short(err['input'])} is not allowed", f"use one of {expected}"))
-        elif kind == "model_type":  # pydantic says "a valid dictionary or instance of RoleSpec": a class name
-            out.append(loaded.violation(loc, f"a section is a mapping of its fields, not {short(err.get('input'))}",
-                                        _fix_for(kind, err)))
-        else:
-            msg = cut(str(err["msg"]).removeprefix("Value error, "), 2 * MAX_ECHO)
-            out.append(loaded.violation(loc, f"{msg} (got {short(err.get('input'))})", _fix_for(kind, err)))
-    if len(errors) > MAX_VIOLATIONS:
-        out.append(Violation(cut(loaded.file), None, "(more)", f"{len(errors) - MAX_VIOLATIONS} more violations "
-                             "not shown", "fix the ones above and run again"))
-    return out
+def _contradiction(loaded: LoadedRecipe, given: str, line: str, version: versions.ParsedVersion, image: str,
+                   repository: str) -> Violation:
+    """trtllm_version and the image name different lines: blamed on the value the user changed last (a --set of the
+    image alone points at the image)."""
+    example = f"{repository}:{versions.get(given).release.lstrip('v')}"
+    image_set = loaded.override_of(("cluster", "container_image")) is not None
+    version_set = loaded.override_of(("trtllm_version",)) is not None
+    if image_set and not version_set:
+        return loaded.violation(
+            ("cluster", "container_image"),
+            f"the image holds TensorRT-LLM {version.text} (line {version.line}) but the recipe's "
+            f"trtllm_version is {given}; tk would render {line} options for a {version.line} container",
+            f"use a {line} image (e.g. {example}), or set trtllm_version: \"{version.line}\" too, "
+            "or remove trtllm_version to follow the image")
+    return loaded.violation(
+        ("trtllm_version",),
+        f"trtllm_version {given} contradicts cluster.container_image {short(image)}, which holds TensorRT-LLM "
+        f"{version.text} (line {version.line}); the servers would start {line} options in a "
+        f"{version.line} container",
+        f"set cluster.container_image to a {line} image too (e.g. --set cluster.container_image={example}), "
+        + ("or drop --set trtllm_version" if version_set else "or remove trtllm_version") + " to follow the image")
 
-
-# pydantic's error types (int_parsing, model_type, ...) by their first word, as a recipe writer says it: a section
-# (a pydantic model) or any other dict is a mapping.
-_TYPE_WORDS = {"model": "a mapping (the section's fields, key: value)", "dict": "a mapping (key: value)",
-               "list": "a list", "int": "a whole number", "float": "a number", "bool": "true or false",
-               "string": "text (quote it if YAML reads it as something else)"}
-
-
-def _fix_for(kind: str, err: dict) -> str:
-    ctx = err.get("ctx", {})
-    if kind.startswith(("greater_than", "less_than")):
-        bound = next(iter(ctx.values()), None)
-        return f"give a value {kind.replace('_', ' ').replace('equal', 'or equal to')} {bound}"
-    if kind.endswith("_type") or kind.endswith("_parsing"):
-        return f"give {_TYPE_WORDS.get(kind.split('_')[0], 'a value of type ' + kind.split('_')[0])}"
-    return "correct the value"

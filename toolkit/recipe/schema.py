@@ -13,10 +13,18 @@ from typing import Annotated, Any, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
-from toolkit.facts import trtllm
-from toolkit.facts.hardware import EMULATED_GPUS, GPUS, TRANSPORTS
+from orchestrator.states import RestartPolicy
+from toolkit.facts import llm_args, trtllm, versions
+from toolkit.facts.hardware import EMULATED_GPUS, GPUS, TRANSPORTS, Transport
+from toolkit.facts.models import KV_DTYPES
 from toolkit.facts.roofline import PRECISIONS
-from toolkit.facts.trtllm import ROUTERS
+from toolkit.facts.trtllm import Router
+
+# Values a recipe field may name that set a TensorRT-LLM option, from the facts (every line's; the plan checks the
+# recipe's line): the cache transceiver backends and runtimes, the routers any line's create_router knows (Router).
+BACKENDS = llm_args.all_choices("cache_transceiver_config.backend")
+RUNTIMES = llm_args.all_choices("cache_transceiver_config.transceiver_runtime")
+ROUTERS = tuple(r.value for r in Router)
 
 # Every pattern is used with fullmatch (``$`` would accept a trailing newline) and spells digits [0-9]
 # (``\d`` matches Arabic-Indic and other Unicode digits, which Slurm and bash do not read).
@@ -155,7 +163,7 @@ def _check_options(v: Any) -> dict:
 
     walk(v, "")
     # The kind of each value tk or TensorRT-LLM reads (max_num_tokens a positive integer, ...) is checked by
-    # the plan (toolkit/plan/rules.py, from facts.trtllm.OPTION_KINDS), which names the key and the recipe
+    # the plan (toolkit/plan/rules.py, from each option's kind in the facts: facts.options), which names the key and the recipe
     # field to use instead.
     return v
 
@@ -191,8 +199,9 @@ class ClusterSpec(Section):
     pending_timeout_s: int = Field(1800, ge=1, le=WEEK_S)
     startup_timeout_s: int = Field(1800, ge=1, le=86400)
     # How the job asks Slurm for GPUs: "gres" (#SBATCH --gres=gpu:N), "gpus-per-node" (--gpus-per-node=N),
-    # "none" (no request: clusters that do not confine devices, and the CPU stand-in). N = gpus_per_node.
-    gpu_request: Literal["gres", "gpus-per-node", "none"] = "gres"
+    # "none" (no request: clusters that do not confine devices). N = gpus_per_node. Unset (null): the engine's,
+    # "gres" for TensorRT-LLM, "none" for the CPU stand-in (toolkit/facts/engines.py uses_gpus).
+    gpu_request: Optional[Literal["gres", "gpus-per-node", "none"]] = None
     exclusive: bool = False  # #SBATCH --exclusive
     sbatch_args: Annotated[list[str], BeforeValidator(lambda v: _check_list(v, "arguments"))] = \
         Field(default_factory=list)  # extra #SBATCH lines, e.g. --constraint=h100, --exclude=node1
@@ -289,16 +298,16 @@ class AggregatedSpec(Section):
 class KvTransferSpec(Section):
     """How the KV cache moves from context to generation servers."""
 
-    backend: Literal["DEFAULT", "UCX", "NIXL", "MPI", "MOONCAKE"] = "NIXL"
-    transport: Literal[TRANSPORTS] = "infiniband"  # type: ignore[valid-type]
+    backend: Literal[BACKENDS] = "NIXL"  # type: ignore[valid-type]
+    transport: Literal[TRANSPORTS] = Transport.INFINIBAND.value  # type: ignore[valid-type]
     tokens_per_block: int = Field(32, ge=1, le=1024)
-    dtype: Literal["auto", "fp8", "nvfp4"] = "auto"
+    dtype: Literal[KV_DTYPES] = "auto"  # type: ignore[valid-type]
     max_tokens_in_buffer: Optional[int] = Field(None, ge=1, le=INT32_MAX)
     kv_transfer_timeout_ms: Optional[int] = Field(60000, ge=1, le=INT32_MAX)  # a C++ int in TensorRT-LLM
     # cache_transceiver_config fields of the 1.3 line, written to both roles where set (None: not written, the
     # engine's default): transceiver_runtime, kv_transfer_poll_interval_ms, kv_cache_bounce_size_mb,
     # enable_pipelined_transfer (its preconditions: toolkit/plan/rules.py check_transceiver).
-    runtime: Optional[Literal["CPP", "PYTHON", "auto"]] = None
+    runtime: Optional[Literal[RUNTIMES]] = None  # type: ignore[valid-type]
     poll_interval_ms: Optional[int] = Field(None, ge=1, le=INT32_MAX)
     bounce_size_mb: Optional[int] = Field(None, ge=0, le=1 << 20)
     pipelined: Optional[bool] = None
@@ -336,8 +345,8 @@ class ProxySpec(Section):
     """The `trtllm-serve disaggregated` proxy."""
 
     port: int = Field(8000, ge=1024, le=65535)
-    context_router: Literal[ROUTERS] = "round_robin"  # type: ignore[valid-type]
-    generation_router: Literal[ROUTERS] = "round_robin"  # type: ignore[valid-type]
+    context_router: Literal[ROUTERS] = Router.ROUND_ROBIN.value  # type: ignore[valid-type]
+    generation_router: Literal[ROUTERS] = Router.ROUND_ROBIN.value  # type: ignore[valid-type]
     # Further router arguments, written under the section's `router:` beside `type` (e.g. use_tokens: true of
     # load_balancing, max_batch_size of kv_cache_aware); TensorRT-LLM passes them to the router's constructor.
     context_router_args: Annotated[dict, BeforeValidator(_check_options)] = Field(default_factory=dict)
@@ -367,7 +376,7 @@ class SupervisionSpec(Section):
     worse than no number). Before the deployment first serves, any exit ends the job under either policy (a
     start-up crash is a configuration error, and restarting it only hides it)."""
 
-    policy: Literal["restart", "fail-fast"] = "restart"
+    policy: Literal[tuple(p.value for p in RestartPolicy)] = RestartPolicy.RESTART.value  # type: ignore[misc]
     max_restarts: int = Field(5, ge=0, le=100)  # consecutive failed restarts of one component before it is given up
     backoff_initial_s: int = Field(2, ge=0, le=600)  # wait before the first restart; doubled each time
     backoff_max_s: int = Field(60, ge=1, le=3600)
@@ -450,7 +459,7 @@ class Recipe(Section):
     # defaults to False); rendered into ctx.yaml / gen.yaml only when true.
     trust_remote_code: bool = False
     # None (not written, or null): the loader derives the line from cluster.container_image's tag where tk can
-    # read it, else takes trtllm.LATEST; LoadedRecipe.version_source says which. After loading it is a str.
+    # read it, else takes versions.latest(); LoadedRecipe.version_source says which. After loading it is a str.
     trtllm_version: Optional[str] = None
     cluster: ClusterSpec
     context: RoleSpec = Field(default_factory=RoleSpec)
@@ -494,7 +503,7 @@ class Recipe(Section):
                              f"trtllm_version: \"{v}\" (1.10 unquoted would be read as 1.1)")
         if not isinstance(v, str):
             raise ValueError("trtllm_version must be a string such as \"1.2\"")
-        if trtllm.parse_version(v) is None:
+        if versions.parse_version(v) is None:
             raise ValueError("trtllm_version must look like \"1.2\", \"1.2.1\" or \"1.2.0rc3\"")
-        trtllm.get(v)  # raises with the supported list
+        versions.get(v)  # raises with the supported list
         return v

@@ -23,6 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from toolkit.errors import RecipeError, Violation
+from toolkit.recipe.yaml import parse_site_text
+from toolkit.text import cut
 
 SITE_ENV = "TK_SITE"
 SITE_FILE = "site.yaml"
@@ -59,8 +61,6 @@ def load_site(path: Path | None = None) -> SiteDefaults | None:
 
     A file named by TK_SITE must exist (a typo in a module file must not silently drop every default); the
     default location is optional. Raises RecipeError naming the site file."""
-    from toolkit.recipe.loader import cut, parse_site_text
-
     named = path is not None or os.environ.get(SITE_ENV) is not None
     path = path if path is not None else site_path()
     if path is None:

@@ -3,7 +3,8 @@ land, used as a jinja2 filter by every template (launch.sbatch, validate.sbatch,
 
     sh       a bash word (also env-file values, which are sourced by bash): shlex.quote; inert whatever it holds
     comment  text on a comment line of any file: every non-printable character (newline, CR, U+2028, ...)
-             shown as an escape, so a comment can never end early and start a command or a YAML key
+             shown as an escape (toolkit/text.py, the one escaper), so a comment can never end early and start a
+             command or a YAML key
     sbatch   a value on an `#SBATCH` line: sbatch's directive parser has no quoting tk can rely on, so only
              a conservative set of characters is allowed; anything else is refused (RenderError)
     to_yaml  data in a YAML file: PyYAML's safe dumper, no anchors
@@ -23,6 +24,7 @@ import yaml
 
 from toolkit.errors import TkError
 from toolkit.resources import templates_dir
+from toolkit.text import escape_controls
 
 _SBATCH_SAFE = re.compile(r"[A-Za-z0-9._:/@%+=,\-]+")
 
@@ -36,15 +38,7 @@ def sh(value) -> str:
 
 
 def comment(value) -> str:
-    out = []
-    for ch in str(value):
-        if ch.isprintable():
-            out.append(ch)
-        elif ord(ch) < 0x100:
-            out.append(f"\\x{ord(ch):02x}")
-        else:
-            out.append(f"\\u{ord(ch):04x}" if ord(ch) < 0x10000 else f"\\U{ord(ch):08x}")
-    return "".join(out)
+    return escape_controls(str(value))
 
 
 def sbatch(value) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 
 from orchestrator.spec import (Component, ConfigCheck, JobSpec, Launcher, Membership, Provenance, Supervision)
+from orchestrator.states import ComponentKind, Role
 from toolkit.facts import trtllm
 from toolkit.plan.model import Plan
 from toolkit.zipapps import archive_bytes
@@ -50,13 +51,13 @@ def job_spec(plan: Plan) -> JobSpec:
     from toolkit.render import check_command, container_srun_flags, proxy_command, srun_flags, worker_command
 
     sv = plan.supervision
-    minimum = {"ctx": sv.min_context, "gen": sv.min_generation, "proxy": 1, "etcd": 1}
+    minimum = {Role.CTX: sv.min_context, Role.GEN: sv.min_generation, Role.PROXY: 1, Role.ETCD: 1}
     if plan.aggregated is not None:
-        minimum["agg"] = sv.min_aggregated
+        minimum[Role.AGG] = sv.min_aggregated
     membership = plan.membership
     progress = trtllm.PROGRESS_PROBE_PATH if sv.stall_after_s > 0 else None
     workers = [Component(
-        name=s.name, role=s.role, kind="worker", nodes=list(s.nodes), ntasks=s.ntasks,
+        name=s.name, role=s.role, kind=ComponentKind.WORKER, nodes=list(s.nodes), ntasks=s.ntasks,
         ntasks_per_node=s.ntasks_per_node, gpus=",".join(str(g) for g in s.gpus), env_file=f"{s.role}.env",
         instance_env=[(env, str(port)) for env, port in s.internal_ports],
         argv=[*worker_command(plan, s.role, s.port), plan.engine.options_file_flag, {"run_file": f"{s.role}.yaml"}],
@@ -64,8 +65,8 @@ def job_spec(plan: Plan) -> JobSpec:
     front = []
     if plan.proxy is not None:
         front.append(Component(
-            name="proxy", role="proxy", kind="proxy", nodes=[plan.proxy.node], ntasks=1, ntasks_per_node=1, gpus="",
-            env_file="proxy.env", instance_env=[],
+            name="proxy", role=Role.PROXY, kind=ComponentKind.PROXY, nodes=[plan.proxy.node], ntasks=1,
+            ntasks_per_node=1, gpus="", env_file="proxy.env", instance_env=[],
             argv=[*proxy_command(plan), "-c", {"run_file": "disagg.resolved.yaml"}], port=plan.proxy.port,
             # with membership its /health is 500 below minimal_instances: the workers' state, not the proxy's
             live="/cluster_info" if membership is not None else "/health"))
@@ -73,8 +74,8 @@ def job_spec(plan: Plan) -> JobSpec:
     first = []
     if etcd is not None:
         first.append(Component(
-            name="etcd", role="etcd", kind="etcd", nodes=[etcd.node], ntasks=1, ntasks_per_node=1, gpus="",
-            env_file="proxy.env", instance_env=[],
+            name="etcd", role=Role.ETCD, kind=ComponentKind.ETCD, nodes=[etcd.node], ntasks=1, ntasks_per_node=1,
+            gpus="", env_file="proxy.env", instance_env=[],
             argv=["bash", "-c", ETCD_SH, "tk-etcd", f"<node{etcd.node}>", {"run_file": "etcd"}, str(etcd.port),
                   str(etcd.peer_port), etcd.tls_dir or ""], port=etcd.port, tls=etcd.tls_dir is not None))
     components = [*first, *front, *workers] if membership is not None else [*workers, *front]
@@ -96,6 +97,9 @@ def job_spec(plan: Plan) -> JobSpec:
             storage=membership.storage, cluster_uri=membership.cluster_uri,
             worker_key_prefix=membership.worker_key_prefix,
             workers={s.name: f"<node{s.first_node}>:{s.port}" for s in plan.servers},
-            tls_dir=membership.etcd.tls_dir if membership.etcd is not None else None),
+            tls_dir=membership.etcd.tls_dir if membership.etcd is not None else None,
+            # a worker whose key lapsed registers again at its next heartbeat, retrying every 5 s
+            rejoin_s=float(membership.heartbeat_interval_s + trtllm.MEMBERSHIP_REGISTER_RETRY_S)),
         disagg_config="disagg.yaml" if plan.proxy is not None else None,
+        time_limit_signal=plan.slurm.time_limit_signal,
         toolkit_version=plan.toolkit_version, trtllm_version=plan.trtllm_version)

@@ -19,6 +19,7 @@ import errno
 import fcntl
 import os
 import shutil
+import stat
 import tempfile
 import time
 from pathlib import Path
@@ -116,11 +117,33 @@ def _link_or_copy(src, dst) -> None:
         shutil.copy2(src, dst)
 
 
+def _refuse_odd_entries(out: Path, names) -> None:
+    """A rendered name in an existing output directory must be a regular file (replaced) or nothing: a FIFO, a
+    device, a socket, a directory or a symlink there is refused and left as it is, as every file tk writes
+    (toolkit.runtime.files.write_regular_atomically)."""
+    for name in names:
+        try:
+            mode = os.lstat(out / name).st_mode
+        except FileNotFoundError:
+            continue
+        except OSError as exc:  # the directory itself cannot be read: said by the write below
+            if exc.errno == errno.ENOTDIR:
+                return
+            raise TkError(f"{out / name}: cannot be checked ({exc.strerror or exc})") from None
+        if not stat.S_ISREG(mode):
+            kind = ("a symbolic link" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode)
+                    else "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+                    else "not a regular file")
+            raise TkError(f"{out / name}: is {kind}; tk renders only regular files there and leaves this as it is: "
+                          "remove it or choose another output directory with -o")
+
+
 def write_atomically(files: dict[str, str | bytes], out_dir: str | os.PathLike) -> Path:
     """Write the rendered files into out_dir as one directory swap (see the module docstring)."""
     out = Path(out_dir)
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise TkError(f"{out}: exists and is not a directory; choose another output directory with -o")
+    _refuse_odd_entries(out, files)
     parent = out.resolve().parent
     try:
         parent.mkdir(parents=True, exist_ok=True)

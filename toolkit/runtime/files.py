@@ -9,16 +9,21 @@ Reading (every run.json, index line, manifest, provenance record, report, log an
     under that directory, and never follows a symlink in its last component;
   - a bad file raises FileProblem (a ValueError) whose text names the file and what is wrong with it.
 
-Writing a path the user named (`tk size -o`): only ever a regular file, written whole under a temporary name
-beside it and renamed over it; a device, a FIFO, a socket, a directory or a symlink at that path is refused, so
-nothing but what the user named is ever replaced (`-o /dev/null` as root stays a device).
+Writing (`write_regular_atomically`, the one writer of every file tk writes where someone could have put something
+first: `tk import -o`, `tk size -o`, run.json, a validation's params and report, a benchmark's results): only ever
+a regular file, written whole under a temporary name beside it and renamed (or, where nothing may be replaced,
+linked) into place; a device, a FIFO, a socket, a directory or a symlink at that path is refused and left as it
+is, so nothing but what was named is ever replaced (`-o /dev/null` as root stays a device). A render directory is
+written by toolkit.render.output, which swaps whole directories and refuses the same kinds at a rendered name.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import stat
+import tempfile
 from pathlib import Path
 
 from toolkit.errors import TkError
@@ -118,32 +123,82 @@ def inside(root: str | os.PathLike, relative: str | os.PathLike) -> Path:
     return Path(root) / relative
 
 
-def write_regular_atomically(path: str | os.PathLike, text: str, mode: int = 0o644) -> None:
-    """Write a user-named output as a regular file, whole: a temporary file beside it, then renamed over it. What
-    is at the path already must be a regular file (it is replaced) or nothing; anything else is a FileProblem and
-    is left as it is. OSError for a directory that cannot be written."""
-    path = Path(path)
+def _kind_of(mode: int) -> str:
+    return ("a symbolic link" if stat.S_ISLNK(mode) else "a directory" if stat.S_ISDIR(mode)
+            else "a FIFO" if stat.S_ISFIFO(mode) else "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode)
+            else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
+
+
+def _refuse_unless_regular(path: Path) -> bool:
+    """True when a regular file is at path, False when nothing is; FileProblem (naming what is there) otherwise."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        st = None
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        kind = ("a symbolic link" if stat.S_ISLNK(st.st_mode) else "a directory" if stat.S_ISDIR(st.st_mode)
-                else "a FIFO" if stat.S_ISFIFO(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode)
-                or stat.S_ISBLK(st.st_mode) else "a socket" if stat.S_ISSOCK(st.st_mode) else "not a regular file")
-        raise FileProblem(f"{path}: is {kind}; tk writes only regular files: give the path of a new or regular file")
-    tmp = path.with_name(f".{path.name}.tk-tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), mode)
+        return False
+    if not stat.S_ISREG(st.st_mode):
+        raise FileProblem(f"{path}: is {_kind_of(st.st_mode)}; tk writes only regular files: give the path of a new "
+                          "or regular file")
+    return True
+
+
+def write_regular_atomically(path: str | os.PathLike, data: str | bytes, mode: int = 0o644, *,
+                             replace: bool = True, parents: bool = False, sync: bool = True) -> Path:
+    """The one way tk writes a file whose path someone could have prepared: a user-named output (`tk import -o`,
+    `tk size -o`), a run's record and reports, a benchmark's results. Written whole under a temporary name beside
+    it (created exclusively, never through a symlink) with its mode, then put in place in one step, so a reader
+    sees the old file or the new one, never a part.
+
+    What is at the path already must be a regular file (``replace``: it is replaced; otherwise FileExistsError)
+    or nothing; a symlink (even a dangling one), a FIFO, a device, a socket or a directory is a FileProblem and is
+    left as it is: nothing is ever written through it or over it (`-o /dev/null` as root stays a device). Without
+    ``replace`` the file is linked into place, so whatever appears at the path meanwhile is never replaced either.
+    ``parents``: create missing directories first. ``sync``: fsync before the rename (user outputs; state files
+    rewritten every second pass False). OSError for a directory that cannot be written."""
+    path = Path(path)
+    if parents:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+        except FileExistsError:  # a file where a directory should be: not "the output exists already"
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory", str(path.parent)) from None
+    if _refuse_unless_regular(path) and not replace:
+        raise FileExistsError(errno.EEXIST, "exists already", str(path))
+    raw = data.encode("utf-8") if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tk-tmp-", dir=path.parent)  # O_EXCL, never follows a link
     try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
             f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)  # the umask does not decide who may read it
-        os.replace(tmp, path)
-    except BaseException:
+            os.fchmod(f.fileno(), mode)  # the umask does not decide who may read it
+            if sync:
+                os.fsync(f.fileno())
+        if not replace:
+            os.link(tmp, path)  # fails on anything at the path, a dangling symlink included
+        else:
+            _refuse_unless_regular(path)  # again, just before: something put there meanwhile is not replaced
+            os.replace(tmp, path)
+    finally:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+    return path
+
+
+def open_append(path: str | os.PathLike, mode: int = 0o644):
+    """A regular file opened for appending (binary), created if missing: a log tk or its children write to. Never
+    through a symlink and never blocking on a FIFO (OSError, or FileProblem for another kind of file)."""
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0)
+                 | getattr(os, "O_CLOEXEC", 0), mode)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise FileProblem(f"{path}: not a regular file; tk appends only to regular files")
+        return os.fdopen(fd, "ab")
+    except BaseException:
+        os.close(fd)
         raise
+
+
+def append_regular(path: str | os.PathLike, data: bytes, mode: int = 0o600) -> None:
+    """Append data with one write (O_APPEND: concurrent writers never interleave) to a regular file (open_append)."""
+    with open_append(path, mode) as f:
+        f.write(data)

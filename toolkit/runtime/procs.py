@@ -15,6 +15,7 @@ import subprocess
 import time
 from pathlib import Path
 
+from toolkit.runtime import files
 from toolkit.runtime.rundir import wait_until
 
 RUN_ID_ENV = "TK_RUN_ID"
@@ -22,7 +23,7 @@ RUN_ID_ENV = "TK_RUN_ID"
 
 def start_group(argv: list[str], *, cwd: Path, env: dict, log_path: Path, run_id: str) -> subprocess.Popen:
     """Start argv as the leader of a new session (its pid is the session id), with TK_RUN_ID set."""
-    with open(log_path, "ab") as log:
+    with files.open_append(log_path) as log:
         return subprocess.Popen(argv, cwd=cwd, env={**env, RUN_ID_ENV: run_id}, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
 

@@ -52,17 +52,14 @@ def add_to_index(path: Path, name: str, kind: str = "") -> None:
     try:
         index = index_path()
         index.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(index, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        try:
-            os.write(fd, line.encode())  # one write with O_APPEND: lines from concurrent commands never mix
-        finally:
-            os.close(fd)
-    except (OSError, RuntimeError):  # RuntimeError: Path.home() without a home directory
+        files.append_regular(index, line.encode())  # one O_APPEND write: lines of concurrent commands never mix
+    except (OSError, RuntimeError, ValueError):  # RuntimeError: Path.home() without a home; ValueError: FileProblem
         pass
 
 
-def indexed_dirs() -> list[Path]:
-    """The run directories the index names that still exist, oldest entry first, each once."""
+def indexed_dirs(kind: str | None = None) -> list[Path]:
+    """The run directories the index names that still exist, oldest entry first, each once; only those of `kind`
+    ("launch", "validate") where given."""
     try:
         data = files.read_bytes(index_path(), INDEX_READ_BYTES, longer="tail")
     except (OSError, RuntimeError, ValueError):  # missing, no home, or not a regular file (files.FileProblem)
@@ -77,7 +74,9 @@ def indexed_dirs() -> list[Path]:
         try:
             entry = files.loads(line, max_depth=2)
             path = Path(entry["path"])
-        except (ValueError, KeyError, TypeError):  # files.FileProblem (too deep, not JSON) is a ValueError
+            if kind is not None and entry.get("kind", "launch") != kind:
+                continue
+        except (ValueError, KeyError, TypeError, AttributeError):  # files.FileProblem (too deep, not JSON): ValueError
             continue
         try:
             if str(path) in seen or not path.is_absolute() or not path.is_dir():
@@ -152,13 +151,6 @@ def release_if_unused(path: Path) -> None:
                 path.rmdir()  # a directory the user made beforehand stays, empty as it was
     except OSError:
         pass
-
-
-def write_text_atomically(path: Path, text: str) -> None:
-    """Write a small file so that a reader sees the old content or the new one, whole."""
-    tmp = path.with_name(f".{path.name}.tmp.{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 EVENTS_FILE = "events.jsonl"

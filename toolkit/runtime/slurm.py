@@ -25,6 +25,9 @@ class SlurmError(TkError):
 class JobState:
     phase: str  # PENDING | RUNNING | ENDED
     detail: str = ""
+    # RUNNING, but the job's orchestrator (its batch script) is gone while processes it started run: nothing
+    # supervises them (locally; on Slurm the batch script's end ends the job and every step)
+    unsupervised: bool = False
 
 
 def run_slurm_command(cmd: list[str], timeout: float = COMMAND_TIMEOUT_S, check: bool = True,
@@ -61,6 +64,9 @@ def submit_batch(script: Path, run_dir: Path, what: str = "the job") -> str:
         hint = ""
         if "account" in msg.lower():
             hint = " (check cluster.account)"
+        elif "generic resource" in msg.lower():
+            hint = (" (the partition has no such GPU gres: set cluster.gpu_request to gpus-per-node, or none where "
+                    "devices are not confined)")
         elif "partition" in msg.lower():
             hint = " (check cluster.partition)"
         raise SlurmError(f"sbatch refused {what}: {msg}{hint}")

@@ -461,7 +461,7 @@ def choose_data(gpu: str, line: str, release: str | None, listing=trtllm_data_ve
     release itself when aiconfigurator has it, else its maintained default when that is of the same line, else
     the newest of the line. SizingError (naming what it does have) when it has no data of that line for the GPU:
     the caller then falls back to another timing model."""
-    from toolkit.facts.trtllm import parse_version
+    from toolkit.facts.versions import parse_version, version_key
 
     system = GPU_TO_SYSTEM.get(gpu)
     if system is None:
@@ -480,19 +480,9 @@ def choose_data(gpu: str, line: str, release: str | None, listing=trtllm_data_ve
     wanted = (release or "").lstrip("v")
     if wanted in same:
         return DataChoice(system, wanted, "the release asked for")
-    pick = default if default in same else max(same, key=_version_key)
+    pick = default if default in same else max(same, key=lambda v: version_key(v.lstrip("v")))
     why = f"its maintained default for {line}" if pick == default else f"the newest {line} data it has"
     return DataChoice(system, pick, f"asked for {wanted or line}: {why}")
-
-
-def _version_key(v: str) -> tuple:
-    import re
-
-    m = re.match(r"v?(\d+)\.(\d+)\.(\d+)(?:rc(\d+))?", v)
-    if not m:
-        return (0, 0, 0, 0, 0)
-    major, minor, patch, rc = m.groups()
-    return (int(major), int(minor), int(patch), 0 if rc else 1, int(rc or 0))
 
 
 def quant_modes(model: ModelSpec, precision: str, kv_dtype: str) -> dict:

@@ -32,6 +32,7 @@ from toolkit.facts.models import ModelSpec
 from toolkit.runtime import files
 
 REPORT_MAX_BYTES = 64 << 20  # a validation report of the largest sweep is a few MiB
+MAX_GBPS = 10_000.0  # above any fabric's bandwidth per pair (NVLink 5: 900 GB/s each way): a larger figure is not one
 
 
 @dataclass(frozen=True)
@@ -102,19 +103,39 @@ def measured(run_dir: str | Path, pick: str = "slowest", direction: str = "forwa
     if not isinstance(report, dict) or report.get("kind") != "tk-validate-cluster":
         raise MeasuredError(f"{report_file}: not a `tk validate cluster` report")
 
-    def number(v) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 and math.isfinite(v)
-    pairs = [p for p in (report.get("pairs") if isinstance(report.get("pairs"), list) else [])
+    def figure(v, field: str) -> float | None:
+        """A measured GB/s: a finite number above 0 and at most MAX_GBPS; None or 0 for a pair that has none (it
+        failed); anything else is not what tk writes there."""
+        if v is None or v == 0 and not isinstance(v, bool):
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= MAX_GBPS:
+            raise MeasuredError(f"{report_file}: {field}: {repr(v)[:40]} is not a measured bandwidth (a finite GB/s "
+                                f"above 0 and at most {MAX_GBPS:g}); not a report tk wrote: validate again")
+        return float(v)
+
+    raw_pairs = report.get("pairs") if isinstance(report.get("pairs"), list) else []
+    pairs = [(i, p) for i, p in enumerate(raw_pairs)
              if isinstance(p, dict) and p.get("direction", "forward") == direction]
+
+    def from_pairs(op: str | None) -> list[float]:
+        found = (figure(p.get("gbps"), f"pairs[{i}].gbps") for i, p in pairs if op is None or p.get("op") == op)
+        return [v for v in found if v is not None]
+
     if direction == "forward":
         what = "context→generation"
         matrix = report.get("bandwidth_matrix")
         rows = matrix.get("gbps") if isinstance(matrix, dict) else None
-        values = [v for row in rows if isinstance(row, list) for v in row if number(v)] if isinstance(rows, list) \
-            else []
+        values = []
+        if isinstance(rows, list):
+            for r, row in enumerate(rows):
+                for c, v in enumerate(row if isinstance(row, list) else []):
+                    got = figure(v, f"bandwidth_matrix.gbps[{r}][{c}]")
+                    if got is not None:
+                        values.append(got)
         where = "bandwidth_matrix"
         if not values:
-            values = [p["gbps"] for p in pairs if number(p.get("gbps")) and p.get("op", "WRITE") == "WRITE"]
+            values = [v for v in (figure(p.get("gbps"), f"pairs[{i}].gbps") for i, p in pairs
+                                  if p.get("op", "WRITE") == "WRITE") if v is not None]
             where = "pairs (WRITE)"
         if not values:
             raise MeasuredError(f"{report_file}: no measured context→generation bandwidth (every pair failed or "
@@ -127,10 +148,11 @@ def measured(run_dir: str | Path, pick: str = "slowest", direction: str = "forwa
                                 "measures both")
         timing = report.get("timing") if isinstance(report.get("timing"), dict) else {}
         prefer = "READ" if timing.get("shared_host") is True else "WRITE"
-        values = [p["gbps"] for p in pairs if p.get("op") == prefer and number(p.get("gbps"))]
+        every = from_pairs(None)  # every figure checked, whichever op is used
+        values = from_pairs(prefer)
         where = f"pairs ({prefer})"
         if not values:
-            values = [p["gbps"] for p in pairs if number(p.get("gbps"))]
+            values = every
             where = "pairs (any op)"
         if not values:
             raise MeasuredError(f"{report_file}: every generation→context pair failed; fix the cluster and "
@@ -138,7 +160,8 @@ def measured(run_dir: str | Path, pick: str = "slowest", direction: str = "forwa
     values = [float(v) for v in values]
     gbps = min(values) if pick == "slowest" else statistics.median(values)
     thresholds = report.get("thresholds") if isinstance(report.get("thresholds"), dict) else {}
-    note = "" if report.get("passed") else " (that validation did NOT pass)"
+    transport = thresholds.get("transport")
+    note = "" if report.get("passed") is True else " (that validation did NOT pass)"
     return Bandwidth(round(gbps, 6), "measured",
                      f"{pick} of {len(values)} {what} pair(s) in {report_file} ({where}){note}",
-                     thresholds.get("transport"))
+                     transport if isinstance(transport, str) and len(transport) <= 64 else None)

@@ -38,15 +38,18 @@ import logging
 import os
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
+from orchestrator.membership import prefix_end
 from toolkit.facts import trtllm
+from toolkit.standin.tasks import keep, spawn
 
 log = logging.getLogger("toolkit.standin")
 
 ROLE_IDS = {"context": 0, "generation": 1}  # tensorrt_llm.llmapi.disagg_utils.ServerRole
 ROLE_NAMES = {0: "CONTEXT", 1: "GENERATION"}
-REGISTER_RETRY_S = 5  # DisaggClusterWorker.register_worker(retry_interval=5)
+REGISTER_RETRY_S = trtllm.MEMBERSHIP_REGISTER_RETRY_S  # DisaggClusterWorker.register_worker(retry_interval=5)
 SWEEP_S = 1.0  # HttpClusterStorageServer._check_expired_interval
 POLL_S = 1.0  # the stand-in's etcd prefix poll (TensorRT-LLM watches)
 CLIENT_TIMEOUT_S = 5  # HttpClusterStorageClient: aiohttp.ClientTimeout(total=5)
@@ -123,8 +126,8 @@ class HttpStorage:
             cb(kind, key, value)
 
     async def start(self) -> None:
-        if self._sweeper is None:
-            self._sweeper = asyncio.ensure_future(self._sweep())
+        if self._sweeper is None:  # TensorRT-LLM's sweep catches and logs its errors and goes on: so does keep()
+            self._sweeper = keep(self._sweep, "storage-expiry-sweep", component="proxy")
 
     async def stop(self) -> None:
         if self._sweeper:
@@ -246,6 +249,9 @@ class HttpClient:
             s = await self._session()
             async with s.request(method, f"{self.base}/{route}", **kw) as resp:
                 body = await resp.json(content_type=None) if resp.status == 200 else None
+                if resp.status == 200 and not isinstance(body, dict):
+                    log.warning("cluster storage %s/%s: %.200s is not {\"result\": ...}", self.base, route, body)
+                    return False, None
                 return resp.status == 200, (body or {}).get("result")
         except (aiohttp.ClientError, OSError, asyncio.TimeoutError, ValueError) as exc:
             log.warning("cluster storage %s/%s: %s", self.base, route, exc)
@@ -264,6 +270,9 @@ class HttpClient:
     async def get_prefix(self, key_prefix: str, keys_only: bool = False) -> dict | None:
         ok, result = await self._call("GET", "get_prefix", params={"key_prefix": key_prefix,
                                                                    "keys_only": str(int(keys_only))})
+        if ok and not isinstance(result, dict):
+            log.warning("cluster storage %s/get_prefix: %.200s is not a mapping of keys", self.base, result)
+            return None
         return result if ok else None
 
 
@@ -272,18 +281,7 @@ def _b64(text: str) -> str:
 
 
 def _unb64(text: str) -> str:
-    return base64.b64decode(text).decode()
-
-
-def prefix_end(prefix: str) -> str:
-    """etcd's range_end for a prefix: the prefix with its last byte incremented."""
-    b = bytearray(prefix.encode())
-    while b and b[-1] == 0xFF:
-        b.pop()
-    if not b:
-        return "\0"
-    b[-1] += 1
-    return bytes(b).decode("latin-1")
+    return base64.b64decode(text, validate=True).decode()
 
 
 def etcd_endpoints(uri: str) -> list[str]:
@@ -300,9 +298,17 @@ def etcd_endpoints(uri: str) -> list[str]:
     return out
 
 
+class LeaseError(RuntimeError):
+    """etcd granted no lease (no answer, or not one etcd gives)."""
+
+
 class EtcdClient:
     """Etcd3ClusterStorage over etcd's v3 JSON gateway: one lease per key (ttl), put-if-absent, lease keep-alive;
-    plain HTTP without credentials, as TensorRT-LLM's client connects (etcd_endpoints)."""
+    plain HTTP without credentials, as TensorRT-LLM's client connects (etcd_endpoints). A key with a ttl is never
+    written without its lease: when etcd grants none, set() fails, as TensorRT-LLM's does (Etcd3ClusterStorage:
+    `_get_lease` calls `self.client.lease(ttl)`, which raises, and `set` answers False with "Error setting key
+    KEY: ..." at NVIDIA/TensorRT-LLM@b3809755, through handle_etcd_error(return_on_error=False) at @057d4a79;
+    tensorrt_llm/serve/cluster_storage.py). Answers not shaped as etcd's are failures, never exceptions."""
 
     def __init__(self, uri: str):
         self.endpoints = etcd_endpoints(uri)
@@ -322,7 +328,7 @@ class EtcdClient:
             try:
                 async with self.session.post(f"http://{ep}{path}", json=body) as resp:
                     doc = await resp.json(content_type=None)
-                    if resp.status == 200:
+                    if resp.status == 200 and isinstance(doc, dict):
                         return doc
                     log.warning("etcd %s%s: HTTP %d %s", ep, path, resp.status, doc)
                     return None
@@ -331,17 +337,26 @@ class EtcdClient:
         return None
 
     async def _lease(self, key: str, ttl: int) -> int | None:
+        """The key's lease (granted once per key); None for no ttl; LeaseError when etcd grants none."""
         if ttl <= 0:
             return None
         if key not in self.leases:
             doc = await self._post("/v3/lease/grant", {"TTL": int(ttl)})
-            if not doc or "ID" not in doc:
-                return None
-            self.leases[key] = int(doc["ID"])
+            try:
+                lease = int((doc or {})["ID"])
+            except (KeyError, TypeError, ValueError):
+                raise LeaseError(f"etcd granted no lease of {int(ttl)}s (answer: {str(doc)[:200]})") from None
+            if lease <= 0:
+                raise LeaseError(f"etcd answered lease {lease}, not a lease")
+            self.leases[key] = lease
         return self.leases[key]
 
     async def set(self, key: str, value: str, ttl: int = -1, overwrite_if_exists: bool = False) -> bool:
-        lease = await self._lease(key, ttl)
+        try:
+            lease = await self._lease(key, ttl)
+        except LeaseError as exc:
+            log.error("Error setting key %s: %s", key, exc)
+            return False
         put = {"key": _b64(key), "value": _b64(value), **({"lease": str(lease)} if lease else {})}
         if overwrite_if_exists:
             return await self._post("/v3/kv/put", put) is not None
@@ -356,8 +371,11 @@ class EtcdClient:
             # whose keep-alive succeeds but which holds no key; the stand-in reports the failure instead
             return False
         doc = await self._post("/v3/lease/keepalive", {"ID": str(self.leases[key])})
-        result = (doc or {}).get("result", {})
-        if int(result.get("TTL", 0)) <= 0:  # the lease expired: its key is gone
+        try:
+            ttl_left = int((doc or {}).get("result", {}).get("TTL", 0))
+        except (AttributeError, TypeError, ValueError):
+            ttl_left = 0  # not etcd's answer: the keep-alive is not known to have worked
+        if ttl_left <= 0:  # the lease expired: its key is gone
             self.leases.pop(key, None)
             return False
         return True
@@ -368,14 +386,23 @@ class EtcdClient:
         return doc is not None
 
     async def get_prefix(self, key_prefix: str, keys_only: bool = False) -> dict | None:
-        doc = await self._post("/v3/kv/range", {"key": _b64(key_prefix),
-                                               "range_end": base64.b64encode(
-                                                   prefix_end(key_prefix).encode("latin-1")).decode(),
+        doc = await self._post("/v3/kv/range", {"key": _b64(key_prefix), "range_end": prefix_end(key_prefix),
                                                **({"keys_only": True} if keys_only else {})})
         if doc is None:
             return None
-        return {_unb64(kv["key"]): "" if keys_only else _unb64(kv.get("value", ""))
-                for kv in doc.get("kvs", [])}
+        kvs = doc.get("kvs", [])
+        if not isinstance(kvs, list):
+            log.warning("etcd range of %s: %.200s is not a list of keys", key_prefix, kvs)
+            return None
+        out, odd = {}, 0
+        for kv in kvs:
+            try:
+                out[_unb64(kv["key"])] = "" if keys_only else _unb64(kv.get("value", ""))
+            except (AttributeError, KeyError, TypeError, ValueError):  # binascii.Error, UnicodeDecodeError included
+                odd += 1
+        if odd:
+            log.warning("etcd range of %s: %d entries that are not etcd's key/value skipped", key_prefix, odd)
+        return out
 
 
 def storage_client(uri: str):
@@ -389,10 +416,14 @@ def storage_client(uri: str):
 # --- the worker side --------------------------------------------------------------------------------------------------
 
 class ClusterWorker:
-    """DisaggClusterWorker: register, heartbeat, re-register when the key is gone, delete on stop."""
+    """DisaggClusterWorker: register, heartbeat, re-register when the key is gone, delete on stop. A heartbeat task
+    that fails (an exception: not a failed keep-alive, which registers again) calls on_failure: the worker cannot
+    stay registered, and says so (Membership stops the server, so that supervision restarts it)."""
 
-    def __init__(self, config: ClusterConfig, role: str, host: str, port: int, client=None):
+    def __init__(self, config: ClusterConfig, role: str, host: str, port: int, client=None,
+                 on_failure: Callable[[BaseException], None] | None = None):
         self.config, self.role, self.host, self.port = config, role, host, port
+        self.on_failure = on_failure
         self.client = client or storage_client(config.cluster_uri)
         self.worker_id = (f"{ROLE_NAMES[ROLE_IDS[role]]}-{host}:{port}-{int(time.time() * 1000)}-{os.getpid()}-"
                           f"{random.randint(0, 1000):03}")
@@ -417,7 +448,8 @@ class ClusterWorker:
         hb, inactive = self.config.heartbeat_interval_sec, self.config.inactive_timeout_sec
         if 0 < hb < inactive:
             if self._task is None:
-                self._task = asyncio.ensure_future(self._heartbeat())
+                self._task = spawn(self._heartbeat(), "membership-heartbeat", on_error=self.on_failure,
+                                   component=f"worker {self.host}:{self.port}")
         else:
             log.warning("Heartbeat interval %s is not positive or less than inactive timeout %s, heartbeat is "
                         "disabled", hb, inactive)
@@ -473,7 +505,7 @@ class ClusterManager:
                                       "generation_servers": self.config.minimal_generation}}
 
     def on_event(self, kind: str, key: str, value: str) -> None:
-        if not key.startswith(self.config.key_prefix):
+        if not isinstance(key, str) or not key.startswith(self.config.key_prefix):
             return
         if kind == "SET":
             try:
@@ -505,8 +537,8 @@ class ClusterManager:
             for k, v in self.storage.get_prefix(self.config.key_prefix).items():
                 self.on_event("SET", k, v)
             self.storage.listeners.append(self.on_event)
-        else:
-            self._task = asyncio.ensure_future(self._poll())
+        else:  # a poll that fails is said and started again: routing must follow the storage
+            self._task = keep(self._poll, "membership-poll", component="proxy")
 
     async def _poll(self) -> None:
         while True:
@@ -530,16 +562,22 @@ class ClusterManager:
 
 
 class Membership:
-    """The worker's hook for worker.serve(): register once listening, heartbeat, delete the key on stop."""
+    """The worker's hook for worker.serve(): register once listening, heartbeat, delete the key on stop. When its
+    registration or heartbeat task fails, on_failure(exc) (worker.run: the server stops with exit code 1, and the
+    job's supervision restarts it: a worker that cannot be registered must not go on answering /health)."""
 
-    def __init__(self, config: ClusterConfig, role: str, host: str, port: int):
+    def __init__(self, config: ClusterConfig, role: str, host: str, port: int,
+                 on_failure: Callable[[BaseException], None] | None = None):
         self.config, self.role, self.host, self.port = config, role, host, port
+        self.on_failure = on_failure
         self.worker = None
         self._task = None
 
     async def __call__(self) -> None:
-        self.worker = ClusterWorker(self.config, self.role, self.host, self.port)
-        self._task = asyncio.ensure_future(self.worker.register())  # retries every 5 s while the storage is away
+        self.worker = ClusterWorker(self.config, self.role, self.host, self.port, on_failure=self.on_failure)
+        # retries every 5 s while the storage is away
+        self._task = spawn(self.worker.register(), "membership-register", on_error=self.on_failure,
+                           component=f"worker {self.host}:{self.port}")
 
     async def stop(self) -> None:
         if self._task and not self._task.done():

@@ -192,11 +192,11 @@ def timing_for(emu: Emulation, *, tp: int, pp: int = 1, ep: int | None = None, a
     ``version_text`` names (a line such as 1.3, or a release such as 1.3.0rc24), else the roofline with the
     reason. Builds the table (about a second, most of it aiconfigurator compiling the model's operations)."""
     from toolkit.facts import steptime
-    from toolkit.facts.trtllm import LATEST, parse_version
+    from toolkit.facts import versions
     from toolkit.size import aiconfigurator as aic
 
     roof = emu.roofline(tp, kv_dtype)
-    parsed = parse_version((version_text or LATEST).lstrip("v"))
+    parsed = versions.parse_version((version_text or versions.LATEST).lstrip("v"))
     if parsed is None:
         return RooflineTiming(roof, f"{version_text!r} names no TensorRT-LLM version")
     release = parsed.text if parsed.text.count(".") >= 2 else None

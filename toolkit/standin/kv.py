@@ -185,8 +185,8 @@ class KvPool:
         for i in reversed(range(self.n_recv)):
             self.free_recv.put_nowait(self.n_send + i)
         self._published = asyncio.Event()
-        from toolkit.standin.tasks import spawn
-        self._reaper = spawn(self._reap(), "kv-slot-reaper")
+        from toolkit.standin.tasks import keep
+        self._reaper = keep(self._reap, "kv-slot-reaper", component="worker")  # slots must go on being reaped
 
     async def close(self) -> None:
         if self._reaper:

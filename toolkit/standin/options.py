@@ -2,7 +2,7 @@
 
 ``tk-standin-serve MODEL [trtllm-serve flags] --extra_llm_api_options FILE``. What the target TensorRT-LLM line
 accepts (option keys, cache_transceiver_config fields and backends, KV dtypes, CLI flags) comes from
-``toolkit.facts.trtllm`` (``TK_STANDIN_TRTLLM_VERSION``, default ``toolkit.facts.trtllm.LATEST``). Every problem is
+``toolkit.facts.versions`` (``TK_STANDIN_TRTLLM_VERSION``, default ``toolkit.facts.versions.latest()``). Every problem is
 one line that names the file and the key, raised as ``ConfigError`` before anything heavy is imported or any port
 is bound.
 
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from toolkit.facts import llm_args, trtllm
+from toolkit.facts import llm_args, trtllm, versions
 from toolkit.facts import transceiver as transceiver_facts
 from toolkit.facts.engines import STANDIN
 from toolkit.facts.models import KV_DTYPE_BYTES, ModelError, ModelSpec, resolve_model
@@ -40,10 +40,10 @@ class ConfigError(Exception):
 
 
 def target_version() -> trtllm.TrtllmVersion:
-    line = os.environ.get(VERSION_ENV) or trtllm.LATEST
+    line = os.environ.get(VERSION_ENV) or versions.latest()
     try:
-        return trtllm.get(line)
-    except trtllm.UnsupportedVersion as exc:
+        return versions.get(line)
+    except versions.UnsupportedVersion as exc:
         raise ConfigError(f"{VERSION_ENV}={line}: {exc}") from None
 
 
@@ -119,7 +119,7 @@ def _pos_int(where: str, key: str, value, allow_none: bool = True) -> int | None
 def target_of(version: trtllm.TrtllmVersion) -> llm_args.Target:
     """The line, and the exact release where TK_STANDIN_TRTLLM_VERSION names one ("1.3.0rc23")."""
     text = os.environ.get(VERSION_ENV) or ""
-    parsed = trtllm.parse_version(text)
+    parsed = versions.parse_version(text)
     release = text if parsed is not None and text != parsed.line else None
     return llm_args.Target(version.line, release)
 
@@ -402,11 +402,10 @@ def _transceiver(where, ct, version, tpb, model, kv_dtype, max_seq_len) -> Trans
         cap = -(-max_seq_len // tpb) * tpb
         mtib = max(tpb, min(cap, DEFAULT_TRANSFER_BUFFER_BYTES // bpt // tpb * tpb))
     timeout = _pos_int(where, "cache_transceiver_config.kv_transfer_timeout_ms", ct.get("kv_transfer_timeout_ms"))
-    # resolve_cache_transceiver_config (tensorrt_llm/_torch/pyexecutor/kv_cache_transceiver.py): DEFAULT is NIXL
-    # unless a legacy TRTLLM_USE_*_KVCACHE selector says otherwise; the Python transceiver takes NIXL only.
-    resolved = backend
-    if backend == "DEFAULT":
-        resolved = next((b for b, var in trtllm.BACKEND_SELECTORS.items() if os.environ.get(var) == "1"), "NIXL")
+    # resolve_cache_transceiver_config (tensorrt_llm/_torch/pyexecutor/kv_cache_transceiver.py): DEFAULT is the
+    # legacy TRTLLM_USE_*_KVCACHE selector set to 1, else the line's default (the plan's resolve_backend); the Python
+    # transceiver takes NIXL only.
+    resolved = transceiver_facts.resolve_backend(backend, dict(os.environ), version.line, trtllm.BACKEND_SELECTORS)
     runtime = ct.get("transceiver_runtime")
     pipelined = bool(ct.get("enable_pipelined_transfer"))
     bounce = ct.get("kv_cache_bounce_size_mb") or 0
@@ -425,11 +424,12 @@ def _transceiver(where, ct, version, tpb, model, kv_dtype, max_seq_len) -> Trans
                           "Please use transceiver_runtime='CPP' for MPI, UCX, or MOONCAKE backends.")
     if pipelined and bounce > 0:
         raise ConfigError(f"{where}: kv_cache_bounce_size_mb must be 0 when enable_pipelined_transfer is set.")
-    target = target_of(version)
-    setting = runtime if "transceiver_runtime" in ct or pipelined else \
-        transceiver_facts.default_for(target.line, target.release).setting
-    resolved_runtime, _ = transceiver_facts.resolve_runtime(
-        setting, resolved, "kv_transfer_timeout_ms" in ct and ct["kv_transfer_timeout_ms"] is None)
+    # The transceiver TensorRT-LLM would run: the options file's setting (PYTHON where pipelined transfer selected
+    # it), else the release's default, resolved as the generated data says (toolkit/facts/transceiver.py)
+    given = "transceiver_runtime" in ct or pipelined
+    resolved_runtime = transceiver_facts.choose_runtime(
+        target_of(version), given, runtime if given else None, resolved,
+        "kv_transfer_timeout_ms" in ct and ct["kv_transfer_timeout_ms"] is None).runtime
     return Transceiver(backend=backend, max_tokens_in_buffer=mtib,
                        kv_transfer_timeout_ms=timeout or DEFAULT_TIMEOUT_MS, runtime=runtime, pipelined=pipelined,
                        preallocated_buffer=transceiver_facts.agent_needs_preallocated_buffer(resolved_runtime,

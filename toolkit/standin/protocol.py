@@ -101,7 +101,7 @@ def error_reason(body: bytes | None) -> str:
     except ValueError:
         try:
             doc = msgpack.unpackb(body, raw=False)
-        except Exception:  # noqa: BLE001
+        except (ValueError, TypeError, msgpack.UnpackException):  # neither JSON nor msgpack: the text itself
             return body[:500].decode(errors="replace")
     if isinstance(doc, dict):
         for key in ("message", "detail", "error"):

@@ -71,7 +71,7 @@ class ProxySettings:
 
 def proxy_settings(argv: list[str]) -> ProxySettings:
     version = target_version()
-    allowed = set(version.disaggregated_flags)
+    allowed = set(trtllm.disaggregated_flags(version))
     values: dict = {}
     i = 0
     while i < len(argv):
@@ -317,7 +317,7 @@ class Proxy:
         try:
             async with self.session.get(url + "/health", timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 return resp.status == 200
-        except Exception:  # noqa: BLE001
+        except (aiohttp.ClientError, OSError, asyncio.TimeoutError):  # no answer: not healthy (yet)
             return False
 
     async def wait_ready(self) -> list[str]:
@@ -634,7 +634,8 @@ class Proxy:
             except BaseException as exc:
                 if need_ctx and not ok:  # the context KV nobody will fetch: free it now
                     from toolkit.standin.tasks import spawn
-                    release = spawn(self._release(ctx_server, params["ctx_request_id"]), "kv-release")
+                    release = spawn(self._release(ctx_server, params["ctx_request_id"]), "kv-release",
+                                    component="proxy")
                     if not isinstance(exc, asyncio.CancelledError):
                         await release
                 raise

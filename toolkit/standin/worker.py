@@ -199,7 +199,7 @@ class Worker:
     async def clock_post(self, request):
         try:
             self.clock_offset = float((await request.json())["offset"])
-        except Exception:  # noqa: BLE001
+        except (ValueError, KeyError, TypeError):  # not JSON (a ValueError), not {"offset": number}
             return web.json_response(P.RequestError(400, 'expected {"offset": float}').body(), status=400)
         return web.Response(status=200)
 
@@ -215,7 +215,7 @@ class Worker:
             rid = (await request.json())["ctx_request_id"]
             if not isinstance(rid, int) or isinstance(rid, bool):
                 raise ValueError
-        except Exception:  # noqa: BLE001
+        except (ValueError, KeyError, TypeError):  # not JSON (a ValueError), not {"ctx_request_id": int}
             return self._error(P.RequestError(400, 'expected {"ctx_request_id": int}'), request.headers)
         if not self.pool:
             return self._error(P.RequestError(400, "this server has no KV pool (aggregated)"), request.headers)
@@ -324,7 +324,9 @@ class Worker:
                     # later keeps the KV slot's expiry clock out of the queueing): the stand-in's own work stays
                     # inside the emulated time instead of adding to it.
                     ticket = self.engine.submit(CONTEXT_ONLY, n, 1, cached)
-                    computing = asyncio.ensure_future(self._kv_of(req.prompt_ids))
+                    from toolkit.standin.tasks import spawn
+                    # awaited below (its failure fails this request); spawn also logs it as background work
+                    computing = spawn(self._kv_of(req.prompt_ids), "context-kv")
                     try:
                         await ticket.wait_for(1)
                     except BaseException:
@@ -552,9 +554,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 async def serve(app: web.Application, sock: socket.socket, on_start=None, on_stop=None, on_listening=None,
-                on_usr1=None) -> None:
-    """Run until SIGTERM/SIGINT, then clean up. on_usr1: the worker's wedge test fault."""
-    stop = asyncio.Event()
+                on_usr1=None, stopping: asyncio.Event | None = None) -> None:
+    """Run until SIGTERM/SIGINT (or `stopping` is set: a part of the server failed), then clean up. on_usr1: the
+    worker's wedge test fault."""
+    stop = stopping or asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -635,14 +638,26 @@ def run(settings: WorkerSettings) -> int:
         if worker.pool:
             await worker.pool.close()
     member = None
+    stopping = asyncio.Event()
+    failures: list[BaseException] = []
+
+    def membership_failed(exc: BaseException) -> None:
+        """Its registration cannot be kept: stop (exit 1) rather than answer /health out of the proxy's routing."""
+        failures.append(exc)
+        stopping.set()
     if settings.cluster is not None:  # membership TensorRT-LLM keeps: toolkit/standin/cluster.py
         from toolkit.standin.cluster import Membership
-        member = Membership(settings.cluster, settings.server_role, settings.host, settings.port)
+        member = Membership(settings.cluster, settings.server_role, settings.host, settings.port,
+                            on_failure=membership_failed)
     try:
-        asyncio.run(serve(worker.app(), sock, start, stop, member, on_usr1=worker.wedge))
+        asyncio.run(serve(worker.app(), sock, start, stop, member, on_usr1=worker.wedge, stopping=stopping))
     finally:
         if ipc:
             ipc.close()
+    if failures:
+        log.error("tk CPU stand-in worker on port %d stopped: its membership failed (%s: %s)", settings.port,
+                  type(failures[0]).__name__, failures[0])
+        return 1
     log.info("tk CPU stand-in worker on port %d stopped", settings.port)
     return 0
 
@@ -655,7 +670,7 @@ def bind_launcher_ipc(version) -> socket.socket | None:
     from toolkit.facts import trtllm
     env = trtllm.LAUNCHER_IPC_PORT_ENV
     value = os.environ.get(env)
-    if env not in trtllm.internal_port_envs(version) or not value:
+    if env not in version.internal_port_envs or not value:
         return None
     addr = f"tcp://{trtllm.LAUNCHER_IPC_HOST}:{value}"
     try:

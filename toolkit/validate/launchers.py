@@ -18,7 +18,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from toolkit.runtime import signals, slurm
+from toolkit.runtime import files, signals, slurm
 from toolkit.validate.params import ValidateError
 from toolkit.render.escape import environment
 
@@ -52,7 +52,7 @@ class _Processes:
 
     def start(self) -> None:
         for agent in self.params["agents"]:
-            with open(self.run_dir / "logs" / f"{agent['id']}.log", "ab") as log:
+            with files.open_append(self.run_dir / "logs" / f"{agent['id']}.log") as log:
                 try:
                     self.procs[agent["id"]] = subprocess.Popen(
                         self.argv(agent), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -10,6 +10,7 @@ import math
 import uuid
 from dataclasses import dataclass, field
 
+from orchestrator.states import Role
 from toolkit.errors import TkError
 from toolkit.facts import transceiver as T
 from toolkit.plan.model import Plan
@@ -33,7 +34,6 @@ CURVE_DESCRIPTORS = (1, 4, 16, 64, 256, 1024, 2048)
 # BURST_SLOTS from the same pool.
 BURST_SLOTS = 16
 SHORT_REQUEST_TOKENS = 128
-RDMA_PROFILES = ("infiniband", "roce", "efa")
 
 
 class ValidateError(TkError):
@@ -73,7 +73,7 @@ def agents_for(plan: Plan, opts: Options) -> list[dict]:
         if opts.nodes < 2:
             raise ValidateError("--nodes must be at least 2 (one context and one generation node)")
         n_ctx = max(1, opts.nodes // 2)
-        return [{"id": f"node{i}", "node": i, "role": "ctx" if i < n_ctx else "gen", "gpu": 0}
+        return [{"id": f"node{i}", "node": i, "role": Role.CTX if i < n_ctx else Role.GEN, "gpu": 0}
                 for i in range(opts.nodes)]
     by_node: dict[int, dict[str, int]] = {}
     for role in plan.roles:
@@ -83,7 +83,7 @@ def agents_for(plan: Plan, opts: Options) -> list[dict]:
     agents = []
     for node in sorted(by_node):
         roles = by_node[node]
-        for role in ("ctx", "gen"):
+        for role in (Role.CTX, Role.GEN):
             if role in roles:
                 agent_id = f"node{node}" if len(roles) == 1 else f"node{node}-{role}"
                 agents.append({"id": agent_id, "node": node, "role": role, "gpu": roles[role]})
@@ -103,19 +103,52 @@ def _lengths(plan: Plan, opts: Options, tpb: int) -> list[int]:
     return out
 
 
+def _slices(plan: Plan, tpbs: list[int], notes: list[str]) -> tuple[dict, int, str]:
+    """Per role the bytes one token takes in one layer slice (K or V, or the latent) on a rank, the fragment a
+    context rank sends a generation rank, and the mode: "block" where both roles' slices match, else "fragment"
+    (TP differs). Rounded up to 8 bytes (with a note) where a slice is not, so every byte is checked as 64-bit
+    words at every tokens_per_block in ``tpbs``."""
+    kvf = plan.model.kv_factor
+    slot = {Role.CTX: plan.context.kv.bytes_per_token_per_layer_per_rank / kvf,
+            Role.GEN: plan.generation.kv.bytes_per_token_per_layer_per_rank / kvf}
+    mode = "block" if slot[Role.CTX] == slot[Role.GEN] else "fragment"
+    frag = min(slot.values())
+
+    def aligned(x):
+        return all((t * x) % 8 == 0 for t in tpbs) and float(x).is_integer()
+
+    if not (aligned(slot[Role.CTX]) and aligned(slot[Role.GEN]) and aligned(frag)):
+        slot = {s: ceil_to(8, math.ceil(v)) for s, v in slot.items()}
+        frag = min(slot.values()) if mode == "fragment" else slot[Role.CTX]
+        notes.append("per-token slices rounded up to a multiple of 8 bytes so every byte can be checked as "
+                     "64-bit words")
+    return {s: int(v) for s, v in slot.items()}, int(frag), mode
+
+
+def _transfer(plan: Plan, lengths: list[int], full_bytes_per_token: int, mode: str) -> dict:
+    """What the recipe's transceiver moves (params' geometry.transfer): its runtime and layout and, per length,
+    whether the request is gathered into one region (the bounce buffer coalesces only what clears its gate, judged
+    on TensorRT-LLM's bytes: ``full_bytes_per_token``, every layer of the rank pair)."""
+    tr = plan.kv_transfer.transceiver
+    tpb = plan.kv.tokens_per_block
+    if tr is None:
+        mapper = (T.Layout.PER_BLOCK if mode == "block" else T.Layout.HEAD_MISMATCH).value
+        return {"runtime": None, "layout": mapper, "mapper": mapper, "label": "descriptor lists",
+                "bounce_size_mb": 0, "staged": [False] * len(lengths), "plan_model": None}
+    staged_lengths = [T.layout_for(tr.runtime, tr.mapper, tr.bounce_size_mb,
+                                   ceil_to(tpb, n) * full_bytes_per_token).gathers for n in lengths]
+    return {"runtime": tr.runtime.value, "layout": tr.layout.value, "mapper": tr.mapper.value,
+            "label": tr.runtime.label, "bounce_size_mb": tr.bounce_size_mb, "staged": staged_lengths,
+            "plan_model": tr.model, "plan_pair_bytes": tr.longest.total_bytes}
+
+
 def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
     """The payload shape per side, the pool sizes and the lengths, within --max-memory-mb; plus notes."""
     kv = plan.kv
     tpb = kv.tokens_per_block
-    ctx, gen = plan.context, plan.generation
     notes: list[str] = []
     kvf = plan.model.kv_factor  # one descriptor per K and per V (GQA), or per latent (MLA)
-    slot = {"ctx": ctx.kv.bytes_per_token_per_layer_per_rank / kvf,
-            "gen": gen.kv.bytes_per_token_per_layer_per_rank / kvf}
-    layers_rank = {"ctx": ctx.kv.layers_per_rank, "gen": gen.kv.layers_per_rank}
-    layers_total = min(layers_rank.values())
-    mode = "block" if slot["ctx"] == slot["gen"] else "fragment"
-    frag = min(slot.values())
+    layers_total = min(plan.context.kv.layers_per_rank, plan.generation.kv.layers_per_rank)
     # What the recipe's transceiver moves (toolkit/facts/transceiver.py): the C++ one (and the Python one's bounce
     # buffer) gathers a request into a staging slice and WRITEs one descriptor; the Python one the mapper's lists.
     tr = plan.kv_transfer.transceiver
@@ -124,18 +157,7 @@ def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
     if opts.sweep and staged:
         notes.append(f"tokens_per_block sweep skipped: the {tr.runtime.label} moves one descriptor per rank pair "
                      "whatever tokens_per_block is (the descriptor-size curve shows what a list would cost)")
-    all_tpbs = [tpb, *sweep_tpbs]
-
-    def aligned(x):
-        return all((t * x) % 8 == 0 for t in all_tpbs) and float(x).is_integer()
-
-    if not (aligned(slot["ctx"]) and aligned(slot["gen"]) and aligned(frag)):
-        slot = {s: ceil_to(8, math.ceil(v)) for s, v in slot.items()}
-        frag = min(slot.values()) if mode == "fragment" else slot["ctx"]
-        notes.append("per-token slices rounded up to a multiple of 8 bytes so every byte can be checked as "
-                     "64-bit words")
-    slot = {s: int(v) for s, v in slot.items()}
-    frag = int(frag)
+    slot, frag, mode = _slices(plan, [tpb, *sweep_tpbs], notes)
 
     lengths = _lengths(plan, opts, tpb)
     longest = max(lengths)
@@ -148,7 +170,7 @@ def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
     def pool_bytes(layers_: int, tokens: int, slots_: int = 1) -> dict:
         blocks = slots_ * math.ceil(tokens / tpb)
         blocks += max(2, math.ceil(blocks / 4))  # spare blocks: scattered block tables, untouched blocks
-        return {s: blocks * tpb * layers_ * kvf * slot[s] for s in ("ctx", "gen")}
+        return {s: blocks * tpb * layers_ * kvf * slot[s] for s in (Role.CTX, Role.GEN)}
 
     def staging(layers_: int, tokens: int, slots_: int) -> int:
         """A staged transfer's slices after the blocks: one to send from, one per destination slot to land in."""
@@ -173,8 +195,8 @@ def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
         pools = pool_bytes(layers, pool_tokens)
         effect = ("the one staged descriptor per rank pair shrinks with them" if staged else
                   "descriptor sizes are unchanged (one per layer and K/V)" if mode == "fragment" else
-                  f"each block descriptor is {tpb * layers * kvf * slot['ctx']} bytes instead of "
-                  f"{tpb * layers_total * kvf * slot['ctx']}")
+                  f"each block descriptor is {tpb * layers * kvf * slot[Role.CTX]} bytes instead of "
+                  f"{tpb * layers_total * kvf * slot[Role.CTX]}")
         notes.append(f"layers scaled down from {layers_total} to {layers} per request so each agent registers at most "
                      f"--max-memory-mb={opts.max_memory_mb} MiB; bytes per request shrink by the same factor and "
                      f"{effect}")
@@ -193,17 +215,7 @@ def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
     longest = max(lengths)
     slice_bytes = ceil_to(tpb, longest) * int(layers) * kvf * frag
     stage = staging(int(layers), longest, slots)
-    if tr is not None:  # per length: the bounce buffer coalesces only what clears its gate (TensorRT-LLM's bytes)
-        full_per_token = layers_total * kvf * frag
-        staged_lengths = [T.layout_for(tr.runtime, tr.mapper, tr.bounce_size_mb,
-                                       ceil_to(tpb, n) * full_per_token).gathers for n in lengths]
-        transfer = {"runtime": tr.runtime.value, "layout": tr.layout.value, "mapper": tr.mapper.value,
-                    "label": tr.runtime.label, "bounce_size_mb": tr.bounce_size_mb, "staged": staged_lengths,
-                    "plan_model": tr.model, "plan_pair_bytes": tr.longest.total_bytes}
-    else:
-        mapper = (T.Layout.PER_BLOCK if mode == "block" else T.Layout.HEAD_MISMATCH).value
-        transfer = {"runtime": None, "layout": mapper, "mapper": mapper, "label": "descriptor lists",
-                    "bounce_size_mb": 0, "staged": [False] * len(lengths), "plan_model": None}
+    transfer = _transfer(plan, lengths, layers_total * kvf * frag, mode)
 
     geom = {
         "mode": mode,
@@ -213,11 +225,11 @@ def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
         "layers": int(layers),
         "layers_per_rank": layers_total,
         "slot_bytes_per_token": slot,
-        "frag_bytes_per_token": frag if mode == "fragment" else int(layers) * kvf * slot["ctx"],
+        "frag_bytes_per_token": frag if mode == "fragment" else int(layers) * kvf * slot[Role.CTX],
         "bytes_per_token": int(layers) * kvf * frag,  # what one ctx rank sends one gen rank, per token
         "bytes_per_token_full": layers_total * kvf * frag,
         "descriptors_per_block": 1 if mode == "block" else int(layers) * kvf,
-        "descriptor_bytes": tpb * (int(layers) * kvf * slot["ctx"] if mode == "block" else frag),
+        "descriptor_bytes": tpb * (int(layers) * kvf * slot[Role.CTX] if mode == "block" else frag),
         "pool_bytes": {s_: pools[s_] + stage for s_ in pools},  # what each agent registers: blocks, then staging
         "blocks_bytes": pools,
         "staging": ({"offset": dict(pools), "slice_bytes": slice_bytes, "recv_slices": slots} if stage else None),
@@ -238,8 +250,8 @@ def build_params(plan: Plan, opts: Options, run_dir: str) -> dict:
     if opts.iterations < 1 or opts.warmup < 0:
         raise ValidateError("--iterations must be >= 1 and --warmup >= 0")
     agents = agents_for(plan, opts)
-    ctx = [a["id"] for a in agents if a["role"] == "ctx"]
-    gen = [a["id"] for a in agents if a["role"] == "gen"]
+    ctx = [a["id"] for a in agents if a["role"] == Role.CTX]
+    gen = [a["id"] for a in agents if a["role"] == Role.GEN]
     if not ctx or not gen:
         raise ValidateError("the plan has no context or no generation node to pair")
     geom, lengths, _ = geometry(plan, opts)
@@ -260,7 +272,7 @@ def build_params(plan: Plan, opts: Options, run_dir: str) -> dict:
         "mode": opts.mode,
         "agents": agents,
         "rounds": [[list(p) for p in pairs] for pairs in round_robin(ctx, gen)],
-        "env": {"ctx": dict(plan.context.env), "gen": dict(plan.generation.env)},
+        "env": {Role.CTX: dict(plan.context.env), Role.GEN: dict(plan.generation.env)},
         "backend": profile.nixl_transport,
         "memory": memory,
         "progress_thread": progress_thread,
@@ -279,7 +291,7 @@ def build_params(plan: Plan, opts: Options, run_dir: str) -> dict:
                   if opts.curve else None),
         "timeouts": {"rendezvous_s": rendezvous, "transfer_s": t,
                      "pair_s": min(opts.timeout_s, max(60.0, 10 * t)), "deadline_s": opts.timeout_s},
-        "expect": {"transport": transport, "rdma": transport in RDMA_PROFILES,
+        "expect": {"transport": transport, "rdma": plan.kv_transfer.transport.rdma,
                    "nominal_gbps": plan.estimates.nominal_gbps},
         "fault": opts.fault,
     }
@@ -296,5 +308,5 @@ def parse_fault(text: str | None, agents: list[dict]) -> dict | None:
     if who and who not in ids:
         raise ValidateError(f"TK_VALIDATE_FAULT={text!r}: no agent {who!r} (agents: {', '.join(ids)})")
     if not who:
-        who = next((a["id"] for a in agents if a["role"] == "gen"), ids[-1])
+        who = next((a["id"] for a in agents if a["role"] == Role.GEN), ids[-1])
     return {"kind": kind, "agent": who}

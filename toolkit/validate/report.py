@@ -8,6 +8,7 @@ import math
 import statistics
 from pathlib import Path
 
+from orchestrator.states import Role
 from toolkit.progress import StatusLine
 from validation.stats import percentile
 
@@ -210,7 +211,7 @@ def merge_sweep(params: dict, results: dict, geom: dict, shared_host: bool = Fal
                 errs.setdefault(e["tokens_per_block"], []).append(
                     f"{e['src']} -> {e['dst']} {e.get('op', 'WRITE')}: {e['error']}")
     frag = geom["frag_bytes_per_token"] if geom["mode"] == "fragment" else \
-        geom["layers"] * geom["kv_factor"] * geom["slot_bytes_per_token"]["ctx"]
+        geom["layers"] * geom["kv_factor"] * geom["slot_bytes_per_token"][Role.CTX]
     rows = []
     for tpb in sweep["tokens_per_block"]:
         per_op = {}
@@ -371,10 +372,6 @@ def bandwidth_matrix(pairs: list) -> dict:
     return out
 
 
-# Transports whose copies a CPU makes (UCX transport names before the "/"): host memory over shared memory or TCP.
-CPU_TRANSPORTS = ("cma", "tcp", "posix", "sysv", "xpmem", "knem", "self")
-
-
 def cpu_progressed(params: dict, results: dict) -> tuple[bool, str]:
     """Whether the transfers were progressed by a CPU (so a WRITE between agents of one host completes when its
     destination runs): host memory, or a WRITE that UCX served by software emulation. CUDA memory over cuda_ipc or
@@ -488,8 +485,8 @@ def advise(transfer: dict, rows: list, pairs: list, tpb: int, trusted: bool, why
                        "coalesced into one descriptor, as one descriptor measured here)")
     return {**base, "status": "change" if options else "keep", "tokens_per_block": pick or tpb,
             "bounce_size_mb": bounce, "reason": (
-                f"{count} descriptors of {base['descriptor_bytes']} bytes reach {at:.3f} GB/s where one descriptor of "
-                f"the same bytes reaches {one:.3f} GB/s ({at / one:.0%})" +
+                f"{count} descriptors of {base['descriptor_bytes']} bytes (the request as validated) reach {at:.3f} "
+                f"GB/s where one descriptor of the same bytes reaches {one:.3f} GB/s ({at / one:.0%})" +
                 (f"; to cut the descriptor count: {'; or '.join(options)}" if options else
                  "; no block size up to 512 reaches 90 % of one descriptor"))}
 
@@ -740,8 +737,8 @@ def print_report(report: dict) -> None:
         console.print(t)
     curve = report.get("curve") or []
     if any(row.get("gbps_median") for row in curve):
-        t = Table(title="Descriptor-size curve (raw NIXL WRITE, context -> generation, the longest request's bytes "
-                        "of one rank pair; median [slowest-fastest] over the pairs)", title_justify="left")
+        t = Table(title=esc("Descriptor-size curve (raw NIXL WRITE, context -> generation, the longest request's "
+                            "bytes of one rank pair; median [slowest-fastest] over the pairs)"), title_justify="left")
         for col in ("descriptors", "each", "GB/s"):
             t.add_column(col, justify="right")
         for row in curve:

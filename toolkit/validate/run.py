@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from orchestrator.states import Role
 from toolkit.errors import TkError
 from validation.rundir import RunDir
 from validation.schedule import partners
@@ -137,6 +138,42 @@ def check_bounds(opts: Options) -> None:
     bounds.wait_seconds("--pending-timeout", opts.pending_timeout_s)
 
 
+def available_memory() -> tuple[int, int] | None:
+    """(bytes available, bytes in all) on this machine: /proc/meminfo's MemAvailable and MemTotal (Linux), else
+    the free and total physical pages; None where neither can be read."""
+    try:
+        fields = {}
+        for line in files.read_text("/proc/meminfo", 1 << 16).splitlines():
+            key, _, value = line.partition(":")
+            fields[key] = int(value.split()[0]) * 1024
+        return fields["MemAvailable"], fields["MemTotal"]
+    except (OSError, ValueError, KeyError, IndexError):
+        pass
+    try:
+        page = os.sysconf("SC_PAGE_SIZE")
+        return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def check_local_memory(params: dict) -> None:
+    """--local: every agent runs here, each registering its role's KV pool; together they must fit the memory this
+    machine has available (a cap above it risks the OOM killer on a shared login node). ValidateError with the
+    figures otherwise."""
+    pools = params["geometry"]["pool_bytes"]
+    agents = params["agents"]
+    need = sum(int(pools[a["role"]]) for a in agents)
+    have = available_memory()
+    if have is None or need <= have[0]:
+        return
+    gib = 1 << 30
+    per = ", ".join(f"{pools[r] / gib:.1f} GiB per {'context' if r == Role.CTX else 'generation'} agent"
+                    for r in (Role.CTX, Role.GEN) if any(a["role"] == r for a in agents))
+    raise ValidateError(f"--local: the {len(agents)} agents would register {need / gib:.1f} GiB of buffers together "
+                        f"({per}) and this machine has {have[0] / gib:.1f} GiB available (of {have[1] / gib:.1f} GiB); "
+                        "lower --max-memory-mb (the cap per agent) or --lengths, or validate on the cluster")
+
+
 def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> dict:
     """Run the whole validation; return the report (also written to RUN_DIR/report.json). Ctrl-C, SIGTERM
     and SIGHUP release the agents or the job, write the report, then propagate."""
@@ -171,6 +208,8 @@ def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> 
         raise
     try:
         params = build_params(plan, opts, str(run_dir))
+        if opts.mode == "local":
+            check_local_memory(params)
         if opts.mode == "in-allocation":
             launcher = launchers.InAllocationLauncher(run_dir, params, python, _srun_flags(plan), plan.node_count)
             preflight.append({"name": "allocation", "status": "pass", "agent": None, "host": None,
@@ -181,11 +220,11 @@ def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> 
         for sub in ("logs", "results", "state", "rendezvous/exited", "rendezvous/done", "rendezvous/unresponsive"):
             (run_dir / sub).mkdir(parents=True, exist_ok=True)
         build_agent_archive(run_dir)
-        (run_dir / "params.json").write_text(json.dumps(params, indent=1) + "\n")
+        files.write_regular_atomically(run_dir / "params.json", json.dumps(params, indent=1) + "\n")
         if opts.mode == "slurm":
             minutes = int((opts.timeout_s + params["timeouts"]["rendezvous_s"] + 180) // 60) + 1
-            (run_dir / "validate.sbatch").write_text(
-                launchers.render_sbatch(plan, params, run_dir, python, _srun_flags(plan), f"{minutes}"))
+            files.write_regular_atomically(run_dir / "validate.sbatch", launchers.render_sbatch(
+                plan, params, run_dir, python, _srun_flags(plan), f"{minutes}"))
 
     except OSError as exc:  # a full disk or a read-only run directory before anything started
         rundir.release_if_unused(run_dir)
@@ -255,9 +294,7 @@ def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> 
         if cleanup:
             report["passed"] = False
             report["failures"].append("cleanup: " + "; ".join(cleanup))
-        tmp = report_path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(report, indent=2) + "\n")
-        os.replace(tmp, report_path)
+        files.write_regular_atomically(report_path, json.dumps(report, indent=2) + "\n")
     if interrupted is not None:
         raise interrupted
     return report

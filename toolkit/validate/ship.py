@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from toolkit.zipapps import build_archive, package_sources  # noqa: F401 (package_sources: re-exported)
+from toolkit.runtime import files
+from toolkit.zipapps import archive_bytes, package_sources  # noqa: F401 (package_sources: re-exported)
 
 PACKAGE = "validation"
 ARCHIVE = "agent.pyz"
@@ -19,4 +20,5 @@ MAIN_IMPORT = "from validation.__main__ import main"
 def build_agent_archive(dest: Path | str) -> Path:
     """Write the agent archive; dest is a directory (then dest/agent.pyz) or the archive's path."""
     dest = Path(dest)
-    return build_archive(dest / ARCHIVE if dest.is_dir() else dest, PACKAGE, MAIN_IMPORT)
+    return files.write_regular_atomically(dest / ARCHIVE if dest.is_dir() else dest,
+                                          archive_bytes(PACKAGE, MAIN_IMPORT), 0o755, sync=False)
