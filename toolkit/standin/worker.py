@@ -390,9 +390,11 @@ class Worker:
         self.limits.check(n, req.request_type)
 
     async def _kv_of(self, ids: list[int]):
-        """The prompt's KV and its digest (worker threads)."""
-        kv = await asyncio.to_thread(M.kv_content, self.geo, ids)
-        return kv, await asyncio.to_thread(M.kv_digest, kv)
+        """The prompt's KV and its digest (in a worker thread, one hand-over for both)."""
+        def compute():
+            kv = M.kv_content(self.geo, ids)
+            return kv, M.kv_digest(kv)
+        return await asyncio.to_thread(compute)
 
     async def _run(self, req: P.Request, n: int, count: int, state: dict | None, computed=None):
         ids = req.prompt_ids
