@@ -39,11 +39,12 @@ from toolkit.facts.hardware import EMULATED_GPUS
 from toolkit.facts.models import ModelError, ModelSpec, resolve_model
 from toolkit.facts.roofline import PRECISIONS, Roofline, iteration_time, roofline
 from toolkit.facts.steptime import IterationShape
-from toolkit.standin.scheduler import Iteration, Scheduler
+from toolkit.standin.scheduler import GENERATION_ONLY, Iteration, Scheduler
 
 log = logging.getLogger("toolkit.standin")
 PREFIX = STANDIN.emulate_env_prefix
 RESYNC_S = 0.05  # behind the emulated clock by more than this: start again from now (counted as lag)
+MAX_PREFILL_SHAPES = 256  # distinct prefill iteration shapes kept in the stats; the rest under (0, 0, 0)
 
 
 class EmulationError(ValueError):
@@ -311,7 +312,12 @@ class EmulatedEngine:
         self.dead: BaseException | None = None
         self.stats = {"iterations": 0, "emulated_busy_s": 0.0, "tokens": 0, "lag_ms_total": 0.0, "lag_ms_max": 0.0,
                       "resyncs": 0, "kv_transfers": 0, "kv_emulated_s": 0.0, "kv_real_s": 0.0,
-                      "kv_real_over_emulated_s": 0.0}
+                      "kv_real_over_emulated_s": 0.0, "prefill_requests": 0, "prefill_wait_s": 0.0}
+        # The prefill iterations this server formed, by shape (context requests, their tokens, decodes beside them):
+        # what a static model would price them at (the calibration compares aiconfigurator's figure for each shape
+        # with the emulated time). Bounded.
+        self.prefill_batches: dict[tuple[int, int, int], list] = {}
+        self._arrived: dict[int, float] = {}  # rid -> when a request with a context phase was submitted
 
     def describe(self) -> str:
         return self.roof.describe()
@@ -322,6 +328,9 @@ class EmulatedEngine:
                 "precision": self.emu.precision, "tp": self.tp, "timing": self.timing.summary(),
                 "kv_bytes_per_token_per_rank": r.kv_bytes_per_token, "kv_link_gbps": self.emu.kv_gbps,
                 "kv_link": self.emu.kv_link, "kv_transfer": self.last_transfer, "layout": self.layout.to_dict(),
+                "prefill_batches": [{"requests": r, "tokens": t, "decodes": d, "iterations": n,
+                                     "emulated_ms": round(sec * 1e3, 3)}
+                                    for (r, t, d), (n, sec) in sorted(self.prefill_batches.items())],
                 "not_a_measurement": True, **{k: (round(v, 3) if isinstance(v, float) else v)
                                               for k, v in self.stats.items()}}
 
@@ -335,6 +344,7 @@ class EmulatedEngine:
         for ticket in self.tickets.values():
             ticket.fail(exc)
         self.tickets.clear()
+        self._arrived.clear()
         self.dead = exc
 
     async def stop(self) -> None:
@@ -374,6 +384,8 @@ class EmulatedEngine:
         rid = next(self.ids)
         ticket = Ticket()
         self.tickets[rid] = ticket
+        if kind != GENERATION_ONLY:
+            self._arrived[rid] = asyncio.get_running_loop().time()
         emitted = self.sched.add(rid, kind, prompt_len, new_tokens, cached)
         for _, n in emitted:
             ticket.advance(n, done=new_tokens <= n)
@@ -395,6 +407,8 @@ class EmulatedEngine:
             if it is None:
                 await asyncio.sleep(0)
                 continue
+            if it.chunks:
+                self._count_prefill(it, deadline)
             deadline += it.seconds
             delay = deadline - loop.time()
             if delay > 0:
@@ -407,6 +421,21 @@ class EmulatedEngine:
                     self.stats["resyncs"] += 1
                     deadline = loop.time()
             self._deliver(it)
+
+    def _count_prefill(self, it: Iteration, start: float) -> None:
+        """A prefill iteration starting at ``start`` (the emulated clock): its shape, and how long each request it
+        starts prefilling waited for it since it was submitted (queued behind earlier iterations)."""
+        for rid, _ in it.chunks:
+            arrived = self._arrived.pop(rid, None)
+            if arrived is not None:
+                self.stats["prefill_requests"] += 1
+                self.stats["prefill_wait_s"] += max(0.0, start - arrived)
+        key = (it.num_ctx_requests, it.num_ctx_tokens, len(it.decodes))
+        if key not in self.prefill_batches and len(self.prefill_batches) >= MAX_PREFILL_SHAPES:
+            key = (0, 0, 0)  # past the bound: counted together
+        entry = self.prefill_batches.setdefault(key, [0, 0.0])
+        entry[0] += 1
+        entry[1] += it.seconds
 
     def _deliver(self, it: Iteration) -> None:
         finished = set(it.finished)
