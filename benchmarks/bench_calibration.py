@@ -16,6 +16,15 @@ aiconfigurator (`cli_estimate`, static modes, the same data version and layout) 
 - ITL: ``static_gen`` TPOT at batch c (the generation server decodes the c streams together);
 - output tokens/s per GPU: c x OSL / (TTFT + (OSL - 1) x TPOT) / GPUs, the closed loop its static numbers imply.
 
+Beside the static batch of min(c, 8), the TTFT is also compared like with like: the context server counts the
+prefill iterations it formed by shape (``/standin/stats`` ``emulation.prefill_batches``, and how long each prompt
+waited for its iteration, ``prefill_wait_s``), and aiconfigurator prices each of those batches (``static_ctx`` at
+that batch); the request-weighted median of those figures is what a static model predicts for the arrivals the
+rehearsal actually had ("formed"), and the emulated time of those iterations over aiconfigurator's says how exactly
+the emulation prices what it ran ("emulated / aic"). At concurrency 8 the closed loop staggers arrivals, so the
+context server forms smaller batches than one of 8: the static batch-of-8 figure and the formed one then differ by
+the arrival pattern, not by the emulation. (tk bench's warm-up requests are among the counted iterations.)
+
 aiconfigurator's own disaggregated TTFT multiplies the prefill by 1.8 for queueing under load
 (``_AUTOSCALE_TTFT_CORRECTION_FACTOR``, sdk/picking.py); the raw static figure is the one compared, because the
 rehearsal queues for itself. At concurrency 64 the context server needs 8 iterations for what aiconfigurator
@@ -207,11 +216,39 @@ def stats_of(endpoint_urls: list[str]) -> dict:
     return out
 
 
-def workers_of(run_dir: str) -> list[str]:
-    """The workers' URLs (the run record's servers other than the proxy)."""
+def workers_of(run_dir: str, role: str | None = None) -> list[str]:
+    """The workers' URLs (the run record's servers other than the proxy; of ``role`` only where given)."""
     record = json.loads((Path(run_dir) / "run.json").read_text())
     return [f"http://{s.get('host') or '127.0.0.1'}:{s['port']}" for s in record.get("servers") or []
-            if isinstance(s, dict) and s.get("role") != "proxy" and s.get("port")]
+            if isinstance(s, dict) and s.get("role") != "proxy" and s.get("port")
+            and (role is None or s.get("role") == role)]
+
+
+def prefill_counts(urls: list[str]) -> dict:
+    """The context servers' prefill iterations by shape so far, and their requests' waits (/standin/stats)."""
+    import requests
+    out: dict = {"batches": {}, "wait_s": 0.0, "requests": 0}
+    for url in urls:
+        emu = requests.get(url + "/standin/stats", timeout=5).json().get("emulation") or {}
+        for b in emu.get("prefill_batches") or []:
+            key = (b["requests"], b["tokens"], b["decodes"])
+            n, ms = out["batches"].get(key, (0, 0.0))
+            out["batches"][key] = (n + b["iterations"], ms + b["emulated_ms"])
+        out["wait_s"] += emu.get("prefill_wait_s") or 0.0
+        out["requests"] += emu.get("prefill_requests") or 0
+    return out
+
+
+def formed(before: dict, after: dict) -> dict:
+    """What the context servers did between two prefill_counts: the prefill iterations they formed, by shape."""
+    batches = {}
+    for key, (n, ms) in after["batches"].items():
+        n0, ms0 = before["batches"].get(key, (0, 0.0))
+        if n > n0:
+            batches[key] = (n - n0, ms - ms0)
+    requests = after["requests"] - before["requests"]
+    return {"batches": batches, "requests": requests,
+            "wait_ms_mean": (after["wait_s"] - before["wait_s"]) / requests * 1e3 if requests else None}
 
 
 # --- aiconfigurator's static prediction -----------------------------------------------------------------------
@@ -234,15 +271,45 @@ def predict(cfg: Config, c: int) -> dict:
             "queueing_ttft_p50_ms": ttft * (rounds + 1) / 2 if rounds > 1 else ttft}
 
 
+def predict_formed(cfg: Config, shapes: dict) -> dict:
+    """aiconfigurator's static prefill (``static_ctx``) for each prefill iteration the context server formed: the
+    batch of r prompts of t/r tokens. Returns the request-weighted median of those figures (the like-for-like TTFT
+    of the arrivals the rehearsal had, before any wait and the serving path) and the emulated time over
+    aiconfigurator's, iteration by iteration summed (how exactly the emulation prices what it ran)."""
+    from toolkit.facts.models import resolve_model
+    from toolkit.size import aiconfigurator as aic
+
+    model = resolve_model(cfg.model)
+    choice = aic.choose_data(cfg.gpu, "1.3", None)
+    per_request: list[float] = []
+    aic_ms = emu_ms = 0.0
+    batches = []
+    for (r, tokens, decodes), (n, ms) in sorted(shapes["batches"].items()):
+        if r == 0 or decodes:  # the stats' overflow bucket; a mixed iteration (none on a context server)
+            continue
+        est = float(aic.estimate_static(model, choice, mode="static_ctx", batch=r, isl=round(tokens / r), osl=OSL,
+                                        tp=cfg.tp)["ttft"])
+        per_request += [est] * (r * n)
+        aic_ms += est * n
+        emu_ms += ms
+        batches.append({"requests": r, "tokens": tokens, "iterations": n, "aic_ms": round(est, 2),
+                        "emulated_ms_mean": round(ms / n, 2)})
+    return {"ttft_p50_ms": statistics.median(per_request) if per_request else None,
+            "emulated_over_aic": emu_ms / aic_ms if aic_ms else None, "batches": batches,
+            "wait_ms_mean": shapes["wait_ms_mean"]}
+
+
 # --- the rehearsal ---------------------------------------------------------------------------------------------
 
 def calibrate(cfg: Config, tmp: Path, env: dict, concurrency: tuple = CONCURRENCY) -> dict:
     recipe = write_recipe(tmp, cfg, f"calib-{cfg.name}")
     run = launch(recipe, env)
     out = {"config": cfg.__dict__, "run_dir": run["run_dir"], "cells": {}}
+    ctx_urls = workers_of(run["run_dir"], "ctx")
     try:
         for c in concurrency:
             t0 = time.monotonic()
+            before = prefill_counts(ctx_urls)
             doc = bench(run["run_dir"], env, "--isl", str(ISL), "--osl", str(OSL), "--concurrency", str(c),
                         "--requests", str(REQUESTS[c]), "--name", f"c{c}")
             r = row_of(doc)
@@ -250,9 +317,14 @@ def calibrate(cfg: Config, tmp: Path, env: dict, concurrency: tuple = CONCURRENC
                                                                  "itl_p99_ms", "output_tokens_per_s_per_gpu",
                                                                  "requests", "errors")},
                                "gpus": doc.get("gpus"), "wall_s": round(time.monotonic() - t0, 1),
-                               "predicted": predict(cfg, c)}
+                               "predicted": predict(cfg, c),
+                               "formed": predict_formed(cfg, formed(before, prefill_counts(ctx_urls)))}
+            f = out["cells"][c]["formed"]
             print(f"  {cfg.name} c={c}: TTFT p50 {r.get('ttft_p50_ms')}, ITL p50 {r.get('itl_p50_ms')}, "
-                  f"tok/s/GPU {r.get('output_tokens_per_s_per_gpu')} ({out['cells'][c]['wall_s']} s)", flush=True)
+                  f"tok/s/GPU {r.get('output_tokens_per_s_per_gpu')} ({out['cells'][c]['wall_s']} s); prefill "
+                  f"batches formed {[(b['requests'], b['iterations']) for b in f['batches']]}, aic for them "
+                  f"{num(f['ttft_p50_ms'])} ms, emulated/aic {num(f['emulated_over_aic'], '.3f')}, wait "
+                  f"{num(f['wait_ms_mean'])} ms", flush=True)
         out["servers"] = stats_of(workers_of(run["run_dir"]))
     finally:
         stop(run["run_dir"], env)
@@ -379,17 +451,27 @@ def num(v, fmt=".1f") -> str:
 def print_report(rep: dict) -> None:
     print(f"\n== Calibration: tk bench on the emulated stand-in vs aiconfigurator {rep['aiconfigurator']} static "
           f"(ISL {ISL}, OSL {OSL}; {rep['machine']}; {rep['date']})")
-    print(f"{'configuration':<24} {'c':>3} | {'TTFT p50':>8} {'aic':>7} {'ratio':>5} {'p99':>7} | {'ITL p50':>7} "
-          f"{'aic':>6} {'ratio':>5} | {'tok/s/GPU':>9} {'aic':>7} {'ratio':>5} | {'aic queueing':>12}")
+    print("TTFT: against the static prefill of min(c, 8) prompts ('aic'), and against the static prefill of each "
+          "batch the context server formed ('formed', request-weighted median); 'emu/aic': the emulated time of those "
+          "iterations over aiconfigurator's; 'wait': the mean time a prompt queued for its prefill iteration")
+    print(f"{'configuration':<24} {'c':>3} | {'TTFT p50':>8} {'aic':>7} {'ratio':>5} {'formed':>7} {'ratio':>5} "
+          f"{'emu/aic':>7} {'wait':>6} {'p99':>7} | {'ITL p50':>7} {'aic':>6} {'ratio':>5} | {'tok/s/GPU':>9} "
+          f"{'aic':>7} {'ratio':>5} | {'aic queueing':>12}")
     for name, run in rep["configs"].items():
         for c, cell in run["cells"].items():
-            m, p = cell["measured"], cell["predicted"]
+            m, p, f = cell["measured"], cell["predicted"], cell.get("formed") or {}
             print(f"{name:<24} {c:>3} | {num(m['ttft_p50_ms']):>8} {num(p['ttft_ms']):>7} "
-                  f"{ratio(m['ttft_p50_ms'], p['ttft_ms']):>5} {num(m['ttft_p99_ms']):>7} | "
+                  f"{ratio(m['ttft_p50_ms'], p['ttft_ms']):>5} {num(f.get('ttft_p50_ms')):>7} "
+                  f"{ratio(m['ttft_p50_ms'], f.get('ttft_p50_ms')):>5} {num(f.get('emulated_over_aic'), '.3f'):>7} "
+                  f"{num(f.get('wait_ms_mean')):>6} {num(m['ttft_p99_ms']):>7} | "
                   f"{num(m['itl_p50_ms'], '.2f'):>7} {num(p['tpot_ms'], '.2f'):>6} "
                   f"{ratio(m['itl_p50_ms'], p['tpot_ms']):>5} | {num(m['output_tokens_per_s_per_gpu']):>9} "
                   f"{num(p['tokens_s_gpu']):>7} {ratio(m['output_tokens_per_s_per_gpu'], p['tokens_s_gpu']):>5} | "
                   f"{num(p['queueing_ttft_p50_ms']):>12}")
+            if f.get("batches"):
+                print(f"{'':<28}   prefill batches formed: " + ", ".join(
+                    f"{b['iterations']} x {b['requests']} (aic {b['aic_ms']:.1f}, emulated {b['emulated_ms_mean']:.1f} "
+                    f"ms)" for b in f["batches"]))
         ctl = run.get("control") or {}
         lags = [v.get("lag_ms_max") for v in (run.get("servers") or {}).values() if isinstance(v, dict)]
         sources = sorted({str(v.get("timing")) for v in (run.get("servers") or {}).values() if isinstance(v, dict)})
@@ -430,13 +512,20 @@ def print_report(rep: dict) -> None:
 
 def markdown(rep: dict) -> str:
     """The calibration table as docs/standin.md shows it."""
-    lines = ["| configuration | c | TTFT p50 ms (aic) | ratio | ITL p50 ms (aic) | ratio | out tok/s/GPU (aic) | ratio |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| configuration (1P1D) | c | TTFT p50 ms (aic) | ratio | aic for the batches formed | ratio | "
+             "emulated / aic | prefill wait ms | TTFT p99 | TTFT p50 − control | ITL p50 ms (aic) | ratio | "
+             "out tok/s/GPU (aic) | ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, run in rep["configs"].items():
+        ctl = (run.get("control") or {}).get("ttft_p50_ms")
         for c, cell in run["cells"].items():
-            m, p = cell["measured"], cell["predicted"]
+            m, p, f = cell["measured"], cell["predicted"], cell.get("formed") or {}
+            less = m["ttft_p50_ms"] - ctl if isinstance(ctl, (int, float)) and m["ttft_p50_ms"] is not None else None
             lines.append(f"| {name} | {c} | {num(m['ttft_p50_ms'])} ({num(p['ttft_ms'])}) | "
-                         f"{ratio(m['ttft_p50_ms'], p['ttft_ms'])} | {num(m['itl_p50_ms'], '.2f')} "
+                         f"{ratio(m['ttft_p50_ms'], p['ttft_ms'])} | {num(f.get('ttft_p50_ms'))} | "
+                         f"{ratio(m['ttft_p50_ms'], f.get('ttft_p50_ms'))} | "
+                         f"{num(f.get('emulated_over_aic'), '.3f')} | {num(f.get('wait_ms_mean'))} | "
+                         f"{num(m['ttft_p99_ms'])} | {num(less)} | {num(m['itl_p50_ms'], '.2f')} "
                          f"({num(p['tpot_ms'], '.2f')}) | {ratio(m['itl_p50_ms'], p['tpot_ms'])} | "
                          f"{num(m['output_tokens_per_s_per_gpu'])} ({num(p['tokens_s_gpu'])}) | "
                          f"{ratio(m['output_tokens_per_s_per_gpu'], p['tokens_s_gpu'])} |")
