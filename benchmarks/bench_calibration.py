@@ -273,30 +273,41 @@ def predict(cfg: Config, c: int) -> dict:
 
 def predict_formed(cfg: Config, shapes: dict) -> dict:
     """aiconfigurator's static prefill (``static_ctx``) for each prefill iteration the context server formed: the
-    batch of r prompts of t/r tokens. Returns the request-weighted median of those figures (the like-for-like TTFT
-    of the arrivals the rehearsal had, before any wait and the serving path) and the emulated time over
-    aiconfigurator's, iteration by iteration summed (how exactly the emulation prices what it ran)."""
+    batch of r prompts of (its tokens / r) tokens each, beside the iteration's emulated time (``formed_summary``
+    reads them)."""
     from toolkit.facts.models import resolve_model
     from toolkit.size import aiconfigurator as aic
 
     model = resolve_model(cfg.model)
     choice = aic.choose_data(cfg.gpu, "1.3", None)
-    per_request: list[float] = []
-    aic_ms = emu_ms = 0.0
     batches = []
     for (r, tokens, decodes), (n, ms) in sorted(shapes["batches"].items()):
         if r == 0 or decodes:  # the stats' overflow bucket; a mixed iteration (none on a context server)
             continue
-        est = float(aic.estimate_static(model, choice, mode="static_ctx", batch=r, isl=round(tokens / r), osl=OSL,
-                                        tp=cfg.tp)["ttft"])
-        per_request += [est] * (r * n)
-        aic_ms += est * n
-        emu_ms += ms
-        batches.append({"requests": r, "tokens": tokens, "iterations": n, "aic_ms": round(est, 2),
-                        "emulated_ms_mean": round(ms / n, 2)})
-    return {"ttft_p50_ms": statistics.median(per_request) if per_request else None,
-            "emulated_over_aic": emu_ms / aic_ms if aic_ms else None, "batches": batches,
-            "wait_ms_mean": shapes["wait_ms_mean"]}
+        est = float(aic.estimate_static(model, choice, mode="static_ctx", batch=r, isl=max(1, round(tokens / r)),
+                                        osl=OSL, tp=cfg.tp)["ttft"])
+        batches.append({"requests": r, "tokens": tokens, "iterations": n, "aic_ms": round(est, 3),
+                        "emulated_ms_mean": round(ms / n, 3)})
+    return {"batches": batches, "wait_ms_mean": shapes["wait_ms_mean"], **formed_summary(batches)}
+
+
+def formed_summary(batches: list[dict]) -> dict:
+    """Over the iterations that prefilled the cell's prompts (each weighted by how many ISL-long prompts it held:
+    the liveness probes' few-token prompts are left out, a probe batched with prompts counts for the prompts): the
+    request-weighted median of aiconfigurator's figure for the batch each prompt was in (the like-for-like TTFT of
+    the arrivals the rehearsal had, before waiting and the serving path), and the emulated time of those iterations
+    over aiconfigurator's (how exactly the emulation prices what it ran)."""
+    per_prompt: list[float] = []
+    aic_ms = emu_ms = 0.0
+    for b in batches:
+        prompts = min(b["requests"], b["tokens"] // (ISL + TEMPLATE_TOKENS))
+        if prompts < 1:
+            continue
+        per_prompt += [b["aic_ms"]] * (prompts * b["iterations"])
+        aic_ms += b["aic_ms"] * b["iterations"]
+        emu_ms += b["emulated_ms_mean"] * b["iterations"]
+    return {"ttft_p50_ms": statistics.median(per_prompt) if per_prompt else None,
+            "emulated_over_aic": emu_ms / aic_ms if aic_ms else None, "prompts": len(per_prompt)}
 
 
 # --- the rehearsal ---------------------------------------------------------------------------------------------
@@ -322,7 +333,8 @@ def calibrate(cfg: Config, tmp: Path, env: dict, concurrency: tuple = CONCURRENC
             f = out["cells"][c]["formed"]
             print(f"  {cfg.name} c={c}: TTFT p50 {r.get('ttft_p50_ms')}, ITL p50 {r.get('itl_p50_ms')}, "
                   f"tok/s/GPU {r.get('output_tokens_per_s_per_gpu')} ({out['cells'][c]['wall_s']} s); prefill "
-                  f"batches formed {[(b['requests'], b['iterations']) for b in f['batches']]}, aic for them "
+                  f"batches formed (prompts x iterations) "
+                  f"{[(b['requests'], b['iterations']) for b in f['batches'] if b['tokens'] > ISL]}, aic for them "
                   f"{num(f['ttft_p50_ms'])} ms, emulated/aic {num(f['emulated_over_aic'], '.3f')}, wait "
                   f"{num(f['wait_ms_mean'])} ms", flush=True)
         out["servers"] = stats_of(workers_of(run["run_dir"]))
@@ -460,6 +472,7 @@ def print_report(rep: dict) -> None:
     for name, run in rep["configs"].items():
         for c, cell in run["cells"].items():
             m, p, f = cell["measured"], cell["predicted"], cell.get("formed") or {}
+            f = {**f, **formed_summary(f["batches"])} if f.get("batches") else f
             print(f"{name:<24} {c:>3} | {num(m['ttft_p50_ms']):>8} {num(p['ttft_ms']):>7} "
                   f"{ratio(m['ttft_p50_ms'], p['ttft_ms']):>5} {num(f.get('ttft_p50_ms')):>7} "
                   f"{ratio(m['ttft_p50_ms'], f.get('ttft_p50_ms')):>5} {num(f.get('emulated_over_aic'), '.3f'):>7} "
@@ -469,9 +482,9 @@ def print_report(rep: dict) -> None:
                   f"{num(p['tokens_s_gpu']):>7} {ratio(m['output_tokens_per_s_per_gpu'], p['tokens_s_gpu']):>5} | "
                   f"{num(p['queueing_ttft_p50_ms']):>12}")
             if f.get("batches"):
-                print(f"{'':<28}   prefill batches formed: " + ", ".join(
-                    f"{b['iterations']} x {b['requests']} (aic {b['aic_ms']:.1f}, emulated {b['emulated_ms_mean']:.1f} "
-                    f"ms)" for b in f["batches"]))
+                print(f"{'':<28}   prefill iterations formed (iterations x prompts: aic, emulated ms): " + ", ".join(
+                    f"{b['iterations']} x {b['requests']}: {b['aic_ms']:.1f}, {b['emulated_ms_mean']:.1f}"
+                    for b in f["batches"] if b["tokens"] > ISL))
         ctl = run.get("control") or {}
         lags = [v.get("lag_ms_max") for v in (run.get("servers") or {}).values() if isinstance(v, dict)]
         sources = sorted({str(v.get("timing")) for v in (run.get("servers") or {}).values() if isinstance(v, dict)})
@@ -520,6 +533,7 @@ def markdown(rep: dict) -> str:
         ctl = (run.get("control") or {}).get("ttft_p50_ms")
         for c, cell in run["cells"].items():
             m, p, f = cell["measured"], cell["predicted"], cell.get("formed") or {}
+            f = {**f, **formed_summary(f["batches"])} if f.get("batches") else f
             less = m["ttft_p50_ms"] - ctl if isinstance(ctl, (int, float)) and m["ttft_p50_ms"] is not None else None
             lines.append(f"| {name} | {c} | {num(m['ttft_p50_ms'])} ({num(p['ttft_ms'])}) | "
                          f"{ratio(m['ttft_p50_ms'], p['ttft_ms'])} | {num(f.get('ttft_p50_ms'))} | "
@@ -540,7 +554,16 @@ def main() -> int:
                     help="comma-separated (default 1,8,64)")
     ap.add_argument("--skip-lab", action="store_true")
     ap.add_argument("--skip-streams", action="store_true")
+    ap.add_argument("--report", metavar="JSON", help="print the report of a calibration.json this script wrote, "
+                    "without running anything")
     args = ap.parse_args()
+    if args.report:
+        rep = json.loads(Path(args.report).read_text())
+        for run in rep["configs"].values():  # JSON keys are text
+            run["cells"] = {int(c): cell for c, cell in run["cells"].items()}
+        print_report(rep)
+        print("\n" + markdown(rep))
+        return 0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     from toolkit.size import aiconfigurator as aic
