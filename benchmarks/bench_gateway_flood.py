@@ -180,6 +180,66 @@ def lookup_cost(gateway_file: Path, idle_rows: int) -> tuple[float, float] | Non
         listener.close()
 
 
+def start_flood(gateway_port: int, idle: int, bursts: int, burst: int, every_s: float, what: str) -> int:
+    """Fork the other user's flood (flood()); return once its idle connections are open: the child's pid."""
+    r, w = os.pipe()
+    child = os.fork()
+    if child == 0:
+        code = 1
+        try:
+            os.close(r)
+            flood(gateway_port, idle, bursts, burst, every_s, w)
+            code = 0
+        except BaseException as exc:  # noqa: BLE001 - said; the parent then stops
+            print(f"{what} failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        finally:
+            os._exit(code)
+    os.close(w)
+    if os.read(r, 1) != b"r":
+        raise SystemExit(f"{what} could not start (the other user's idle connections)")
+    os.close(r)
+    return child
+
+
+class Heartbeats(threading.Thread):
+    """The worker's keep-alives of its lease through the gateway, every `every_s`, each on a new connection:
+    (when, whether the lease was still alive) per beat."""
+
+    def __init__(self, port: int, lease: int, every_s: float):
+        super().__init__(daemon=True)
+        self.port, self.lease, self.every_s = port, lease, every_s
+        self.beats: list[tuple[float, bool]] = []
+        self.stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self.stopped.wait(self.every_s):
+            doc = call(self.port, "/v3/lease/keepalive", {"ID": self.lease})
+            ttl = int(((doc or {}).get("result") or {}).get("TTL", 0) or 0)
+            self.beats.append((time.monotonic(), ttl > 0))
+
+    def longest_gap(self, t0: float) -> float:
+        """The longest time without a keep-alive that arrived, from t0 to now (the last gap runs to the end)."""
+        ok_times = [t0] + [t for t, ok in self.beats if ok] + [time.monotonic()]
+        gaps = [b - a for a, b in zip(ok_times, ok_times[1:])]
+        return max(gaps) if gaps else float("inf")
+
+
+def refusals_logged(log: Path) -> int:
+    """The refusals a gateway's log names: one line each, then "N refused in the last minute" counts."""
+    text = log.read_text(errors="replace")
+    return text.count("refused a connection") + sum(
+        int(line.split()[1]) for line in text.splitlines() if line.endswith("refused in the last minute"))
+
+
+def stop_gateway(gateway: subprocess.Popen) -> None:
+    gateway.send_signal(signal.SIGTERM)
+    try:
+        gateway.wait(10)
+    except subprocess.TimeoutExpired:
+        gateway.kill()
+        gateway.wait(10)
+
+
 def one_variant(variant: str, gateway_file: Path, etcd_port: int, certs: Path, work: Path, a) -> dict:
     port = free_port()
     log = work / f"gateway-{variant}.log"
@@ -189,58 +249,26 @@ def one_variant(variant: str, gateway_file: Path, etcd_port: int, certs: Path, w
         lease = granted["ID"]
         key = base64.b64encode(f"/trtllm-disagg/bench/workers/GENERATION-{variant}".encode()).decode()
         assert call(port, "/v3/kv/put", {"key": key, "value": "e30=", "lease": lease}) is not None
-        beats: list[tuple[float, bool]] = []
-        stop = threading.Event()
-
-        def heartbeat() -> None:
-            while not stop.wait(a.heartbeat):
-                doc = call(port, "/v3/lease/keepalive", {"ID": lease})
-                ttl = int(((doc or {}).get("result") or {}).get("TTL", 0) or 0)
-                beats.append((time.monotonic(), ttl > 0))
-        r, w = os.pipe()
-        child = os.fork()
-        if child == 0:
-            code = 1
-            try:
-                os.close(r)
-                flood(port, a.idle, a.bursts, a.burst, a.every, w)
-                code = 0
-            except BaseException as exc:  # noqa: BLE001 - said; the parent then stops
-                print(f"the flood failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-            finally:
-                os._exit(code)
-        os.close(w)
-        if os.read(r, 1) != b"r":
-            raise SystemExit("the other user's flood could not start (its idle connections)")
-        os.close(r)
+        child = start_flood(port, a.idle, a.bursts, a.burst, a.every, "the flood")
         t0 = time.monotonic()
-        thread = threading.Thread(target=heartbeat, daemon=True)
-        thread.start()
+        heartbeats = Heartbeats(port, lease, a.heartbeat)
+        heartbeats.start()
         os.waitpid(child, 0)
         time.sleep(a.heartbeat + 1)  # one more heartbeat after the flood
-        stop.set()
-        thread.join(a.heartbeat + 10)
-        ok_times = [t0] + [t for t, ok in beats if ok] + [time.monotonic()]  # the last gap runs to the end
-        gaps = [b - a_ for a_, b in zip(ok_times, ok_times[1:])]
+        heartbeats.stopped.set()
+        heartbeats.join(a.heartbeat + 10)
+        beats = heartbeats.beats
         alive = call(port, "/v3/lease/timetolive", {"ID": lease}) or {}
         kvs = (call(port, "/v3/kv/range", {"key": key}) or {}).get("kvs") or []
-        text = log.read_text(errors="replace")
-        refused = text.count("refused a connection") + sum(
-            int(line.split()[1]) for line in text.splitlines() if line.endswith("refused in the last minute"))
         return {"variant": variant, "heartbeats": len(beats), "failed": sum(1 for _, ok in beats if not ok),
-                "longest_gap_s": max(gaps) if gaps else float("inf"),
+                "longest_gap_s": heartbeats.longest_gap(t0),
                 "lease": "kept" if int(alive.get("TTL", -1)) > 0 and kvs else "LOST",
-                "refusals_logged": refused, "seconds": time.monotonic() - t0}
+                "refusals_logged": refusals_logged(log), "seconds": time.monotonic() - t0}
     finally:
-        gateway.send_signal(signal.SIGTERM)
-        try:
-            gateway.wait(10)
-        except subprocess.TimeoutExpired:
-            gateway.kill()
-            gateway.wait(10)
+        stop_gateway(gateway)
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--old", default="70942f5", help="the commit of the old gateway")
     p.add_argument("--variants", default="old,new,fallback")
@@ -250,50 +278,41 @@ def main() -> int:
     p.add_argument("--every", type=float, default=4.5)
     p.add_argument("--ttl", type=int, default=10, help="the worker's lease (TensorRT-LLM: inactive_timeout_sec 10)")
     p.add_argument("--heartbeat", type=float, default=5.0, help="TensorRT-LLM: heartbeat_interval_sec 5")
-    a = p.parse_args()
-    if os.getuid() != 0:
-        print("run as root: the flood runs as uid 65534", file=sys.stderr)
-        return 2
-    if shutil.which("etcd") is None:
-        print("etcd is not installed (scripts/setup installs etcd-server)", file=sys.stderr)
-        return 2
-    with tempfile.TemporaryDirectory(prefix="tk-bench-gateway-") as tmp:
-        work = Path(tmp)
-        certs = write_run_certificates(work / "secrets" / "etcd")
-        old = work / "etcd_gateway_old.py"
-        old.write_bytes(subprocess.run(["git", "-C", str(ROOT), "show", f"{a.old}:templates/etcd_gateway.py"],
-                                       check=True, capture_output=True).stdout)
-        files = {"old": old, "new": ROOT / "templates" / "etcd_gateway.py",
-                 "fallback": ROOT / "templates" / "etcd_gateway.py"}
-        etcd, etcd_port = start_etcd(work, certs)
-        rows = []
-        try:
-            for variant in a.variants.split(","):
-                print(f"... {variant}: {a.idle} idle connections, {a.bursts} bursts of {a.burst} every {a.every:g}s "
-                      "from uid 65534", flush=True)
-                rows.append(one_variant(variant, files[variant], etcd_port, certs, work, a))
-        finally:
-            etcd.terminate()
-            etcd.wait(15)
-        # the lookup's own cost, with as many sockets in the tables as the flood held
-        r, w = os.pipe()
-        child = os.fork()
-        if child == 0:
-            code = 1
-            try:
-                os.close(r)
-                flood(free_port(), a.idle, 1, 0, 3 * (a.idle / 2000 + 1), w)
-                code = 0
-            except BaseException as exc:  # noqa: BLE001 - said; the parent then stops
-                print(f"the idle connections failed: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-            finally:
-                os._exit(code)
-        os.close(w)
-        if os.read(r, 1) != b"r":
-            raise SystemExit("the other user's idle connections could not be opened")
-        cost = lookup_cost(ROOT / "templates" / "etcd_gateway.py", 2 * a.idle)
+    return p.parse_args()
+
+
+def flooded_variants(a, work: Path) -> list[dict]:
+    """Every variant's row, one after another against one etcd."""
+    certs = write_run_certificates(work / "secrets" / "etcd")
+    old = work / "etcd_gateway_old.py"
+    old.write_bytes(subprocess.run(["git", "-C", str(ROOT), "show", f"{a.old}:templates/etcd_gateway.py"],
+                                   check=True, capture_output=True).stdout)
+    files = {"old": old, "new": ROOT / "templates" / "etcd_gateway.py",
+             "fallback": ROOT / "templates" / "etcd_gateway.py"}
+    etcd, etcd_port = start_etcd(work, certs)
+    rows = []
+    try:
+        for variant in a.variants.split(","):
+            print(f"... {variant}: {a.idle} idle connections, {a.bursts} bursts of {a.burst} every {a.every:g}s "
+                  "from uid 65534", flush=True)
+            rows.append(one_variant(variant, files[variant], etcd_port, certs, work, a))
+    finally:
+        etcd.terminate()
+        etcd.wait(15)
+    return rows
+
+
+def idle_lookup_cost(a) -> tuple[float, float] | None:
+    """The lookup's own cost, with as many sockets in the tables as the flood held."""
+    child = start_flood(free_port(), a.idle, 1, 0, 3 * (a.idle / 2000 + 1), "the idle connections")
+    try:
+        return lookup_cost(ROOT / "templates" / "etcd_gateway.py", 2 * a.idle)
+    finally:
         os.kill(child, signal.SIGKILL)
         os.waitpid(child, 0)
+
+
+def print_table(a, rows: list[dict], cost: tuple[float, float] | None) -> None:
     print()
     print(f"worker lease {a.ttl}s, keep-alive every {a.heartbeat:g}s through the gateway; flood: uid 65534, "
           f"{a.idle} idle connections, {a.bursts} x {a.burst} connections every {a.every:g}s")
@@ -308,6 +327,20 @@ def main() -> int:
         table_ms, exact_ms = cost
         print(f"owner lookup with {2 * a.idle} extra sockets: /proc table {table_ms:.2f} ms, socket diagnostics "
               f"{exact_ms * 1000:.1f} us ({table_ms / exact_ms:.0f}x)")
+
+
+def main() -> int:
+    a = parse_args()
+    if os.getuid() != 0:
+        print("run as root: the flood runs as uid 65534", file=sys.stderr)
+        return 2
+    if shutil.which("etcd") is None:
+        print("etcd is not installed (scripts/setup installs etcd-server)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="tk-bench-gateway-") as tmp:
+        rows = flooded_variants(a, Path(tmp))
+        cost = idle_lookup_cost(a)
+    print_table(a, rows, cost)
     return 0 if all(r["lease"] == "kept" for r in rows if r["variant"] != "old") else 1
 
 

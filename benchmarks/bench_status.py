@@ -70,6 +70,70 @@ def free_base(count: int) -> int:
     raise SystemExit("no free port range")
 
 
+HUNG = "gen-0"  # the component whose port accepts connections but never answers
+
+
+def serve_health(run) -> tuple[list, socket.socket]:
+    """Every component's /health answered on its port, except HUNG's, which only the kernel accepts: (the
+    servers, HUNG's listening socket)."""
+    servers, hung = [], None
+    for s in run.servers:
+        if s.name == HUNG:
+            hung = socket.socket()
+            hung.bind(("127.0.0.1", s.port))
+            hung.listen(64)  # connections are accepted by the kernel; nothing ever answers
+            continue
+        srv = http.server.ThreadingHTTPServer(("127.0.0.1", s.port), Health)
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+    assert hung is not None
+    return servers, hung
+
+
+def start_ready_job(run):
+    """The job's files as a ready job writes them (every component started, then ready) and its process: a sleep
+    in the run's session; the run recorded ready."""
+    (run.path / "nodes.tsv").write_text("".join(f"{i}\tlocal{i}\t127.0.0.1\n" for i in range(run.nodes)))
+    lines = [{"event": "started", "component": s.name} for s in run.servers] + [{"event": "ready"}]
+    (run.path / "state" / "events.jsonl").write_text("".join(json.dumps(
+        {"time": time.time(), "event": e["event"], "component": e.get("component"), "state": None, "reason": None,
+         "exit_code": None, "restarts": None}) + "\n" for e in lines))
+    run.run_id = uuid.uuid4().hex
+    job = procs.start_group(["sleep", "300"], cwd=run.path, env=dict(os.environ), log_path=run.path / "job.log",
+                            run_id=run.run_id)
+    run.job_pid, run.job_id = job.pid, f"local-{run.run_id[:12]}"
+    run.set_state("ready")
+    return job
+
+
+def time_status(run, env: dict, repeat: int) -> list[float]:
+    """The whole `tk status --json` command's wall time, `repeat` times; each must say degraded, HUNG not healthy."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "status", str(run.path), "--json"],
+                              capture_output=True, text=True, timeout=120, env={**os.environ, **env})
+        times.append(time.monotonic() - t0)
+        doc = json.loads(proc.stdout)
+        hung_state = next(s["state"] for s in doc["servers"] if s["name"] == HUNG)
+        assert doc["state"] == "degraded" and hung_state != "healthy", (doc["state"], hung_state)
+    return times
+
+
+def time_serial_probes(run, repeat: int) -> list[float]:
+    """tk before issue 22: one /health probe after another, each bounded by OLD_TIMEOUT_S."""
+    times = []
+    for _ in range(repeat):
+        t0 = time.monotonic()
+        for s in run.servers:
+            try:
+                requests.get(f"http://127.0.0.1:{s.port}/health", timeout=OLD_TIMEOUT_S)
+            except requests.RequestException:
+                pass
+        times.append(time.monotonic() - t0)
+    return times
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeat", type=int, default=3)
@@ -83,53 +147,19 @@ def main() -> int:
                           f"cluster.worker_base_port={base + 1}", "membership.enabled=false"])
         run = prepare(plan, local=True, run_dir=f"{tmp}/run")
         assert len(run.servers) == 16, len(run.servers)
-        hung_name = "gen-0"
-        servers, hung = [], None
-        for s in run.servers:
-            if s.name == hung_name:
-                hung = socket.socket()
-                hung.bind(("127.0.0.1", s.port))
-                hung.listen(64)  # connections are accepted by the kernel; nothing ever answers
-                continue
-            srv = http.server.ThreadingHTTPServer(("127.0.0.1", s.port), Health)
-            threading.Thread(target=srv.serve_forever, daemon=True).start()
-            servers.append(srv)
-        (run.path / "nodes.tsv").write_text("".join(f"{i}\tlocal{i}\t127.0.0.1\n" for i in range(run.nodes)))
-        lines = [{"event": "started", "component": s.name} for s in run.servers] + [{"event": "ready"}]
-        (run.path / "state" / "events.jsonl").write_text("".join(json.dumps(
-            {"time": time.time(), "event": e["event"], "component": e.get("component"), "state": None, "reason": None,
-             "exit_code": None, "restarts": None}) + "\n" for e in lines))
-        run.run_id = uuid.uuid4().hex
-        job = procs.start_group(["sleep", "300"], cwd=run.path, env=dict(os.environ), log_path=run.path / "job.log",
-                                run_id=run.run_id)
-        run.job_pid, run.job_id = job.pid, f"local-{run.run_id[:12]}"
-        run.set_state("ready")
+        servers, hung = serve_health(run)
+        job = None
         try:
-            now = []
-            for _ in range(args.repeat):
-                t0 = time.monotonic()
-                proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "status", str(run.path), "--json"],
-                                      capture_output=True, text=True, timeout=120, env={**os.environ, **env})
-                now.append(time.monotonic() - t0)
-                doc = json.loads(proc.stdout)
-                hung_state = next(s["state"] for s in doc["servers"] if s["name"] == hung_name)
-                assert doc["state"] == "degraded" and hung_state != "healthy", (doc["state"], hung_state)
-            before = []
-            for _ in range(args.repeat):
-                t0 = time.monotonic()
-                for s in run.servers:
-                    try:
-                        requests.get(f"http://127.0.0.1:{s.port}/health", timeout=OLD_TIMEOUT_S)
-                    except requests.RequestException:
-                        pass
-                before.append(time.monotonic() - t0)
+            job = start_ready_job(run)
+            now = time_status(run, env, args.repeat)
+            before = time_serial_probes(run, args.repeat)
         finally:
-            job.kill()
-            job.wait()
+            if job is not None:
+                job.kill()
+                job.wait()
             for srv in servers:
                 srv.shutdown()
-            if hung:
-                hung.close()
+            hung.close()
     med_now, med_before = statistics.median(now), statistics.median(before)
     print(f"tk status, 16 components, 1 hung ({args.repeat} runs, median)")
     print(f"  tk status (whole command, concurrent probes): {med_now:6.2f} s   target < 2 s: "

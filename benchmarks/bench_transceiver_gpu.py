@@ -54,6 +54,14 @@ from orchestrator.states import Role  # noqa: E402  (the standard library only, 
 KINDS = ("validator C++", "raw, same (C++)", "validator Python", "raw, same (Python)", "raw, one descriptor",
          "device copy")
 TARGET = 0.90
+# Bounds, so that everything ends inside the documented command's `timeout 500` (docs/validate.md), itself inside the
+# device machine's 10-minute command: the agents' own deadline (each agent's watchdog), the grace the coordinator
+# gives them after it, and the 4-agent `tk validate cluster` of --with-validate (its --timeout; the coordinator's
+# own 30 s after it; then this process gives up on it).
+AGENT_DEADLINE_S = 200.0
+AGENT_GRACE_S = 30.0
+VALIDATE_TIMEOUT_S = 180
+VALIDATE_GIVE_UP_S = VALIDATE_TIMEOUT_S + 60
 
 
 # -- the agent side --------------------------------------------------------------------------------------------
@@ -193,7 +201,7 @@ def run(args, memory: str) -> dict:
                                                         stdin=subprocess.DEVNULL, start_new_session=True)))
             try:
                 for _, p in procs:
-                    p.wait(timeout=args.deadline + 30)
+                    p.wait(timeout=args.deadline + AGENT_GRACE_S)
             finally:
                 for _, p in procs:  # only the agents this benchmark started, by their process group
                     if p.poll() is None:
@@ -275,11 +283,17 @@ def run_validate(args, memory: str) -> dict:
     """`tk validate cluster RECIPE --local --nodes 4 --memory MEM --no-sweep`, timed (issue 29: under 2 minutes)."""
     with tempfile.TemporaryDirectory(prefix="bench-gpu-validate-") as tmp:
         cmd = [sys.executable, "-m", "toolkit.cli", "validate", "cluster", args.recipe, "--local", "--nodes", "4",
-               "--memory", memory, "--no-sweep", "--timeout", "300", "--run-dir", os.path.join(tmp, "run"), "--json",
-               "--set", f"trtllm_version={args.version}"]
+               "--memory", memory, "--no-sweep", "--timeout", str(VALIDATE_TIMEOUT_S), "--run-dir",
+               os.path.join(tmp, "run"), "--json", "--set", f"trtllm_version={args.version}"]
         t0 = time.monotonic()
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=420, check=False, stdin=subprocess.DEVNULL,
-                              env={**os.environ, "TK_RUNS_DIR": tmp})
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=VALIDATE_GIVE_UP_S, check=False,
+                                  stdin=subprocess.DEVNULL, env={**os.environ, "TK_RUNS_DIR": tmp})
+        except subprocess.TimeoutExpired as exc:
+            tail = (exc.stderr or b"")[-1500:]
+            return {"seconds": round(time.monotonic() - t0, 1), "exit_code": None, "passed": False,
+                    "failures": [f"did not end within {VALIDATE_GIVE_UP_S} s"],
+                    "stderr_tail": tail.decode(errors="replace") if isinstance(tail, bytes) else tail}
         elapsed = time.monotonic() - t0
         try:
             report = json.loads(proc.stdout)
@@ -289,7 +303,13 @@ def run_validate(args, memory: str) -> dict:
             "failures": (report or {}).get("failures", [])[:5], "stderr_tail": proc.stderr[-1500:] if not report else ""}
 
 
-def main() -> int:
+def worst_case_s(args) -> float:
+    """The longest this benchmark can run before it prints: the agents' deadline and grace, then --with-validate's
+    bound (the setup and the summary take seconds)."""
+    return args.deadline + AGENT_GRACE_S + (VALIDATE_GIVE_UP_S if args.with_validate else 0)
+
+
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--agent", nargs=2, metavar=("RUN_DIR", "AGENT_ID"), help=argparse.SUPPRESS)
     ap.add_argument("--recipe", default="llama-3.1-8b-1node", help="whose KV geometry (default: ctx TP1 -> gen TP2)")
@@ -302,10 +322,14 @@ def main() -> int:
     ap.add_argument("--max-memory-mb", type=int, default=4096, help="per agent (layers are scaled down to fit)")
     ap.add_argument("--memory", choices=("auto", "vram", "dram"), default="auto",
                     help="auto: VRAM when a GPU is here, else say so and stop; dram: exercise it on host memory")
-    ap.add_argument("--deadline", type=float, default=540.0, help="bound on the agents' run, seconds")
+    ap.add_argument("--deadline", type=float, default=AGENT_DEADLINE_S, help="bound on the agents' run, seconds")
     ap.add_argument("--with-validate", action="store_true", help="also time a 4-agent `tk validate cluster --local`")
     ap.add_argument("--json", metavar="FILE", help="also write every latency and the summary here")
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> int:
+    args = parser().parse_args()
     if args.agent:
         return agent_main(*args.agent)
     have_gpu, gpu = gpu_present()

@@ -45,7 +45,8 @@ class StorageError(RuntimeError):
 
 F = TypeVar("F", bound=Callable[..., Any])
 # what a storage answer cut short or shaped unexpectedly raises on its way through urllib, json and our reading
-_ODD_ANSWER = (http.client.HTTPException, OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError)
+_ODD_ANSWER = (http.client.HTTPException, OSError, ValueError, TypeError, KeyError, AttributeError, RecursionError,
+               OverflowError)  # int(inf) of a number etcd never sends
 
 
 def _storage_call(fn: F) -> F:
@@ -146,7 +147,7 @@ def delete(uri: str, key: str) -> bool:
         status, doc = _http("POST", f"{tls.scheme()}://{_etcd_host(uri)}/v3/kv/deleterange", {"key": _b64(key)})
         try:
             return status == 200 and int(doc.get("deleted", 0)) > 0
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, OverflowError):
             return False
     status, doc = _http("DELETE", f"{uri.rstrip('/')}/delete?{urllib.parse.urlencode({'key': key})}")
     return status == 200 and bool(doc.get("result"))

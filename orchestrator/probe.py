@@ -19,6 +19,7 @@ from orchestrator import tls
 from orchestrator.background import Background
 
 MAX_BODY = 64 << 10
+ROUND_SLACK_S = 1.0  # a liveness round waits one probe timeout and this much more for its answers
 
 
 def status(url: str, timeout_s: float) -> Optional[int]:
@@ -51,7 +52,7 @@ class Prober:
     def round(self, urls: Dict[str, str]) -> Dict[str, Optional[int]]:
         """Every URL at once; a probe still running when the round's bound passes counts as no answer."""
         futures = {name: self.pool.submit(self.get, url, self.timeout_s) for name, url in urls.items()}
-        wait(list(futures.values()), timeout=self.timeout_s + 1.0)
+        wait(list(futures.values()), timeout=self.timeout_s + ROUND_SLACK_S)
         out: Dict[str, Optional[int]] = {}
         for name, fut in futures.items():
             out[name] = None

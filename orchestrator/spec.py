@@ -136,8 +136,8 @@ class JobSpec:
             return _spec(doc)
         except SpecError:
             raise
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise SpecError(f"malformed ({type(exc).__name__}: {exc})") from None
+        except (KeyError, TypeError, ValueError, AttributeError, OverflowError) as exc:
+            raise SpecError(f"malformed ({type(exc).__name__}: {str(exc)[:200]})") from None
 
     @classmethod
     def load(cls, path: str) -> "JobSpec":
@@ -203,7 +203,12 @@ POSITIVE_S = ("health_interval_s", "startup_timeout_s", "probe_timeout_s")
 
 def _seconds(doc: Dict[str, Any], key: str, where: str, positive: bool = False) -> float:
     """A number of seconds: finite, from 0 (above 0 where ``positive``) to a week."""
-    value = float(_need(doc, key, NUMBER, where))
+    given = _need(doc, key, NUMBER, where)
+    try:
+        value = float(given)
+    except OverflowError:  # an integer of hundreds of digits: JSON reads it whole, a float cannot hold it
+        raise SpecError(f"{where}{key}: {str(given)[:20]}... is not a number of seconds from 0 to {WEEK_S} (what tk "
+                        "writes)") from None
     if not math.isfinite(value) or value < 0 or positive and value <= 0 or value > WEEK_S:
         raise SpecError(f"{where}{key}: {value!r} is not a number of seconds from {'above ' if positive else ''}0 to "
                         f"{WEEK_S} (what tk writes)")

@@ -681,20 +681,22 @@ def read_proxy(sources: dict, reader: Reader) -> dict:
 
 
 LINE_KEYS = ("line", "release", "releases", "prerelease", "nixl_transports", "cluster_storages", "mtp_kv_layers",
-             "internal_port_envs", "serve_config_flag", "proxy_metadata_flag", "notes")
+             "internal_port_envs", "serve_config_flag", "proxy_metadata_flag", "notes", "changes")
+OWN_KEYS = ("notes", "changes")  # a row's own, never its base's
 
 
 def read_lines(sources: dict, snapshots: list[dict]) -> list[dict]:
     """The release lines' rows, each complete (``base``: the row it repeats, then overrides)."""
     rows: dict[str, dict] = {}
     for row in sources.get("lines", []):
-        merged = {**rows[row["base"]], "notes": []} if row.get("base") else {}
+        merged = {**rows[row["base"]], **{k: [] for k in OWN_KEYS}} if row.get("base") else {"changes": []}
         merged.update({k: v for k, v in row.items() if k != "base"})
         unknown = set(merged) - set(LINE_KEYS)
         if unknown or set(LINE_KEYS) - set(merged):
             raise SourceError(f"line {row.get('line')}: unknown keys {sorted(unknown)} or missing "
                               f"{sorted(set(LINE_KEYS) - set(merged))}")
-        merged["notes"] = [" ".join(str(n).split()) for n in merged["notes"]]
+        for key in OWN_KEYS:
+            merged[key] = [" ".join(str(n).split()) for n in merged[key]]
         rows[row["line"]] = merged
     known = {s["line"] for s in snapshots}
     for line in rows:

@@ -558,9 +558,29 @@ async def serve(sock: socket.socket, gateway: Gateway, parent: Optional[int]) ->
             await asyncio.sleep(1)
 
 
-# Signals that end the gateway: said, and its server is ended with it (supervision restarts both).
-ENDING_SIGNALS = tuple(getattr(signal, n) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2",
-                                                     "SIGALRM", "SIGPWR") if hasattr(signal, n))
+# Signals that end the gateway: said, and its server is ended with it (supervision restarts both). Every signal whose
+# default action ends a process (signal(7): "Term" and "Core"), as the job's orchestrator handles them
+# (orchestrator/job.py ENDING_SIGNALS), SIGUSR2 too: one left out ended the gateway without a word and left its
+# server out of the routing until supervision saw it unregistered. The real-time signals SIGRTMIN..SIGRTMAX (Linux
+# numbers its standard signals 1..31; Python before 3.11 names no real-time one) and any valid standard signal this
+# Python has no name for (SIGSTKFLT before 3.11) included.
+_REALTIME_SIGNALS = frozenset(int(s) for s in signal.valid_signals() if int(s) >= 32)
+ENDING_SIGNALS = tuple(sorted(
+    {int(getattr(signal, n)) for n in ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2", "SIGALRM",
+                                       "SIGVTALRM", "SIGPROF", "SIGIO", "SIGPWR", "SIGSTKFLT", "SIGXCPU", "SIGTRAP",
+                                       "SIGSYS", "SIGABRT") if hasattr(signal, n)}
+    | _REALTIME_SIGNALS
+    | {int(s) for s in signal.valid_signals() if int(s) < 32} - {int(s) for s in signal.Signals}))
+
+
+def signal_name(signum: int) -> str:
+    """SIGUSR1, SIGRTMIN+3 for a real-time signal, or "signal 16" for one this Python does not name."""
+    if signum in _REALTIME_SIGNALS:
+        return f"SIGRTMIN+{signum - min(_REALTIME_SIGNALS)}"
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
 
 
 class Ended(Exception):
@@ -573,7 +593,7 @@ def run_beside(sock: socket.socket, gateway: Gateway, parent: int,
     signalled, while its server runs: say so and end the server too (SIGTERM; a step's teardown signals both
     anyway), exit 1."""
     def on_signal(signum: int, _frame: Any) -> None:
-        raise Ended(signal.Signals(signum).name)
+        raise Ended(signal_name(signum))
     for sig in ENDING_SIGNALS:
         signal.signal(sig, on_signal)
     try:

@@ -360,7 +360,10 @@ def run_tour(blocks: list[Block], base: Path | None = None, keep: bool = False, 
 
 
 def _stop_runs(work: Path) -> None:
-    """Stop what a failed tour left running (its own runs only: the tour's run index)."""
+    """Stop what a failed tour left running (its own runs only: the tour's run index). A tour that made no run (no
+    runs directory, no run index) has nothing to stop: no interpreter is started to find that out."""
+    if not any((work / name).exists() for name in ("runs", ".state")):
+        return
     env = environment(work)
     code = ("from toolkit import api\nfor r in api.runs():\n    if r.state not in ('stopped', 'failed', 'rendered'):"
             "\n        api.stop(r)\n")

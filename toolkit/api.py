@@ -131,6 +131,7 @@ def plan_summary(plan: Plan) -> dict[str, Any]:
     from toolkit.render import derived_numbers
 
     doc = {"name": plan.name, "engine": plan.engine.name, "trtllm_version": plan.trtllm_version,
+           "trtllm_changes": list(plan.trtllm_changes),
            "recipe_file": plan.recipe_file, "site_file": plan.site_file,
            "value_sources": {field: {"value": value, "from": source} for field, value, source in plan.value_sources},
            **derived_numbers(plan)}

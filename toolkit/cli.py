@@ -233,6 +233,10 @@ def size(model, system, gpus, isl, osl, ttft, tpot, transport, measured, measure
         raise click.UsageError("--transport and --measured exclude each other")
     if answer_len and not turns:  # before the search, so nothing is written
         raise click.UsageError("--answer-len describes a multi-turn shape: add --turns N")
+    if output:  # an -o that cannot be written is refused before the search, not after it
+        from toolkit.size.recipe import check_output
+
+        check_output(output)
     result = api.size(model, system, gpus, isl, osl, ttft, tpot, transport=transport, measured=measured,
                       measured_pick=measured_pick, gpus_per_node=gpus_per_node, name=name, output=output)
     from toolkit.size.report import print_size
@@ -694,30 +698,18 @@ def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns
                   requests=requests, turns=turns, sla=sla, tokenizer=tokenizer, baseline_url=baseline_url,
                   max_error_rate=max_error_rate, seed=seed, timeout_s=timeout, name=name,
                   turn_delay_ms=turn_delay_ms, trace=trace, validation=validation)
-    state = {"cell": ""}
-
-    def on_progress(kind, **kw):
-        if as_json:
-            return
-        if kind == "cell":
-            state["cell"] = kw["cell"]
-            _say(f"[{kw['index'] + 1}/{kw['total']}] {kw['target']} {kw['cell']}: aiperf running")
+    on_progress = _bench_progress(as_json)
     try:
         chosen = api.bench_target(target)
     except TkError as exc:
         raise BenchInputError(f"{exc}; tk bench takes a serving run (tk runs) or a recipe") from None
     run = None if isinstance(chosen, str) else chosen
+    _check_bench_target(run, compare=bool(compare), baseline=bool(baseline or baseline_url),
+                        deploys=bool(local or overrides or run_dir))
     if compare:
-        if run is not None:
-            raise click.UsageError("--compare launches every variant: give the recipe (tk bench RECIPE --compare ...), "
-                                   "not a run")
-        if baseline or baseline_url:
-            raise click.UsageError("--compare and --baseline exclude each other")
         _bench_compare(chosen, compare, local, overrides, run_dir, kwargs, on_progress, as_json)
         return
     if run is not None:
-        if local or overrides or run_dir:
-            raise click.UsageError("--local, --set and --run-dir are for tk bench RECIPE (a deployment it launches)")
         doc = api.bench(run, on_progress=on_progress, baseline=baseline, **kwargs)
     else:
         for w in api.load_plan(target, overrides).warnings:  # as tk launch: every time
@@ -738,6 +730,26 @@ def bench(target, workload, isl, osl, concurrency, request_rate, requests, turns
     code = doc["verdict"]["exit_code"]
     if code:
         raise SystemExit(code)
+
+
+def _bench_progress(as_json: bool):
+    """The progress callback of tk bench: a line as each cell's aiperf run starts (nothing with --json)."""
+    def on_progress(kind, **kw):
+        if not as_json and kind == "cell":
+            _say(f"[{kw['index'] + 1}/{kw['total']}] {kw['target']} {kw['cell']}: aiperf running")
+    return on_progress
+
+
+def _check_bench_target(run, *, compare: bool, baseline: bool, deploys: bool) -> None:
+    """What fits the target: a run is measured as it is; --compare launches variants of a recipe, without a
+    baseline. ``deploys``: --local, --set or --run-dir was given."""
+    if compare and run is not None:
+        raise click.UsageError("--compare launches every variant: give the recipe (tk bench RECIPE --compare ...), "
+                               "not a run")
+    if compare and baseline:
+        raise click.UsageError("--compare and --baseline exclude each other")
+    if not compare and run is not None and deploys:
+        raise click.UsageError("--local, --set and --run-dir are for tk bench RECIPE (a deployment it launches)")
 
 
 def _bench_compare(target, compare, local, overrides, run_dir, kwargs, on_progress, as_json) -> None:
@@ -799,7 +811,9 @@ def main(argv=None) -> int:
             _emit_json({"ok": False, "errors": [v.to_dict() for v in exc.violations]})
         return exc.exit_code
     except TkError as exc:
-        _say(f"error: {exc}")
+        from toolkit.text import escape_lines
+
+        _say(f"error: {escape_lines(str(exc))}")  # run names, paths and values in it come from files and users
         if as_json:
             _emit_json({"ok": False, "errors": [{"message": str(exc)}]})
         return exc.exit_code

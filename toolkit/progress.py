@@ -44,11 +44,13 @@ class LaunchProgress(StatusLine):
         super().__init__(enabled, "submitting")
 
     def update(self, p) -> None:
+        from orchestrator.states import Role
+
         h = p.healthy
-        if "proxy" not in h:  # an aggregated run: no proxy
+        if Role.PROXY not in h:  # an aggregated run: no proxy
             self.show(f"{p.run.name}: job {p.job}{' (' + p.message + ')' if p.message and p.job == 'PENDING' else ''}"
                       + "".join(f"  {role} {n}/{total} healthy" for role, (n, total) in h.items()))
             return
         self.show(f"{p.run.name}: job {p.job}{' (' + p.message + ')' if p.message and p.job == 'PENDING' else ''}"
-                  f"  context {h['ctx'][0]}/{h['ctx'][1]} healthy, generation {h['gen'][0]}/{h['gen'][1]}, "
-                  f"proxy {'up' if h['proxy'][0] else 'waiting'}")
+                  f"  context {h[Role.CTX][0]}/{h[Role.CTX][1]} healthy, generation {h[Role.GEN][0]}/{h[Role.GEN][1]}, "
+                  f"proxy {'up' if h[Role.PROXY][0] else 'waiting'}")

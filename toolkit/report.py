@@ -13,14 +13,11 @@ def human_bytes(n: float) -> str:
     return f"{n:.2f} TiB"
 
 
-def print_plan(plan: Plan) -> None:
-    from rich.console import Console
+def _print_header(console, plan: Plan) -> None:
+    """The plan's name, engine, model and size; where its values came from (recipe, site defaults, model config,
+    image); what the servers may run from the checkpoint."""
     from rich.markup import escape as esc
-    from rich.table import Table
 
-    console = Console(stderr=True, highlight=False)
-    if not console.is_terminal:
-        console.width = 120
     console.print(f"[bold]{esc(plan.name)}[/]  {esc(plan.engine.label)} {plan.target_release or plan.trtllm_version}"
                   f"  model "
                   f"{esc(plan.model.name)}  {plan.node_count} node(s) x {plan.slurm.gpus_per_node} GPU")
@@ -31,19 +28,35 @@ def print_plan(plan: Plan) -> None:
     if plan.slurm.container_image:
         console.print(f"image {esc(plan.slurm.container_image)}" +
                       (f"  ({esc(plan.slurm.image_note)})" if plan.slurm.image_note else ""), soft_wrap=True)
+    if plan.trtllm_changes:  # what a deployment of this line does differently from the line before's
+        console.print(f"TensorRT-LLM {plan.trtllm_version} changes:")
+        for change in plan.trtllm_changes:
+            console.print(f"  - {esc(change)}")
     if plan.roles[0].llm_api_options.get("trust_remote_code"):
         console.print("trust_remote_code: true (the servers run Python code shipped with the checkpoint)")
-    if plan.value_sources:
-        sources = Table(title="Values from outside the recipe", title_justify="left")
-        for col in ("field", "value", "from"):
-            sources.add_column(col)
-        import os
 
-        for dotted, value, source in plan.value_sources:
-            if plan.site_file and source.startswith(plan.site_file + ":"):  # the header names the whole path
-                source = os.path.basename(plan.site_file) + source[len(plan.site_file):]
-            sources.add_row(esc(dotted), esc(value), esc(source))
-        console.print(sources)
+
+def _print_value_sources(console, plan: Plan) -> None:
+    """Every value that came from outside the recipe (site defaults, the model's config) and where from."""
+    import os
+
+    from rich.markup import escape as esc
+    from rich.table import Table
+
+    if not plan.value_sources:
+        return
+    sources = Table(title="Values from outside the recipe", title_justify="left")
+    for col in ("field", "value", "from"):
+        sources.add_column(col)
+    for dotted, value, source in plan.value_sources:
+        if plan.site_file and source.startswith(plan.site_file + ":"):  # the header names the whole path
+            source = os.path.basename(plan.site_file) + source[len(plan.site_file):]
+        sources.add_row(esc(dotted), esc(value), esc(source))
+    console.print(sources)
+
+
+def _print_roles(console, plan: Plan) -> None:
+    from rich.table import Table
 
     roles = Table(title="Roles", title_justify="left")
     for col in ("role", "instances", "tp", "pp", "ep", "attn DP", "GPUs/inst", "GPUs", "nodes",
@@ -56,6 +69,10 @@ def print_plan(plan: Plan) -> None:
                       str(r.node_count), str(o["max_batch_size"]), str(o["max_num_tokens"]))
     console.print(roles)
 
+
+def _print_servers(console, plan: Plan) -> None:
+    from rich.table import Table
+
     servers = Table(title="Servers", title_justify="left")
     for col in ("server", "nodes", "GPUs", "port"):
         servers.add_column(col)
@@ -64,6 +81,13 @@ def print_plan(plan: Plan) -> None:
     if plan.proxy is not None:
         servers.add_row("proxy", f"node{plan.proxy.node}", "-", str(plan.proxy.port))
     console.print(servers)
+
+
+def _print_kv(console, plan: Plan) -> None:
+    """The KV cache's size per token, the transfer buffer and transceiver, and the largest request's transfer
+    against its prefill."""
+    from rich.markup import escape as esc
+    from rich.table import Table
 
     kv, est = plan.kv, plan.estimates
     t = Table(title="KV cache and transfer", title_justify="left", show_header=False)
@@ -90,6 +114,21 @@ def print_plan(plan: Plan) -> None:
         else "the prefill dominates"
     t.add_row("verdict", verdict)
     console.print(t)
+
+
+def print_plan(plan: Plan) -> None:
+    """The plan on stderr, table by table, then its memory plan and warnings."""
+    from rich.console import Console
+    from rich.markup import escape as esc
+
+    console = Console(stderr=True, highlight=False)
+    if not console.is_terminal:
+        console.width = 120
+    _print_header(console, plan)
+    _print_value_sources(console, plan)
+    _print_roles(console, plan)
+    _print_servers(console, plan)
+    _print_kv(console, plan)
     print_memory(console, plan)
     for w in plan.warnings:
         console.print(f"[yellow]warning:[/] {esc(w)}")

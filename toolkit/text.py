@@ -25,6 +25,12 @@ def escape_controls(text: str) -> str:
     return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
 
 
+def escape_lines(text: str) -> str:
+    """``text`` with each of its lines escaped (escape_controls): a message of several lines keeps them, and no line
+    can drive the terminal (an error naming a run whose name came from its run.json)."""
+    return "\n".join(escape_controls(line) for line in text.split("\n"))
+
+
 def cut(text: str, limit: int = MAX_ECHO) -> str:
     """Text for an error message: escaped (a newline or ESC in a file name or a --set must not break the message or
     drive the terminal), cut to ``limit`` characters (a 20,000-entry mapping is not echoed whole)."""
@@ -44,4 +50,4 @@ def short(value: Any, limit: int = MAX_ECHO) -> str:
     return cut(text, limit)
 
 
-__all__ = ["MAX_ECHO", "cut", "escape_controls", "short"]
+__all__ = ["MAX_ECHO", "cut", "escape_controls", "escape_lines", "short"]

@@ -150,3 +150,19 @@ def test_an_output_name_with_glob_characters_repairs_only_its_own_leftovers(tmp_
     write_atomically(render_files(load_plan(RECIPE, ["context.instances=1"])), out)
     assert not (out / "theirs.txt").exists() and (other / "theirs.txt").read_text() == "not yours"
     assert consistent(out)
+
+
+@pytest.mark.slow
+def test_concurrent_launches_never_share_a_run_directory(tmp_path):
+    """(from tests/unit/test_operator_faults.py: five tk processes at once) each `tk launch --dry-run` gets a run
+    directory of its own."""
+    env = {**os.environ, "TK_RUNS_DIR": str(tmp_path / "runs")}
+    procs = [subprocess.Popen([sys.executable, "-m", "toolkit.cli", "launch", "standin-2p2d", "--local", "--dry-run",
+                               "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(5)]
+    dirs = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        dirs.append(json.loads(out)["run_dir"])
+    assert len(set(dirs)) == 5

@@ -60,63 +60,53 @@ def _ctx_legs(endpoint: str, port: int) -> int:
     return sum(n for url, n in stats["context_servers"].items() if url.endswith(f":{port}"))
 
 
-def test_the_deployment_keeps_serving_through_killed_and_hung_workers(backend, tmp_path):
-    env = {"TK_RUNS_DIR": str(tmp_path / "runs")}
-    args = ["launch", str(STANDIN_RECIPE), "--set", f"supervision.unhealthy_after_s={UNHEALTHY_AFTER_S}"]
-    record = tk_json(*args, *(["--local"] if backend == "local" else []), env=env, timeout=400)
-    run_dir, endpoint = record["run_dir"], record["endpoint"]
-    servers = {s["name"]: s for s in record["servers"]}
-    load = ClosedLoopLoad(endpoint, record["model"], concurrency=CONCURRENCY).start()
-    windows = []
-    try:
-        time.sleep(4)
-        for victim, how, legs in (("gen-1", signal.SIGKILL, _gen_legs), ("ctx-1", signal.SIGKILL, _ctx_legs),
-                                  ("gen-0", signal.SIGSTOP, _gen_legs)):
-            port = servers[victim]["port"]
-            pids = server_pids(run_dir, port)
-            assert pids, f"no process for {victim} in {processes_mentioning(run_dir)}"
-            t_fault = time.monotonic()
-            for pid in pids:
-                os.kill(pid, how)
+def _fault_and_recovery(env, run_dir: str, endpoint: str, backend: str, victim: str, port: int, how: signal.Signals,
+                        legs) -> tuple[float, float]:
+    """Send `how` to the victim's processes (SIGSTOP: for 20 s); tk status must show the run degraded naming it,
+    then ready again with no stale reason once the victim is restarted (exit 137), and the victim must take
+    traffic again. (fault time, recovery time)."""
+    pids = server_pids(run_dir, port)
+    assert pids, f"no process for {victim} in {processes_mentioning(run_dir)}"
+    t_fault = time.monotonic()
+    for pid in pids:
+        os.kill(pid, how)
 
-            def degraded(victim=victim):
-                doc = _status(env)
-                return doc if doc["state"] == "degraded" and _server(doc, victim)["state"] != "healthy" else None
+    def degraded():
+        doc = _status(env)
+        return doc if doc["state"] == "degraded" and _server(doc, victim)["state"] != "healthy" else None
 
-            seen = wait_until(degraded, 40 if how == signal.SIGSTOP else 15, f"tk status to show {victim} down")
-            assert victim in seen["reason"]
-            if how == signal.SIGSTOP:
-                time.sleep(max(0.0, 20 - (time.monotonic() - t_fault)))
-                for pid in pids:  # the 20 s are over; by now supervision has killed and replaced it
-                    try:
-                        os.kill(pid, signal.SIGCONT)
-                    except ProcessLookupError:
-                        pass
+    seen = wait_until(degraded, 40 if how == signal.SIGSTOP else 15, f"tk status to show {victim} down")
+    assert victim in seen["reason"]
+    if how == signal.SIGSTOP:
+        time.sleep(max(0.0, 20 - (time.monotonic() - t_fault)))
+        for pid in pids:  # the 20 s are over; by now supervision has killed and replaced it
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
 
-            def recovered(victim=victim):
-                doc = _status(env)
-                s = _server(doc, victim)
-                return doc if doc["state"] == "ready" and s["state"] == "healthy" and s["restarts"] >= 1 else None
+    def recovered():
+        doc = _status(env)
+        s = _server(doc, victim)
+        return doc if doc["state"] == "ready" and s["state"] == "healthy" and s["restarts"] >= 1 else None
 
-            doc = wait_until(recovered, RECOVERY_BOUND_S + 20, f"{victim} restarted and the run ready again")
-            t_back = time.monotonic()
-            assert t_back - t_fault < RECOVERY_BOUND_S + (20 if how == signal.SIGSTOP else 0), \
-                f"{victim} took {t_back - t_fault:.1f}s to recover"
-            assert doc["reason"] is None, "a ready run carries no stale reason"
-            back = _server(doc, victim)
-            assert back["last_exit"] == 137, back  # SIGKILL: by us, or by supervision for the hung one
-            where = "step" if backend == "slurm" else "pid"
-            wait_until(lambda v=victim, w=where: _server(_status(env), v)[w], 10, f"tk status to show {victim}'s {where}")
-            before = legs(endpoint, port)
-            wait_until(lambda f=legs, p=port, b=before: f(endpoint, p) > b, 20, f"{victim} to take traffic again")
-            windows.append((victim, t_fault, t_back))
-            time.sleep(3)
-    finally:
-        records = load.stop()
-        stopped = tk("stop", run_dir, env=env, timeout=120)
-    assert stopped.returncode == 0, stopped.stderr
-    assert_nothing_left(run_dir, backend, record.get("job_id"))
+    doc = wait_until(recovered, RECOVERY_BOUND_S + 20, f"{victim} restarted and the run ready again")
+    t_back = time.monotonic()
+    assert t_back - t_fault < RECOVERY_BOUND_S + (20 if how == signal.SIGSTOP else 0), \
+        f"{victim} took {t_back - t_fault:.1f}s to recover"
+    assert doc["reason"] is None, "a ready run carries no stale reason"
+    back = _server(doc, victim)
+    assert back["last_exit"] == 137, back  # SIGKILL: by us, or by supervision for the hung one
+    where = "step" if backend == "slurm" else "pid"
+    wait_until(lambda: _server(_status(env), victim)[where], 10, f"tk status to show {victim}'s {where}")
+    before = legs(endpoint, port)
+    wait_until(lambda: legs(endpoint, port) > before, 20, f"{victim} to take traffic again")
+    return t_fault, t_back
 
+
+def _assert_failures_bounded(records: list, windows: list) -> None:
+    """Good requests were served through every outage; every failure ended within one, and at most as many as the
+    clients could send there."""
     assert len(records) > 50, f"only {len(records)} requests were sent"
     for victim, t_fault, t_back in windows:
         outage = t_back - t_fault
@@ -129,6 +119,29 @@ def test_the_deployment_keeps_serving_through_killed_and_hung_workers(backend, t
     # Each client can lose at most one request per proxy retry interval (1 s) while a server is out of reach.
     bound = sum(CONCURRENCY * (t1 - t0 + 5) for _, t0, t1 in windows)
     assert len(failed) <= bound, f"{len(failed)} failed requests, bound {bound:.0f}"
+
+
+def test_the_deployment_keeps_serving_through_killed_and_hung_workers(backend, tmp_path):
+    env = {"TK_RUNS_DIR": str(tmp_path / "runs")}
+    args = ["launch", str(STANDIN_RECIPE), "--set", f"supervision.unhealthy_after_s={UNHEALTHY_AFTER_S}"]
+    record = tk_json(*args, *(["--local"] if backend == "local" else []), env=env, timeout=400)
+    run_dir, endpoint = record["run_dir"], record["endpoint"]
+    servers = {s["name"]: s for s in record["servers"]}
+    load = ClosedLoopLoad(endpoint, record["model"], concurrency=CONCURRENCY).start()
+    windows = []
+    try:
+        time.sleep(4)
+        for victim, how, legs in (("gen-1", signal.SIGKILL, _gen_legs), ("ctx-1", signal.SIGKILL, _ctx_legs),
+                                  ("gen-0", signal.SIGSTOP, _gen_legs)):
+            windows.append((victim, *_fault_and_recovery(env, run_dir, endpoint, backend, victim,
+                                                         servers[victim]["port"], how, legs)))
+            time.sleep(3)
+    finally:
+        records = load.stop()
+        stopped = tk("stop", run_dir, env=env, timeout=120)
+    assert stopped.returncode == 0, stopped.stderr
+    assert_nothing_left(run_dir, backend, record.get("job_id"))
+    _assert_failures_bounded(records, windows)
 
 
 def test_with_etcd_storage_a_dead_worker_is_deregistered_at_once_and_rejoins_when_restarted(tmp_path):

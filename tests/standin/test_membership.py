@@ -5,6 +5,7 @@ Everything on loopback, free ports, bounded (the whole file runs in about 15 s).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 
@@ -97,71 +98,90 @@ def _proxy_config(tmp_path, port, minimal=(1, 1), heartbeat=1, inactive=2, uri=N
     return path
 
 
+@contextlib.asynccontextmanager
+async def _running_proxy(settings, port):
+    """The stand-in proxy serving on `port` with its cluster storage, closed afterwards."""
+    from toolkit.standin.proxy import Proxy
+    proxy = Proxy(settings)
+    await proxy.open()
+    runner = await start_app(proxy.app(), port)
+    await proxy.cluster.start()
+    try:
+        yield proxy
+    finally:
+        await proxy.cluster.stop()
+        await runner.cleanup()
+        await proxy.close()
+
+
+async def _health(http, base) -> int:
+    async with http.get(f"{base}/health") as r:
+        return r.status
+
+
+async def _register_two_context_one_generation(settings, proxy, http, base, workers: list) -> None:
+    """Three workers register (added to `workers`, which the caller deregisters whatever happens): each one's key
+    and value as TensorRT-LLM writes them, the routers follow, the proxy is ready and round-robins between the
+    context workers."""
+    ctx_a = C.ClusterWorker(settings.cluster, "context", "127.0.0.1", 9101)
+    ctx_b = C.ClusterWorker(settings.cluster, "context", "127.0.0.1", 9102)
+    gen = C.ClusterWorker(settings.cluster, "generation", "127.0.0.1", 9103)
+    workers += [ctx_a, ctx_b, gen]
+    for w in (ctx_a, ctx_b, gen):
+        assert await w.register()
+    value = json.loads(proxy.cluster.storage.items[ctx_a.key][0])
+    assert value == {"worker_id": ctx_a.worker_id, "host": "127.0.0.1", "port": 9101, "role": 0}
+    assert ctx_a.key.startswith("/trtllm-disagg/t/workers/CONTEXT-127.0.0.1:9101-")
+    assert proxy.ctx_router.servers == ["http://127.0.0.1:9101", "http://127.0.0.1:9102"]
+    assert proxy.gen_router.servers == ["http://127.0.0.1:9103"]
+    assert await _health(http, base) == 200
+    async with http.get(f"{base}/cluster_info") as r:
+        info = await r.json()
+    assert info["is_ready"] and len(info["current_workers"]["context_servers"]) == 2
+    picked = {proxy.ctx_router.get_next_server([1])[0] for _ in range(4)}
+    assert picked == {"http://127.0.0.1:9101", "http://127.0.0.1:9102"}
+
+
 def test_proxy_routes_only_registered_active_workers_drops_inactive_takes_restarted_back(tmp_path):
-    from toolkit.standin.proxy import Proxy, parse_config
+    from toolkit.standin.proxy import parse_config
     port = free_port()
     s = parse_config(_proxy_config(tmp_path, port), trtllm.get("1.2"))
     assert s.ctx_urls == [] and s.cluster.minimal_context == 1 and s.cluster.key_prefix == "/trtllm-disagg/t/workers"
+    base = f"http://127.0.0.1:{port}"
 
     async def body():
-        proxy = Proxy(s)
-        await proxy.open()
-        runner = await start_app(proxy.app(), port)
-        await proxy.cluster.start()
-        workers = []
-        try:
-            async with aiohttp.ClientSession() as http:
-                base = f"http://127.0.0.1:{port}"
-                async with http.get(f"{base}/health") as r:
-                    assert r.status == 500  # nobody registered: below minimal_instances
-                async with http.post(f"{base}/v1/completions", json={"prompt": "a b", "max_tokens": 2}) as r:
-                    assert r.status == 500
-                    assert (await r.json())["detail"] == "Internal server error Cluster is not ready"
-                ctx_a = C.ClusterWorker(s.cluster, "context", "127.0.0.1", 9101)
-                ctx_b = C.ClusterWorker(s.cluster, "context", "127.0.0.1", 9102)
-                gen = C.ClusterWorker(s.cluster, "generation", "127.0.0.1", 9103)
-                workers = [ctx_a, ctx_b, gen]
+        workers: list = []
+        async with _running_proxy(s, port) as proxy:
+            try:
+                async with aiohttp.ClientSession() as http:
+                    assert await _health(http, base) == 500  # nobody registered: below minimal_instances
+                    async with http.post(f"{base}/v1/completions", json={"prompt": "a b", "max_tokens": 2}) as r:
+                        assert r.status == 500
+                        assert (await r.json())["detail"] == "Internal server error Cluster is not ready"
+                    await _register_two_context_one_generation(s, proxy, http, base, workers)
+                    ctx_a, ctx_b, gen = workers
+                    # heartbeats keep every worker past inactive_timeout_sec
+                    await asyncio.sleep(3.5)
+                    assert len(proxy.ctx_router.servers) == 2 and ctx_a.heartbeats >= 2
+                    # ctx_b stops heartbeating (a frozen or killed worker): dropped within inactive_timeout + sweep
+                    ctx_b._task.cancel()
+                    ctx_b._task = None
+                    await asyncio.sleep(3.5)
+                    assert proxy.ctx_router.servers == ["http://127.0.0.1:9101"]
+                    # the generation worker deregisters: the proxy is below minimal_instances again
+                    await gen.deregister()
+                    workers.remove(gen)
+                    assert await _health(http, base) == 500
+                    # a restarted generation worker (new worker id) is taken back
+                    gen2 = C.ClusterWorker(s.cluster, "generation", "127.0.0.1", 9103)
+                    workers.append(gen2)
+                    assert await gen2.register()
+                    assert gen2.worker_id != gen.worker_id
+                    assert proxy.gen_router.servers == ["http://127.0.0.1:9103"]
+                    assert await _health(http, base) == 200
+            finally:
                 for w in workers:
-                    assert await w.register()
-                value = json.loads(proxy.cluster.storage.items[ctx_a.key][0])
-                assert value == {"worker_id": ctx_a.worker_id, "host": "127.0.0.1", "port": 9101, "role": 0}
-                assert ctx_a.key.startswith("/trtllm-disagg/t/workers/CONTEXT-127.0.0.1:9101-")
-                assert proxy.ctx_router.servers == ["http://127.0.0.1:9101", "http://127.0.0.1:9102"]
-                assert proxy.gen_router.servers == ["http://127.0.0.1:9103"]
-                async with http.get(f"{base}/health") as r:
-                    assert r.status == 200
-                async with http.get(f"{base}/cluster_info") as r:
-                    info = await r.json()
-                assert info["is_ready"] and len(info["current_workers"]["context_servers"]) == 2
-                picked = {proxy.ctx_router.get_next_server([1])[0] for _ in range(4)}
-                assert picked == {"http://127.0.0.1:9101", "http://127.0.0.1:9102"}
-                # heartbeats keep every worker past inactive_timeout_sec
-                await asyncio.sleep(3.5)
-                assert len(proxy.ctx_router.servers) == 2 and ctx_a.heartbeats >= 2
-                # ctx_b stops heartbeating (a frozen or killed worker): dropped within inactive_timeout + sweep
-                ctx_b._task.cancel()
-                ctx_b._task = None
-                await asyncio.sleep(3.5)
-                assert proxy.ctx_router.servers == ["http://127.0.0.1:9101"]
-                # the generation worker deregisters: the proxy is below minimal_instances again
-                await gen.deregister()
-                workers.remove(gen)
-                async with http.get(f"{base}/health") as r:
-                    assert r.status == 500
-                # a restarted generation worker (new worker id) is taken back
-                gen2 = C.ClusterWorker(s.cluster, "generation", "127.0.0.1", 9103)
-                workers.append(gen2)
-                assert await gen2.register()
-                assert gen2.worker_id != gen.worker_id
-                assert proxy.gen_router.servers == ["http://127.0.0.1:9103"]
-                async with http.get(f"{base}/health") as r:
-                    assert r.status == 200
-        finally:
-            for w in workers:
-                await w.deregister()
-            await proxy.cluster.stop()
-            await runner.cleanup()
-            await proxy.close()
+                    await w.deregister()
     run(body())
 
 

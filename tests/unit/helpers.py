@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import ast
+import functools
+from pathlib import Path
+
 import pytest
 
 from toolkit.errors import RecipeError
@@ -56,3 +60,9 @@ def tk_in_process(*args: str, env: dict | None = None, cwd=None):
         os.environ.clear()
         os.environ.update(saved_env)
     return subprocess.CompletedProcess(["tk", *args], code, out.getvalue(), err.getvalue())
+
+
+@functools.lru_cache(maxsize=None)
+def parsed(path: Path) -> ast.Module:
+    """The syntax tree of one source file, parsed once for all the specs that read the tree (they only read it)."""
+    return ast.parse(Path(path).read_text())

@@ -93,3 +93,17 @@ def test_validate_refuses_bad_options_before_starting_anything():
         toolkit.api.validate(plan, mode="slurm", nodes=4)
     with pytest.raises(TkError, match="unexpected keyword"):
         toolkit.api.validate(plan, mode="local", iterashuns=3)
+
+
+@pytest.mark.parametrize("progress_thread", [None, True])
+def test_validate_in_allocation_outside_an_allocation_is_refused_before_anything_is_written(
+        tmp_path, monkeypatch, progress_thread):
+    """--in-allocation needs the allocation it runs in: without SLURM_JOB_ID it is refused before the params are
+    built, whether or not --progress-thread was given, and its run directory is removed."""
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("SLURM_JOB_NODELIST", raising=False)
+    monkeypatch.delenv("SLURM_NODELIST", raising=False)
+    plan = toolkit.load_plan("standin-2p2d")
+    with pytest.raises(TkError, match="SLURM_JOB_ID"):
+        toolkit.api.validate(plan, mode="in-allocation", run_dir=str(tmp_path / "run"), progress_thread=progress_thread)
+    assert not (tmp_path / "run").exists()

@@ -21,6 +21,7 @@ from orchestrator import job as job_mod
 from orchestrator import membership
 from orchestrator.background import Background, BackgroundFailed
 from tests.conftest import ROOT
+from tests.unit.helpers import parsed
 from tests.unit.test_orchestrator import job_in_process  # noqa: F401  (the fixture)
 
 # Where background work is started, and the one place in each program allowed to start it.
@@ -30,11 +31,12 @@ PROGRAMS = {
     "templates/etcd_gateway.py": ["templates/etcd_gateway.py:spawn", "templates/etcd_gateway.py:TableOwners._passes"],
     "toolkit/standin": ["toolkit/standin/tasks.py", "toolkit/standin/kv.py:KvPool.__init__"],  # NIXL's one thread
 }
-# Calls that start work nobody waits for: the bare forms.
+# Calls that start work nobody waits for: the bare forms (asyncio.Task(coro) is a task as create_task's is).
 STARTERS = {"Thread", "Timer", "ThreadPoolExecutor", "ProcessPoolExecutor", "ensure_future", "create_task",
-            "start_new_thread", "run_coroutine_threadsafe", "call_soon_threadsafe"}
-# Calls whose work is given to a thread and must be awaited where they are made (the exception reaches the caller).
-AWAITED = {"run_in_executor", "to_thread"}
+            "start_new_thread", "run_coroutine_threadsafe", "call_soon_threadsafe", "Task"}
+# Calls whose work is given to a thread or a task and must be awaited where they are made (the exception reaches
+# the caller): a gather nobody awaits runs its coroutines as tasks whose failures nobody hears.
+AWAITED = {"run_in_executor", "to_thread", "gather"}
 # The programs and modules whose broad `except` must say what it caught (or raise).
 SPOKEN = ["orchestrator", "templates/etcd_gateway.py", "toolkit/standin", "toolkit/api.py"]
 
@@ -42,6 +44,10 @@ SPOKEN = ["orchestrator", "templates/etcd_gateway.py", "toolkit/standin", "toolk
 def _files(where: str) -> list[Path]:
     path = ROOT / where
     return sorted(path.rglob("*.py")) if path.is_dir() else [path]
+
+
+def _name(node: ast.AST) -> str:
+    return node.attr if isinstance(node, ast.Attribute) else node.id if isinstance(node, ast.Name) else ""
 
 
 def _calls(tree: ast.AST):
@@ -52,11 +58,50 @@ def _calls(tree: ast.AST):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
             scope = f"{scope}.{node.name}" if scope else node.name
         if isinstance(node, ast.Call):
-            func = node.func
-            name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
-            out.append((node, name, scope, awaited))
+            out.append((node, _name(node.func), scope, awaited))
         for child in ast.iter_child_nodes(node):
             visit(child, scope, isinstance(node, ast.Await) and child is node.value)
+    visit(tree, "")
+    return out
+
+
+def _annotations(tree: ast.AST) -> set:
+    """The nodes of every annotation (a return type, an argument's or a variable's): a type names a starter
+    without starting anything."""
+    out: set = set()
+    for node in ast.walk(tree):
+        roots = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.returns is not None:
+            roots.append(node.returns)
+        if isinstance(node, (ast.arg, ast.AnnAssign)) and node.annotation is not None:
+            roots.append(node.annotation)
+        for root in roots:
+            out |= {id(n) for n in ast.walk(root)}
+    return out
+
+
+def _references(tree: ast.AST):
+    """(node, the starter it names, the qualified function it is in) for every mention of a starter that is not
+    the called name of a call: `T = threading.Thread`, `partial(threading.Thread, ...)`, `map(loop.create_task, ...)`,
+    `getattr(threading, "Thread")`, `from threading import Thread as T` (an import under its own name is left to the
+    calls it makes)."""
+    called = {id(n.func) for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    typed = _annotations(tree)
+    out = []
+
+    def visit(node, scope):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            scope = f"{scope}.{node.name}" if scope else node.name
+        if isinstance(node, (ast.Attribute, ast.Name)) and _name(node) in STARTERS and id(node) not in called \
+                and id(node) not in typed:
+            out.append((node, _name(node), scope))
+        if isinstance(node, ast.alias) and node.name.rpartition(".")[2] in STARTERS and node.asname:
+            out.append((node, node.name, scope))
+        if isinstance(node, ast.Call) and _name(node.func) == "getattr" and len(node.args) > 1 \
+                and isinstance(node.args[1], ast.Constant) and node.args[1].value in STARTERS:
+            out.append((node, node.args[1].value, scope))
+        for child in ast.iter_child_nodes(node):
+            visit(child, scope)
     visit(tree, "")
     return out
 
@@ -69,16 +114,26 @@ def _allowed(rel: str, scope: str, allowed: list[str]) -> bool:
     return False
 
 
+def _bare_forms(tree: ast.AST, rel: str, allowed: list[str]) -> list[str]:
+    """Where background work is started in `tree` (the file `rel`) other than in the allowed places."""
+    bare = []
+    for call, name, scope, awaited in _calls(tree):
+        if name in STARTERS and not _allowed(rel, scope, allowed):
+            bare.append(f"{rel}:{call.lineno} {name} in {scope or 'the module'}")
+        if name in AWAITED and not awaited and not _allowed(rel, scope, allowed):
+            bare.append(f"{rel}:{call.lineno} {name} not awaited where it is called")
+    for node, name, scope in _references(tree):
+        if not _allowed(rel, scope, allowed):
+            bare.append(f"{rel}:{node.lineno} {name} named (not called) in {scope or 'the module'}")
+    return bare
+
+
 def test_every_thread_and_task_starts_through_the_programs_one_helper():
     bare = []
     for where, allowed in PROGRAMS.items():
         for path in _files(where):
             rel = str(path.relative_to(ROOT))
-            for call, name, scope, awaited in _calls(ast.parse(path.read_text())):
-                if name in STARTERS and not _allowed(rel, scope, allowed):
-                    bare.append(f"{rel}:{call.lineno} {name} in {scope or 'the module'}")
-                if name in AWAITED and not awaited and not _allowed(rel, scope, allowed):
-                    bare.append(f"{rel}:{call.lineno} {name} not awaited where it is called")
+            bare += _bare_forms(parsed(path), rel, allowed)
     assert bare == [], "background work started without the helper that reports its failure:\n" + "\n".join(bare)
 
 
@@ -95,7 +150,7 @@ def test_a_broad_except_says_what_it_caught_or_raises():
     silent = []
     for where in SPOKEN:
         for path in _files(where):
-            for node in ast.walk(ast.parse(path.read_text())):
+            for node in ast.walk(parsed(path)):
                 if not isinstance(node, ast.ExceptHandler) or not _broad(node):
                     continue
                 body = [n for stmt in node.body for n in ast.walk(stmt)]
@@ -116,6 +171,30 @@ def test_the_source_check_finds_the_bare_forms_it_forbids():
                      ("run_in_executor", True)]
     handler = ast.parse("try:\n    x()\nexcept Exception:\n    return_value = None\n").body[0].handlers[0]
     assert _broad(handler) and handler.name is None
+
+
+@pytest.mark.parametrize("src", [
+    "from threading import Thread as Worker\ndef f():\n    Worker(target=g).start()\n",
+    "import threading\nT = threading.Thread\ndef f():\n    T(target=g).start()\n",
+    "import threading, functools\ndef f():\n    functools.partial(threading.Thread, target=g)().start()\n",
+    "import threading\ndef f():\n    getattr(threading, 'Thread')(target=g).start()\n",
+    "import asyncio\nasync def f():\n    asyncio.Task(g())\n",
+    "import asyncio\nasync def f(loop):\n    spawn = loop.create_task\n    spawn(g())\n",
+    "import asyncio\nasync def f():\n    list(map(asyncio.ensure_future, [g()]))\n",
+    "import asyncio\nasync def f():\n    asyncio.gather(g(), h())\n",
+], ids=["import-as", "assigned", "partial", "getattr", "Task()", "bound-method", "map", "gather-not-awaited"])
+def test_the_source_check_sees_through_an_alias_or_a_reference(src):
+    """A starter reached under another name (import ... as, an assignment, functools.partial, getattr, map) or by a
+    form the call names miss (asyncio.Task(coro), a gather nobody awaits) is still background work nobody hears
+    from: the check finds it (review of issue 31: `T = threading.Thread; T(...)` passed it)."""
+    assert _bare_forms(ast.parse(src), "x.py", []), src
+
+
+def test_the_source_check_leaves_annotations_and_awaited_gathers_alone():
+    src = ("import asyncio, threading\nfrom typing import Optional\n"
+           "def f() -> threading.Thread:\n    t: Optional[asyncio.Task] = None\n    return t\n"
+           "async def h():\n    await asyncio.gather(g(), g())\n")
+    assert _bare_forms(ast.parse(src), "x.py", []) == []
 
 
 # --- the orchestrator's helper ----------------------------------------------------------------------------------

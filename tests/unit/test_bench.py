@@ -292,3 +292,38 @@ def test_a_run_whose_plan_cannot_be_rebuilt_says_why_in_the_tokenizer_error_and_
     assert plan is None and "the plan could not be rebuilt from" in why and "newer_knob" in why
     with pytest.raises(BenchInputError, match="no tokenizer for aiperf \\(the plan could not be rebuilt .*newer_knob"):
         resolve_tokenizer(None, plan, record.engine, no_plan=why)
+
+
+def test_options_that_do_not_fit_the_target_are_usage_errors_before_anything_starts(tmp_path, capsys, monkeypatch):
+    """A run is measured as it is (no --local, --set, --run-dir, --compare); --compare launches recipe variants and
+    has no baseline; --baseline and --baseline-url exclude each other: each is exit 2 naming the option, and
+    nothing is launched or measured."""
+    from tests.unit.helpers import plan_of
+    from tests.unit.test_launch_states import STANDIN
+    from toolkit import api
+    from toolkit.cli import main
+    from toolkit.launch.run import RunRecord
+
+    def nothing_starts(*args, **kwargs):
+        raise AssertionError("nothing may be launched or measured")
+    for name in ("bench", "bench_recipe", "bench_compare"):
+        monkeypatch.setattr(api, name, nothing_starts)
+    monkeypatch.setenv("TK_RUNS_DIR", str(tmp_path / "runs"))
+    run_dir = tmp_path / "run"
+    (run_dir / "state").mkdir(parents=True)
+    RunRecord.new(plan_of(STANDIN), run_dir, "local").set_state("ready")
+    cases = [
+        (["bench", str(run_dir), "--baseline", "aggregated", "--baseline-url", "http://h:1"], "exclude each other"),
+        (["bench", str(run_dir), "--compare", "router=round_robin,kv_cache_aware"], "give the recipe"),
+        (["bench", "standin-2p2d", "--compare", "router=round_robin", "--baseline", "aggregated"],
+         "--compare and --baseline"),
+        (["bench", "standin-2p2d", "--compare", "router=round_robin", "--baseline-url", "http://h:1"],
+         "--compare and --baseline"),
+        (["bench", str(run_dir), "--local"], "--local, --set and --run-dir"),
+        (["bench", str(run_dir), "--set", "traffic.max_input_len=2048"], "--local, --set and --run-dir"),
+        (["bench", str(run_dir), "--run-dir", str(tmp_path / "other")], "--local, --set and --run-dir"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        assert message in capsys.readouterr().err, argv
+    assert not (run_dir / "bench").exists() and not (tmp_path / "other").exists()

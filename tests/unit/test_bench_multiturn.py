@@ -218,6 +218,16 @@ def test_on_a_shared_host_the_reverse_bandwidth_is_read_not_write(tmp_path):
     bw = pullback.reverse_bandwidth(tmp_path)
     assert bw.gbps == 7.6821 and "(READ)" in bw.detail
 
+
+def test_on_a_shared_host_with_cuda_memory_the_reverse_bandwidth_is_write(tmp_path):
+    # one GPU node: cuda_ipc completes a WRITE without the destination's CPU, so WRITE (what a pull-back would issue)
+    # stands; a READ measured with --read is UCX's software emulation there (~0.5 GB/s) and must not be projected
+    doc = json.loads((FIX / "validate" / "report-bidirectional.json").read_text())
+    doc["timing"] = {**(doc.get("timing") or {}), "shared_host": True, "cpu_progressed": False}
+    (tmp_path / "report.json").write_text(json.dumps(doc))
+    bw = pullback.reverse_bandwidth(tmp_path)
+    assert bw.gbps == 1.25 and "(WRITE)" in bw.detail
+
 def test_projection_is_recompute_minus_transfer_per_turn_and_labelled():
     turns = [{"turn": 1, "recomputed_answer_tokens": 0, "ttft_p50_ms": 50.0},
              {"turn": 2, "recomputed_answer_tokens": 100, "ttft_p50_ms": 80.0},

@@ -5,20 +5,19 @@ header and a dry run is never "the last run"; `tk logs --follow -n N` starts wit
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import time
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.unit.helpers import tk_in_process
 from toolkit import api
 from toolkit.errors import TkError
 
 
 def tk(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120, env=None)
+    """tk in this process (tests/unit/helpers.py; tests/unit/test_cli.py covers the installed entry point)."""
+    return tk_in_process(*args, cwd=cwd)
 
 
 # --- tk render --check ---------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from toolkit.facts.engines import ENGINES, STANDIN, TRTLLM
 from toolkit.facts.hardware import TRANSPORT_PROFILES
 from toolkit.render import render_files
 from toolkit.validate.params import Options, build_params
-from tests.unit.helpers import BASE, fields, plan_of, violations_of
+from tests.unit.helpers import BASE, fields, parsed, plan_of, violations_of
 
 ROOT = Path(__file__).resolve().parents[2]
 STANDIN_RECIPE = BASE.replace("meta-llama/Llama-3.3-70B-Instruct", "tk/standin-tiny") + "engine: standin\n"
@@ -111,7 +111,7 @@ STANDIN_MAY_IMPORT = ("toolkit.facts", "toolkit.standin", "toolkit.size.aiconfig
 def test_the_standin_imports_only_the_facts_and_the_sizing_readers_from_the_toolkit():
     bad = []
     for path in (ROOT / "toolkit/standin").rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(parsed(path)):
             names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             if isinstance(node, ast.ImportFrom) and node.module == "toolkit.size":

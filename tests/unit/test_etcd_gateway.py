@@ -391,6 +391,42 @@ def test_a_gateway_that_fails_says_so_and_ends_its_server(gateway_of, capsys, mo
                            '"cause": "RuntimeError: the loop broke"')
 
 
+def test_the_gateway_ends_with_its_server_on_every_signal_that_ends_the_job_s_orchestrator():
+    """A signal whose default ends a process and that the gateway did not handle (SIGVTALRM, SIGPROF, SIGIO, SIGXCPU,
+    the real-time ones) ended it without a word: its server went on answering /health with no way to the storage,
+    out of the routing until supervision saw it unregistered and killed it 30 s later (review of issue 31, on a live
+    run). The gateway ends on each of the job's ending signals, says so and ends its server at once."""
+    import signal
+
+    from orchestrator.job import ENDING_SIGNALS
+    assert set(ENDING_SIGNALS) - set(gw.ENDING_SIGNALS) == set()
+    assert signal.SIGUSR2 in gw.ENDING_SIGNALS  # the gateway prints no stacks on it: it ends too
+    assert not {signal.SIGPIPE, signal.SIGCHLD, signal.SIGKILL} & set(gw.ENDING_SIGNALS)
+
+
+@pytest.mark.parametrize("name", ["SIGVTALRM", "SIGPROF", "SIGIO", "SIGXCPU", "SIGRTMIN"])
+def test_a_signalled_gateway_says_which_signal_and_ends_its_server(gateway_of, capsys, monkeypatch, name):
+    import os
+    import signal
+    g, _ = gateway_of([1000])
+    sig = getattr(signal, name)
+    saved = {s: signal.getsignal(s) for s in {*gw.ENDING_SIGNALS, sig}}
+    signal.signal(sig, lambda *_: None)  # a gateway that leaves it alone must not end the test run with it
+    ended = []
+
+    async def signalled(sock, gateway, parent):
+        os.kill(os.getpid(), sig)
+        await asyncio.sleep(0.5)
+    monkeypatch.setattr(gw, "serve", signalled)
+    try:
+        assert gw.run_beside(None, g, os.getppid(), end_server=lambda pid, s: ended.append((pid, s))) == 1
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
+    assert ended == [(os.getppid(), signal.SIGTERM)]
+    assert f"etcd_gateway: ended by {name}" in capsys.readouterr().err
+
+
 def test_a_failing_connection_handler_is_said_and_the_gateway_goes_on(gateway_of, capsys):
     g, _ = gateway_of([1000])
 

@@ -227,6 +227,28 @@ def test_size_output_is_never_written_over_a_device_fifo_directory_or_symlink(tm
     assert ok.read_text() == "a: 2\n" and stat.S_IMODE(ok.stat().st_mode) == 0o644
 
 
+def test_size_refuses_an_output_that_is_not_a_regular_file_before_it_searches(tmp_path, monkeypatch, capsys):
+    """`tk size -o FIFO` searched for 10-47 s (aiconfigurator), then refused the output (review of issue 31): the
+    output is looked at first, as tk import's and tk render's are."""
+    from toolkit import api
+    from toolkit.cli import main
+
+    def search(*args, **kwargs):
+        raise AssertionError("the search ran before the output was checked")
+    monkeypatch.setattr(api, "size", search)
+    kinds, target = _kinds(tmp_path)
+    for path, is_kind in kinds:
+        assert main(["size", "--model", "meta-llama/Llama-3.1-8B-Instruct", "--system", "h100_sxm", "--gpus", "8",
+                     "--isl", "1000", "--osl", "100", "--ttft", "1000", "--tpot", "50", "-o", str(path)]) != 0
+        err = capsys.readouterr().err
+        assert "nothing was written" in err or "is a directory" in err, err
+        assert is_kind(os.lstat(path).st_mode), path
+    assert target.read_text() == "keep me\n"
+    assert main(["size", "--model", "m", "--system", "h100_sxm", "--gpus", "8", "--isl", "1000", "--osl", "100",
+                 "--ttft", "1000", "--tpot", "50", "-o", str(target / "under-a-file.yaml")]) == 1
+    assert "cannot write the recipe there (Not a directory)" in capsys.readouterr().err
+
+
 # --- m12: secrets in a recipe's env ---------------------------------------------------------------------------------
 
 def test_env_files_and_the_manifest_are_owner_only(tmp_path):

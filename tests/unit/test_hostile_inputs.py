@@ -26,6 +26,11 @@ NEAR_TRACE = st.fixed_dictionaries(
               "hash_ids": st.lists(st.integers(0, 2**40), max_size=6) | st.lists(JSON, max_size=4) | JSON})
 
 
+# An integer JSON reads whole but float() cannot hold (OverflowError, and math.isfinite raises it too): refused like any
+# other number out of range, never a traceback (review of issue 31).
+HUGE = 10**400
+
+
 def _trace(tmp_path: Path, *lines: str) -> Path:
     p = tmp_path / "t.jsonl"
     p.write_text("\n".join(lines) + "\n")
@@ -57,7 +62,8 @@ def test_hash_ids_are_a_list_of_integers_or_a_message_naming_them(tmp_path, hash
 
 @pytest.mark.parametrize("field,value", [("session_id", 7), ("session_id", ["a"]), ("session_id", "x" * 5000),
                                          ("delay", math.nan), ("delay", -1), ("timestamp", math.inf),
-                                         ("timestamp", "soon"), ("input_length", 1.5), ("output_length", True)],
+                                         ("timestamp", "soon"), ("input_length", 1.5), ("output_length", True),
+                                         ("delay", HUGE), ("timestamp", HUGE), ("input_length", HUGE)],
                          ids=lambda v: str(v)[:20])
 def test_every_field_aiperf_reads_is_checked(tmp_path, field, value):
     doc = {"session_id": "a", "input_length": 10, "output_length": 4, field: value}
@@ -78,8 +84,12 @@ def test_a_trace_that_is_a_fifo_is_a_message(tmp_path):
 
     fifo = tmp_path / "t.jsonl"
     os.mkfifo(fifo)
-    with pytest.raises(BenchInputError, match="t.jsonl"):
+    with pytest.raises(BenchInputError, match="t.jsonl: a FIFO, not a regular file"):
         build_workload("multi-turn", trace=str(fifo))
+    with pytest.raises(BenchInputError, match=f"{tmp_path}: a directory, not a regular file"):
+        build_workload("multi-turn", trace=str(tmp_path))
+    with pytest.raises(BenchInputError, match="nope.jsonl: no such file"):  # "no such file" only where there is none
+        build_workload("multi-turn", trace=str(tmp_path / "nope.jsonl"))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -123,7 +133,8 @@ SECONDS = ("backoff_initial_s", "backoff_max_s", "unhealthy_after_s", "stable_af
     ("supervision", "max_restarts", -1), ("supervision", "health_interval_s", 0), ("", "nodes", 10**12),
     ("", "nodes", 0), ("check", "timeout_s", -math.inf), ("launcher", "stagger_s", math.nan),
     ("supervision", "max_restarts", 10**9), ("supervision", "backoff_max_s", 1e300),
-])
+    ("supervision", "health_interval_s", HUGE), ("launcher", "stagger_s", HUGE), ("check", "timeout_s", -HUGE),
+], ids=lambda v: repr(v)[:20])
 def test_job_json_numbers_are_finite_and_in_range_or_refused_naming_the_field(where, key, value):
     from orchestrator.spec import JobSpec, SpecError
 
@@ -146,7 +157,8 @@ def test_job_json_minimum_counts_and_node_ports_are_in_range():
             JobSpec.from_dict(doc)
 
 
-@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1, 1e300, "10", True, None])
+@pytest.mark.parametrize("value", [math.nan, math.inf, -math.inf, -1, 1e300, "10", True, None, HUGE],
+                         ids=lambda v: repr(v)[:20])
 def test_membership_rejoin_s_is_finite_and_in_range_or_refused_naming_the_field(value):
     """membership.rejoin_s (how long a worker whose key lapsed has to register again before the job restarts it)
     is a number of seconds like the supervision's: NaN would make that deadline never pass."""
@@ -172,7 +184,8 @@ def test_job_json_time_limit_signal_is_a_signals_name_or_refused(value):
 
 @settings(max_examples=200, deadline=None)
 @given(key=st.sampled_from(SECONDS + ("max_restarts",)),
-       value=st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**40, 2**40) | JSON)
+       value=st.floats(allow_nan=True, allow_infinity=True) | st.integers(-2**40, 2**40) | JSON
+       | st.sampled_from([HUGE, -HUGE]))
 def test_any_supervision_number_is_accepted_within_its_range_or_refused(key, value):
     from orchestrator.spec import JobSpec, SpecError
 
@@ -203,7 +216,7 @@ def _report(tmp_path: Path, matrix=None, pairs=None) -> Path:
     return d
 
 
-@pytest.mark.parametrize("value", [math.nan, math.inf, -3.0, 1e300, True, "12"], ids=repr)
+@pytest.mark.parametrize("value", [math.nan, math.inf, -3.0, 1e300, True, "12", HUGE], ids=lambda v: repr(v)[:20])
 def test_a_measured_bandwidth_that_is_not_one_is_refused_naming_the_file_and_field(tmp_path, value):
     from toolkit.size.transfer import MeasuredError, measured
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.helpers import plan_of
+from tests.unit.helpers import parsed, plan_of
 from tests.unit.test_launch_states import STANDIN
 from tests.unit.test_import import SRT
 from toolkit import api
@@ -182,7 +182,7 @@ WRITES = {"write_text", "write_bytes", "savefig", "replace", "rename", "copyfile
 
 
 def _raw_writes(path: Path) -> list[tuple[int, str]]:
-    tree = ast.parse(path.read_text())
+    tree = parsed(path)
     out = []
     for node in ast.walk(tree):
         if not isinstance(node, ast.Call):

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 
 import pytest
 import yaml
 
+from tests.unit.helpers import tk_in_process
 from toolkit import api
 from toolkit.errors import RecipeError
 from toolkit.importer import import_doc
@@ -76,8 +75,8 @@ frontend:
 
 
 def tk(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "toolkit.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120)
+    """tk in this process (tests/unit/helpers.py; tests/unit/test_cli.py covers the installed entry point)."""
+    return tk_in_process(*args, cwd=cwd)
 
 
 def test_an_srt_slurm_recipe_becomes_a_recipe_that_plans(tmp_path):

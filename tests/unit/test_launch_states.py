@@ -324,7 +324,7 @@ def test_a_slurm_controller_that_stops_answering_is_not_a_job_that_ended(plan, f
 
 
 @pytest.mark.parametrize("option", ["pending_timeout_s", "startup_timeout_s"])
-@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 0.0])
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 0.0, 10**400], ids=lambda v: repr(v)[:12])
 def test_waits_are_finite_and_positive(plan, fake, tmp_path, option, value):
     from toolkit.runtime.bounds import BoundError
 

@@ -378,12 +378,36 @@ def test_an_eagle3_draft_model_is_weights_beside_the_target(tmp_path):
     read = plan_of(base, *spec, f"speculative.model={draft}").generation.memory
     h, q, kv, inter = 4096, 32 * 128, 8 * 128, 14336
     layer = 2 * h * (q + 2 * kv) + q * h + 3 * h * inter  # Eagle3's QKV takes 2 x hidden
-    expected = (layer + 3 * h * h + 128256 * h) * 2  # + fc (3 captured layers) + its lm_head, 16-bit
+    # + fc (3 captured layers) + its lm_head of draft_vocab_size rows (Eagle3ForCausalLM: vocab_size =
+    # draft_vocab_size), 16-bit
+    expected = (layer + 3 * h * h + 32000 * h) * 2
     assert dict(read.weights_detail)["draft"] == expected
     assert read.weights_bytes == without.weights_bytes + expected and not read.notes
     guessed = plan_of(base, *spec, "speculative.model=/nowhere/eagle3").generation.memory
-    assert dict(guessed.weights_detail)["draft"] == expected  # the target's geometry: the same shape here
+    # the target's geometry (the same shape here) and its vocabulary, having no draft config to say otherwise
+    assert dict(guessed.weights_detail)["draft"] == (layer + 3 * h * h + 128256 * h) * 2
     assert any("estimated as one decoder layer" in n and "/nowhere/eagle3" in n for n in guessed.notes)
+
+
+def test_an_eagle_draft_is_the_eagle3_model_and_its_fc_takes_the_captured_layers(tmp_path):
+    """TensorRT-LLM's PyTorch backend runs decoding_type Eagle as EAGLE3 one-model (EagleDecodingConfig.spec_dec_mode;
+    Eagle3DecodingConfig only renames it), and Eagle3DraftModel's fc takes num_capture_layers x hidden: the
+    eagle3_layers_to_capture given, else 3; with one captured layer (eagle3_model_arch mistral_large3: {-1}) there
+    is no fc (llm_args.py @ 0004396720054fd8e205cbf616f21f0b57c6b412, modeling_speculative.py @ b35ac1b6)."""
+    draft = model_dir(tmp_path, EAGLE3_DRAFT, "eagle3")
+    base = BASE.replace("meta-llama/Llama-3.3-70B-Instruct", "meta-llama/Llama-3.1-8B-Instruct")
+
+    def draft_bytes(*options):
+        spec = ["speculative.max_draft_len=3", f"speculative.model={draft}", *options]
+        return dict(plan_of(base, *spec).generation.memory.weights_detail)["draft"]
+
+    h = 4096
+    eagle3 = draft_bytes("speculative.decoding_type=Eagle3")
+    assert draft_bytes("speculative.decoding_type=Eagle") == eagle3  # before: a 1 x hidden QKV and a 2 x hidden fc
+    two = draft_bytes("speculative.decoding_type=Eagle3", "speculative.options.eagle3_layers_to_capture=[1,20]")
+    assert eagle3 - two == h * h * 2
+    one = draft_bytes("speculative.decoding_type=Eagle3", "speculative.options.eagle3_model_arch=mistral_large3")
+    assert eagle3 - one == 3 * h * h * 2
 
 
 def test_gpu_memory_is_what_nvidia_smi_reports():

@@ -5,9 +5,6 @@ exact run names, `tk logs --lines`)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 
 import pytest
 
@@ -112,25 +109,3 @@ def test_rich_markup_characters_in_a_model_directory_are_shown_as_written(tmp_pa
     assert proc.returncode == 2 and "m[red]x" in proc.stderr
 
 
-@pytest.mark.slow
-@pytest.mark.nixl
-def test_a_passed_validation_whose_run_directory_holds_markup_exits_0(tmp_path):
-    run_dir = tmp_path / "v[/b]"
-    proc = tk("validate", "cluster", "standin-2p2d", "--local", "--nodes", "2", "--no-sweep", "--iterations", "1",
-              "--run-dir", str(run_dir), timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    assert f"Report: {run_dir}/report.json" in proc.stderr
-
-
-@pytest.mark.slow
-def test_concurrent_launches_never_share_a_run_directory(tmp_path):
-    env = {**os.environ, "TK_RUNS_DIR": str(tmp_path / "runs")}
-    procs = [subprocess.Popen([sys.executable, "-m", "toolkit.cli", "launch", "standin-2p2d", "--local", "--dry-run",
-                               "--json"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(5)]
-    dirs = []
-    for p in procs:
-        out, err = p.communicate(timeout=120)
-        assert p.returncode == 0, err
-        dirs.append(json.loads(out)["run_dir"])
-    assert len(set(dirs)) == 5

@@ -312,27 +312,28 @@ def _end_grandchild(tmp_path):
         pass
 
 
-def test_a_command_that_exits_while_a_child_of_its_holds_the_pipe_is_not_waited_for(tmp_path):
+def test_a_command_that_exits_while_a_child_of_its_holds_the_pipe_is_not_waited_for(tmp_path, monkeypatch):
     import time
-    from orchestrator.steps import run_bounded
+    from orchestrator import steps as steps_mod
+    monkeypatch.setattr(steps_mod, "EXIT_LINGER_S", 0.2)  # the linger is a constant; its length is not the point
     t0 = time.monotonic()
     try:
-        rc, out, _ = run_bounded(_grandchild(tmp_path, "echo done"), 10)
+        rc, out, _ = steps_mod.run_bounded(_grandchild(tmp_path, "echo done"), 10)
     finally:
         _end_grandchild(tmp_path)
-    assert (rc, out) == (0, "done\n") and time.monotonic() - t0 < 5
+    assert (rc, out) == (0, "done\n") and time.monotonic() - t0 < 5  # not the child's 20 s, nor the 10 s bound
 
 
 def test_a_command_past_its_bound_is_ended_even_when_a_child_of_its_holds_the_pipe(tmp_path, monkeypatch):
     import time
     from orchestrator import steps as steps_mod
-    monkeypatch.setattr(steps_mod, "TERM_GRACE_S", 0.5)
+    monkeypatch.setattr(steps_mod, "TERM_GRACE_S", 0.2)
     t0 = time.monotonic()
     try:  # it ignores SIGTERM, and its child keeps the pipes open after SIGKILL
-        rc, _, err = steps_mod.run_bounded(_grandchild(tmp_path, "trap '' TERM; while :; do sleep 0.1; done"), 1)
+        rc, _, err = steps_mod.run_bounded(_grandchild(tmp_path, "trap '' TERM; while :; do sleep 0.1; done"), 0.4)
     finally:
         _end_grandchild(tmp_path)
-    assert rc == 124 and "did not answer within 1s" in err and time.monotonic() - t0 < 8
+    assert rc == 124 and "did not answer within 0.4s" in err and time.monotonic() - t0 < 8  # not the child's 20 s
 
 
 def test_the_provenance_reader_reads_lines_of_bounded_length(tmp_path, monkeypatch):
@@ -503,6 +504,7 @@ ODD_ANSWERS = [  # (what urlopen does, whether no answer at all came back)
     pytest.param(lambda: Answer(b'{"kvs": {"key": 1}}'), True, id="kvs-an-object"),
     pytest.param(lambda: Answer(b'{"kvs": [{"key": "%%%"}, 3, null]}'), False, id="kvs-entries-malformed"),
     pytest.param(lambda: Answer(b'{"deleted": [1]}'), False, id="deleted-not-a-number"),
+    pytest.param(lambda: Answer(b'{"deleted": 1e400}'), False, id="deleted-infinite"),  # int(inf): OverflowError
 ]
 
 
@@ -608,10 +610,12 @@ def test_a_probe_round_takes_about_one_probe_timeout_whatever_the_number_of_comp
     prober = Prober(timeout_s=0.2, get=get)
     urls = {f"s{i}": f"http://x/{i}" for i in range(15)} | {"h": "http://x/hung"}
     t0 = time.monotonic()
-    answers = prober.round(urls)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr("orchestrator.probe.ROUND_SLACK_S", 0.2)
+        answers = prober.round(urls)
     took = time.monotonic() - t0
     prober.close()
-    assert took < 0.2 + 1.0 + 0.3, took  # one timeout plus the round's slack, not 16 of them
+    assert took < 0.2 + 0.2 + 0.3, took  # one timeout plus the round's slack, not 16 of them (3.5 s one by one)
     assert answers["h"] is None and all(answers[f"s{i}"] == 200 for i in range(15))
 
 

@@ -12,7 +12,7 @@ from toolkit.facts.hardware import TRANSPORT_PROFILES
 from toolkit.facts.models import ModelSpec, resolve_model
 from toolkit.render import manifest
 from toolkit.validate.params import Options, geometry
-from tests.unit.helpers import BASE, plan_of
+from tests.unit.helpers import BASE, parsed, plan_of
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,7 +78,7 @@ def test_later_stages_do_not_read_the_raw_recipe_or_model_dicts():
     for stage in ("launch", "validate", "render", "report.py", "size"):
         root = ROOT / "toolkit" / stage
         for path in ([root] if root.is_file() else root.rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text())):
+            for node in ast.walk(parsed(path)):
                 if isinstance(node, ast.Attribute) and node.attr == "recipe" and \
                         isinstance(node.value, ast.Name) and node.value.id == "plan":
                     if not (stage == "render" and _inside(path, node, "manifest")):
@@ -91,7 +91,7 @@ def test_later_stages_do_not_read_the_raw_recipe_or_model_dicts():
 
 
 def _inside(path: Path, target: ast.AST, function: str) -> bool:
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(parsed(path)):
         if isinstance(node, ast.FunctionDef) and node.name == function:
             return node.lineno <= target.lineno <= node.end_lineno
     return False

@@ -224,3 +224,17 @@ def test_the_batch_script_fits_one_screen_and_only_starts_the_job():
         sbatch = render_files(plan_for(path))["launch.sbatch"]
         assert len(sbatch.splitlines()) < 60, path.stem
         assert sbatch.rstrip().endswith('exec python3 "$RUN_DIR/job.pyz" "$RUN_DIR/job.json"')
+
+
+def test_a_template_is_compiled_once_per_process(monkeypatch):
+    """Rendering again compiles nothing: before, every render built a new jinja2 environment and compiled every
+    template again (a third of the unit layer's rendering time)."""
+    import jinja2
+
+    plan = plan_of()
+    render_files(plan)
+    compiled = []
+    original = jinja2.Environment.compile
+    monkeypatch.setattr(jinja2.Environment, "compile", lambda self, *a, **kw: compiled.append(a) or original(self, *a, **kw))
+    render_files(plan)
+    assert compiled == []

@@ -43,6 +43,18 @@ def test_user_buffer_smaller_than_longest_input_is_refused_with_nixl_on_the_cpp_
     assert v.field == "generation.max_tokens_in_buffer" and "the generation servers run" in v.message
 
 
+def test_the_buffer_refusal_cites_the_check_that_fails_on_each_role():
+    # the context's send buffer fails in CacheFormatter::format ("Agent need all buffer pre-allocated"), the
+    # generation's receive buffer in CacheFormatter::unformat ("Agent need buffer pre-allocated")
+    [v] = violations_of(BASE, "traffic.max_input_len=4096", "generation.max_tokens_in_buffer=2048")
+    assert '"Agent need buffer pre-allocated"' in v.message and "unformat" in v.message
+    assert "Agent need all buffer" not in v.message
+    [v] = violations_of(BASE, "traffic.max_input_len=4096", "context.max_tokens_in_buffer=2048")
+    assert '"Agent need all buffer pre-allocated"' in v.message and "format" in v.message
+    [v] = violations_of(BASE, "traffic.max_input_len=4096", "kv_transfer.max_tokens_in_buffer=2048")
+    assert '"Agent need all buffer pre-allocated"' in v.message and '"Agent need buffer pre-allocated"' in v.message
+
+
 def test_user_buffer_smaller_than_longest_input_is_a_warning_where_tensorrt_llm_falls_back():
     # Over UCX the C++ transceiver allocates buffers for the request (baseTransBuffer.cpp's warning); the Python
     # transceiver registers the KV pools themselves.

@@ -65,6 +65,15 @@ def test_validation_runs_are_listed_by_tk_runs_beside_launched_ones(runs_env, ca
     assert doc["validations"][0]["report"].endswith("val-pass/report.json")
 
 
+@pytest.mark.parametrize("pid", [0, -1, -os.getpgrp(), 2**70, "12abc"], ids=str)
+def test_a_claim_naming_no_single_process_is_not_a_validation_in_progress(runs_env, pid):
+    """The claim file's pid is asked with kill(pid, 0); 0 and negative numbers ask a whole process group (-1: every
+    process root may signal), which always answers: a hand-edited or foreign claim made the run "validating" for
+    ever (review of issue 31)."""
+    _validation("val-odd", None, 1000.0, pid=pid)
+    assert {v.name: v.state for v in api.validation_runs()} == {"val-odd": "incomplete"}
+
+
 @pytest.fixture
 def fake_jobs(monkeypatch):
     """Every local job "runs" unless its run is named in `ended`; stops are recorded, not done."""
@@ -114,3 +123,22 @@ def test_stop_without_a_run_and_none_active_stops_the_last_one_as_before(runs_en
     _launched("first", "stopped", 1000.0)
     _launched("second", "failed", 2000.0)
     assert main(["stop"]) == 0 and stopped == ["second"]
+
+
+def test_run_names_in_an_error_are_inert(runs_env, fake_jobs, capsys):
+    """A run's name is run.json's text: `tk stop` listing the active runs (and a name that matches several runs)
+    must not hand an OSC, a colour or a bidirectional override to the terminal (review of issue 31; tk runs and tk
+    status escape theirs)."""
+    hostile = ("x-evil\x1b]0;PWNED\x07", "x-red\x1b[31m\u202e")
+    for i, name in enumerate(hostile):
+        record = _launched(f"r{i}", "ready", 1000.0 + i)
+        doc = json.loads((record.path / "run.json").read_text())
+        doc["name"] = name
+        (record.path / "run.json").write_text(json.dumps(doc))
+    capsys.readouterr()
+    assert main(["stop"]) == 1
+    assert main(["status", "x-"]) == 1  # "matches several runs"
+    err = capsys.readouterr().err
+    assert "runs are active: x-evil\\x1b]0;PWNED\\x07, x-red\\x1b[31m\\u202e" in err
+    assert "matches several runs: x-evil\\x1b]0;PWNED\\x07, x-red" in err
+    assert not any(ch in err for ch in "\x1b\x07\u202e"), err

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 
 import pytest
@@ -74,8 +73,8 @@ def test_terminate_ends_the_runs_process_group_and_spares_a_run_whose_directory_
 def test_a_process_that_ignores_sigterm_is_killed_within_the_bound(tmp_path):
     d = tmp_path / "stubborn"
     d.mkdir()
-    proc = procs.start_group([sys.executable, "-c", "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-                              "print('up', flush=True); time.sleep(60)"], cwd=d, env=dict(os.environ),
+    # SIGTERM ignored, which exec keeps: the sleep itself ignores it (no interpreter to start)
+    proc = procs.start_group(["bash", "-c", "trap '' TERM; echo up; exec sleep 60"], cwd=d, env=dict(os.environ),
                              log_path=d / "log", run_id="stubborn")
     assert rundir.wait_until(lambda: (d / "log").read_text().startswith("up"), 5)
     t0 = time.monotonic()

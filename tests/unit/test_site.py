@@ -5,13 +5,12 @@ like a recipe with errors at the site file's line, and `tk plan` shows where eac
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import ROOT
+from tests.unit.helpers import tk_in_process
 from toolkit.errors import RecipeError
 from toolkit.plan import build_plan
 from toolkit.recipe import load_recipe, load_recipe_text
@@ -87,15 +86,13 @@ def test_the_recipe_wins_over_the_site_and_set_wins_over_both(site, recipe):
 
 def test_plan_shows_where_each_value_came_from(site, recipe):
     site_file = site()
-    proc = subprocess.run([sys.executable, "-m", "toolkit.cli", "plan", str(recipe()), "--json"],
-                          capture_output=True, text=True, timeout=60)
+    proc = tk_in_process("plan", str(recipe()), "--json")
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["site_file"] == str(site_file)
     assert doc["value_sources"]["cluster.partition"] == {"value": "gpu", "from": f"{site_file}:2"}
     assert doc["value_sources"]["kv_transfer.transport"] == {"value": "roce", "from": f"{site_file}:8"}
-    text = subprocess.run([sys.executable, "-m", "toolkit.cli", "plan", str(recipe())], capture_output=True,
-                          text=True, timeout=60).stderr
+    text = tk_in_process("plan", str(recipe())).stderr
     assert f"site defaults {site_file}" in text and "Values from outside the recipe" in text
     assert "cluster.account" in text and "team-llm" in text and "site.yaml:3" in text
 

@@ -15,6 +15,8 @@ import asyncio
 import base64
 import logging
 
+import pytest
+
 from orchestrator.membership import prefix_end
 from toolkit.standin import cluster as C
 
@@ -43,7 +45,7 @@ def test_a_key_is_never_put_without_its_lease_when_etcd_grants_none(caplog):
     assert [path for path, _ in etcd.calls] == ["/v3/lease/grant"]  # nothing was put
     assert "Error setting key /trtllm-disagg/c/workers/GENERATION-h:1-1-1-001: etcd granted no lease of 10s" in \
         caplog.text
-    for odd in ({"ID": "0"}, {"ID": "x"}, {"error": "too many requests"}):
+    for odd in ({"ID": "0"}, {"ID": "x"}, {"error": "too many requests"}, {"ID": float("inf")}, {"ID": float("nan")}):
         etcd = FakeEtcd({"/v3/lease/grant": odd, "/v3/kv/txn": {"succeeded": True}})
         assert asyncio.run(etcd.set("k", "v", ttl=10)) is False and len(etcd.calls) == 1
 
@@ -57,6 +59,10 @@ def test_a_granted_lease_is_put_with_the_key_and_kept_for_the_heartbeat():
     assert asyncio.run(etcd.expire("k", 10)) is True
     etcd.answers["/v3/lease/keepalive"] = {"result": ["not", "etcd's"]}
     assert asyncio.run(etcd.expire("k", 10)) is False  # an odd answer is a failed keep-alive, not an exception
+    for ttl in (float("inf"), float("nan")):  # int(inf) is an OverflowError
+        etcd.leases["k"] = 7587
+        etcd.answers["/v3/lease/keepalive"] = {"result": {"ID": "7587", "TTL": ttl}}
+        assert asyncio.run(etcd.expire("k", 10)) is False
 
 
 def test_a_range_with_entries_not_shaped_as_etcds_skips_them_and_keeps_the_rest(caplog):
@@ -117,6 +123,39 @@ def test_the_proxys_membership_poll_is_started_again_after_a_failure_and_says_so
     assert manager.counts == (0, 1)  # the poll ran again after its failure, and found the worker
     assert 'background-failed {"task": "membership-poll", "component": "proxy", "cause": "RuntimeError: a bug"' in \
         caplog.text
+
+
+class _Router:
+    def __init__(self):
+        self.servers = set()
+
+    def add_server(self, url):
+        self.servers.add(url)
+
+    def remove_server(self, url):
+        self.servers.discard(url)
+
+
+@pytest.mark.parametrize("value", [
+    '{"worker_id": "z", "host": "127.0.0.1", "port": 1e400, "role": 1}',  # int(inf): OverflowError
+    '{"worker_id": "z", "host": "127.0.0.1", "port": NaN, "role": 1}',  # int(nan): ValueError
+    '{"worker_id": "z", "host": "127.0.0.1", "port": 9, "role": 1e400}',
+    '[1, 2]', 'not json', '{"worker_id": "z"}', '{"worker_id": "z", "host": "h", "port": 9, "role": 7}',
+], ids=["port-inf", "port-nan", "role-inf", "list", "text", "no-host", "role-7"])
+def test_one_odd_worker_value_is_skipped_and_the_poll_goes_on_following_the_storage(caplog, value):
+    """TensorRT-LLM's DisaggClusterManager._parse_worker_info catches every exception of a set event, logs "Failed to
+    parse set event" and goes on (tensorrt_llm/serve/disagg_auto_scaling.py at NVIDIA/TensorRT-LLM@00184339). The
+    stand-in caught three kinds: a value whose port is 1e400 ended every pass of the poll with OverflowError, so the
+    proxy stopped following the storage (a worker deregistered stayed routed) for as long as that key stayed (review
+    of issue 31: etcdctl put under the worker prefix on a live run)."""
+    cfg = C.ClusterConfig(cluster_uri="etcd://127.0.0.1:1", cluster_name="c")
+    good = cfg.key_prefix + "/GENERATION-h:9-1-1-001"
+    manager = C.ClusterManager(cfg, _Router(), _Router())
+    with caplog.at_level(logging.ERROR, logger="toolkit.standin"):
+        manager.on_event("SET", cfg.key_prefix + "/ODD", value)
+        manager.on_event("SET", good, '{"worker_id": "w", "host": "h", "port": 9, "role": 1}')
+    assert manager.counts == (0, 1) and list(manager.workers) == [good]
+    assert "Failed to parse set event" in caplog.text
 
 
 def test_a_worker_whose_registration_task_fails_is_failed_by_its_owner(caplog, monkeypatch):

@@ -110,7 +110,16 @@ def test_pipeline_parallelism_that_differs_moves_blocks_over_the_shared_layers()
     assert T.mapper_layout(4, 8, 8, False, 32, 32) is T.Layout.HEAD_MISMATCH
     assert T.mapper_layout(8, 16, 8, False, 32, 32) is T.Layout.PER_BLOCK  # TP 16 > 8 heads: duplicated, they match
     assert T.mapper_layout(1, 8, 1, True, 61, 61) is T.Layout.PER_BLOCK  # MLA's latent is not split by TP
-    assert T.targets_per_context_rank(1, 2, 1, 2, False) == 4 and T.targets_per_context_rank(1, 8, 1, 1, True) == 1
+    assert T.targets_per_context_rank(1, 2, 1, 2) == 4
+
+
+def test_an_mla_context_rank_sends_its_latent_to_every_generation_rank_it_feeds():
+    # MLACacheFormatter::format sends one slice per PP domain to every connection, and the connections are
+    # targetIRanks' TP domain x PP domain (cacheSplitConcat.cu): the latent is not split by TP but each generation TP
+    # rank (attention DP off) needs it whole; under generation attention DP one rank serves the request
+    assert T.targets_per_context_rank(1, 8, 1, 1) == 8
+    assert T.targets_per_context_rank(1, 1, 1, 2) == 2  # attention DP on the generation side: TP 1 per group
+    assert T.targets_per_context_rank(8, 1, 1, 1) == 1  # fewer generation ranks: one sender each
 
 
 def test_the_bounce_buffer_coalesces_what_clears_its_gate():
@@ -126,6 +135,43 @@ def test_the_bounce_buffer_coalesces_what_clears_its_gate():
                 "kv_transfer.bounce_size_mb=1024", "generation.tp=2", "traffic.max_input_len=8192")
     t = p.kv_transfer.transceiver
     assert (t.layout, t.longest.count, t.bounce_size_mb) == (T.Layout.BOUNCE, 1, 1024)
+
+
+def test_the_bounce_region_is_its_size_rounded_up_to_whole_chunks():
+    # FixedSizing.resolve (native/bounce/config.py @ 247f14e5): max(round_up(capacity_mb MiB, chunk), chunk) with
+    # Config.chunk_mb 32: a 500 MiB setting holds a 510 MiB request, a 1 MiB one a 20 MiB request
+    assert T.layout_for(T.Runtime.PYTHON, T.Layout.HEAD_MISMATCH, 500, 510 * MIB) is T.Layout.BOUNCE
+    assert T.layout_for(T.Runtime.PYTHON, T.Layout.HEAD_MISMATCH, 1, 20 * MIB) is T.Layout.BOUNCE
+    assert T.layout_for(T.Runtime.PYTHON, T.Layout.HEAD_MISMATCH, 500, 513 * MIB) is T.Layout.HEAD_MISMATCH
+
+
+def test_the_bounce_buffer_takes_one_writer_per_generation_rank_only():
+    """VmmBounceTransport.reserve (native/bounce/impl.py @ 0e63c12e): "Multi-writer bounce is intentionally rejected"
+    (a generation rank fed by several context ranks stays on the per-block path): context TP2 -> generation TP1 has
+    two writers for each generation rank's heads, context PP2 -> generation PP1 two for its layers."""
+    g = T.RankPairGeometry(tokens_per_block=32, layers=32, kv_factor=2, slot_bytes_per_token=1024)
+    big = T.descriptors(T.Layout.HEAD_MISMATCH, g, 8192)
+    assert T.layout_for(T.Runtime.PYTHON, T.Layout.HEAD_MISMATCH, 1024, big.total_bytes, writers=2) \
+        is T.Layout.HEAD_MISMATCH
+    assert T.writers_per_generation_rank(2, 1, 1, 1, 8, False) == 2
+    assert T.writers_per_generation_rank(1, 2, 1, 1, 8, False) == 1
+    assert T.writers_per_generation_rank(1, 1, 2, 1, 8, False) == 2
+    assert T.writers_per_generation_rank(16, 8, 1, 1, 8, False) == 1  # duplicated heads: one of the two sends
+    assert T.writers_per_generation_rank(8, 1, 1, 1, 1, True) == 1  # MLA: one context rank sends the latent
+    p = plan_of(LLAMA8, "quantization=bfloat16", "trtllm_version=1.3.0rc27", "kv_transfer.runtime=PYTHON",
+                "kv_transfer.bounce_size_mb=1024", "context.tp=2", "traffic.max_input_len=8192")
+    t = p.kv_transfer.transceiver
+    assert (t.layout, t.writers_per_generation_rank) == (T.Layout.HEAD_MISMATCH, 2)
+    from toolkit.validate.params import Options, geometry
+
+    transfer = geometry(p, Options(mode="local", sweep=False, curve=False))[0]["transfer"]
+    assert not any(transfer["staged"]) and transfer["layout"] == T.Layout.HEAD_MISMATCH.value
+    from toolkit.validate.report import advise  # nor is the bounce buffer advised where it would not coalesce
+
+    rows = [{"descriptors": n, "gbps_median": g} for n, g in ((1, 1100.0), (256, 41.0), (2048, 6.1))]
+    pairs = [{"direction": "forward", "op": "WRITE", "lengths": [
+        {"tokens": 8192, "bytes": 96 * MIB, "descriptors": 3072, "staged": False}]}]
+    assert advise(transfer, rows, pairs, 32, True, "")["bounce_size_mb"] is None
 
 
 def test_the_transfer_time_an_emulation_takes_from_the_model():
@@ -153,3 +199,16 @@ def test_tk_plan_shows_the_transceiver_and_its_json_carries_it():
     assert (t["runtime"], t["layout"], t["longest"]["count"]) == ("CPP", "staged-per-rank-pair", 1)
     shown = tk_in_process("plan", "llama-3.1-8b-1node")
     assert "C++ transceiver: staged-per-rank-pair, 1 descriptor per rank pair" in " ".join(shown.stderr.split())
+
+
+def test_validate_names_the_backend_default_resolves_to():
+    # backend DEFAULT is UCX on 1.0/1.1 and NIXL from 1.2 (resolve_backend): the validator's preflight says which
+    from toolkit.validate.run import _coordinator_preflight
+
+    old = plan_of(LLAMA8, "quantization=bfloat16", "trtllm_version=1.1.0", "kv_transfer.backend=DEFAULT")
+    assert old.kv_transfer.transceiver.backend == "UCX"
+    [check] = _coordinator_preflight(old)
+    assert "DEFAULT (UCX on TensorRT-LLM 1.1.0)" in check["detail"] and "uses UCX directly" in check["detail"]
+    new = plan_of(LLAMA8, "quantization=bfloat16", "trtllm_version=1.2", "kv_transfer.backend=DEFAULT")
+    [check] = _coordinator_preflight(new)
+    assert "DEFAULT (NIXL on TensorRT-LLM 1.2" in check["detail"] and "moves KV with NIXL" in check["detail"]

@@ -178,7 +178,8 @@ def test_a_release_tk_does_not_know_was_published_is_a_warning_naming_the_known_
     assert plan.trtllm_version == line
 
 
-@pytest.mark.parametrize("version", ["1.2", "1.2.0", "1.2.0rc6.post1", "1.0.0rc0", "1.1.0", "1.3.0rc24"])
+@pytest.mark.parametrize("version", ["1.2", "1.2.0", "1.2.0rc6.post1", "1.0.0rc0", "1.1.0", "1.3.0rc24",
+                                     "1.2.1"])  # 1.2.1: on PyPI (pip index versions tensorrt-llm), a stub sdist
 def test_a_known_release_or_a_line_alone_is_not_warned(version):
     text = RECIPE.format(image=f"{IMG}:{version}") if version != "1.2" else RECIPE.format(image=f"{IMG}:1.2.0")
     plan = build_plan(load_recipe_text(text + f'trtllm_version: "{version}"\n', "r.yaml"))
@@ -293,3 +294,24 @@ def test_validation_payloads_carry_the_mtp_layers():
     plan = _deepseek()
     geom, _, _ = geometry(plan, Options(max_memory_mb=1 << 16))
     assert geom["layers_per_rank"] == 64 and geom["bytes_per_token_full"] == 36_864
+
+
+# --- what changes for a deployment of a line: the line's row, shown by tk plan ----------------------------------
+
+STANDIN_14 = next(p for p in RECIPES if p.name == "standin-1p1d-1.4.yaml")
+
+def test_tk_plan_says_what_a_1_4_deployment_does_differently():
+    """The 1.4 row's changes (the Python transceiver by default with NIXL, the agent bounce keys unverified, the
+    bounce environment knobs) are the plan's and tk plan shows them; a line with none shows nothing."""
+    from tests.unit.helpers import tk_in_process
+    from toolkit.api import plan_summary
+
+    plan = build_plan(load_recipe(STANDIN_14))
+    assert plan.trtllm_changes == versions.get("1.4").changes and len(plan.trtllm_changes) >= 3
+    text = " ".join(plan.trtllm_changes)
+    assert "Python transceiver" in text and "agent_bounce_buffer_enable" in text and "TRTLLM_NIXL_BOUNCE_" in text
+    assert plan_summary(plan)["trtllm_changes"] == list(plan.trtllm_changes)
+    proc = tk_in_process("plan", str(STANDIN_14), env={"COLUMNS": "200"})
+    assert proc.returncode == 0 and "TensorRT-LLM 1.4 changes:" in proc.stderr
+    assert "agent_bounce_buffer_enable" in proc.stderr
+    assert build_plan(loaded(f"{IMG}:1.2.0")).trtllm_changes == ()

@@ -13,12 +13,11 @@ import pytest
 
 from orchestrator.spec import JobSpec, SpecError
 from orchestrator.states import ComponentKind, RestartPolicy, Role
-from tests.unit.helpers import tk_in_process
+from tests.unit.helpers import parsed, tk_in_process
 from toolkit.bench.verdict import Outcome, Stage
 from toolkit.facts.hardware import TRANSPORT_PROFILES, Transport
 from toolkit.facts import llm_args
 from toolkit.facts.trtllm import Router
-from toolkit.recipe.schema import ROUTERS
 
 ROOT = Path(__file__).resolve().parents[2]
 VOCABULARIES = (Role, ComponentKind, RestartPolicy, Router, Transport, Stage, llm_args.Verdict)
@@ -58,7 +57,7 @@ def test_a_word_is_its_text_in_comparisons_dicts_json_and_messages():
     assert json.dumps({Role.AGG: [ComponentKind.ETCD, RestartPolicy.FAIL_FAST]}) == '{"agg": ["etcd", "fail-fast"]}'
     assert f"{Role.PROXY} {Transport.TCP} {Router.CONVERSATION} {Stage.SLA}" == "proxy tcp conversation sla"
     assert json.dumps({"exit_code": Outcome.SLA_MISSED}) == '{"exit_code": 1}' and Outcome.INVALID == 2
-    assert ROUTERS == tuple(r.value for r in Router) == llm_args.all_routers()  # the routers are the data's
+    assert tuple(r.value for r in Router) == llm_args.all_routers()  # the routers are the data's
 
 
 def test_job_json_reads_back_as_the_vocabularies_and_names_them_when_it_is_wrong():
@@ -101,7 +100,7 @@ def test_no_copy_of_a_vocabulary_remains():
         rel = path.relative_to(ROOT).as_posix()
         if rel.startswith("toolkit/standin/"):
             continue
-        tree = ast.parse(path.read_text())
+        tree = parsed(path)
         names = _assigned_to(tree)
         for node in ast.walk(tree):
             if isinstance(node, (ast.Tuple, ast.List, ast.Set)):
@@ -114,4 +113,34 @@ def test_no_copy_of_a_vocabulary_remains():
             for name, vocabulary in words.items():
                 if len([t for t in texts if t in vocabulary]) >= 2 and (rel, names.get(node.lineno)) not in NOT_COPIES:
                     copies.append(f"{rel}:{node.lineno} restates {name}: {texts}")
+    assert not copies, "\n".join(copies)
+
+
+# An attribute or key holding a word of a vocabulary: the vocabulary it holds.
+HOLDS = {"role": Role, "transport": Transport, "stage": Stage, "policy": RestartPolicy, "router": Router,
+         "context_router": Router, "generation_router": Router}
+
+
+def test_no_word_of_a_vocabulary_is_compared_as_text():
+    """`x.role == "etcd"`, `c.stage == "reuse"`, `transport == "tcp"`, `counts["ctx"]`: a vocabulary's word written as
+    text where its Enum member belongs (a renamed word would leave the comparison silently false)."""
+    copies = []
+    for path in sorted([*ROOT.glob("toolkit/**/*.py"), *ROOT.glob("orchestrator/*.py")]):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("toolkit/standin/"):
+            continue
+        for node in ast.walk(parsed(path)):
+            if isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                held = [HOLDS[s.attr] for s in sides if isinstance(s, ast.Attribute) and s.attr in HOLDS]
+                held += [HOLDS[s.id] for s in sides if isinstance(s, ast.Name) and s.id in HOLDS]
+                texts = [c.value for s in sides for c in ([s] if isinstance(s, ast.Constant) else
+                                                          getattr(s, "elts", ())) if isinstance(c, ast.Constant)]
+                for vocabulary in held:
+                    words = [t for t in texts if t in {w.value for w in vocabulary}]
+                    if words:
+                        copies.append(f"{rel}:{node.lineno} compares {vocabulary.__name__} with {words}")
+            elif isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and \
+                    node.slice.value in {Role.CTX.value, Role.GEN.value, Role.AGG.value}:
+                copies.append(f"{rel}:{node.lineno} indexes by the Role word {node.slice.value!r}")
     assert not copies, "\n".join(copies)

@@ -271,3 +271,17 @@ def test_vram_without_a_gpu_is_a_clear_preflight_failure(tmp_path):
     assert proc.returncode == 1
     items = [i for i in proc.report["preflight"] if i["name"] == "memory"]
     assert items and all(i["status"] == "fail" and "no GPU" in i["detail"] for i in items)
+
+
+@pytest.mark.slow
+@pytest.mark.nixl
+def test_a_passed_validation_whose_run_directory_holds_markup_exits_0(tmp_path):
+    """(from tests/unit/test_operator_faults.py: it starts NIXL agents, which the unit layer never does) rich markup
+    in the run directory's name is shown as written, and a passed validation exits 0."""
+    from tests.unit.helpers import tk_in_process
+
+    run_dir = tmp_path / "v[/b]"
+    proc = tk_in_process("validate", "cluster", "standin-2p2d", "--local", "--nodes", "2", "--no-sweep",
+                         "--iterations", "1", "--run-dir", str(run_dir))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert f"Report: {run_dir}/report.json" in proc.stderr

@@ -192,6 +192,33 @@ def test_the_report_names_the_model_and_the_request_time_beside_the_link(tmp_pat
     assert report["pairs"][0]["request_ms"] == pytest.approx(1.8)
 
 
+def test_the_largest_request_counts_the_staged_gather_and_scatter(tmp_path):
+    """The C++ transceiver pays a gather and a scatter around every WRITE: the largest request's measured time is
+    gather + WRITE + scatter at the measured rates (the link alone beside it), and decides whether it dominates."""
+    from toolkit.validate.report import largest_request
+
+    params = build_params(load_plan("standin-2p2d", ()), Options(mode="local", iterations=3, warmup=1),
+                          str(tmp_path))  # the 1.2 line: the C++ transceiver, staged
+    results = _results(params)
+    for res in results.values():
+        for rec in res["pairs"]:
+            for e in rec["lengths"]:
+                e["staged"], e["descriptors"] = True, 1
+                e["gather_s"] = [0.0005] * 3 if res["agent"] == rec["src"] else []
+                e["scatter_s"] = [0.0003] * 3 if res["agent"] == rec["dst"] else []
+    report = _report(params, results)
+    jsonschema.validate(report, load_schema())
+    lr = report["largest_request"]
+    assert lr["measured_transfer_ms"] == pytest.approx(1.0, rel=1e-3)  # the link: 2 MiB at 2.097 GB/s
+    assert lr["measured_request_ms"] == pytest.approx(1.8, rel=1e-3)  # + gather 0.5 + scatter 0.3, same bytes
+    info = {"largest_request_tokens": 1024, "largest_request_bytes_per_rank": 4 << 20,
+            "largest_request_transfer_ms": 0.67, "largest_request_prefill_ms": 3.0}
+    lr = largest_request(info, report["pairs"])
+    assert lr["measured_transfer_ms"] == pytest.approx(2.0, rel=1e-3) and lr["measured_request_ms"] == pytest.approx(
+        3.6, rel=1e-3)
+    assert lr["transfer_dominates"] is True  # 3.6 ms of gather + WRITE + scatter against a 3 ms prefill
+
+
 def test_an_agent_that_never_reported_is_named(tmp_path):
     params = _params(tmp_path)
     results = _results(params)
@@ -311,6 +338,23 @@ def test_the_curve_advises_fewer_descriptors_where_their_count_costs_the_link():
                     True, "")
     assert staged["status"] == "keep" and "one descriptor per rank pair" in staged["reason"]
     assert advise(python, rows, pairs, 32, False, "the agents share a host")["status"] == "withheld"
+
+
+def test_a_descriptor_count_beyond_the_curve_is_read_at_its_own_count():
+    """Llama-3.1-8B TP1 -> TP2 on the Python transceiver: 3072 descriptors as validated (16384 at full depth), past
+    the curve's 2048. Each descriptor costs its time on top of the bytes (the curve's last two points give how
+    much), so the recipe's count is slower than the 2048-descriptor point, not equal to it."""
+    from toolkit.validate.report import advise
+
+    rows = [{"descriptors": n, "gbps_median": g} for n, g in ((1, 1110.0), (1024, 9.4), (2048, 6.1))]
+    nbytes = 96 << 20
+    pairs = [{"direction": "forward", "op": "WRITE", "lengths": [
+        {"tokens": 8192, "bytes": nbytes, "descriptors": 3072, "staged": False}]}]
+    adv = advise({"runtime": "PYTHON", "label": "Python transceiver", "layout": "head-mismatch"}, rows, pairs, 32,
+                 True, "")
+    per_descriptor = (nbytes / 6.1e9 - nbytes / 9.4e9) / 1024
+    assert adv["gbps_at_recipe"] == pytest.approx(nbytes / (nbytes / 6.1e9 + 1024 * per_descriptor) / 1e9, rel=1e-3)
+    assert adv["gbps_at_recipe"] < 4.6
 
 
 def test_the_sweep_rows_carry_every_pass_per_op(tmp_path):

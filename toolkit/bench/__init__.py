@@ -14,6 +14,7 @@ place only when complete; on an error (aiperf failing, a bad input, Ctrl-C) noth
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
@@ -28,7 +29,7 @@ from toolkit.bench import probe as probes
 from toolkit.bench.results import CellResult, ExportError, read_export
 from toolkit.bench.runner import AiperfFailed, find_aiperf, log_tail, run_aiperf
 from toolkit.bench.sla import Objective
-from toolkit.bench.verdict import Bounds, decide
+from toolkit.bench.verdict import Bounds, Stage, decide
 from toolkit.bench.workload import BenchInputError, Limits, Workload, aiperf_argv
 from toolkit.errors import TkError
 from toolkit.runtime import signals
@@ -312,10 +313,14 @@ def _multi_turn(workload: Workload, results: dict, plan, proof, reverse, verdict
                                         requests_in_run=in_run)
         out[cell.name] = section
         verdict.checks.extend(checks)
-    bad = [c for c in verdict.checks if c.stage == reuse.STAGE and not c.ok and not c.skipped]
-    if bad:
-        verdict.summary += f" (reuse: {len(bad)} finding(s): " + "; ".join(c.name for c in bad) + ")"
+    verdict.summary += _reuse_findings([c for c in verdict.checks if c.stage == reuse.STAGE])
     return out
+
+
+def _reuse_findings(checks: list) -> str:
+    """What the verdict's summary adds for the reuse checks that found something ("" where none did)."""
+    bad = [c for c in checks if not c.ok and not c.skipped]
+    return f" (reuse: {len(bad)} finding(s): " + "; ".join(c.name for c in bad) + ")" if bad else ""
 
 
 # What the job's supervision did to a component while it was measured (orchestrator.states.EventKind values).
@@ -378,15 +383,12 @@ def run_bench(target: Target, workload: Workload, *, tokenizer: str, bench_root:
 def _measure_and_publish(target: Target, workload: Workload, *, aiperf: str, tokenizer: str, final: Path,
                          staging: Path, objectives, bounds: Bounds, plan, baseline, after_target, timeout_s: float,
                          on_progress, reverse=None) -> dict:
-    import contextlib
-
     from toolkit.bench import report
-    from toolkit.bench.compare import ERROR_PREFIX, answers_agree, compare, greedy_answers
 
-    log = staging / "aiperf.log"
+    measure_cells = functools.partial(measure, workload=workload, aiperf=aiperf, tokenizer=tokenizer, out=staging,
+                                      log=staging / "aiperf.log", timeout_s=timeout_s, on_progress=on_progress)
     started = time.time()
-    results, proof = measure(target, workload, aiperf=aiperf, tokenizer=tokenizer, out=staging, log=log,
-                             timeout_s=timeout_s, on_progress=on_progress)
+    results, proof = measure_cells(target)
     supervision = supervision_during(target, started, time.time())
     proof = probes.account_for_restarts(proof, supervision)  # what a restart took from the counters, said
     conditional = bool(plan is not None and plan.proxy is not None
@@ -396,66 +398,82 @@ def _measure_and_publish(target: Target, workload: Workload, *, aiperf: str, tok
     verdict = decide(workload, results, proof, objectives, gpus=target.gpus, bounds=bounds, conditional=conditional)
     multi_turn = _multi_turn(workload, results, plan, proof, reverse, verdict)
     rows = [report.cell_row(target.name, c, results.get(c.name), target.gpus) for c in workload.cells]
-    cells_dirs = [c.name for c in workload.cells]
     doc = {"name": final.name, "bench_dir": str(final), "created": time.time(), "run": target.run,
            "model": target.model, "tokenizer": tokenizer, "gpus": target.gpus,
            "aiperf_version": next((r.aiperf_version for r in results.values() if r.aiperf_version), None),
            "workload": workload.to_dict(), "sla": [o.to_dict() for o in objectives],
            "bounds": bounds.to_dict(), "proof": proof.to_dict(),
            "cells": {k: v.to_dict() for k, v in results.items()},
-           "estimates": _estimates(plan, workload, results), "rows": rows, "cells_dirs": cells_dirs,
+           "estimates": _estimates(plan, workload, results), "rows": rows, "cells_dirs": [c.name for c in workload.cells],
            "supervision": supervision}
     if multi_turn:
         # per cell; the first multi-turn cell's turns and projection also at the top (one cell is the usual)
         first = next(iter(multi_turn.values()))
         doc.update(multi_turn=multi_turn, turns=first["turns"], pullback_projection=first["pullback_projection"])
-    answers = None
+    answers, against = None, "the aggregated baseline's"
     if baseline is not None:
-        mine = greedy_answers(target.endpoint, target.model)
-        if after_target is not None:
-            after_target()
-        try:
-            starting = baseline() if callable(baseline) else contextlib.nullcontext(baseline)
-            with starting as base:
-                _check_serving(base)
-                base_results, _ = measure(base, workload, aiperf=aiperf, tokenizer=tokenizer, out=staging,
-                                          log=log, timeout_s=timeout_s, on_progress=on_progress,
-                                          prefix="baseline-")
-                theirs = greedy_answers(base.endpoint, base.model)
-        except (TkError, AiperfFailed, TimeoutError) as exc:
-            # The deployment's own measurement stands; the report says why there is no baseline beside it.
-            doc["baseline_error"] = (f"aiperf failed (exit {exc.rc})" if isinstance(exc, AiperfFailed)
-                                     else str(exc))[:2000]
-        else:
-            base_rows = [report.cell_row(base.name, c, base_results.get(c.name), base.gpus)
-                         for c in workload.cells]
-            doc["rows"] = rows + base_rows  # a new list: `rows` stays the deployment's own for the comparison
-            doc["cells_dirs"] += [f"baseline-{c}" for c in cells_dirs]
-            answers = answers_agree(mine, theirs)
-            doc["baseline"] = compare(rows, base_rows, base, answers)
-            doc["baseline"]["run"] = base.run
-            doc["baseline"]["verdict"] = decide(workload, base_results, None, objectives, gpus=base.gpus,
-                                                bounds=bounds).to_dict()
-    against = "the aggregated baseline's"
-    if baseline is None and target.reference:
-        # no baseline: the deployment's answers through the proxy against one generation server's whole answers
-        mine = greedy_answers(target.endpoint, target.model)
-        theirs = greedy_answers(target.reference, target.model)
-        against = f"those of a generation server ({target.reference}) answering whole requests"
-        if any(t.startswith(ERROR_PREFIX) for t in theirs):
-            doc["reference_error"] = next(t for t in theirs if t.startswith(ERROR_PREFIX))[:500]
-        else:
-            answers = answers_agree(mine, theirs, against="generation_server")
-            doc["answers"] = {**answers, "against": target.reference}
+        answers = _measure_baseline(doc, target, workload, baseline, after_target, measure_cells, objectives, bounds)
+    elif target.reference:
+        answers, against = _against_reference(doc, target)
     # decided once everything is known: answers that differ are a FAIL of the deployment
     final_verdict = decide(workload, results, proof, objectives, gpus=target.gpus, bounds=bounds, answers=answers,
                            baseline_error=doc.get("baseline_error"), reference_error=doc.get("reference_error"),
                            against=against, conditional=conditional)
-    reuse_checks = [c for c in verdict.checks if c.stage == "reuse"]  # informational: they change no exit code
+    reuse_checks = [c for c in verdict.checks if c.stage == Stage.REUSE]  # informational: they change no exit code
     final_verdict.checks += reuse_checks
-    bad = [c for c in reuse_checks if not c.ok and not c.skipped]
-    if bad:
-        final_verdict.summary += f" (reuse: {len(bad)} finding(s): " + "; ".join(c.name for c in bad) + ")"
+    final_verdict.summary += _reuse_findings(reuse_checks)
     doc["verdict"] = final_verdict.to_dict()
     report.write_all(staging, doc)
     return {**doc, "bench_dir": str(_publish(staging, final))}
+
+
+def _measure_baseline(doc: dict, target: Target, workload: Workload, baseline, after_target, measure_cells,
+                      objectives, bounds: Bounds) -> dict | None:
+    """The baseline measured with the same workload after the target (after_target first, e.g. to free the GPUs),
+    its rows, cells and verdict added to ``doc`` with the comparison; the greedy answers of both compared (None
+    where the baseline could not be measured: ``doc["baseline_error"]`` says why)."""
+    import contextlib
+
+    from toolkit.bench import report
+    from toolkit.bench.compare import answers_agree, compare, greedy_answers
+
+    mine = greedy_answers(target.endpoint, target.model)
+    if after_target is not None:
+        after_target()
+    try:
+        starting = baseline() if callable(baseline) else contextlib.nullcontext(baseline)
+        with starting as base:
+            _check_serving(base)
+            base_results, _ = measure_cells(base, prefix="baseline-")
+            theirs = greedy_answers(base.endpoint, base.model)
+    except (TkError, AiperfFailed, TimeoutError) as exc:
+        # The deployment's own measurement stands; the report says why there is no baseline beside it.
+        doc["baseline_error"] = (f"aiperf failed (exit {exc.rc})" if isinstance(exc, AiperfFailed)
+                                 else str(exc))[:2000]
+        return None
+    rows = doc["rows"]
+    base_rows = [report.cell_row(base.name, c, base_results.get(c.name), base.gpus) for c in workload.cells]
+    doc["rows"] = rows + base_rows  # a new list: `rows` stays the deployment's own for the comparison
+    doc["cells_dirs"] += [f"baseline-{c.name}" for c in workload.cells]
+    answers = answers_agree(mine, theirs)
+    doc["baseline"] = compare(rows, base_rows, base, answers)
+    doc["baseline"]["run"] = base.run
+    doc["baseline"]["verdict"] = decide(workload, base_results, None, objectives, gpus=base.gpus,
+                                        bounds=bounds).to_dict()
+    return answers
+
+
+def _against_reference(doc: dict, target: Target) -> tuple[dict | None, str]:
+    """No baseline: the deployment's greedy answers through the proxy against one generation server's whole
+    answers; (the comparison, or None where the reference failed: ``doc["reference_error"]``; what it is against)."""
+    from toolkit.bench.compare import ERROR_PREFIX, answers_agree, greedy_answers
+
+    mine = greedy_answers(target.endpoint, target.model)
+    theirs = greedy_answers(target.reference, target.model)
+    against = f"those of a generation server ({target.reference}) answering whole requests"
+    if any(t.startswith(ERROR_PREFIX) for t in theirs):
+        doc["reference_error"] = next(t for t in theirs if t.startswith(ERROR_PREFIX))[:500]
+        return None, against
+    answers = answers_agree(mine, theirs, against="generation_server")
+    doc["answers"] = {**answers, "against": target.reference}
+    return answers, against

@@ -119,6 +119,102 @@ def _warmup_for(concurrency: int | None, warmup: int | None) -> int:
     return max(1, min(2 * (concurrency or 1), 32))
 
 
+@dataclass(frozen=True)
+class _Room:
+    """What the deployment leaves a workload's requests: a conversation of ``turns`` turns with answers of ``osl``
+    tokens, each request with up to ``allowance`` chat-template tokens on top, must fit its input limit."""
+
+    limits: Limits
+    turns: int
+    osl: int
+
+    @property
+    def allowance(self) -> int:
+        return template_allowance(max(1, self.turns))
+
+    @property
+    def fitting(self) -> int | None:
+        """The largest first-turn ISL whose last turn, with the chat template's tokens, fits the deployment (None
+        where its input limit is unknown)."""
+        if self.limits.max_input_len is None:
+            return None
+        return (self.limits.max_input_len - self.allowance - (self.turns - 1) * self.osl) // max(1, self.turns)
+
+    def default_isl(self, kind: str, notes: list[str]) -> int:
+        """DEFAULT_ISL, clipped to what fits (with a note); an ISL sweep keeps it (its own lengths are clipped)."""
+        fitting = self.fitting
+        if kind == "isl-sweep" or fitting is None or not DEFAULT_ISL > fitting >= 1:
+            return DEFAULT_ISL
+        notes.append(f"ISL {fitting}: the default {DEFAULT_ISL} clipped to what the deployment admits "
+                     f"({self.limits.max_input_len} input tokens, {self.limits.source}, less up to {self.allowance} "
+                     "tokens the chat template may add)")
+        return fitting
+
+    def check_given(self, kind: str, isl: int, given_isl: bool) -> None:
+        """An --isl or --osl given is never clipped: one that cannot fit is refused naming the largest that fits."""
+        fitting = self.fitting
+        if kind not in ("isl-sweep", "multi-turn") and given_isl and fitting is not None and isl > fitting:
+            raise BenchInputError(f"--isl {isl} is more than the deployment admits ({self.limits.max_input_len} input "
+                                  f"tokens, {self.limits.source}, and the chat template may add up to "
+                                  f"{self.allowance}); use --isl {max(1, fitting)} or less")
+        if self.limits.max_output_len is not None and self.osl > self.limits.max_output_len:
+            raise BenchInputError(f"--osl {self.osl} is more than the deployment admits ({self.limits.max_output_len} "
+                                  f"output tokens, {self.limits.source}); use --osl {self.limits.max_output_len} or "
+                                  "less")
+
+    def kept(self, isls: list[int], notes: list[str]) -> list[int]:
+        """The input lengths that fit, each one skipped with a note; BenchInputError where none does."""
+        fitting = self.fitting
+        kept = []
+        for n in isls:
+            longest = self.turns * n + (self.turns - 1) * self.osl
+            if fitting is not None and n > fitting:
+                what = f"ISL {n}" if self.turns == 1 else f"ISL {n} x {self.turns} turns (last turn {longest} tokens)"
+                notes.append(f"{what} skipped: with up to {self.allowance} chat template tokens it is longer than the "
+                             f"{self.limits.max_input_len} input tokens the deployment admits ({self.limits.source})")
+                continue
+            kept.append(n)
+        if not kept:
+            fix = f"use --isl {fitting} or less" if fitting and fitting >= 1 else "use fewer --turns or a smaller --osl"
+            raise BenchInputError("every input length of the workload is longer than the deployment admits: "
+                                  + "; ".join(notes) + f". {fix[0].upper()}{fix[1:]}.")
+        return kept
+
+
+def _default_osl(limits: Limits, notes: list[str]) -> int:
+    """DEFAULT_OSL, clipped to what the deployment admits (with a note)."""
+    if limits.max_output_len is not None and DEFAULT_OSL > limits.max_output_len:
+        notes.append(f"OSL {limits.max_output_len}: the default {DEFAULT_OSL} clipped to what the deployment admits "
+                     f"({limits.source})")
+        return limits.max_output_len
+    return DEFAULT_OSL
+
+
+def _check_options(kind: str, isl: int, osl: int, concurrency, request_rate, turns: int, turn_delay_ms: float) -> None:
+    if isl < 1 or osl < 1:
+        raise BenchInputError("--isl and --osl must be >= 1")
+    if concurrency and request_rate:
+        raise BenchInputError("--concurrency and --request-rate exclude each other: give one load axis")
+    if kind == "multi-turn" and request_rate:
+        raise BenchInputError("multi-turn runs at a concurrency (conversations in flight), not a request rate")
+    if turns < 1:
+        raise BenchInputError("--turns must be >= 1")
+    if not (0 <= turn_delay_ms <= 600_000):
+        raise BenchInputError("--turn-delay must be 0 to 600000 ms")
+
+
+def _loads(kind: str, concurrency, request_rate) -> list[tuple[int | None, float | None]]:
+    """(concurrency, request rate) of each cell: the rates given, else the concurrencies (the workload's default)."""
+    if request_rate:
+        loads: list[tuple[int | None, float | None]] = [(None, r) for r in request_rate]
+    else:
+        loads = [(c, None) for c in (concurrency or DEFAULT_CONCURRENCY[kind])]
+    if any((c is not None and not 1 <= c <= 100_000) or (r is not None and not (math.isfinite(r) and 0 < r <= 100_000))
+           for c, r in loads):
+        raise BenchInputError("concurrency must be 1..100000 and request rates finite, above 0 and at most 100000/s")
+    return loads
+
+
 def build_workload(kind: str, *, isl: int | None = None, osl: int | None = None,
                    concurrency: tuple[int, ...] | None = None,
                    request_rate: tuple[float, ...] | None = None, requests: int | None = None,
@@ -133,69 +229,21 @@ def build_workload(kind: str, *, isl: int | None = None, osl: int | None = None,
         raise BenchInputError(f"unknown workload {kind!r}; valid: {', '.join(WORKLOADS)}")
     limits = limits or Limits()
     notes: list[str] = []
-    asked_isl = isl
+    given_isl = isl is not None
     if osl is None:
-        osl = DEFAULT_OSL
-        if limits.max_output_len is not None and osl > limits.max_output_len:
-            osl = limits.max_output_len
-            notes.append(f"OSL {osl}: the default {DEFAULT_OSL} clipped to what the deployment admits "
-                         f"({limits.source})")
+        osl = _default_osl(limits, notes)
     n_turns = turns if kind == "multi-turn" else 1
-    allowance = template_allowance(max(1, n_turns))
-    # the largest first-turn ISL whose last turn, with the chat template's tokens, fits the deployment
-    fitting = None if limits.max_input_len is None else \
-        (limits.max_input_len - allowance - (n_turns - 1) * osl) // max(1, n_turns)
+    room = _Room(limits, n_turns, osl)
     if isl is None:
-        isl = DEFAULT_ISL
-        if kind != "isl-sweep" and fitting is not None and isl > fitting >= 1:
-            isl = fitting
-            notes.append(f"ISL {isl}: the default {DEFAULT_ISL} clipped to what the deployment admits "
-                         f"({limits.max_input_len} input tokens, {limits.source}, less up to {allowance} tokens the "
-                         "chat template may add)")
-    if isl < 1 or osl < 1:
-        raise BenchInputError("--isl and --osl must be >= 1")
-    if concurrency and request_rate:
-        raise BenchInputError("--concurrency and --request-rate exclude each other: give one load axis")
-    if kind == "multi-turn" and request_rate:
-        raise BenchInputError("multi-turn runs at a concurrency (conversations in flight), not a request rate")
-    if turns < 1:
-        raise BenchInputError("--turns must be >= 1")
-    if not (0 <= turn_delay_ms <= 600_000):
-        raise BenchInputError("--turn-delay must be 0 to 600000 ms")
+        isl = room.default_isl(kind, notes)
+    _check_options(kind, isl, osl, concurrency, request_rate, turns, turn_delay_ms)
     if trace is not None:
         if kind != "multi-turn":
             raise BenchInputError("--trace is a multi-turn workload: add --workload multi-turn")
         return _trace_workload(trace, concurrency, seed, limits, warmup)
-    if request_rate:
-        loads: list[tuple[int | None, float | None]] = [(None, r) for r in request_rate]
-    else:
-        loads = [(c, None) for c in (concurrency or DEFAULT_CONCURRENCY[kind])]
-    import math
-    if any((c is not None and not 1 <= c <= 100_000) or (r is not None and not (math.isfinite(r) and 0 < r <= 100_000))
-           for c, r in loads):
-        raise BenchInputError("concurrency must be 1..100000 and request rates finite, above 0 and at most 100000/s")
-
-    isls = list(ISL_SWEEP) if kind == "isl-sweep" else [isl]
-    if kind not in ("isl-sweep", "multi-turn") and asked_isl is not None and fitting is not None and isl > fitting:
-        raise BenchInputError(f"--isl {isl} is more than the deployment admits ({limits.max_input_len} input tokens, "
-                              f"{limits.source}, and the chat template may add up to {allowance}); use --isl "
-                              f"{max(1, fitting)} or less")
-    if limits.max_output_len is not None and osl > limits.max_output_len:
-        raise BenchInputError(f"--osl {osl} is more than the deployment admits ({limits.max_output_len} output "
-                              f"tokens, {limits.source}); use --osl {limits.max_output_len} or less")
-    kept = []
-    for n in isls:
-        longest = n_turns * n + (n_turns - 1) * osl
-        if fitting is not None and n > fitting:
-            what = f"ISL {n}" if n_turns == 1 else f"ISL {n} x {n_turns} turns (last turn {longest} tokens)"
-            notes.append(f"{what} skipped: with up to {allowance} chat template tokens it is longer than the "
-                         f"{limits.max_input_len} input tokens the deployment admits ({limits.source})")
-            continue
-        kept.append(n)
-    if not kept:
-        fix = f"use --isl {fitting} or less" if fitting and fitting >= 1 else "use fewer --turns or a smaller --osl"
-        raise BenchInputError("every input length of the workload is longer than the deployment admits: "
-                              + "; ".join(notes) + f". {fix[0].upper()}{fix[1:]}.")
+    loads = _loads(kind, concurrency, request_rate)
+    room.check_given(kind, isl, given_isl)
+    kept = room.kept(list(ISL_SWEEP) if kind == "isl-sweep" else [isl], notes)
 
     cells = []
     for n in kept:
@@ -223,7 +271,9 @@ def trace_path(name_or_file: str) -> str:
         return str(Path(__file__).with_name("traces") / f"{name_or_file}.jsonl")
     p = Path(name_or_file)
     if not p.is_file():
-        raise BenchInputError(f"--trace {name_or_file}: no such file (a mooncake_trace JSONL file, or one of the "
+        what = ("no such file" if not p.exists() else "a directory, not a regular file" if p.is_dir()
+                else "a FIFO, not a regular file" if p.is_fifo() else "not a regular file")
+        raise BenchInputError(f"--trace {name_or_file}: {what} (a mooncake_trace JSONL file, or one of the "
                               f"shipped traces: {', '.join(TRACES)})")
     return str(p.resolve())
 
@@ -246,7 +296,8 @@ def _trace_entry(doc, where: str) -> dict:
         return isinstance(v, int) and not isinstance(v, bool)
 
     def is_ms(v) -> bool:
-        return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and 0 <= v <= 2**53
+        # an int is compared as it is: math.isfinite(10**400) raises OverflowError
+        return (is_int(v) or isinstance(v, float) and math.isfinite(v)) and 0 <= v <= 2**53
 
     if not isinstance(doc, dict):
         raise BenchInputError(f"{where}: expected an object with session_id, input_length, output_length")

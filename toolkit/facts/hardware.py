@@ -32,7 +32,8 @@ MIB = 1 << 20
 #   H200  143,771 MiB  "NVIDIA H200", read likewise; aiconfigurator h200_sxm.yaml has 141 GiB (144,384 MiB)
 #   B200  183,359 MiB  "NVIDIA B200" (public nvidia-smi printouts); aiconfigurator b200_sxm.yaml has 180 GiB
 #   B300  275,040 MiB, GB200 189,471 MiB, GB300 284,208 MiB, L40S 46,068 MiB: aiconfigurator 0.12.0's own
-#                      systems/<system>.yaml `mem_capacity`, each "reported by nvidia-smi"
+#                      systems/<system>.yaml `mem_capacity` ("reported by nvidia-smi" for the first three; L40S's
+#                      comment gives the MiB alone)
 #   A100   81,920 MiB  "NVIDIA A100-SXM4-80GB" (public nvidia-smi printouts; aiconfigurator's 80 GiB is the same)
 # What TensorRT-LLM sizes its KV pool against is CUDA's total (torch.cuda.mem_get_info, KvCacheCreator), a few
 # hundred MiB below nvidia-smi's where the driver reserves memory (H100 80GB HBM3: 81,082-81,090 MiB in public

@@ -55,6 +55,7 @@ class ModelSpec:
     intermediate_size: int = 0  # a dense MLP's (a MoE model's dense layers)
     moe_intermediate_size: int = 0  # one routed expert's
     vocab_size: int = 0
+    draft_vocab_size: int = 0  # an Eagle3 draft's own (smaller) vocabulary, its lm_head's rows; 0: vocab_size
     tie_word_embeddings: bool = False
     num_shared_experts: int = 0  # DeepSeek/Kimi `n_shared_experts` (moe_intermediate_size each)
     shared_expert_intermediate_size: int = 0  # Qwen2-MoE style: one shared expert of this size
@@ -383,6 +384,7 @@ def from_config_json(path: Path, name: str | None = None) -> ModelSpec:
         # Mixtral, gpt-oss: intermediate_size is each expert's (Llama 4: its dense layers' is intermediate_size_mlp)
         _, moe_ffn = integer(("intermediate_size",), "ffn", default=ffn)
     _, vocab = integer(("vocab_size",), "vocab", default=0)
+    _, draft_vocab = integer(("draft_vocab_size",), "vocab", default=0)
     _, shared = integer(("n_shared_experts", "num_shared_experts"), "experts", default=0, zero_ok=True)
     _, shared_ffn = integer(("shared_expert_intermediate_size",), "ffn", default=0, zero_ok=True)
     _, first_dense = integer(("first_k_dense_replace",), "layers", default=0, zero_ok=True)
@@ -415,7 +417,8 @@ def from_config_json(path: Path, name: str | None = None) -> ModelSpec:
     tied = cfg.get("tie_word_embeddings") is True
     name = name or os.path.normpath(path.parent)
     more = dict(architecture=arch, intermediate_size=ffn, moe_intermediate_size=moe_ffn if experts else 0,
-                vocab_size=vocab, tie_word_embeddings=tied, num_shared_experts=shared if experts else 0,
+                vocab_size=vocab, draft_vocab_size=draft_vocab, tie_word_embeddings=tied,
+                num_shared_experts=shared if experts else 0,
                 shared_expert_intermediate_size=shared_ffn if experts else 0, dense_layers=dense_layers,
                 mtp_layers=mtp, quantization=quant, quantization_note=quant_note,
                 quantization_unread=quant_unread,

@@ -37,8 +37,10 @@ tensorrt_llm/_torch/disaggregation/native/mixers/attention/peer.py @ 0b308487366
 With ``cache_transceiver_config.kv_cache_bounce_size_mb`` > 0 (PR #15618) it gathers the request into one fabric-VMM
 region and issues "a single multi-rail NIXL write" (llm_args.py @ 0004396720054fd8e205cbf616f21f0b57c6b412), then
 scatters on the receiver (native/bounce/impl.py @ 0e63c12e1ba71a73495d7aa0b5d5b4b31032d4e1, VmmBounceTransport); a
-transfer below 2 MiB (native/bounce/config.py @ 247f14e5f9f1b289ee8c611726a3529b9a9d50c4, DEFAULT_MIN_BYTES) or
-larger than the region stays on the per-block path (``Layout.BOUNCE``). PR #15780 (agent_bounce_buffer_enable, after
+transfer below 2 MiB (native/bounce/config.py @ 247f14e5f9f1b289ee8c611726a3529b9a9d50c4, DEFAULT_MIN_BYTES), larger
+than the region, or written by several context ranks ("Multi-writer bounce is intentionally rejected", reserve(); the
+earlier fan-in versions of impl.py coalesced each writer's share instead) stays on the per-block path
+(``Layout.BOUNCE``). PR #15780 (agent_bounce_buffer_enable, after
 the 1.3 snapshots tk has) does the same in the C++ NIXL agent in chunks of at most 32 MiB, for lists of >= 1024
 descriptors of <= 16 KiB on average.
 
@@ -92,12 +94,36 @@ SOURCES = {
 # of the C++ transceiver takes no request larger than the pre-allocated buffer.
 AGENT_BUFFER_CHECK = "Agent need all buffer pre-allocated"
 AGENT_BUFFER_SOURCE = SOURCES["cpp_format"]
+# Per role, the check that fails and where: the context's send buffer in format, the generation's receive buffer in
+# unformat (TLLM_CHECK_WITH_INFO(bufferCoverTargetNum == targetNum, "Agent need buffer pre-allocated")).
+AGENT_BUFFER_CHECKS = {"context": ("Agent need all buffer pre-allocated", "CacheFormatter::format"),
+                       "generation": ("Agent need buffer pre-allocated", "CacheFormatter::unformat")}
+SOURCE_CPP_FORMAT_FILE = "cpp/tensorrt_llm/batch_manager/cacheFormatter.cpp @ 00c77b3088c960b4f2da1c90b4559b6028d750c7"
 # Backends whose C++ connection is an AgentConnection (cacheTransceiver.cpp: NIXL and MOONCAKE make an
 # AgentConnectionManager; UCX and MPI have their own connections, which fall back to dynamic buffers).
 AGENT_BACKENDS = ("NIXL", "MOONCAKE")
 
+
+def agent_buffer_checks(roles) -> str:
+    """The TLLM_CHECKs that fail a request larger than these roles' ("context", "generation") buffers, cited."""
+    cited = "; ".join(f"\"{AGENT_BUFFER_CHECKS[r][0]}\" in {AGENT_BUFFER_CHECKS[r][1]}"
+                      for r in ("context", "generation") if r in roles)
+    return f"TLLM_CHECK {cited}, {SOURCE_CPP_FORMAT_FILE}"
+
+
 # The bounce path's gate: below this many bytes a transfer stays on the per-block path (native/bounce/config.py).
 BOUNCE_MIN_BYTES = 2 << 20
+# Its region: kv_cache_bounce_size_mb rounded up to whole physical chunks of Config.chunk_mb (32 MiB), at least one
+# (FixedSizing.resolve, native/bounce/config.py @ 247f14e5f9f1b289ee8c611726a3529b9a9d50c4); at setup it is also
+# clamped to half the GPU memory left free, which only the server knows.
+BOUNCE_CHUNK_BYTES = 32 << 20
+
+
+def bounce_region_bytes(bounce_size_mb: int) -> int:
+    """What a kv_cache_bounce_size_mb setting reserves per direction, before the free-memory clamp (0: off)."""
+    if bounce_size_mb <= 0:
+        return 0
+    return max(BOUNCE_CHUNK_BYTES, -(-(bounce_size_mb << 20) // BOUNCE_CHUNK_BYTES) * BOUNCE_CHUNK_BYTES)
 # PR #15780's C++ agent bounce: chunks of at most this many bytes, for lists of at least BOUNCE_AGENT_MIN_DESCRIPTORS
 # descriptors of at most BOUNCE_AGENT_MAX_AVERAGE_BYTES on average (agent_bounce_params defaults in the PR).
 BOUNCE_AGENT_CHUNK_BYTES = 32 << 20
@@ -217,21 +243,34 @@ def mapper_layout(ctx_tp: int, gen_tp: int, kv_heads: int, mla: bool, ctx_layers
     return Layout.PER_BLOCK if ctx_layers == gen_layers else Layout.HEAD_MATCH
 
 
-def layout_for(runtime: Runtime, mapper: Layout, bounce_size_mb: int, total_bytes: int) -> Layout:
+def layout_for(runtime: Runtime, mapper: Layout, bounce_size_mb: int, total_bytes: int, writers: int = 1) -> Layout:
     """The layout a transfer of ``total_bytes`` (one rank pair) takes: staged on the C++ transceiver; on the Python
-    one the mapper's lists, or one coalesced region when the bounce buffer is on and the transfer clears its gate."""
+    one the mapper's lists, or one coalesced region when the bounce buffer is on, the transfer clears its gate, and
+    one context rank writes the generation rank's share (``writers``: VmmBounceTransport.reserve rejects a
+    multi-writer plan, "Multi-writer bounce is intentionally rejected", native/bounce/impl.py @ 0e63c12e)."""
     if runtime is Runtime.CPP:
         return Layout.STAGED
-    if bounce_size_mb > 0 and BOUNCE_MIN_BYTES <= total_bytes <= bounce_size_mb << 20:
+    if bounce_size_mb > 0 and writers == 1 and BOUNCE_MIN_BYTES <= total_bytes <= bounce_region_bytes(bounce_size_mb):
         return Layout.BOUNCE
     return mapper
 
 
-def targets_per_context_rank(ctx_tp: int, gen_tp: int, ctx_pp: int, gen_pp: int, mla: bool) -> int:
-    """How many generation ranks one context rank sends a request's KV to (targetIRanks): more generation TP splits
-    the heads over more ranks (MLA's latent is not split: one target), more generation PP splits the layers."""
-    tp = 1 if mla else max(1, gen_tp // max(1, ctx_tp))
-    return tp * max(1, gen_pp // max(1, ctx_pp))
+def writers_per_generation_rank(ctx_tp: int, gen_tp: int, ctx_pp: int, gen_pp: int, kv_heads: int, mla: bool) -> int:
+    """How many context ranks write one generation rank's share of a request (``ctx_tp``/``gen_tp``: TP per attention
+    DP group): more context TP splits a generation rank's KV heads over several context ranks (MLA's latent, and heads
+    duplicated over ranks, come from one of them: the others do not send, needSendCache in cacheFormatter.cpp and
+    mlaCacheFormatter.cpp); more context PP splits its layers."""
+    tp = 1 if mla else max(1, max(1, kv_heads // max(1, gen_tp)) // max(1, kv_heads // max(1, ctx_tp)))
+    return tp * max(1, ctx_pp // max(1, gen_pp))
+
+
+def targets_per_context_rank(ctx_tp: int, gen_tp: int, ctx_pp: int, gen_pp: int) -> int:
+    """How many generation ranks one context rank sends a request's KV to (``ctx_tp``/``gen_tp``: TP per attention
+    DP group): targetIRanks' TP domain x PP domain (TargetRanksInfoForDPImpl, cacheSplitConcat.cu @
+    1a43c7d62d008ca9d1efdfd50f9180390598d314). More generation TP splits the heads over more ranks; MLA's latent is
+    not split, but every generation TP rank needs it whole, so MLACacheFormatter::format sends it to each of them
+    (one slice per PP domain); more generation PP splits the layers."""
+    return max(1, gen_tp // max(1, ctx_tp)) * max(1, gen_pp // max(1, ctx_pp))
 
 
 # -- which transceiver runs -------------------------------------------------------------------------------------

@@ -94,10 +94,20 @@ class TrtllmVersion:
     serve_config_flag: bool  # trtllm-serve takes --config for --extra_llm_api_options
     proxy_metadata_flag: bool  # trtllm-serve disaggregated takes -m
     notes: tuple[str, ...] = field(default_factory=tuple)
+    changes: tuple[str, ...] = ()  # what a deployment of this line does differently from the line before's
 
 
 def _rows() -> dict[str, dict]:
     return {row["line"]: row for row in llm_args.data()["lines"]}
+
+
+def _known_releases(line: str) -> tuple[str, str]:
+    """The first and last release of ``line`` tk knows was published: the row's, the last one widened to the newest
+    of the line in the data's ``releases`` (each with its sdist's commit), so a release is added in one place."""
+    first, last = _rows()[line]["releases"]
+    listed = [r["release"] for r in llm_args.data().get("releases", ()) if (p := parse_version(r["release"]))
+              and p.line == line]
+    return first, max([last, *listed], key=version_key)
 
 
 @llm_args.cleared_with_data
@@ -109,7 +119,7 @@ def _build(line: str) -> TrtllmVersion:
     env = llm_args.env_names(line)
     kv_dtypes = tuple(d for d in KV_DTYPES if not _refused(llm_args.value_status(target, "kv_cache_config.dtype", d)))
     return TrtllmVersion(
-        line=line, release=row["release"], releases=tuple(row["releases"]), prerelease=row["prerelease"],
+        line=line, release=row["release"], releases=_known_releases(line), prerelease=row["prerelease"],
         llm_api_keys=llm_args.section_keys(line, ""), kv_cache_config_keys=llm_args.section_keys(line, "kv_cache_config"),
         cache_transceiver_backends=llm_args.line_choices(line, "cache_transceiver_config.backend"), kv_dtypes=kv_dtypes,
         # tk writes `backend: pytorch` at the top of the proxy config: extract_disagg_cfg takes unknown top-level keys
@@ -119,7 +129,7 @@ def _build(line: str) -> TrtllmVersion:
         nixl_transports=tuple(row["nixl_transports"]), cluster_storages=tuple(row["cluster_storages"]),
         mtp_kv_layers=row["mtp_kv_layers"], internal_port_envs=tuple(row["internal_port_envs"]),
         serve_config_flag=row["serve_config_flag"], proxy_metadata_flag=row["proxy_metadata_flag"],
-        notes=tuple(row["notes"]))
+        notes=tuple(row["notes"]), changes=tuple(row["changes"]))
 
 
 def _refused(st) -> bool:
@@ -164,7 +174,7 @@ def unknown_release(text: str) -> str | None:
     parsed = parse_version(text)
     if parsed is None or parsed.line_only or parsed.line not in _rows():
         return None
-    first, last = _rows()[parsed.line]["releases"]
+    first, last = _known_releases(parsed.line)
     if version_key(first) <= parsed.key <= version_key(last):
         return None
     return (f"TensorRT-LLM has no release {text} that tk knows of: the {parsed.line} line's releases it knows are "

@@ -13,7 +13,7 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NoReturn
 
 import requests
 
@@ -122,7 +122,7 @@ def launch(plan: Plan, backend_name: str, run_dir: str | None = None, *, pending
     return run
 
 
-def _fail(run: RunRecord, backend, reason: str, component: str | None, exit_code: int = 1):
+def _fail(run: RunRecord, backend, reason: str, component: str | None, exit_code: int = 1) -> NoReturn:
     """Record the failure, release everything, raise with the failing component's log tail."""
     tail = log_tail(run.log_path(component)) if component else ""
     if component:
@@ -211,10 +211,7 @@ def _wait_until_serving(run, backend, pending_timeout_s, startup_timeout_s, on_p
                 _fail(run, backend, f"job still pending after {pending_timeout_s:g}s ({job.detail}); "
                                     "raise cluster.pending_timeout_s or --pending-timeout", None)
         elif job.phase == "ENDED":
-            failed = _failed_event(run)
-            if failed:
-                _fail(run, backend, failed[0], failed[1])
-            _fail(run, backend, f"the job ended before serving ({job.detail})", backend.log_name)
+            _ended_before_serving(run, backend, job)
         else:
             if started is None:
                 started = time.monotonic()
@@ -224,16 +221,30 @@ def _wait_until_serving(run, backend, pending_timeout_s, startup_timeout_s, on_p
             if _serving(run):
                 return
             if time.monotonic() - started > startup_timeout_s:
-                slow = [s.name for s in run.servers if s.state != ComponentState.HEALTHY]
-                if not slow:  # every server answers, but the job is still in its start-up (e.g. registration)
-                    events = read_events(run)
-                    last = f"{events[-1]['event']} {events[-1]['reason'] or ''}".strip() if events else "none"
-                    _fail(run, backend, f"the job did not report ready within {startup_timeout_s:g}s "
-                                        f"(its last event: {last})", None)
-                _fail(run, backend, f"not healthy after {startup_timeout_s:g}s: {', '.join(slow)}", slow[0])
+                _start_up_overdue(run, backend, startup_timeout_s)
         if on_progress:
             on_progress(Progress(run=run, job=job.phase, healthy=_healthy_counts(run), message=job.detail))
         time.sleep(1)
+
+
+def _ended_before_serving(run: RunRecord, backend, job) -> NoReturn:
+    """The job ended before serving: fail with its own failure where it said one, else with the job's log."""
+    failed = _failed_event(run)
+    if failed:
+        _fail(run, backend, failed[0], failed[1])
+    _fail(run, backend, f"the job ended before serving ({job.detail})", backend.log_name)
+
+
+def _start_up_overdue(run: RunRecord, backend, startup_timeout_s: float) -> NoReturn:
+    """Past the start-up bound: fail naming the servers that are not healthy, or, where every one answers but the
+    job is still in its start-up (e.g. registration), the job's last event."""
+    slow = [s.name for s in run.servers if s.state != ComponentState.HEALTHY]
+    if not slow:
+        events = read_events(run)
+        last = f"{events[-1]['event']} {events[-1]['reason'] or ''}".strip() if events else "none"
+        _fail(run, backend, f"the job did not report ready within {startup_timeout_s:g}s "
+                            f"(its last event: {last})", None)
+    _fail(run, backend, f"not healthy after {startup_timeout_s:g}s: {', '.join(slow)}", slow[0])
 
 
 def _serving(run: RunRecord) -> bool:
@@ -283,7 +294,7 @@ def _probe(run: RunRecord) -> None:
     tls_dir = run.path / SECRETS_DIR / "etcd"
 
     def healthy(s) -> bool:
-        if s.role == "etcd" and tls_dir.is_dir():  # the job's etcd opens to the run's certificate only
+        if s.role == Role.ETCD and tls_dir.is_dir():  # the job's etcd opens to the run's certificate only
             return _tls_health_ok(s.host, s.port, tls_dir)
         return _health(f"http://{s.host}:{s.port}/health")
     with ThreadPoolExecutor(max_workers=max(1, min(PROBE_WIDTH, len(targets)))) as pool:
@@ -391,17 +402,7 @@ def refresh(run: RunRecord) -> RunRecord:
             elif run.state != RunState.STARTING:
                 run.set_state(RunState.STARTING, None)
         if run.state in (RunState.READY, RunState.DEGRADED):
-            # Worked out afresh on every refresh, so a run that recovered is "ready" again with no stale reason.
-            down = [s for s in run.servers if s.state != ComponentState.HEALTHY]
-            state = RunState.DEGRADED if down or job.unsupervised else RunState.READY
-            reason = "; ".join(f"{s.name} {s.state}" + (f" ({s.reason})" if s.reason else "") for s in down) or None
-            if job.unsupervised:  # the orchestrator's own life: nothing restarts what fails from now on
-                reason = "; ".join(filter(None, [ORCHESTRATOR_GONE.format(detail=job.detail, run=run.name), reason]))
-            if state != run.state:
-                run.history.append([round(time.time(), 3), state.value, reason])
-            run.state, run.reason = state.value, reason
-            if run.endpoint is None:
-                _endpoint_from_job(run)
+            _serving_state(run, job)
     elif job and job.phase == "ENDED" and run.state not in (RunState.FAILED, RunState.STOPPED):
         run.state, run.reason = RunState.FAILED.value, f"the job ended ({job.detail})"
     if job and job.phase == "ENDED":
@@ -411,6 +412,21 @@ def refresh(run: RunRecord) -> RunRecord:
     except OSError:
         pass  # a read-only or copied run directory: the state shown is still current
     return run
+
+
+def _serving_state(run: RunRecord, job) -> None:
+    """A serving run is ready or degraded (naming what is down), worked out afresh on every refresh, so a run that
+    recovered is "ready" again with no stale reason."""
+    down = [s for s in run.servers if s.state != ComponentState.HEALTHY]
+    state = RunState.DEGRADED if down or job.unsupervised else RunState.READY
+    reason = "; ".join(f"{s.name} {s.state}" + (f" ({s.reason})" if s.reason else "") for s in down) or None
+    if job.unsupervised:  # the orchestrator's own life: nothing restarts what fails from now on
+        reason = "; ".join(filter(None, [ORCHESTRATOR_GONE.format(detail=job.detail, run=run.name), reason]))
+    if state != run.state:
+        run.history.append([round(time.time(), 3), state.value, reason])
+    run.state, run.reason = state.value, reason
+    if run.endpoint is None:
+        _endpoint_from_job(run)
 
 
 ORCHESTRATOR_GONE = ("the job's orchestrator is gone ({detail}): nothing supervises the servers, and a failure is "

@@ -105,6 +105,7 @@ def assemble(d: Derivation, warnings: tuple[str, ...]) -> Plan:
         node_count=d.node_count, recipe=r.manifest_doc(), gpu=r.cluster.gpu,
         quantization=r.context.quantization or r.quantization, warnings=warnings,
         target_release=d.loaded.release, site_file=d.loaded.site_file, value_sources=d.loaded.outside_sources(),
+        trtllm_changes=d.version.changes,
     )
 
 

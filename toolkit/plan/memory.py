@@ -146,12 +146,15 @@ class Extras:
       tensorrt_llm/_torch/modules/fused_moe/fused_moe_wide_ep.py @ 01303b3887e039d6dda1b5487ec8a94d9ef9db76;
       ``num_local_slots = num_slots // ep_size``, MoeLoadBalancerConfig, tensorrt_llm/llmapi/llm_args.py @
       0004396720054fd8e205cbf616f21f0b57c6b412): the redundant slots hold replicas of experts, at the experts' width.
-    - An Eagle/Eagle3 draft: ``Eagle3DraftModel`` (modeling_speculative.py @ b35ac1b6): its decoder layers (a QKV
-      projection taking 2 x hidden for Eagle3, attention and MLP split as the target's), an ``fc`` of
-      num_capture_layers (3) x hidden_in -> hidden (not split), its lm_head (draft_vocab_size rows, or the target's
-      reused when the draft checkpoint has none: counted at the config's vocab_size, an upper bound); the embedding
-      is the target's. Sizes from the draft's config.json where tk can read it, else one decoder layer of the
-      target's geometry with the target's vocabulary (an estimate, said in the plan's notes).
+    - An Eagle or Eagle3 draft: the PyTorch backend runs both as EAGLE3 one-model (EagleDecodingConfig.spec_dec_mode;
+      Eagle3DecodingConfig only renames decoding_type, llm_args.py @ 0004396720054fd8e205cbf616f21f0b57c6b412), so
+      the draft is ``Eagle3ForCausalLM`` (modeling_speculative.py @ b35ac1b6): its decoder layers (a QKV projection
+      taking 2 x hidden, attention and MLP split as the target's), an ``fc`` of num_capture_layers x hidden_in ->
+      hidden (not split; none for one captured layer; num_capture_layers: len(eagle3_layers_to_capture), else 3,
+      eagle3_model_arch mistral_large3 capturing {-1}), its lm_head of draft_vocab_size rows (vocab_size where the
+      config has none; the target's is reused when the draft checkpoint has no lm_head, so this is an upper bound);
+      the embedding is the target's. Sizes from the draft's config.json where tk can read it, else one decoder layer
+      of the target's geometry with the target's vocabulary (an estimate, said in the plan's notes).
     - A separate draft model (Draft_Target): its whole weights, from its config.json (not counted without one).
     The draft weights are 16-bit (draft checkpoints are not quantized) and sit on the last pipeline stage.
     """
@@ -160,6 +163,7 @@ class Extras:
     expert_slots: int = 0  # 0: one slot per expert
     draft: str = ""  # the speculative decoding_type that loads a draft model beside the target ("" for none)
     draft_model: ModelSpec | None = None  # the draft's config.json, where tk could read it
+    capture_layers: int = 3  # an Eagle draft's num_capture_layers (the target layers its fc takes)
 
 
 NO_EXTRAS = Extras()
@@ -176,7 +180,11 @@ def extras_of(model: ModelSpec, opts: dict, draft_model: ModelSpec | None = None
     slots = _count(balancer.get("num_slots"), 0) if model.is_moe else 0
     kind = spec.get("decoding_type")
     draft = kind if kind in EAGLE_DRAFTS + SEPARATE_DRAFTS else ""
-    return Extras(mtp_modules=mtp, expert_slots=slots, draft=draft, draft_model=draft_model if draft else None)
+    captured = spec.get("eagle3_layers_to_capture")
+    capture = (len(set(captured)) if isinstance(captured, (list, tuple, set)) and captured
+               else 1 if spec.get("eagle3_model_arch") == "mistral_large3" else 3)
+    return Extras(mtp_modules=mtp, expert_slots=slots, draft=draft, draft_model=draft_model if draft else None,
+                  capture_layers=capture)
 
 
 def extras_notes(model: ModelSpec, opts: dict, x: Extras) -> list[str]:
@@ -209,15 +217,15 @@ def _draft_bytes(model: ModelSpec, x: Extras, s: Sharding, dtype: float, lower: 
     g = d or model  # the draft's geometry, else one decoder layer of the target's
     h = g.hidden_size or g.num_attention_heads * g.head_dim
     q, kv = g.num_attention_heads * g.head_dim, g.num_kv_heads * g.head_dim
-    qkv_in = 2 * h if x.draft == "Eagle3" else h
+    qkv_in = 2 * h  # Eagle3Attention's qkv_proj takes the embedding and the hidden state side by side
     layer = qkv_in * (q + 2 * kv) + q * h + 3 * h * (g.intermediate_size or 4 * h)
     layers = (d.num_layers if d is not None else 1) * layer / (s.tp if lower else s.attn_tp)
     if lower:
         return layers * dtype
     target_h = model.hidden_size or h
-    fc = (3 if x.draft == "Eagle3" else 2) * target_h * h
+    fc = x.capture_layers * target_h * h if x.capture_layers > 1 else 0
     lm_tp = s.tp if (s.lm_head_tp or not s.attention_dp) else 1
-    lm_head = (g.vocab_size or model.vocab_size) * h / lm_tp
+    lm_head = (g.draft_vocab_size or g.vocab_size or model.vocab_size) * h / lm_tp
     return (layers + fc + lm_head) * dtype
 
 

@@ -98,6 +98,7 @@ class TransceiverPlan:
     targets_per_context_rank: int  # generation ranks one context rank sends a request's KV to
     longest: Descriptors  # the longest admitted request, one rank pair
     model: str  # the model in words: "C++ transceiver: staged-per-rank-pair, 1 descriptor per rank pair of ..."
+    writers_per_generation_rank: int = 1  # context ranks writing one generation rank's share (bounce takes one)
 
 
 @dataclass(frozen=True)
@@ -375,6 +376,9 @@ class Plan:
     # The exact TensorRT-LLM release the options were checked for ("1.3.0rc23"), where the recipe or its image says;
     # None: the line (trtllm_version), any release of it.
     target_release: str | None = None
+    # What a deployment of the target TensorRT-LLM line does differently from the line before's (its facts row's
+    # changes: a default, fields, environment), shown by tk plan.
+    trtllm_changes: tuple[str, ...] = ()
 
     @property
     def is_aggregated(self) -> bool:

@@ -934,8 +934,8 @@ def check_transfer_buffer(d, c: Collector) -> None:
         c.add(field, f"{field} = {first.buffer_tokens} is smaller than the longest input the recipe admits ({longest} "
               f"tokens = max_input_len + prefix_len): the {' and '.join(x.title for x in roles)} servers run "
               f"TensorRT-LLM's {T.Runtime.CPP.label} over {first.backend}, whose agent connection takes no request "
-              f"larger than its pre-allocated transfer buffer; such a request fails (TLLM_CHECK \"{T.AGENT_BUFFER_CHECK}"
-              f"\", {T.AGENT_BUFFER_SOURCE})",
+              f"larger than its pre-allocated transfer buffer; such a request fails "
+              f"({T.agent_buffer_checks([x.title for x in roles])})",
               f"raise it to at least {ceil_to(tpb, longest)} (a multiple of tokens_per_block), remove it and let tk "
               "size it, or lower traffic.max_input_len")
     for field, roles in warned.items():
@@ -949,7 +949,7 @@ def check_transfer_buffer(d, c: Collector) -> None:
             what = (f"which transceiver the {titles} servers run on TensorRT-LLM {d.target} is unverified "
                     f"({first.choice.why}; the snapshots that speak for it select "
                     f"{' or '.join(sorted(x.label for x in first.choice.candidates))}): on the {T.Runtime.CPP.label} "
-                    f"over {first.backend} such a request fails (\"{T.AGENT_BUFFER_CHECK}\", {T.AGENT_BUFFER_SOURCE})")
+                    f"over {first.backend} such a request fails ({T.agent_buffer_checks([x.title for x in roles])})")
         c.warnings.append(f"{field} = {first.buffer_tokens} is smaller than the longest input the recipe admits "
                           f"({longest} tokens = max_input_len + prefix_len): {what}")
 

@@ -75,13 +75,15 @@ def derive_transceiver(r: Recipe, target: llm_args.Target, model: ModelSpec, mer
     bounce = bounce if isinstance(bounce, int) and not isinstance(bounce, bool) else 0
     whole = T.descriptors(mapper, pair, longest)
     runtime = ctx.choice.runtime
-    layout = T.layout_for(runtime, mapper, bounce, whole.total_bytes)
+    writers = T.writers_per_generation_rank(attention_tp(r.context), attention_tp(r.generation), r.context.pp,
+                                            r.generation.pp, model.num_kv_heads, mla)
+    layout = T.layout_for(runtime, mapper, bounce, whole.total_bytes, writers)
     desc = T.descriptors(layout, pair, longest)
     plan = TransceiverPlan(
         runtime=runtime, runtime_setting=ctx.choice.setting, runtime_reason=ctx.choice.why,
         default_source=ctx.choice.default_source, verified=ctx.choice.verified, backend=ctx.backend, mapper=mapper,
         layout=layout, bounce_size_mb=bounce, pair=pair,
         targets_per_context_rank=T.targets_per_context_rank(attention_tp(r.context), attention_tp(r.generation),
-                                                            r.context.pp, r.generation.pp, mla),
-        longest=desc, model=T.describe(runtime, desc))
+                                                            r.context.pp, r.generation.pp),
+        longest=desc, model=T.describe(runtime, desc), writers_per_generation_rank=writers)
     return TransceiverDerivation(tuple(roles.values()), plan)

@@ -9,9 +9,10 @@ from __future__ import annotations
 import math
 import re
 import unicodedata
-from typing import Annotated, Any, Literal, Optional, Union
+from typing import Annotated, Any, Callable, Literal, Optional, Union
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
 from orchestrator.states import RestartPolicy
 from toolkit.facts import llm_args, trtllm, versions
@@ -20,11 +21,30 @@ from toolkit.facts.models import KV_DTYPES
 from toolkit.facts.roofline import PRECISIONS
 from toolkit.facts.trtllm import Router
 
-# Values a recipe field may name that set a TensorRT-LLM option, from the facts (every line's; the plan checks the
-# recipe's line): the cache transceiver backends and runtimes, the routers any line's create_router knows (Router).
-BACKENDS = llm_args.all_choices("cache_transceiver_config.backend")
-RUNTIMES = llm_args.all_choices("cache_transceiver_config.transceiver_runtime")
-ROUTERS = tuple(r.value for r in Router)
+
+def _either(values: tuple[str, ...]) -> str:
+    """'A', 'B' or 'C', as pydantic words a Literal's choices."""
+    quoted = [repr(v) for v in values]
+    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} or {quoted[-1]}"
+
+
+def facts_choice(choices: Callable[[], tuple[str, ...]]) -> AfterValidator:
+    """A recipe field that names a TensorRT-LLM value (a cache transceiver backend or runtime, a router type): one
+    that some release in the facts has, read from the data when the recipe is read, not fixed when tk is imported,
+    so a release that adds one is regenerated data only. The plan's rules check the recipe's own release
+    (rules.check_version_features, check_transceiver, check_proxy)."""
+    def check(value: str) -> str:
+        allowed = choices()
+        if value not in allowed:
+            raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": _either(allowed)})
+        return value
+
+    return AfterValidator(check)
+
+
+Backend = Annotated[str, facts_choice(lambda: llm_args.all_choices("cache_transceiver_config.backend"))]
+Runtime = Annotated[str, facts_choice(lambda: llm_args.all_choices("cache_transceiver_config.transceiver_runtime"))]
+RouterType = Annotated[str, facts_choice(llm_args.all_routers)]
 
 # Every pattern is used with fullmatch (``$`` would accept a trailing newline) and spells digits [0-9]
 # (``\d`` matches Arabic-Indic and other Unicode digits, which Slurm and bash do not read).
@@ -298,7 +318,7 @@ class AggregatedSpec(Section):
 class KvTransferSpec(Section):
     """How the KV cache moves from context to generation servers."""
 
-    backend: Literal[BACKENDS] = "NIXL"  # type: ignore[valid-type]
+    backend: Backend = "NIXL"
     transport: Literal[TRANSPORTS] = Transport.INFINIBAND.value  # type: ignore[valid-type]
     tokens_per_block: int = Field(32, ge=1, le=1024)
     dtype: Literal[KV_DTYPES] = "auto"  # type: ignore[valid-type]
@@ -307,7 +327,7 @@ class KvTransferSpec(Section):
     # cache_transceiver_config fields of the 1.3 line, written to both roles where set (None: not written, the
     # engine's default): transceiver_runtime, kv_transfer_poll_interval_ms, kv_cache_bounce_size_mb,
     # enable_pipelined_transfer (its preconditions: toolkit/plan/rules.py check_transceiver).
-    runtime: Optional[Literal[RUNTIMES]] = None  # type: ignore[valid-type]
+    runtime: Optional[Runtime] = None
     poll_interval_ms: Optional[int] = Field(None, ge=1, le=INT32_MAX)
     bounce_size_mb: Optional[int] = Field(None, ge=0, le=1 << 20)
     pipelined: Optional[bool] = None
@@ -345,8 +365,8 @@ class ProxySpec(Section):
     """The `trtllm-serve disaggregated` proxy."""
 
     port: int = Field(8000, ge=1024, le=65535)
-    context_router: Literal[ROUTERS] = Router.ROUND_ROBIN.value  # type: ignore[valid-type]
-    generation_router: Literal[ROUTERS] = Router.ROUND_ROBIN.value  # type: ignore[valid-type]
+    context_router: RouterType = Router.ROUND_ROBIN.value
+    generation_router: RouterType = Router.ROUND_ROBIN.value
     # Further router arguments, written under the section's `router:` beside `type` (e.g. use_tokens: true of
     # load_balancing, max_batch_size of kv_cache_aware); TensorRT-LLM passes them to the router's constructor.
     context_router_args: Annotated[dict, BeforeValidator(_check_options)] = Field(default_factory=dict)

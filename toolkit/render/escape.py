@@ -16,6 +16,7 @@ run directory).
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 
@@ -60,9 +61,11 @@ def to_yaml(value) -> str:
     return yaml.dump(value, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100).rstrip("\n")
 
 
+@functools.lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
     """The jinja2 environment every template is rendered with: strict, no autoescape (the filters above
-    do the escaping, per file type), comments as {## ##} because bash uses ${#x}."""
+    do the escaping, per file type), comments as {## ##} because bash uses ${#x}. One for the process, so each
+    template is compiled once (jinja2's cache is per environment; it still reloads a template whose file changed)."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(templates_dir())), undefined=jinja2.StrictUndefined,
                              keep_trailing_newline=True, autoescape=False,
                              comment_start_string="{##", comment_end_string="##}")

@@ -22,6 +22,9 @@ def finite(name: str, value: float | None, low: float, high: float) -> float | N
         v = float(value)
     except (TypeError, ValueError):
         raise BoundError(f"{name}: {value!r} is not a number; give a value from {low:g} to {high:g}") from None
+    except OverflowError:  # an int too large for a float (10**400)
+        raise BoundError(f"{name}: {str(value)[:20]}... is out of range; give a value from {low:g} to {high:g}") \
+            from None
     if not math.isfinite(v) or not (low <= v <= high):
         raise BoundError(f"{name}: {value!r} is out of range; give a value from {low:g} to {high:g}")
     return v

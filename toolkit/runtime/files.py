@@ -129,6 +129,12 @@ def _kind_of(mode: int) -> str:
             else "a socket" if stat.S_ISSOCK(mode) else "not a regular file")
 
 
+def refuse_unless_regular(path: str | os.PathLike) -> bool:
+    """True when a regular file is at path, False when nothing is; FileProblem (naming what is there) otherwise: what
+    write_regular_atomically checks, for a command to ask before its work (`tk size -o` before its search)."""
+    return _refuse_unless_regular(Path(path))
+
+
 def _refuse_unless_regular(path: Path) -> bool:
     """True when a regular file is at path, False when nothing is; FileProblem (naming what is there) otherwise."""
     try:

@@ -166,6 +166,20 @@ def recheck(text: str, c: Candidate, result, output: str | None = None) -> dict:
     return out
 
 
+def check_output(path: str) -> None:
+    """Refuse, before any search, an -o that write_file would refuse (a device, a FIFO, a directory, a symlink)."""
+    from toolkit.errors import TkError
+    from toolkit.runtime import files
+
+    try:
+        files.refuse_unless_regular(path)
+    except files.FileProblem as exc:
+        raise TkError(f"-o {exc}; nothing was written") from None
+    except OSError as exc:  # a parent that is a file, a directory that cannot be searched
+        raise TkError(f"{path}: cannot write the recipe there ({exc.strerror or exc}); give -o a writable path") \
+            from None
+
+
 def write_file(path: str, text: str) -> None:
     """Write the recipe as a regular file, whole (a temporary file beside it, then a rename). Whatever is at `path`
     must be a regular file or nothing: a device (`-o /dev/null`, even as root), a FIFO, a directory or a symlink is

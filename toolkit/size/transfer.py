@@ -78,19 +78,8 @@ class MeasuredError(ValueError):
     """A validate run directory tk cannot take a bandwidth from; the message says why."""
 
 
-def measured(run_dir: str | Path, pick: str = "slowest", direction: str = "forward") -> Bandwidth:
-    """The bandwidth a ``tk validate cluster`` run measured in one direction: ``pick`` is "slowest" (default: the
-    deployment is as fast as its slowest pair) or "median" of the pairs' figures.
-
-    ``forward`` (context→generation, the KV of every request): ``report.json``'s ``bandwidth_matrix`` (written
-    since tk size), else the forward WRITE ``pairs``. ``reverse`` (generation→context, an answer's KV moving back:
-    the multi-turn pull-back): the ``pairs`` with ``"direction": "reverse"``, WRITE where there are such entries
-    (READ when the agents shared a host, where WRITE figures measure the host: the report's
-    ``timing.shared_host``), else every reverse one."""
-    if direction not in ("forward", "reverse"):
-        raise ValueError(f"direction must be 'forward' or 'reverse', got {direction!r}")
-    if pick not in ("slowest", "median"):
-        raise ValueError(f"pick must be 'slowest' or 'median', got {pick!r}")
+def _read_report(run_dir: str | Path) -> tuple[Path, dict]:
+    """(report.json's path, the report) of a validate run directory, or of the report file itself."""
     path = Path(run_dir)
     report_file = path / "report.json" if path.is_dir() else path
     try:
@@ -102,65 +91,105 @@ def measured(run_dir: str | Path, pick: str = "slowest", direction: str = "forwa
         raise MeasuredError(f"{report_file}: cannot read the validation report ({str(exc)[:300]})") from None
     if not isinstance(report, dict) or report.get("kind") != "tk-validate-cluster":
         raise MeasuredError(f"{report_file}: not a `tk validate cluster` report")
+    return report_file, report
 
-    def figure(v, field: str) -> float | None:
+
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+@dataclass(frozen=True)
+class _Figures:
+    """The measured GB/s of one direction's pairs of a validation report, each checked as it is read."""
+
+    report_file: Path
+    report: dict
+    direction: str
+
+    def figure(self, v, field: str) -> float | None:
         """A measured GB/s: a finite number above 0 and at most MAX_GBPS; None or 0 for a pair that has none (it
         failed); anything else is not what tk writes there."""
         if v is None or v == 0 and not isinstance(v, bool):
             return None
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not 0 < v <= MAX_GBPS:
-            raise MeasuredError(f"{report_file}: {field}: {repr(v)[:40]} is not a measured bandwidth (a finite GB/s "
-                                f"above 0 and at most {MAX_GBPS:g}); not a report tk wrote: validate again")
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 < v <= MAX_GBPS or not math.isfinite(v):
+            raise MeasuredError(f"{self.report_file}: {field}: {repr(v)[:40]} is not a measured bandwidth (a finite "
+                                f"GB/s above 0 and at most {MAX_GBPS:g}); not a report tk wrote: validate again")
         return float(v)
 
-    raw_pairs = report.get("pairs") if isinstance(report.get("pairs"), list) else []
-    pairs = [(i, p) for i, p in enumerate(raw_pairs)
-             if isinstance(p, dict) and p.get("direction", "forward") == direction]
+    @property
+    def pairs(self) -> list[tuple[int, dict]]:
+        """(index in ``pairs``, pair) of this direction's pairs."""
+        raw = self.report.get("pairs") if isinstance(self.report.get("pairs"), list) else []
+        return [(i, p) for i, p in enumerate(raw)
+                if isinstance(p, dict) and p.get("direction", "forward") == self.direction]
 
-    def from_pairs(op: str | None) -> list[float]:
-        found = (figure(p.get("gbps"), f"pairs[{i}].gbps") for i, p in pairs if op is None or p.get("op") == op)
+    def from_pairs(self, wanted) -> list[float]:
+        """The figures of the pairs ``wanted(pair)`` selects."""
+        found = (self.figure(p.get("gbps"), f"pairs[{i}].gbps") for i, p in self.pairs if wanted(p))
         return [v for v in found if v is not None]
 
-    if direction == "forward":
-        what = "context→generation"
-        matrix = report.get("bandwidth_matrix")
-        rows = matrix.get("gbps") if isinstance(matrix, dict) else None
-        values = []
-        if isinstance(rows, list):
-            for r, row in enumerate(rows):
-                for c, v in enumerate(row if isinstance(row, list) else []):
-                    got = figure(v, f"bandwidth_matrix.gbps[{r}][{c}]")
-                    if got is not None:
-                        values.append(got)
-        where = "bandwidth_matrix"
+    def from_matrix(self) -> list[float]:
+        rows = _dict(self.report.get("bandwidth_matrix")).get("gbps")
+        if not isinstance(rows, list):
+            return []
+        found = (self.figure(v, f"bandwidth_matrix.gbps[{r}][{c}]")
+                 for r, row in enumerate(rows) for c, v in enumerate(row if isinstance(row, list) else []))
+        return [v for v in found if v is not None]
+
+    def forward(self) -> tuple[list[float], str]:
+        """(figures, where they were read): the bandwidth matrix, else the forward WRITE pairs."""
+        values = self.from_matrix()
+        if values:
+            return values, "bandwidth_matrix"
+        values = self.from_pairs(lambda p: p.get("op", "WRITE") == "WRITE")
         if not values:
-            values = [v for v in (figure(p.get("gbps"), f"pairs[{i}].gbps") for i, p in pairs
-                                  if p.get("op", "WRITE") == "WRITE") if v is not None]
-            where = "pairs (WRITE)"
-        if not values:
-            raise MeasuredError(f"{report_file}: no measured context→generation bandwidth (every pair failed or "
+            raise MeasuredError(f"{self.report_file}: no measured context→generation bandwidth (every pair failed or "
                                 "none ran); fix the cluster and validate again")
-    else:
-        what = "generation→context"
-        if not pairs:
-            raise MeasuredError(f"{report_file}: no generation→context (\"direction\": \"reverse\") pairs: that "
-                                "validation measured the forward direction only; validate again with a tk that "
+        return values, "pairs (WRITE)"
+
+    def reverse(self) -> tuple[list[float], str]:
+        """(figures, where they were read): the reverse pairs of the op the hosts can be trusted with (READ where
+        the agents shared a host over a CPU-progressed transport), else every reverse pair."""
+        if not self.pairs:
+            raise MeasuredError(f"{self.report_file}: no generation→context (\"direction\": \"reverse\") pairs: "
+                                "that validation measured the forward direction only; validate again with a tk that "
                                 "measures both")
-        timing = report.get("timing") if isinstance(report.get("timing"), dict) else {}
-        prefer = "READ" if timing.get("shared_host") is True else "WRITE"
-        every = from_pairs(None)  # every figure checked, whichever op is used
-        values = from_pairs(prefer)
-        where = f"pairs ({prefer})"
-        if not values:
-            values = every
-            where = "pairs (any op)"
-        if not values:
-            raise MeasuredError(f"{report_file}: every generation→context pair failed; fix the cluster and "
+        # READ only where WRITE figures measure the host: agents on one host over a CPU-progressed transport (host
+        # memory; reports before `cpu_progressed` were all such). CUDA memory over cuda_ipc or RDMA: WRITE stands,
+        # and a READ there may be UCX's software emulation (docs/validate.md)
+        timing = _dict(self.report.get("timing"))
+        prefer = "READ" if timing.get("shared_host") is True and timing.get("cpu_progressed") is not False else "WRITE"
+        every = self.from_pairs(lambda p: True)  # every figure checked, whichever op is used
+        values = self.from_pairs(lambda p: p.get("op") == prefer)
+        if values:
+            return values, f"pairs ({prefer})"
+        if not every:
+            raise MeasuredError(f"{self.report_file}: every generation→context pair failed; fix the cluster and "
                                 "validate again")
-    values = [float(v) for v in values]
+        return every, "pairs (any op)"
+
+
+_DIRECTIONS = {"forward": ("context→generation", _Figures.forward), "reverse": ("generation→context", _Figures.reverse)}
+
+
+def measured(run_dir: str | Path, pick: str = "slowest", direction: str = "forward") -> Bandwidth:
+    """The bandwidth a ``tk validate cluster`` run measured in one direction: ``pick`` is "slowest" (default: the
+    deployment is as fast as its slowest pair) or "median" of the pairs' figures.
+
+    ``forward`` (context→generation, the KV of every request): ``report.json``'s ``bandwidth_matrix`` (written
+    since tk size), else the forward WRITE ``pairs``. ``reverse`` (generation→context, an answer's KV moving back:
+    the multi-turn pull-back): the ``pairs`` with ``"direction": "reverse"``, WRITE where there are such entries
+    (READ when the agents shared a host over a CPU-progressed transport, where WRITE figures measure the host: the
+    report's ``timing.shared_host`` and ``timing.cpu_progressed``), else every reverse one."""
+    if direction not in _DIRECTIONS:
+        raise ValueError(f"direction must be 'forward' or 'reverse', got {direction!r}")
+    if pick not in ("slowest", "median"):
+        raise ValueError(f"pick must be 'slowest' or 'median', got {pick!r}")
+    report_file, report = _read_report(run_dir)
+    what, read = _DIRECTIONS[direction]
+    values, where = read(_Figures(report_file, report, direction))
     gbps = min(values) if pick == "slowest" else statistics.median(values)
-    thresholds = report.get("thresholds") if isinstance(report.get("thresholds"), dict) else {}
-    transport = thresholds.get("transport")
+    transport = _dict(report.get("thresholds")).get("transport")
     note = "" if report.get("passed") is True else " (that validation did NOT pass)"
     return Bandwidth(round(gbps, 6), "measured",
                      f"{pick} of {len(values)} {what} pair(s) in {report_file} ({where}){note}",

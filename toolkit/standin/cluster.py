@@ -344,7 +344,7 @@ class EtcdClient:
             doc = await self._post("/v3/lease/grant", {"TTL": int(ttl)})
             try:
                 lease = int((doc or {})["ID"])
-            except (KeyError, TypeError, ValueError):
+            except (KeyError, TypeError, ValueError, OverflowError):  # int(inf) is an OverflowError
                 raise LeaseError(f"etcd granted no lease of {int(ttl)}s (answer: {str(doc)[:200]})") from None
             if lease <= 0:
                 raise LeaseError(f"etcd answered lease {lease}, not a lease")
@@ -373,7 +373,7 @@ class EtcdClient:
         doc = await self._post("/v3/lease/keepalive", {"ID": str(self.leases[key])})
         try:
             ttl_left = int((doc or {}).get("result", {}).get("TTL", 0))
-        except (AttributeError, TypeError, ValueError):
+        except (AttributeError, TypeError, ValueError, OverflowError):
             ttl_left = 0  # not etcd's answer: the keep-alive is not known to have worked
         if ttl_left <= 0:  # the lease expired: its key is gone
             self.leases.pop(key, None)
@@ -513,8 +513,8 @@ class ClusterManager:
                 w = {"worker_id": str(w["worker_id"]), "host": str(w["host"]), "port": int(w["port"]),
                      "role": int(w["role"])}
                 router = self.routers[w["role"]]
-            except (ValueError, KeyError, TypeError) as exc:
-                log.error("Failed to parse set event: %s: %s, error: %s", key, value, exc)
+            except Exception as exc:  # noqa: BLE001 - as TensorRT-LLM's _parse_worker_info: any odd value is one log line
+                log.error("Failed to parse set event: %s: %.200s, error: %s", key, value, exc)
                 return
             self.workers[key] = w
             router.add_server(f"http://{w['host']}:{w['port']}")

@@ -336,6 +336,70 @@ def _check_sampling(body: dict) -> None:
         raise RequestError(400, f"temperature must be >= 0 (SamplingConfig::checkTemperature), got {t}")
 
 
+def _completion_prompt(body: dict) -> tuple[list[int], str]:
+    """A completion's prompt as token ids, and what echo prepends: one string, or one list of token ids (a
+    one-element batch of either is unwrapped)."""
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return M.encode(prompt), prompt
+    if not isinstance(prompt, list):
+        raise RequestError(400, "prompt is required: a string or a list of token ids")
+    if prompt and isinstance(prompt[0], (str, list)):
+        raise RequestError(400, f"the stand-in serves one prompt per request ({len(prompt)} given)")
+    ids = _token_list(prompt, "prompt")
+    return ids, M.decode(ids)
+
+
+def _chat_prompt(body: dict) -> tuple[list[int], str]:
+    """A chat's prompt as token ids (its messages through the chat template, or the proxy's generation leg's
+    prompt_token_ids), and what echo prepends."""
+    messages = body.get("messages")
+    if body.get("prompt_token_ids") is not None:  # the proxy's generation leg
+        ids = _token_list(body["prompt_token_ids"], "prompt_token_ids")
+    elif isinstance(messages, list) and messages:
+        try:
+            ids = M.encode(M.chat_prompt(messages))
+        except (TypeError, ValueError) as exc:
+            raise RequestError(400, f"messages: {exc}") from None
+    else:
+        raise RequestError(400, "messages is required: a non-empty list of {role, content}")
+    # ChatCompletionRequest.echo: "the new message will be prepended with the last message if they belong
+    # to the same role" (the answer's role is assistant)
+    if isinstance(messages, list) and messages and isinstance(messages[-1], dict) \
+            and messages[-1].get("role") == "assistant":
+        return ids, M.message_text(messages[-1])
+    return ids, ""
+
+
+def _disaggregated_params(body: dict) -> tuple[dict, str]:
+    """disaggregated_params and its request type (context_and_generation without it); only the context-first
+    schedule is emulated."""
+    disagg = body.get("disaggregated_params") or {}
+    if not isinstance(disagg, dict):
+        raise RequestError(400, "disaggregated_params must be an object")
+    rtype = str(disagg.get("request_type") or "context_and_generation").lower()
+    if disagg and rtype not in REQUEST_TYPES:
+        raise RequestError(400, f"disaggregated_params.request_type {disagg.get('request_type')!r} is not one of "
+                                f"{', '.join(REQUEST_TYPES)}")
+    style = disagg.get("schedule_style")
+    if style is not None and not _is_int(style):
+        raise RequestError(400, f"disaggregated_params.schedule_style must be an integer (DisaggScheduleStyle: "
+                                f"0 = CONTEXT_FIRST, 1 = GENERATION_FIRST), got {style!r}")
+    if style == 1:
+        raise RequestError(400, "disaggregated_params.schedule_style 1 (GENERATION_FIRST) is not emulated by the "
+                                "stand-in; use context_first")
+    return disagg, rtype
+
+
+def _top_logprobs(kind: str, body: dict) -> int | None:
+    """How many top logprobs each token reports (0: the chosen one only), or None for none."""
+    if kind == "completion":
+        return body.get("logprobs") or None  # openai_protocol: `if self.logprobs:` (0 = none)
+    return (body.get("top_logprobs") or 0) if body.get("logprobs") else None
+
+
 def parse_request(kind: str, body: dict, limits=()) -> Request:
     """The one validation of a client's request, shared by the workers and the proxy (before any leg).
 
@@ -345,71 +409,23 @@ def parse_request(kind: str, body: dict, limits=()) -> Request:
     """
     check_fields(kind, body)
     _check_sampling(body)
-    n_choices = body.get("n") or 1
-    echo_text = ""
-    if kind == "completion":
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            ids = M.encode(prompt)
-            echo_text = prompt
-        elif isinstance(prompt, list):
-            if prompt and isinstance(prompt[0], (str, list)):
-                raise RequestError(400, f"the stand-in serves one prompt per request ({len(prompt)} given)")
-            ids = _token_list(prompt, "prompt")
-            echo_text = M.decode(ids)
-        else:
-            raise RequestError(400, "prompt is required: a string or a list of token ids")
-    else:
-        messages = body.get("messages")
-        if body.get("prompt_token_ids") is not None:  # the proxy's generation leg
-            ids = _token_list(body["prompt_token_ids"], "prompt_token_ids")
-        elif isinstance(messages, list) and messages:
-            try:
-                ids = M.encode(M.chat_prompt(messages))
-            except (TypeError, ValueError) as exc:
-                raise RequestError(400, f"messages: {exc}") from None
-        else:
-            raise RequestError(400, "messages is required: a non-empty list of {role, content}")
-        # ChatCompletionRequest.echo: "the new message will be prepended with the last message if they belong
-        # to the same role" (the answer's role is assistant)
-        if isinstance(messages, list) and messages and isinstance(messages[-1], dict) \
-                and messages[-1].get("role") == "assistant":
-            echo_text = M.message_text(messages[-1])
+    ids, echo_text = _completion_prompt(body) if kind == "completion" else _chat_prompt(body)
     if not ids:
         raise RequestError(400, "the prompt is empty (no tokens)")
     max_tokens = body.get("max_tokens", body.get("max_completion_tokens"))
     if max_tokens is not None and max_tokens < 1:
         raise RequestError(400, f"max_tokens must be a positive integer, got {max_tokens!r}")
-    disagg = body.get("disaggregated_params") or {}
-    if not isinstance(disagg, dict):
-        raise RequestError(400, "disaggregated_params must be an object")
-    rtype = str(disagg.get("request_type") or "context_and_generation").lower()
-    if disagg and rtype not in REQUEST_TYPES:
-        raise RequestError(400, f"disaggregated_params.request_type {disagg.get('request_type')!r} is not one of "
-                                f"{', '.join(REQUEST_TYPES)}")
-    style = disagg.get("schedule_style")
-    if style is not None and (not isinstance(style, int) or isinstance(style, bool)):
-        raise RequestError(400, f"disaggregated_params.schedule_style must be an integer (DisaggScheduleStyle: "
-                                f"0 = CONTEXT_FIRST, 1 = GENERATION_FIRST), got {style!r}")
-    if style == 1:
-        raise RequestError(400, "disaggregated_params.schedule_style 1 (GENERATION_FIRST) is not emulated by the "
-                                "stand-in; use context_first")
+    disagg, rtype = _disaggregated_params(body)
     for lim, as_type in limits:
         lim.check(len(ids), as_type)
     stop = body.get("stop") or []
-    stop = [stop] if isinstance(stop, str) else [s for s in stop if s]
-    if kind == "completion":
-        lp = body.get("logprobs") or None  # openai_protocol: `if self.logprobs:` (0 = none)
-    else:
-        lp = (body.get("top_logprobs") or 0) if body.get("logprobs") else None
     opts = body.get("stream_options") or {}
     return Request(kind=kind, model=str(body.get("model") or ""), prompt_ids=ids, max_tokens=max_tokens,
                    stream=bool(body.get("stream")), include_usage=bool(opts.get("include_usage", True)) if opts else False,
-                   request_type=rtype, disagg=disagg, n=n_choices, stop=stop,
-                   include_stop_str_in_output=bool(body.get("include_stop_str_in_output")), logprobs=lp,
-                   echo=bool(body.get("echo")), echo_text=echo_text)
+                   request_type=rtype, disagg=disagg, n=body.get("n") or 1,
+                   stop=[stop] if isinstance(stop, str) else [s for s in stop if s],
+                   include_stop_str_in_output=bool(body.get("include_stop_str_in_output")),
+                   logprobs=_top_logprobs(kind, body), echo=bool(body.get("echo")), echo_text=echo_text)
 
 
 # --- responses ----------------------------------------------------------------------------------------------

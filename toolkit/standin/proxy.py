@@ -139,11 +139,14 @@ def _urls(where: str, section: str, cfg: dict) -> list[str]:
     return out
 
 
-def parse_config(path: str, version: trtllm.TrtllmVersion | None = None) -> ProxySettings:
-    version = version or target_version()
-    where = str(path)
+def _is_count(value, least: int = 0) -> bool:
+    """An int (a bool is not one) of at least ``least``."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least
+
+
+def _read_config(where: str) -> dict:
     try:
-        with open(path) as f:
+        with open(where) as f:
             cfg = yaml.safe_load(f)
     except OSError as exc:
         raise ConfigError(f"{where}: cannot read the proxy config ({exc.strerror or exc})") from None
@@ -151,72 +154,106 @@ def parse_config(path: str, version: trtllm.TrtllmVersion | None = None) -> Prox
         raise ConfigError(f"{where}: not valid YAML ({str(exc).splitlines()[0]})") from None
     if not isinstance(cfg, dict):
         raise ConfigError(f"{where}: expected a mapping (hostname, port, context_servers, generation_servers, ...)")
-    cluster = None
-    if cfg.get(trtllm.MEMBERSHIP_KEY) is not None:  # membership: urls are neither read nor checked (DISAGG_MID)
-        from toolkit.standin.cluster import ClusterConfigError, parse_cluster_config
-        if trtllm.MEMBERSHIP_KEY not in version.disagg_keys:
-            raise ConfigError(f"{where}: {trtllm.MEMBERSHIP_KEY}: TensorRT-LLM {version.line} has no cluster membership")
-        try:
-            cluster = parse_cluster_config(cfg[trtllm.MEMBERSHIP_KEY])
-        except ClusterConfigError as exc:
-            raise ConfigError(f"{where}: {exc}") from None
-        if re.search(r"<node\d+>", cluster.cluster_uri):
-            raise ConfigError(f"{where}: disagg_cluster.cluster_uri: {cluster.cluster_uri!r} is a placeholder; use "
-                              f"disagg.resolved.yaml")
+    return cfg
+
+
+def _membership(where: str, cfg: dict, version: trtllm.TrtllmVersion):
+    """The cluster membership config (disagg_cluster), or None: with it, urls are neither read nor checked
+    (DISAGG_MID)."""
+    if cfg.get(trtllm.MEMBERSHIP_KEY) is None:
+        return None
+    from toolkit.standin.cluster import ClusterConfigError, parse_cluster_config
+
+    if trtllm.MEMBERSHIP_KEY not in version.disagg_keys:
+        raise ConfigError(f"{where}: {trtllm.MEMBERSHIP_KEY}: TensorRT-LLM {version.line} has no cluster membership")
+    try:
+        cluster = parse_cluster_config(cfg[trtllm.MEMBERSHIP_KEY])
+    except ClusterConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+    if re.search(r"<node\d+>", cluster.cluster_uri):
+        raise ConfigError(f"{where}: disagg_cluster.cluster_uri: {cluster.cluster_uri!r} is a placeholder; use "
+                          f"disagg.resolved.yaml")
+    return cluster
+
+
+def _router(where: str, sec: str, scfg: dict, version: trtllm.TrtllmVersion) -> dict:
+    """A section's router config: its type (round_robin by default) one of the version's, with the section's
+    batch limits and, for the KV-cache-aware router, its tokens_per_block."""
+    router = scfg.get("router") or {}
+    if not isinstance(router, dict):
+        raise ConfigError(f"{where}: {sec}.router: expected a mapping with type")
+    router = dict(router)
+    router.setdefault("type", "round_robin")
+    if router["type"] not in version.routers:
+        raise ConfigError(f"{where}: {sec}.router.type: Unsupported router type: {router['type']}. "
+                          f"Supported types are: {list(version.routers)}")
+    for k in ("max_batch_size", "max_num_tokens"):
+        if k in scfg:
+            router.setdefault(k, scfg[k])
+    kvc = scfg.get("kv_cache_config")
+    if router["type"] == "kv_cache_aware" and isinstance(kvc, dict) and "tokens_per_block" in kvc:
+        router.setdefault("tokens_per_block", kvc["tokens_per_block"])
+    return router
+
+
+def _section(where: str, sec: str, cfg: dict, inherited: dict, version: trtllm.TrtllmVersion,
+             membership: bool) -> tuple[list[str], dict]:
+    """A server section's (urls, router): no top-level key contradicted, no urls read under cluster membership."""
+    scfg = cfg[sec]
+    if not isinstance(scfg, dict):
+        raise ConfigError(f"{where}: {sec}: expected a mapping with num_instances, urls and router")
+    for k, v in list(inherited.items()) + ([("backend", cfg["backend"])] if "backend" in cfg else []):
+        if k in scfg and scfg[k] != v:
+            raise ConfigError(f"{where}: {sec}.{k}: Parameter {k} is specified both in the top-level and in "
+                              f"the {sec} section, but with different values")
+    router = _router(where, sec, scfg, version)
+    return ([] if membership else _urls(where, sec, scfg)), router
+
+
+def _max_local_prefill_length(where: str, cfg: dict, gen_router: dict) -> int | None:
+    """conditional_disagg_config's max_local_prefill_length (None without the section); it needs the KV-cache-aware
+    generation router."""
+    cond = cfg.get("conditional_disagg_config")
+    if cond is None:
+        return None
+    if not isinstance(cond, dict) or set(cond) - {"max_local_prefill_length"}:
+        raise ConfigError(f"{where}: conditional_disagg_config: only max_local_prefill_length is accepted")
+    mlpl = cond.get("max_local_prefill_length", 0)
+    if not _is_count(mlpl):
+        raise ConfigError(f"{where}: conditional_disagg_config.max_local_prefill_length: {mlpl!r} is not a "
+                          f"non-negative integer")
+    if gen_router["type"] != "kv_cache_aware":
+        raise ConfigError(f"{where}: conditional_disagg_config: Generation router must be a KvCacheAwareRouter "
+                          f"to enable conditional disaggregation (set generation_servers.router.type: "
+                          f"kv_cache_aware)")
+    return mlpl
+
+
+def parse_config(path: str, version: trtllm.TrtllmVersion | None = None) -> ProxySettings:
+    """The proxy's settings from its YAML, checked part by part; the first problem found is the one reported."""
+    version = version or target_version()
+    where = str(path)
+    cfg = _read_config(where)
+    cluster = _membership(where, cfg, version)
     inherited = {k: v for k, v in cfg.items() if k not in version.disagg_keys}
     if "generation_servers" not in cfg or not cfg["generation_servers"]:
         raise ConfigError(f"{where}: generation_servers is missing: At least one generation server must be provided")
     if "context_servers" not in cfg or not cfg["context_servers"]:
         raise ConfigError(f"{where}: context_servers is missing: At least one context server must be provided")
-    sections = {}
-    for sec in _SECTIONS:
-        scfg = cfg[sec]
-        if not isinstance(scfg, dict):
-            raise ConfigError(f"{where}: {sec}: expected a mapping with num_instances, urls and router")
-        for k, v in list(inherited.items()) + ([("backend", cfg["backend"])] if "backend" in cfg else []):
-            if k in scfg and scfg[k] != v:
-                raise ConfigError(f"{where}: {sec}.{k}: Parameter {k} is specified both in the top-level and in "
-                                  f"the {sec} section, but with different values")
-        router = scfg.get("router") or {}
-        if not isinstance(router, dict):
-            raise ConfigError(f"{where}: {sec}.router: expected a mapping with type")
-        router = dict(router)
-        router.setdefault("type", "round_robin")
-        if router["type"] not in version.routers:
-            raise ConfigError(f"{where}: {sec}.router.type: Unsupported router type: {router['type']}. "
-                              f"Supported types are: {list(version.routers)}")
-        for k in ("max_batch_size", "max_num_tokens"):
-            if k in scfg:
-                router.setdefault(k, scfg[k])
-        kvc = scfg.get("kv_cache_config")
-        if router["type"] == "kv_cache_aware" and isinstance(kvc, dict) and "tokens_per_block" in kvc:
-            router.setdefault("tokens_per_block", kvc["tokens_per_block"])
-        sections[sec] = ([] if cluster else _urls(where, sec, scfg), router)
+    ctx_urls, ctx_router = _section(where, "context_servers", cfg, inherited, version, cluster is not None)
+    gen_urls, gen_router = _section(where, "generation_servers", cfg, inherited, version, cluster is not None)
     retries = cfg.get("max_retries", 1)
-    if not isinstance(retries, int) or isinstance(retries, bool) or retries < 0:
+    if not _is_count(retries):
         raise ConfigError(f"{where}: max_retries: Max retries {retries} must be greater than or equal to 0")
-    cond = cfg.get("conditional_disagg_config")
-    mlpl = None
-    if cond is not None:
-        if not isinstance(cond, dict) or set(cond) - {"max_local_prefill_length"}:
-            raise ConfigError(f"{where}: conditional_disagg_config: only max_local_prefill_length is accepted")
-        mlpl = cond.get("max_local_prefill_length", 0)
-        if not isinstance(mlpl, int) or isinstance(mlpl, bool) or mlpl < 0:
-            raise ConfigError(f"{where}: conditional_disagg_config.max_local_prefill_length: {mlpl!r} is not a "
-                              f"non-negative integer")
-        if sections["generation_servers"][1]["type"] != "kv_cache_aware":
-            raise ConfigError(f"{where}: conditional_disagg_config: Generation router must be a KvCacheAwareRouter "
-                              f"to enable conditional disaggregation (set generation_servers.router.type: "
-                              f"kv_cache_aware)")
+    mlpl = _max_local_prefill_length(where, cfg, gen_router)
     hostname = str(cfg.get("hostname", "localhost"))
     if re.search(r"<node\d+>", hostname):
         raise ConfigError(f"{where}: hostname: {hostname!r} is a placeholder; use disagg.resolved.yaml")
     port = cfg.get("port", 8000)
-    if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
+    if not _is_count(port, 1) or port >= 65536:
         raise ConfigError(f"{where}: port: {port!r} is not a TCP port")
-    return ProxySettings(config_file=where, hostname=hostname, port=port,
-                         ctx_urls=sections["context_servers"][0], gen_urls=sections["generation_servers"][0],
-                         ctx_router=sections["context_servers"][1], gen_router=sections["generation_servers"][1],
+    return ProxySettings(config_file=where, hostname=hostname, port=port, ctx_urls=ctx_urls, gen_urls=gen_urls,
+                         ctx_router=ctx_router, gen_router=gen_router,
                          max_retries=0 if os.environ.get("TRTLLM_DISAGG_NO_RETRY") == "1" else retries,
                          max_local_prefill_length=mlpl, server_start_timeout_s=180, request_timeout_s=180,
                          version=version, inherited={k: v for k, v in inherited.items() if k != "backend"},
@@ -224,6 +261,26 @@ def parse_config(path: str, version: trtllm.TrtllmVersion | None = None) -> Prox
 
 
 # --- the running proxy -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _ContextLeg:
+    """A context leg's answer: the server that holds the request's KV, its response, and the disaggregated_params
+    of the response's single choice."""
+
+    server: str
+    response: dict
+    params: dict
+
+    @property
+    def choice(self) -> dict:
+        return self.response["choices"][0]
+
+    @property
+    def finished_early(self) -> bool:
+        """The context server finished the request (finish_reason neither length nor not_finished, e.g. its first
+        token was a stop token): nothing is left to generate."""
+        return self.choice.get("finish_reason") not in ("length", "not_finished")
+
 
 class WorkerError(Exception):
     """A worker answered with an HTTP error: returned to the client as is."""
@@ -555,89 +612,112 @@ class Proxy:
         except Exception as exc:  # noqa: BLE001 - best effort: the slot still expires at kv_transfer_timeout_ms
             log.warning("could not release ctx_request_id %s on %s: %s", ctx_request_id, ctx_server, exc)
 
+    def _conditional_disagg(self, token_ids: list[int], route: RouteRequest) -> tuple[str, dict, bool]:
+        """_check_conditional_disagg: the KV-cache-aware generation router picks (and reserves) the generation
+        server; the request skips the context server when that server holds a prefix and at most
+        max_local_prefill_length tokens are left to prefill (the reused part does not count). (server, its routing
+        info, whether the context leg is needed)."""
+        gen_server, gen_info = self.gen_router.get_next_server(token_ids, request=route)
+        match = sum(gen_info.get("matches", [0]))
+        total = sum(len(t) for t in gen_info.get("token_lists", [token_ids]))
+        return gen_server, gen_info, match == 0 or total - match > self.s.max_local_prefill_length
+
+    async def _context_leg(self, path: str, body: dict, token_ids: list[int], route: RouteRequest,
+                           exclude: str | None) -> _ContextLeg:
+        """The context_only request on a context server (never ``exclude``, the generation server already picked);
+        its answer must be one choice carrying disaggregated_params with a ctx_request_id."""
+        # max_tokens stays the client's: TensorRT-LLM's _get_ctx_request updates only disaggregated_params, stream
+        # and stream_options (openai_disagg_service.py, commit 00bb903d); a context_only request yields one token
+        # whatever max_tokens says.
+        ctx_req = {**body, "disaggregated_params": {"request_type": "context_only",
+                                                    "disagg_request_id": random.randrange(1 << 40, 1 << 63),
+                                                    "schedule_style": 0},
+                   "stream": False, "stream_options": None}
+        server, info = self.ctx_router.get_next_server(token_ids, exclude=exclude, request=route)
+        self.counters["context_servers"][server] += 1
+        ok = False
+        try:
+            resp = await self._post_json("context", server, path, ctx_req)
+            ok = True
+        finally:
+            await self.ctx_router.finish(server, info, ok, self.session)
+        choices = resp.get("choices") or []
+        if len(choices) != 1:
+            raise ProxyError(500, "Internal server error Context server did not return a single choice")
+        params = choices[0].get("disaggregated_params")
+        if not params or params.get("ctx_request_id") is None:
+            raise ProxyError(500, f"Internal server error Context server {server} did not return "
+                                  f"disaggregated params")
+        return _ContextLeg(server, resp, params)
+
+    def _generation_request(self, kind: str, body: dict, ctx: _ContextLeg) -> dict:
+        """_get_gen_request: the client's request with the context leg's disaggregated_params (generation_only) and
+        its prompt_token_ids in place of the prompt."""
+        body = dict(body)  # shallow: only top-level keys change (a deep copy of a long prompt is costly)
+        body["disaggregated_params"] = {**ctx.params, "request_type": "generation_only", "schedule_style": 0}
+        if self.ctx_usage and isinstance(ctx.response.get("usage"), dict):
+            # _get_gen_request: disaggregated_params.ctx_usage = ctx_response.usage; the generation
+            # worker reports the context leg's prompt_tokens and cached_tokens (PR #13620/#14177)
+            body["disaggregated_params"]["ctx_usage"] = ctx.response["usage"]
+        if kind == "completion":
+            body["prompt"] = ctx.response.get("prompt_token_ids")
+        else:
+            body["prompt_token_ids"] = ctx.response.get("prompt_token_ids")
+        return body
+
+    async def _generation_leg(self, request, server: str, path: str, body: dict):
+        """The generation request: its JSON answer, or its stream passed through byte for byte."""
+        from aiohttp import web
+        if not body.get("stream"):
+            return web.json_response(await self._post_json("generation", server, path, body))
+        return await self._stream(request, server, path, body)
+
+    async def _free_context_kv(self, ctx: _ContextLeg, exc: BaseException) -> None:
+        """After a failed generation leg: the context KV nobody will fetch is freed now (awaited unless the request
+        itself was cancelled)."""
+        from toolkit.standin.tasks import spawn
+        release = spawn(self._release(ctx.server, ctx.params["ctx_request_id"]), "kv-release", component="proxy")
+        if not isinstance(exc, asyncio.CancelledError):
+            await release
+
     async def _disagg(self, request, kind: str, body: dict, token_ids: list[int], route: RouteRequest):
         from aiohttp import web
         path = "/v1/completions" if kind == "completion" else "/v1/chat/completions"
         gen_server = gen_info = None
         need_ctx = True
         if self.s.max_local_prefill_length is not None:
-            # _check_conditional_disagg: the KV-cache-aware generation router picks (and reserves) the generation
-            # server; the request skips the context server when that server holds a prefix and at most
-            # max_local_prefill_length tokens are left to prefill (the reused part does not count).
-            gen_server, gen_info = self.gen_router.get_next_server(token_ids, request=route)
-            match = sum(gen_info.get("matches", [0]))
-            total = sum(len(t) for t in gen_info.get("token_lists", [token_ids]))
-            need_ctx = match == 0 or total - match > self.s.max_local_prefill_length
+            gen_server, gen_info, need_ctx = self._conditional_disagg(token_ids, route)
         if "skip_context" in self.faults:
             need_ctx = False  # a test fault: every request prefilled on its generation server, no KV moves
         ok = False
+        ctx = None
         try:
             if need_ctx:
-                ctx_req = dict(body)
-                ctx_req["disaggregated_params"] = {"request_type": "context_only",
-                                                   "disagg_request_id": random.randrange(1 << 40, 1 << 63),
-                                                   "schedule_style": 0}
-                ctx_req["stream"] = False
-                ctx_req["stream_options"] = None
-                # max_tokens stays the client's: TensorRT-LLM's _get_ctx_request updates only
-                # disaggregated_params, stream and stream_options (openai_disagg_service.py, commit 00bb903d); a context_only
-                # request yields one token whatever max_tokens says.
-                ctx_server, ctx_info = self.ctx_router.get_next_server(token_ids, exclude=gen_server, request=route)
-                self.counters["context_servers"][ctx_server] += 1
-                ctx_ok = False
-                try:
-                    ctx_resp = await self._post_json("context", ctx_server, path, ctx_req)
-                    ctx_ok = True
-                finally:
-                    await self.ctx_router.finish(ctx_server, ctx_info, ctx_ok, self.session)
-                choices = ctx_resp.get("choices") or []
-                if len(choices) != 1:
-                    raise ProxyError(500, "Internal server error Context server did not return a single choice")
-                params = choices[0].get("disaggregated_params")
-                if not params or params.get("ctx_request_id") is None:
-                    raise ProxyError(500, f"Internal server error Context server {ctx_server} did not return "
-                                          f"disaggregated params")
-                if choices[0].get("finish_reason") not in ("length", "not_finished"):
+                ctx = await self._context_leg(path, body, token_ids, route, exclude=gen_server)
+                if ctx.finished_early:
                     self.counters["ctx_finished_early"] += 1
                     if body.get("stream"):
                         return await self._stream_done(request)
-                    choices[0].pop("disaggregated_params", None)
-                    return web.json_response(ctx_resp)
+                    ctx.choice.pop("disaggregated_params", None)
+                    return web.json_response(ctx.response)
                 self.counters["disaggregated"] += 1
-                body = dict(body)  # shallow: only top-level keys change (a deep copy of a long prompt is costly)
-                body["disaggregated_params"] = {**params, "request_type": "generation_only", "schedule_style": 0}
-                if self.ctx_usage and isinstance(ctx_resp.get("usage"), dict):
-                    # _get_gen_request: disaggregated_params.ctx_usage = ctx_response.usage; the generation
-                    # worker reports the context leg's prompt_tokens and cached_tokens (PR #13620/#14177)
-                    body["disaggregated_params"]["ctx_usage"] = ctx_resp["usage"]
-                if kind == "completion":
-                    body["prompt"] = ctx_resp.get("prompt_token_ids")
-                else:
-                    body["prompt_token_ids"] = ctx_resp.get("prompt_token_ids")
+                body = self._generation_request(kind, body, ctx)
             else:
                 self.counters["local_prefill"] += 1
                 body = dict(body)
                 body.pop("disaggregated_params", None)
             if gen_server is None:
                 gen_server, gen_info = self.gen_router.get_next_server(
-                    token_ids, exclude=ctx_server if need_ctx else None,
-                    request=replace(route, tokens_of_client=True) if need_ctx else route)
+                    token_ids, exclude=ctx.server if ctx else None,
+                    request=replace(route, tokens_of_client=True) if ctx else route)
             self.counters["generation_servers"][gen_server] += 1
             try:
-                if not body.get("stream"):
-                    doc = await self._post_json("generation", gen_server, path, body)
-                    ok = True
-                    return web.json_response(doc)
-                resp = await self._stream(request, gen_server, path, body)
+                resp = await self._generation_leg(request, gen_server, path, body)
                 ok = True
                 return resp
             except BaseException as exc:
-                if need_ctx and not ok:  # the context KV nobody will fetch: free it now
-                    from toolkit.standin.tasks import spawn
-                    release = spawn(self._release(ctx_server, params["ctx_request_id"]), "kv-release",
-                                    component="proxy")
-                    if not isinstance(exc, asyncio.CancelledError):
-                        await release
+                if ctx is not None:
+                    await self._free_context_kv(ctx, exc)
                 raise
         finally:
             if gen_server is not None:

@@ -135,11 +135,114 @@ def _transfer(plan: Plan, lengths: list[int], full_bytes_per_token: int, mode: s
         mapper = (T.Layout.PER_BLOCK if mode == "block" else T.Layout.HEAD_MISMATCH).value
         return {"runtime": None, "layout": mapper, "mapper": mapper, "label": "descriptor lists",
                 "bounce_size_mb": 0, "staged": [False] * len(lengths), "plan_model": None}
-    staged_lengths = [T.layout_for(tr.runtime, tr.mapper, tr.bounce_size_mb,
-                                   ceil_to(tpb, n) * full_bytes_per_token).gathers for n in lengths]
+    staged_lengths = [T.layout_for(tr.runtime, tr.mapper, tr.bounce_size_mb, ceil_to(tpb, n) * full_bytes_per_token,
+                                   tr.writers_per_generation_rank).gathers for n in lengths]
     return {"runtime": tr.runtime.value, "layout": tr.layout.value, "mapper": tr.mapper.value,
             "label": tr.runtime.label, "bounce_size_mb": tr.bounce_size_mb, "staged": staged_lengths,
+            "writers": tr.writers_per_generation_rank,
             "plan_model": tr.model, "plan_pair_bytes": tr.longest.total_bytes}
+
+
+@dataclass(frozen=True)
+class _Registration:
+    """What an agent registers for a request shape: its role's blocks (with spares), then, where the transceiver
+    stages a request, the staging slices."""
+
+    tpb: int  # tokens per block
+    kvf: int  # K and V, or one latent
+    slot: dict  # per role: bytes per token of one layer slice on a rank
+    frag: int  # bytes per token of one layer slice a context rank sends a generation rank
+    staged: bool  # the transceiver gathers a request into a staging slice (one descriptor per rank pair)
+
+    def pools(self, layers: int, tokens: int, slots: int = 1) -> dict:
+        """Per role the bytes of ``slots`` requests' blocks, plus spare blocks (scattered block tables, untouched
+        blocks)."""
+        blocks = slots * math.ceil(tokens / self.tpb)
+        blocks += max(2, math.ceil(blocks / 4))
+        return {s: blocks * self.tpb * layers * self.kvf * self.slot[s] for s in (Role.CTX, Role.GEN)}
+
+    def staging(self, layers: int, tokens: int, slots: int) -> int:
+        """A staged transfer's slices after the blocks: one to send from, one per destination slot to land in."""
+        return (1 + slots) * ceil_to(self.tpb, tokens) * layers * self.kvf * self.frag if self.staged else 0
+
+    def registered(self, pools: dict, layers: int, tokens: int, slots: int) -> int:
+        return max(pools.values()) + self.staging(layers, tokens, slots)
+
+
+@dataclass
+class _Fit:
+    """The request shape each agent registers buffers for, shrunk step by step to fit --max-memory-mb: fewer burst
+    slots first, then fewer layers, then shorter requests (each step with the note that says so)."""
+
+    reg: _Registration
+    cap: int  # bytes: --max-memory-mb
+    layers: int
+    lengths: list[int]
+    slots: int  # the longest request's burst slots
+    sweep_tokens: int  # the tokens_per_block sweep's request (0: no sweep)
+    sweep_tpbs: list[int]
+
+    @property
+    def longest(self) -> int:
+        return max(self.lengths)
+
+    @property
+    def pool_tokens(self) -> int:
+        return max(self.longest, self.sweep_tokens)
+
+    @property
+    def pools(self) -> dict:
+        return self.reg.pools(self.layers, self.pool_tokens, self.slots)
+
+    def fits(self) -> bool:
+        return self.reg.registered(self.pools, self.layers, self.longest, self.slots) <= self.cap
+
+    def fewer_slots(self) -> None:
+        while self.slots > 1 and not self.fits():
+            self.slots -= 1
+
+    def fewer_layers(self) -> None:
+        """One slot, and as many layers as one request of the longest length (and the sweep's) fits."""
+        self.slots = 1
+        per_layer = self.reg.registered(self.reg.pools(1, self.pool_tokens), 1, self.longest, 1)
+        self.layers = max(1, self.cap // per_layer)
+
+    def shorter_requests(self, notes: list[str]) -> None:
+        """Lengths (and the sweep's request) capped at what one layer of one slot fits."""
+        tpb = self.reg.tpb
+        per_token = self.reg.registered(self.reg.pools(1, tpb * 4), 1, tpb * 4, 1) / (tpb * 4)
+        fit = max(tpb, int(self.cap / per_token) // tpb * tpb)
+        self.lengths = sorted({min(n, fit) for n in self.lengths})
+        if self.sweep_tokens:
+            self.sweep_tokens = (fit // 256) * 256
+            if not self.sweep_tokens:
+                self.sweep_tpbs = []
+                notes.append("tokens_per_block sweep skipped: a 256-token request does not fit --max-memory-mb")
+
+
+def _fit_memory(fit: _Fit, opts: Options, layers_total: int, mode: str, notes: list[str]) -> None:
+    """Shrink ``fit`` until each agent registers at most --max-memory-mb, noting every step taken."""
+    reg = fit.reg
+    wanted_slots = fit.slots
+    fit.fewer_slots()
+    if fit.slots < wanted_slots:
+        notes.append(f"the longest request is timed in bursts of {fit.slots} transfer(s) instead of {wanted_slots} to "
+                     f"fit --max-memory-mb={opts.max_memory_mb}: more of its timed transfers directly follow a check, "
+                     "which on CPU transports (shared memory, TCP) reads lower, not on RDMA (docs/validate.md)")
+    if fit.fits():
+        return
+    fit.fewer_layers()
+    effect = ("the one staged descriptor per rank pair shrinks with them" if reg.staged else
+              "descriptor sizes are unchanged (one per layer and K/V)" if mode == "fragment" else
+              f"each block descriptor is {reg.tpb * fit.layers * reg.kvf * reg.slot[Role.CTX]} bytes instead of "
+              f"{reg.tpb * layers_total * reg.kvf * reg.slot[Role.CTX]}")
+    notes.append(f"layers scaled down from {layers_total} to {fit.layers} per request so each agent registers at most "
+                 f"--max-memory-mb={opts.max_memory_mb} MiB; bytes per request shrink by the same factor and "
+                 f"{effect}")
+    if fit.fits():
+        return
+    fit.shorter_requests(notes)
+    notes.append(f"request lengths capped at {fit.longest} tokens to fit --max-memory-mb={opts.max_memory_mb}")
 
 
 def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
@@ -160,88 +263,40 @@ def geometry(plan: Plan, opts: Options) -> tuple[dict, list[int], list[str]]:
     slot, frag, mode = _slices(plan, [tpb, *sweep_tpbs], notes)
 
     lengths = _lengths(plan, opts, tpb)
-    longest = max(lengths)
-    sweep_tokens = ceil_to(256, longest) if sweep_tpbs else 0
-    pool_tokens = max(longest, sweep_tokens)
-    cap = int(opts.max_memory_mb) * 2**20
-    layers = layers_total
-    slots = max(1, min(BURST_SLOTS, opts.warmup + opts.iterations))
-
-    def pool_bytes(layers_: int, tokens: int, slots_: int = 1) -> dict:
-        blocks = slots_ * math.ceil(tokens / tpb)
-        blocks += max(2, math.ceil(blocks / 4))  # spare blocks: scattered block tables, untouched blocks
-        return {s: blocks * tpb * layers_ * kvf * slot[s] for s in (Role.CTX, Role.GEN)}
-
-    def staging(layers_: int, tokens: int, slots_: int) -> int:
-        """A staged transfer's slices after the blocks: one to send from, one per destination slot to land in."""
-        return (1 + slots_) * ceil_to(tpb, tokens) * layers_ * kvf * frag if staged else 0
-
-    def registered(pools_: dict, layers_: int, tokens: int, slots_: int) -> int:
-        return max(pools_.values()) + staging(layers_, tokens, slots_)
-
-    pools = pool_bytes(layers, pool_tokens, slots)
-    wanted_slots = slots
-    while slots > 1 and registered(pools, layers, longest, slots) > cap:  # fewer slots before fewer layers
-        slots -= 1
-        pools = pool_bytes(layers, pool_tokens, slots)
-    if slots < wanted_slots:
-        notes.append(f"the longest request is timed in bursts of {slots} transfer(s) instead of {wanted_slots} to fit "
-                     f"--max-memory-mb={opts.max_memory_mb}: more of its timed transfers directly follow a check, "
-                     "which on CPU transports (shared memory, TCP) reads lower, not on RDMA (docs/validate.md)")
-    if registered(pools, layers, longest, slots) > cap:
-        slots = 1
-        per_layer = registered(pool_bytes(1, pool_tokens), 1, longest, 1)
-        layers = max(1, cap // per_layer)
-        pools = pool_bytes(layers, pool_tokens)
-        effect = ("the one staged descriptor per rank pair shrinks with them" if staged else
-                  "descriptor sizes are unchanged (one per layer and K/V)" if mode == "fragment" else
-                  f"each block descriptor is {tpb * layers * kvf * slot[Role.CTX]} bytes instead of "
-                  f"{tpb * layers_total * kvf * slot[Role.CTX]}")
-        notes.append(f"layers scaled down from {layers_total} to {layers} per request so each agent registers at most "
-                     f"--max-memory-mb={opts.max_memory_mb} MiB; bytes per request shrink by the same factor and "
-                     f"{effect}")
-    if registered(pools, layers, longest, slots) > cap:
-        per_token = registered(pool_bytes(1, tpb * 4), 1, tpb * 4, 1) / (tpb * 4)
-        fit = max(tpb, int(cap / per_token) // tpb * tpb)
-        lengths = sorted({min(n, fit) for n in lengths})
-        if sweep_tokens:
-            sweep_tokens = (fit // 256) * 256
-            if not sweep_tokens:
-                sweep_tpbs = []
-                notes.append("tokens_per_block sweep skipped: a 256-token request does not fit --max-memory-mb")
-        pool_tokens = max(max(lengths), sweep_tokens)
-        pools = pool_bytes(layers, pool_tokens)
-        notes.append(f"request lengths capped at {max(lengths)} tokens to fit --max-memory-mb={opts.max_memory_mb}")
-    longest = max(lengths)
-    slice_bytes = ceil_to(tpb, longest) * int(layers) * kvf * frag
-    stage = staging(int(layers), longest, slots)
-    transfer = _transfer(plan, lengths, layers_total * kvf * frag, mode)
+    fit = _Fit(_Registration(tpb, kvf, slot, frag, staged), cap=int(opts.max_memory_mb) * 2**20, layers=layers_total,
+               lengths=lengths, slots=max(1, min(BURST_SLOTS, opts.warmup + opts.iterations)),
+               sweep_tokens=ceil_to(256, max(lengths)) if sweep_tpbs else 0, sweep_tpbs=sweep_tpbs)
+    wanted_slots = fit.slots
+    _fit_memory(fit, opts, layers_total, mode, notes)
+    layers, pools = int(fit.layers), fit.pools
+    slice_bytes = ceil_to(tpb, fit.longest) * layers * kvf * frag
+    stage = fit.reg.staging(layers, fit.longest, fit.slots)
 
     geom = {
         "mode": mode,
         "attention": kv.attention,
         "tokens_per_block": tpb,
         "kv_factor": kvf,
-        "layers": int(layers),
+        "layers": layers,
         "layers_per_rank": layers_total,
         "slot_bytes_per_token": slot,
-        "frag_bytes_per_token": frag if mode == "fragment" else int(layers) * kvf * slot[Role.CTX],
-        "bytes_per_token": int(layers) * kvf * frag,  # what one ctx rank sends one gen rank, per token
+        "frag_bytes_per_token": frag if mode == "fragment" else layers * kvf * slot[Role.CTX],
+        "bytes_per_token": layers * kvf * frag,  # what one ctx rank sends one gen rank, per token
         "bytes_per_token_full": layers_total * kvf * frag,
-        "descriptors_per_block": 1 if mode == "block" else int(layers) * kvf,
-        "descriptor_bytes": tpb * (int(layers) * kvf * slot[Role.CTX] if mode == "block" else frag),
+        "descriptors_per_block": 1 if mode == "block" else layers * kvf,
+        "descriptor_bytes": tpb * (layers * kvf * slot[Role.CTX] if mode == "block" else frag),
         "pool_bytes": {s_: pools[s_] + stage for s_ in pools},  # what each agent registers: blocks, then staging
         "blocks_bytes": pools,
-        "staging": ({"offset": dict(pools), "slice_bytes": slice_bytes, "recv_slices": slots} if stage else None),
-        "transfer": transfer,
-        "pool_tokens": pool_tokens,
-        "slots": slots,  # the longest request's
+        "staging": ({"offset": dict(pools), "slice_bytes": slice_bytes, "recv_slices": fit.slots} if stage else None),
+        "transfer": _transfer(plan, fit.lengths, layers_total * kvf * frag, mode),
+        "pool_tokens": fit.pool_tokens,
+        "slots": fit.slots,  # the longest request's
         "burst_slots": wanted_slots,  # what shorter requests may use when the pool holds them
-        "sweep_tokens": sweep_tokens,
-        "sweep_tokens_per_block": sweep_tpbs,
+        "sweep_tokens": fit.sweep_tokens,
+        "sweep_tokens_per_block": fit.sweep_tpbs,
         "notes": notes,
     }
-    return geom, lengths, notes
+    return geom, fit.lengths, notes
 
 
 def build_params(plan: Plan, opts: Options, run_dir: str) -> dict:

@@ -318,22 +318,32 @@ def recommend(rows: list, current: int, ops: list, shared_host: bool, cpu_progre
 
 
 def largest_request(plan_info: dict, pairs: list) -> dict:
-    measured = [p["gbps"] for p in pairs if p["gbps"] and p.get("direction", "forward") == "forward"
-                and p.get("op", "WRITE") == "WRITE"]
+    """The recipe's longest admitted request, projected from the forward WRITE pairs: over the link alone
+    (``measured_transfer_ms``, the slowest pair's GB/s) and as TensorRT-LLM's transceiver moves it
+    (``measured_request_ms``: with the gather and the scatter a staged transfer does around the WRITE, at the slowest
+    pair's measured milliseconds per byte of its longest request). The second decides ``transfer_dominates``."""
+    forward = [p for p in pairs if p.get("direction", "forward") == "forward" and p.get("op", "WRITE") == "WRITE"]
+    measured = [p["gbps"] for p in forward if p["gbps"]]
     worst = min(measured) if measured else None
     nbytes = plan_info["largest_request_bytes_per_rank"]
     ms = round(nbytes / (worst * 1e9) * 1e3, 3) if worst else None
+    per_byte = [p["lengths"][-1]["request_ms"] / p["lengths"][-1]["bytes"] for p in forward
+                if p["gbps"] and p.get("lengths") and p["lengths"][-1].get("request_ms")
+                and p["lengths"][-1].get("bytes")]
+    request = round(nbytes * max(per_byte), 3) if per_byte else ms
     prefill = plan_info["largest_request_prefill_ms"]
     return {
         "tokens": plan_info["largest_request_tokens"],
         "bytes_per_rank": nbytes,
         "worst_pair_gbps": worst,
         "measured_transfer_ms": ms,
+        "measured_request_ms": request,
         "estimated_transfer_ms": plan_info["largest_request_transfer_ms"],
         "estimated_prefill_ms": prefill,
-        "transfer_dominates": (ms > prefill) if ms is not None else None,
+        "transfer_dominates": (request > prefill) if request is not None else None,
         "basis": "bytes one context rank sends for the longest admitted request (plan) / the slowest pair's "
-                 "measured bandwidth on the longest validated request",
+                 "measured bandwidth on the longest validated request (measured_transfer_ms: the link); "
+                 "measured_request_ms: the same bytes at the slowest pair's gather + WRITE + scatter per byte",
     }
 
 
@@ -424,7 +434,9 @@ def merge_curve(params: dict, results: dict) -> tuple[list, dict, dict]:
 
 
 def _curve_at(rows: list, count: int) -> float | None:
-    """The curve's median GB/s at ``count`` descriptors, log-linear between its points (clamped at its ends)."""
+    """The curve's median GB/s at ``count`` descriptors, log-linear between its points. Below its first point, the
+    first; past its last, each further descriptor costs what one did between the last two points (the time of the
+    same bytes, 1/GB/s, grows linearly with the count there), never faster than the last point."""
     pts = [(r["descriptors"], r["gbps_median"]) for r in rows if r.get("gbps_median")]
     if not pts:
         return None
@@ -434,7 +446,12 @@ def _curve_at(rows: list, count: int) -> float | None:
         if n0 <= count <= n1:
             f = (math.log(count) - math.log(n0)) / (math.log(n1) - math.log(n0))
             return g0 + (g1 - g0) * f
-    return pts[-1][1]
+    n1, g1 = pts[-1]
+    if len(pts) < 2:
+        return g1
+    n0, g0 = pts[-2]
+    per_descriptor = max(0.0, (1 / g1 - 1 / g0) / (n1 - n0))  # what one more descriptor adds to 1/GB/s
+    return 1 / (1 / g1 + (count - n1) * per_descriptor)
 
 
 def advise(transfer: dict, rows: list, pairs: list, tpb: int, trusted: bool, why_not: str) -> dict | None:
@@ -474,7 +491,9 @@ def advise(transfer: dict, rows: list, pairs: list, tpb: int, trusted: bool, why
             pick = cand
             break
     bounce = None
-    if transfer.get("runtime") == "PYTHON":  # the bounce buffer holds the whole request of one rank pair
+    # the bounce buffer holds the whole request of one rank pair, written by one context rank (a generation rank fed
+    # by several stays on the lists: toolkit/facts/transceiver.py layout_for)
+    if transfer.get("runtime") == "PYTHON" and int(transfer.get("writers") or 1) == 1:
         full = int(transfer.get("plan_pair_bytes") or longest["bytes"])
         bounce = max(1, -(-full // (1 << 20)))
     options = []
@@ -668,18 +687,21 @@ def _print_matrix_summary(console, matrix: dict) -> None:
                               f"{x['max']:.3f} GB/s over {sum(v is not None for row in x['gbps'] for v in row)} pair(s)")
 
 
-def print_report(report: dict) -> None:
-    from rich.console import Console
-    from rich.markup import escape as esc
-    from rich.table import Table
+def _plain(*cells) -> list:
+    """Table cells shown as given: a [bracket] in a name or path is not markup."""
     from rich.text import Text
 
-    def plain(*cells) -> list:  # table cells shown as given: a [bracket] in a name or path is not markup
-        return [Text(str(c)) for c in cells]
+    return [Text(str(c)) for c in cells]
 
-    console = Console(stderr=True, highlight=False)
-    if not console.is_terminal:
-        console.width = 140
+
+def _gbps_range(x: dict) -> str:
+    """ " [slowest-fastest]" after a median where the figures have a range, else nothing."""
+    return f" [{_f(x['gbps_min'])}-{_f(x['gbps_max'])}]" if x.get("gbps_min") is not None else ""
+
+
+def _print_header(console, report: dict) -> None:
+    from rich.markup import escape as esc
+
     g = report["geometry"]
     console.print(f"[bold]{esc(report['recipe'])}[/]  tk validate cluster ({report['mode']})  "
                   f"{len(report['nodes'])} agents, {report['schedule']['rounds']} round(s); tokens_per_block "
@@ -689,14 +711,27 @@ def print_report(report: dict) -> None:
         console.print(f"moves what TensorRT-LLM moves: {esc(tr['model'])}")
     for note in g["notes"]:
         console.print(f"[yellow]note:[/] {esc(note)}")
+
+
+def _print_preflight_failures(console, report: dict) -> None:
+    from rich.table import Table
+
     bad = [i for i in report["preflight"] if i["status"] == "fail"]
-    if bad:
-        t = Table(title="Preflight failures", title_justify="left")
-        for col in ("check", "agent", "detail"):
-            t.add_column(col, overflow="fold")
-        for i in bad:
-            t.add_row(*plain(i["name"], i.get("agent") or "-", i["detail"]))
-        console.print(t)
+    if not bad:
+        return
+    t = Table(title="Preflight failures", title_justify="left")
+    for col in ("check", "agent", "detail"):
+        t.add_column(col, overflow="fold")
+    for i in bad:
+        t.add_row(*_plain(i["name"], i.get("agent") or "-", i["detail"]))
+    console.print(t)
+
+
+def _print_pairs(console, report: dict) -> None:
+    """The per-pair table; READs (and anything else TensorRT-LLM does not issue) starred and explained."""
+    from rich.markup import escape as esc
+    from rich.table import Table
+
     th = report["thresholds"]
     t = Table(title=f"Pairs (the longest request: link GB/s, WRITE post to DONE; request ms = gather + WRITE + "
                     f"scatter, p50; threshold {th.get('basis_text') or th['min_gbps']})", title_justify="left")
@@ -704,76 +739,105 @@ def print_report(report: dict) -> None:
                 "request ms", "verdict"):
         t.add_column(col, justify="left" if col in ("context / generation", "direction", "op", "verdict") else "right",
                      overflow="fold")
-    reads = False
     for p in report["pairs"]:
         verdict = "[green]pass[/]" if p["passed"] else f"[red]FAIL[/] {esc(p['error'] or '')}"
         way = "ctx -> gen" if p.get("direction", "forward") == "forward" else "gen -> ctx"
         op = p["op"] if p.get("issued_by_trtllm", True) else f"{p['op']}*"
-        reads = reads or op.endswith("*")
-        t.add_row(*plain(f"{p['src']} / {p['dst']}", way, op), _human_bytes(p["bytes_verified"]),
+        t.add_row(*_plain(f"{p['src']} / {p['dst']}", way, op), _human_bytes(p["bytes_verified"]),
                   _f(p["gbps"]), _f(p.get("min_gbps")), _f(p["latency_p50_ms"]), _f(p["latency_p99_ms"]),
                   _f(p.get("request_ms")), verdict)
     console.print(t)
-    if reads:
+    if not all(p.get("issued_by_trtllm", True) for p in report["pairs"]):
         console.print("* not what TensorRT-LLM issues (it WRITEs from the context side): measured as asked, judges "
                       "nothing")
-    _print_matrix_summary(console, report["bandwidth_matrix"])
-    if any(s["gbps_median"] or any(x.get("gbps_median") for x in s.get("ops", {}).values()) for s in report["sweep"]):
-        ops = list(report["sweep"][0].get("ops", {}) or ["WRITE"])
-        passes = max(s.get("passes", 1) for s in report["sweep"])
-        t = Table(title=esc(f"tokens_per_block sweep (context -> generation; per op the median over {passes} "
-                            "pass(es) of each pass's median over the pairs, [slowest-fastest pass])"),
-                  title_justify="left")
-        for col in ("tokens_per_block", "descriptor", "descriptors", *(f"{op} GB/s" for op in ops)):
-            t.add_column(col, justify="right")
-        for s in report["sweep"]:
-            cells = []
-            for op in ops:
-                x = s.get("ops", {}).get(op) or {"gbps_median": s["gbps_median"], "gbps_min": None, "gbps_max": None}
-                rng = f" [{_f(x['gbps_min'])}-{_f(x['gbps_max'])}]" if x.get("gbps_min") is not None else ""
-                cells.append(f"{_f(x['gbps_median'])}{rng}")
-            t.add_row(str(s["tokens_per_block"]), _human_bytes(s["descriptor_bytes"]), str(s["descriptors"] or "-"),
-                      *cells)
-        console.print(t)
+
+
+def _print_sweep(console, sweep: list) -> None:
+    """The tokens_per_block sweep, where it measured anything: per op, the median and range over the passes."""
+    from rich.markup import escape as esc
+    from rich.table import Table
+
+    if not any(s["gbps_median"] or any(x.get("gbps_median") for x in s.get("ops", {}).values()) for s in sweep):
+        return
+    ops = list(sweep[0].get("ops", {}) or ["WRITE"])
+    passes = max(s.get("passes", 1) for s in sweep)
+    t = Table(title=esc(f"tokens_per_block sweep (context -> generation; per op the median over {passes} "
+                        "pass(es) of each pass's median over the pairs, [slowest-fastest pass])"),
+              title_justify="left")
+    for col in ("tokens_per_block", "descriptor", "descriptors", *(f"{op} GB/s" for op in ops)):
+        t.add_column(col, justify="right")
+    for s in sweep:
+        figures = [s.get("ops", {}).get(op) or {"gbps_median": s["gbps_median"], "gbps_min": None, "gbps_max": None}
+                   for op in ops]
+        t.add_row(str(s["tokens_per_block"]), _human_bytes(s["descriptor_bytes"]), str(s["descriptors"] or "-"),
+                  *(f"{_f(x['gbps_median'])}{_gbps_range(x)}" for x in figures))
+    console.print(t)
+
+
+def _print_curve(console, report: dict) -> None:
+    """The descriptor-size curve, where it measured anything, and what a copy of the same bytes costs."""
+    from rich.markup import escape as esc
+    from rich.table import Table
+
     curve = report.get("curve") or []
-    if any(row.get("gbps_median") for row in curve):
-        t = Table(title=esc("Descriptor-size curve (raw NIXL WRITE, context -> generation, the longest request's "
-                            "bytes of one rank pair; median [slowest-fastest] over the pairs)"), title_justify="left")
-        for col in ("descriptors", "each", "GB/s"):
-            t.add_column(col, justify="right")
-        for row in curve:
-            rng = f" [{_f(row['gbps_min'])}-{_f(row['gbps_max'])}]" if row.get("gbps_min") is not None else ""
-            t.add_row(str(row["descriptors"]), _human_bytes(row["descriptor_bytes"]), f"{_f(row['gbps_median'])}{rng}")
-        console.print(t)
-        copies = [x["copy_gbps"] for x in th.get("pairs", []) if x.get("copy_gbps")]
-        if copies:
-            where = "device" if any((n.get("memory") or {}).get("type") == "VRAM" for n in report["nodes"]) else "host"
-            console.print(f"a {where} copy of the same bytes on the destination: {min(copies):.3f}-{max(copies):.3f} "
-                          "GB/s (what a gather or scatter costs at best)")
+    if not any(row.get("gbps_median") for row in curve):
+        return
+    t = Table(title=esc("Descriptor-size curve (raw NIXL WRITE, context -> generation, the longest request's "
+                        "bytes of one rank pair; median [slowest-fastest] over the pairs)"), title_justify="left")
+    for col in ("descriptors", "each", "GB/s"):
+        t.add_column(col, justify="right")
+    for row in curve:
+        t.add_row(str(row["descriptors"]), _human_bytes(row["descriptor_bytes"]), f"{_f(row['gbps_median'])}{_gbps_range(row)}")
+    console.print(t)
+    copies = [x["copy_gbps"] for x in report["thresholds"].get("pairs", []) if x.get("copy_gbps")]
+    if copies:
+        where = "device" if any((n.get("memory") or {}).get("type") == "VRAM" for n in report["nodes"]) else "host"
+        console.print(f"a {where} copy of the same bytes on the destination: {min(copies):.3f}-{max(copies):.3f} "
+                      "GB/s (what a gather or scatter costs at best)")
+
+
+_ADVICE_HEADS = {"change": "[bold]descriptor count[/]: change", "keep": "descriptor count: keep",
+                "withheld": "descriptor count: no advice"}
+
+
+def _recommendation_head(rec: dict) -> str:
+    if rec.get("status", "change") == "change" and not rec["matches_recipe"]:
+        return f"recommended tokens_per_block: [bold]{rec['tokens_per_block']}[/] (recipe: {rec['recipe_tokens_per_block']})"
+    if rec.get("status") == "withheld":
+        return f"tokens_per_block: [bold]no recommendation[/] (recipe: {rec['recipe_tokens_per_block']})"
+    return f"tokens_per_block: keep the recipe's [bold]{rec['recipe_tokens_per_block']}[/]"
+
+
+def _print_advice(console, report: dict) -> None:
+    """The descriptor-count advice and the tokens_per_block recommendation, then the timing caveats."""
+    from rich.markup import escape as esc
+
     adv = report.get("advice")
     if adv:
-        head = {"change": "[bold]descriptor count[/]: change", "keep": "descriptor count: keep",
-                "withheld": "descriptor count: no advice"}[adv["status"]]
-        console.print(f"{head}. {esc(adv['reason'])}")
+        console.print(f"{_ADVICE_HEADS[adv['status']]}. {esc(adv['reason'])}")
     rec = report["recommendation"]
     if rec:
-        status = rec.get("status", "change")
-        if status == "change" and not rec["matches_recipe"]:
-            head = f"recommended tokens_per_block: [bold]{rec['tokens_per_block']}[/] (recipe: {rec['recipe_tokens_per_block']})"
-        elif status == "withheld":
-            head = f"tokens_per_block: [bold]no recommendation[/] (recipe: {rec['recipe_tokens_per_block']})"
-        else:
-            head = f"tokens_per_block: keep the recipe's [bold]{rec['recipe_tokens_per_block']}[/]"
-        console.print(f"{head}. {esc(rec['reason'][:1].upper() + rec['reason'][1:])}")
+        console.print(f"{_recommendation_head(rec)}. {esc(rec['reason'][:1].upper() + rec['reason'][1:])}")
     for caveat in report.get("timing", {}).get("caveats", []):
         console.print(f"[yellow]note:[/] {esc(caveat)}")
-    lr = report["largest_request"]
-    if lr["measured_transfer_ms"] is not None:
-        verdict = "[red]the transfer dominates[/]" if lr["transfer_dominates"] else "the prefill dominates"
-        console.print(f"largest request ({lr['tokens']} tokens, {_human_bytes(lr['bytes_per_rank'])} per rank): "
-                      f"{lr['measured_transfer_ms']:.1f} ms at the slowest pair's {lr['worst_pair_gbps']:.3f} GB/s "
-                      f"(nominal estimate {lr['estimated_transfer_ms']:.1f} ms) vs prefill ~{lr['estimated_prefill_ms']:.1f} ms: "
-                      f"{verdict}")
+
+
+def _print_largest_request(console, lr: dict) -> None:
+    if lr["measured_transfer_ms"] is None:
+        return
+    verdict = "[red]the transfer dominates[/]" if lr["transfer_dominates"] else "the prefill dominates"
+    request = lr.get("measured_request_ms")
+    staged = (f"; {request:.1f} ms with the gather and scatter around it" if request is not None
+              and request > lr["measured_transfer_ms"] * 1.001 else "")
+    console.print(f"largest request ({lr['tokens']} tokens, {_human_bytes(lr['bytes_per_rank'])} per rank): "
+                  f"{lr['measured_transfer_ms']:.1f} ms at the slowest pair's {lr['worst_pair_gbps']:.3f} GB/s "
+                  f"link{staged} (nominal estimate {lr['estimated_transfer_ms']:.1f} ms) vs prefill "
+                  f"~{lr['estimated_prefill_ms']:.1f} ms: {verdict}")
+
+
+def _print_verdict(console, report: dict) -> None:
+    from rich.markup import escape as esc
+
     n_ok = sum(p["passed"] for p in report["pairs"])
     if report["passed"]:
         console.print(f"[green bold]PASSED[/]: {n_ok}/{len(report['pairs'])} pair checks, every byte verified. "
@@ -781,3 +845,21 @@ def print_report(report: dict) -> None:
     else:
         console.print(f"[red bold]FAILED[/]: {n_ok}/{len(report['pairs'])} pair checks passed; "
                       f"{len(report['failures'])} problem(s). Report: {esc(report['report_file'])}")
+
+
+def print_report(report: dict) -> None:
+    """The report on stderr, section by section (stdout is kept for --json)."""
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=False)
+    if not console.is_terminal:
+        console.width = 140
+    _print_header(console, report)
+    _print_preflight_failures(console, report)
+    _print_pairs(console, report)
+    _print_matrix_summary(console, report["bandwidth_matrix"])
+    _print_sweep(console, report["sweep"])
+    _print_curve(console, report)
+    _print_advice(console, report)
+    _print_largest_request(console, report["largest_request"])
+    _print_verdict(console, report)

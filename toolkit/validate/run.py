@@ -19,9 +19,11 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from orchestrator.states import Role
+from toolkit.facts.hardware import Transport
 from toolkit.errors import TkError
 from validation.rundir import RunDir
 from validation.schedule import partners
@@ -93,17 +95,21 @@ def _partners(params: dict, agent: str) -> set:
 
 def _coordinator_preflight(plan: Plan) -> list:
     backend = plan.kv_transfer.backend
-    if backend in ("NIXL", "DEFAULT"):
+    tr = plan.kv_transfer.transceiver
+    effective = tr.backend if tr is not None else ("NIXL" if backend == "DEFAULT" else backend)
+    named = (f"{backend} ({effective} on TensorRT-LLM {plan.target_release or plan.trtllm_version})"
+             if backend == "DEFAULT" else backend)  # DEFAULT: UCX on 1.0/1.1, NIXL from 1.2 (resolve_backend)
+    if effective == "NIXL":
         status = "pass"
-        detail = (f"kv_transfer.backend {backend}: TensorRT-LLM moves KV with NIXL over "
+        detail = (f"kv_transfer.backend {named}: TensorRT-LLM moves KV with NIXL over "
                   f"{plan.kv_transfer.transport.nixl_transport}, as validated here")
-    elif backend == "UCX":
+    elif effective == "UCX":
         status = "pass"
-        detail = ("kv_transfer.backend UCX: TensorRT-LLM uses UCX directly; validated with NIXL over the "
+        detail = (f"kv_transfer.backend {named}: TensorRT-LLM uses UCX directly; validated with NIXL over the "
                   "same UCX library, transports and environment")
     else:
         status = "not_present"
-        detail = (f"kv_transfer.backend {backend}: not a NIXL/UCX path; the transfers validated here "
+        detail = (f"kv_transfer.backend {named}: not a NIXL/UCX path; the transfers validated here "
                   "are NIXL's, not what this recipe would use")
     return [{"name": "recipe_backend", "status": status, "detail": detail, "agent": None, "host": None}]
 
@@ -112,7 +118,7 @@ def _min_fraction(opts: Options, plan: Plan, results: dict) -> float:
     if opts.min_fraction is not None:
         return opts.min_fraction
     mems = {(r or {}).get("memory", {}) and r["memory"]["type"] for r in results.values() if r and r.get("memory")}
-    if plan.estimates.transport == "tcp" or mems == {"DRAM"}:
+    if plan.estimates.transport == Transport.TCP or mems == {"DRAM"}:
         return 0.0  # rehearsal profiles: host memory / TCP say nothing about the production fabric
     return 0.5
 
@@ -174,58 +180,160 @@ def check_local_memory(params: dict) -> None:
                         "lower --max-memory-mb (the cap per agent) or --lengths, or validate on the cluster")
 
 
+def _fault_from_environment(plan: Plan, opts: Options) -> None:
+    """TK_VALIDATE_FAULT (the fault-injection specs' hook) where --fault was not given."""
+    if opts.fault is None and os.environ.get("TK_VALIDATE_FAULT"):
+        from toolkit.validate.params import agents_for
+
+        opts.fault = parse_fault(os.environ["TK_VALIDATE_FAULT"], agents_for(plan, opts))
+
+
+def _coordinator_check(name: str, detail: str) -> dict:
+    """A passed preflight check of the coordinator's own (no agent, no host)."""
+    return {"name": name, "status": "pass", "detail": detail, "agent": None, "host": None}
+
+
+def _decide_progress_thread(plan: Plan, opts: Options, nodes: list[str] | None, preflight: list) -> None:
+    """NIXL's progress thread polls without pause: right for an agent with a host to itself (as in serving), but
+    agents whose Slurm nodes share one machine would starve each other, so it is off there unless forced."""
+    shared = launchers.nodes_sharing_a_host(nodes=nodes, partition=plan.slurm.partition)
+    opts.progress_thread = not shared
+    if shared:
+        preflight.append(_coordinator_check(
+            "progress_thread", f"off: Slurm nodes {', '.join(shared)} share a host, and busy-polling progress threads "
+                               "would starve each other (--progress-thread forces it)"))
+
+
+def _agents_python(plan: Plan, opts: Options) -> str:
+    """The interpreter that runs agent.pyz: --python, else the container's python3, else this one (--local and bare
+    nodes share this machine's or the cluster's install)."""
+    return opts.python or ("python3" if plan.slurm.container_image and opts.mode != "local" else sys.executable)
+
+
+def _launch_preflight(plan: Plan, opts: Options, run_dir: Path, preflight: list):
+    """What is checked before anything is written: Slurm's preflight (slurm mode: returns its launcher; the other
+    modes' launchers need the params, so None), the allocation (--in-allocation) and the progress-thread decision
+    where --progress-thread left it open."""
+    launcher = None
+    if opts.mode == "slurm":
+        launcher = launchers.SlurmLauncher(run_dir, plan, opts.pending_timeout_s or plan.slurm.pending_timeout_s)
+        preflight.append(_coordinator_check("slurm", launcher.preflight()))
+    # --in-allocation outside an allocation (or in one too small) is refused here, whatever --progress-thread says
+    nodes = launchers.InAllocationLauncher.allocation_nodes(plan.node_count) if opts.mode == "in-allocation" else None
+    if opts.progress_thread is None and opts.mode != "local":
+        _decide_progress_thread(plan, opts, nodes, preflight)
+    return launcher
+
+
+def _prepare(plan: Plan, opts: Options, run_dir: Path, python: str, launcher, preflight: list) -> tuple:
+    """The params, the launcher of every mode, and the run directory's files: (launcher, params)."""
+    params = build_params(plan, opts, str(run_dir))
+    if opts.mode == "local":
+        check_local_memory(params)
+        launcher = launchers.LocalLauncher(run_dir, params, python)
+    elif opts.mode == "in-allocation":
+        launcher = launchers.InAllocationLauncher(run_dir, params, python, _srun_flags(plan), plan.node_count)
+        preflight.append(_coordinator_check("allocation", f"job {launcher.job_id}: {', '.join(launcher.nodes)}"))
+    for sub in ("logs", "results", "state", "rendezvous/exited", "rendezvous/done", "rendezvous/unresponsive"):
+        (run_dir / sub).mkdir(parents=True, exist_ok=True)
+    build_agent_archive(run_dir)
+    files.write_regular_atomically(run_dir / "params.json", json.dumps(params, indent=1) + "\n")
+    if opts.mode == "slurm":
+        minutes = int((opts.timeout_s + params["timeouts"]["rendezvous_s"] + 180) // 60) + 1
+        files.write_regular_atomically(run_dir / "validate.sbatch", launchers.render_sbatch(
+            plan, params, run_dir, python, _srun_flags(plan), f"{minutes}"))
+    return launcher, params
+
+
+def _show_progress(launcher, params: dict, results: dict, exits: dict, progress: Callable) -> None:
+    if launcher.running:
+        pairs = merge_pairs(params, results, exits, 0.0, final=False)
+        progress("running", pairs, sum(1 for r in results.values() if r), len(results))
+    else:
+        progress(f"{launcher.describe()} pending")
+
+
+def _watch(launcher, run_dir: Path, params: dict, opts: Options, progress: Callable) -> str | None:
+    """Start the agents and poll until they settle; why the run ended before that (the launcher's reason, or the
+    --timeout counted from when the agents run), or None."""
+    launcher.start()
+    progress("submitted" if opts.mode == "slurm" else "starting agents")
+    deadline = None
+    while True:
+        reason = launcher.poll()
+        if launcher.running and deadline is None:
+            deadline = time.monotonic() + opts.timeout_s + GRACE_S
+        results, exits = gather(run_dir, params)
+        _show_progress(launcher, params, results, exits, progress)
+        if launcher.running and _settled(params, results, exits):
+            return None
+        if reason:
+            time.sleep(1.0)  # let the last result files land
+            results, exits = gather(run_dir, params)
+            return None if _settled(params, results, exits) else reason
+        if deadline is not None and time.monotonic() > deadline:
+            return f"timed out after {opts.timeout_s:g}s (--timeout)"
+        time.sleep(POLL_S)
+
+
+def _plan_info(plan: Plan) -> dict:
+    """What the plan expects of the longest request, for the report's comparison with what was measured."""
+    kv, est = plan.kv, plan.estimates
+    return {"largest_request_tokens": kv.largest_request_tokens,
+            "largest_request_bytes_per_rank": kv.ctx_bytes_per_token_per_rank * kv.largest_request_tokens,
+            "largest_request_transfer_ms": est.largest_request_transfer_ms,
+            "largest_request_prefill_ms": est.largest_request_prefill_ms}
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """How a run went, as the report records it."""
+
+    started: float  # time.time() at the start
+    duration_s: float
+    ended: str | None  # why the run ended before the agents settled, or None
+    cleanup: list[str]  # what could not be released
+
+
+def _write_report(plan: Plan, opts: Options, run_dir: Path, params: dict, launcher, preflight: list,
+                  outcome: _Outcome) -> dict:
+    """Gather the agents' results into the report, written to RUN_DIR/report.json."""
+    report_path = run_dir / "report.json"
+    results, exits = gather(run_dir, params)
+    if outcome.ended:
+        preflight.append({"name": "run", "status": "fail", "detail": f"{launcher.describe()}: {outcome.ended}",
+                          "agent": None, "host": None})
+    run = {"mode": opts.mode, "recipe_file": plan.recipe_file, "run_dir": str(run_dir),
+           "report_file": str(report_path), "job_id": launcher.job_id,
+           "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(outcome.started)),
+           "duration_s": round(outcome.duration_s, 3),
+           "cleanup": {"released": not outcome.cleanup, "problems": outcome.cleanup}}
+    report = build_report(params=params, results=results, exits=exits, coordinator_preflight=preflight,
+                          plan_info=_plan_info(plan), min_fraction=_min_fraction(opts, plan, results), run=run)
+    if outcome.cleanup:
+        report["passed"] = False
+        report["failures"].append("cleanup: " + "; ".join(outcome.cleanup))
+    files.write_regular_atomically(report_path, json.dumps(report, indent=2) + "\n")
+    return report
+
+
 def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> dict:
     """Run the whole validation; return the report (also written to RUN_DIR/report.json). Ctrl-C, SIGTERM
     and SIGHUP release the agents or the job, write the report, then propagate."""
     check_bounds(opts)
     started = time.time()
     t0 = time.monotonic()
-    if opts.fault is None and os.environ.get("TK_VALIDATE_FAULT"):
-        from toolkit.validate.params import agents_for
-
-        opts.fault = parse_fault(os.environ["TK_VALIDATE_FAULT"], agents_for(plan, opts))
+    _fault_from_environment(plan, opts)
     run_dir = new_run_dir(plan, opts.run_dir).resolve()
     preflight = _coordinator_preflight(plan)
+    python = _agents_python(plan, opts)
     try:
-        python = opts.python or ("python3" if plan.slurm.container_image and opts.mode != "local" else sys.executable)
-        if opts.mode == "slurm":
-            launcher = launchers.SlurmLauncher(run_dir, plan, opts.pending_timeout_s or plan.slurm.pending_timeout_s)
-            preflight.append({"name": "slurm", "status": "pass", "detail": launcher.preflight(), "agent": None,
-                              "host": None})
-        nodes = launchers.InAllocationLauncher.allocation_nodes(plan.node_count) if opts.mode == "in-allocation" \
-            else None
-        if opts.progress_thread is None and opts.mode != "local":
-            # NIXL's progress thread polls without pause: right for an agent with a host to itself (as in
-            # serving), but agents whose Slurm nodes share one machine would starve each other.
-            shared = launchers.nodes_sharing_a_host(nodes=nodes, partition=plan.slurm.partition)
-            opts.progress_thread = not shared
-            if shared:
-                preflight.append({"name": "progress_thread", "status": "pass", "agent": None, "host": None,
-                                  "detail": f"off: Slurm nodes {', '.join(shared)} share a host, and busy-polling "
-                                            "progress threads would starve each other (--progress-thread forces it)"})
+        launcher = _launch_preflight(plan, opts, run_dir, preflight)
     except BaseException:
         rundir.release_if_unused(run_dir)  # refused before anything started: leave nothing behind
         raise
     try:
-        params = build_params(plan, opts, str(run_dir))
-        if opts.mode == "local":
-            check_local_memory(params)
-        if opts.mode == "in-allocation":
-            launcher = launchers.InAllocationLauncher(run_dir, params, python, _srun_flags(plan), plan.node_count)
-            preflight.append({"name": "allocation", "status": "pass", "agent": None, "host": None,
-                              "detail": f"job {launcher.job_id}: {', '.join(launcher.nodes)}"})
-        elif opts.mode == "local":
-            launcher = launchers.LocalLauncher(run_dir, params, python)
-
-        for sub in ("logs", "results", "state", "rendezvous/exited", "rendezvous/done", "rendezvous/unresponsive"):
-            (run_dir / sub).mkdir(parents=True, exist_ok=True)
-        build_agent_archive(run_dir)
-        files.write_regular_atomically(run_dir / "params.json", json.dumps(params, indent=1) + "\n")
-        if opts.mode == "slurm":
-            minutes = int((opts.timeout_s + params["timeouts"]["rendezvous_s"] + 180) // 60) + 1
-            files.write_regular_atomically(run_dir / "validate.sbatch", launchers.render_sbatch(
-                plan, params, run_dir, python, _srun_flags(plan), f"{minutes}"))
-
+        launcher, params = _prepare(plan, opts, run_dir, python, launcher, preflight)
     except OSError as exc:  # a full disk or a read-only run directory before anything started
         rundir.release_if_unused(run_dir)
         raise ValidateError(f"{run_dir}: cannot prepare the validation run ({exc.strerror or exc})") from None
@@ -233,39 +341,12 @@ def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> 
         rundir.release_if_unused(run_dir)
         raise
 
-    report_path = run_dir / "report.json"
-    progress = on_progress or (lambda *a, **k: None)
     ended = None
     cleanup: list[str] = []
     interrupted: KeyboardInterrupt | None = None
     try:
         with signals.interrupt_on_termination():
-            launcher.start()
-            progress("submitted" if opts.mode == "slurm" else "starting agents")
-            deadline = None
-            while True:
-                reason = launcher.poll()
-                if launcher.running and deadline is None:
-                    deadline = time.monotonic() + opts.timeout_s + GRACE_S
-                results, exits = gather(run_dir, params)
-                if launcher.running:
-                    pairs = merge_pairs(params, results, exits, 0.0, final=False)
-                    up = sum(1 for r in results.values() if r)
-                    progress("running", pairs, up, len(results))
-                else:
-                    progress(f"{launcher.describe()} pending")
-                if launcher.running and _settled(params, results, exits):
-                    break
-                if reason:
-                    time.sleep(1.0)  # let the last result files land
-                    results, exits = gather(run_dir, params)
-                    if not _settled(params, results, exits):
-                        ended = reason
-                    break
-                if deadline is not None and time.monotonic() > deadline:
-                    ended = f"timed out after {opts.timeout_s:g}s (--timeout)"
-                    break
-                time.sleep(POLL_S)
+            ended = _watch(launcher, run_dir, params, opts, on_progress or (lambda *a, **k: None))
     except KeyboardInterrupt as exc:  # Ctrl-C, SIGTERM, SIGHUP: release everything, still write the report
         ended = f"interrupted by {exc}" if isinstance(exc, signals.Terminated) else "interrupted"
         interrupted = exc
@@ -275,26 +356,8 @@ def validate(plan: Plan, opts: Options, on_progress: Callable | None = None) -> 
         with signals.deferred():
             cleanup = launcher.stop()
     with signals.deferred():
-        results, exits = gather(run_dir, params)
-        if ended:
-            preflight.append({"name": "run", "status": "fail", "detail": f"{launcher.describe()}: {ended}",
-                              "agent": None, "host": None})
-        kv, est = plan.kv, plan.estimates
-        plan_info = {"largest_request_tokens": kv.largest_request_tokens,
-                     "largest_request_bytes_per_rank": kv.ctx_bytes_per_token_per_rank * kv.largest_request_tokens,
-                     "largest_request_transfer_ms": est.largest_request_transfer_ms,
-                     "largest_request_prefill_ms": est.largest_request_prefill_ms}
-        run = {"mode": opts.mode, "recipe_file": plan.recipe_file, "run_dir": str(run_dir),
-               "report_file": str(report_path), "job_id": launcher.job_id,
-               "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(started)),
-               "duration_s": round(time.monotonic() - t0, 3),
-               "cleanup": {"released": not cleanup, "problems": cleanup}}
-        report = build_report(params=params, results=results, exits=exits, coordinator_preflight=preflight,
-                              plan_info=plan_info, min_fraction=_min_fraction(opts, plan, results), run=run)
-        if cleanup:
-            report["passed"] = False
-            report["failures"].append("cleanup: " + "; ".join(cleanup))
-        files.write_regular_atomically(report_path, json.dumps(report, indent=2) + "\n")
+        report = _write_report(plan, opts, run_dir, params, launcher, preflight,
+                               _Outcome(started, time.monotonic() - t0, ended, cleanup))
     if interrupted is not None:
         raise interrupted
     return report

@@ -38,6 +38,8 @@ def _coordinator_alive(run_dir: Path) -> bool:
     try:
         claim = files.read_text(run_dir / rundir.CLAIM_FILE, 4096, follow=False)
         pid = int(dict(kv.split("=", 1) for kv in claim.split() if "=" in kv)["pid"])
+        if pid <= 1:  # 0 and below name process groups (-1: every process), 1 is init: no coordinator of tk's
+            return False
         os.kill(pid, 0)
         return True
     except PermissionError:
