@@ -134,7 +134,7 @@ def kv_transfer(model: ModelSpec, *, kv_dtype: str, tokens_per_block: int, token
     mapper = T.mapper_layout(ctx.attention_tp, gen.attention_tp, model.num_kv_heads, mla, ctx_layers, gen_layers)
     layout = T.layout_for(rt, mapper, bounce_size_mb, T.descriptors(mapper, pair, tokens).total_bytes)
     d = T.descriptors(layout, pair, tokens)
-    targets = T.targets_per_context_rank(ctx.attention_tp, gen.attention_tp, ctx.pp, gen.pp, mla)
+    targets = T.targets_per_context_rank(ctx.attention_tp, gen.attention_tp, ctx.pp, gen.pp)
     seconds = targets * T.transfer_time(d, link_gbps=link_gbps).total_s
     return KvTransfer(seconds=seconds, runtime=rt.value, layout=d.layout.value, descriptors_per_pair=d.count,
                       bytes_per_pair=d.total_bytes, targets_per_context_rank=targets,

@@ -408,6 +408,45 @@ class KvPool:
         finally:
             self.free_recv.put_nowait(slot)
 
+    def _post_read(self, local, remote, name: str, notif: bytes, deadline: float):
+        """Runs on NIXL's thread: posts the READ and waits for it briefly. Most READs finish within a millisecond:
+        waited for here, with sleeps of tens of microseconds. The event loop's timers wake on epoll's millisecond
+        ticks, so polling from it made a read done in 0.2 ms take 1.2 (and each poll one more hand-over to this
+        thread); on the emulated generation server that is the stand-in's own cost beside the emulated transfer.
+        Past INLINE_WAIT_S the loop polls (``_until_done``), as for a long transfer. Returns (handle still to
+        release or None, status)."""
+        ld = self.agent.get_xfer_descs(local, "DRAM")
+        rd = self.agent.get_xfer_descs(remote, "DRAM")
+        h = self.agent.initialize_xfer("READ", ld, rd, name, notif)
+        status = self.agent.transfer(h)
+        end = min(deadline, time.monotonic() + INLINE_WAIT_S)
+        pause = 20e-6
+        while status == "PROC" and time.monotonic() < end:
+            time.sleep(pause)
+            pause = min(2 * pause, 200e-6)
+            status = self.agent.check_xfer_state(h)
+        if status == "PROC":
+            return h, status
+        try:  # done (or failed): released in the same hand-over
+            self.agent.release_xfer_handle(h)
+        except Exception as exc:  # noqa: BLE001 - said; the transfer's outcome stands
+            log.debug("NIXL release_xfer_handle: %s", exc)
+        return None, status
+
+    async def _until_done(self, handle, status: str, ctx: str, name: str, deadline: float) -> str:
+        """Polls a READ still in progress from the event loop, backing off up to PROGRESS_INTERVAL_S, until it is no
+        longer in progress or ``deadline`` passes (then the request is cancelled with the context server named)."""
+        delay = 0.0002
+        while status == "PROC":
+            if time.monotonic() > deadline:
+                raise TransferError(500, (
+                    f"KV transfer from context server {ctx} (NIXL agent {name}) did not complete within "
+                    f"kv_transfer_timeout_ms={self.timeout_ms}; the request is cancelled"))
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, PROGRESS_INTERVAL_S)
+            status = await self._nixl(self.agent.check_xfer_state, handle)
+        return status
+
     async def _read(self, state, slot, n, nblocks, blocks, deadline) -> bytes:
         ctx = state.get("endpoint", "?")
         name = state["agent"]
@@ -423,41 +462,9 @@ class KvPool:
             what = "connecting to its NIXL agent (is the context server still running?)"
             name = await self._remote(state)
             what = "posting the NIXL READ"
-
-            def post():
-                ld = self.agent.get_xfer_descs(local, "DRAM")
-                rd = self.agent.get_xfer_descs(remote, "DRAM")
-                h = self.agent.initialize_xfer("READ", ld, rd, name, notif)
-                status = self.agent.transfer(h)
-                # Most READs finish within a millisecond: waited for here, in NIXL's thread, with sleeps of tens of
-                # microseconds. The event loop's timers wake on epoll's millisecond ticks, so polling from it made a
-                # read done in 0.2 ms take 1.2 (and each poll one more hand-over to this thread); on the emulated
-                # generation server that is the stand-in's own cost beside the emulated transfer. Past
-                # INLINE_WAIT_S the loop polls, as for a long transfer.
-                end = min(deadline, time.monotonic() + INLINE_WAIT_S)
-                pause = 20e-6
-                while status == "PROC" and time.monotonic() < end:
-                    time.sleep(pause)
-                    pause = min(2 * pause, 200e-6)
-                    status = self.agent.check_xfer_state(h)
-                if status == "PROC":
-                    return h, status
-                try:  # done (or failed): released in the same hand-over
-                    self.agent.release_xfer_handle(h)
-                except Exception as exc:  # noqa: BLE001 - as below: said, the transfer's outcome stands
-                    log.debug("NIXL release_xfer_handle: %s", exc)
-                return None, status
-            handle, status = await self._nixl(post)
+            handle, status = await self._nixl(self._post_read, local, remote, name, notif, deadline)
             what = "the NIXL READ"
-            delay = 0.0002
-            while status == "PROC":
-                if time.monotonic() > deadline:
-                    raise TransferError(500, (
-                        f"KV transfer from context server {ctx} (NIXL agent {name}) did not complete within "
-                        f"kv_transfer_timeout_ms={self.timeout_ms}; the request is cancelled"))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, PROGRESS_INTERVAL_S)
-                status = await self._nixl(self.agent.check_xfer_state, handle)
+            status = await self._until_done(handle, status, ctx, name, deadline)
             if status != "DONE":
                 raise TransferError(500, f"KV transfer from context server {ctx} (NIXL agent {name}) failed: "
                                          f"transfer state {status}")
