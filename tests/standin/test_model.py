@@ -91,3 +91,18 @@ def test_generation_side_refuses_a_context_server_with_other_geometry():
         with pytest.raises(TransferError) as exc:
             KvPool.check_geometry(me, {"geometry": other.to_dict(), "endpoint": "ctx-host:1"})
         assert exc.value.status == 400 and words in exc.value.message and "ctx-host:1" in exc.value.message
+
+
+def test_a_words_id_is_its_hash_whether_remembered_or_not_and_remembering_is_bounded(monkeypatch):
+    import hashlib
+    monkeypatch.setattr(M, "_WORD_IDS", {})
+    monkeypatch.setattr(M, "LEARNED_WORDS_MAX", 3)
+
+    def hashed(word):
+        return int.from_bytes(hashlib.blake2b(word.encode(), digest_size=8).digest(), "little") % M.VOCAB_SIZE
+    text = "alpha omega " + M.decode_token(77) + " gamma delta alpha epsilon"
+    want = [hashed("alpha"), hashed("omega"), 77, hashed("gamma"), hashed("delta"), hashed("alpha"),
+            hashed("epsilon")]
+    assert M.encode(text) == want
+    assert M.encode(text) == want  # again, from what it remembered
+    assert len(M._WORD_IDS) == M.VOCAB_SIZE + 3  # the generated words and three learned ones, no more

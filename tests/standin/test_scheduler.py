@@ -9,8 +9,8 @@ from toolkit.facts.roofline import decode_step_time, iteration_time, prefill_tim
 from toolkit.standin.scheduler import CONTEXT_ONLY, FULL, GENERATION_ONLY, Scheduler
 
 
-def unit_cost(computed, kv_read):  # 1 ms per computed token: easy to read
-    return computed * 1e-3
+def unit_cost(shape):  # 1 ms per computed token: easy to read
+    return shape.computed_tokens * 1e-3
 
 
 def sched(mbs=4, mnt=4096, chunked=False, tpb=32, cost=unit_cost):
@@ -37,7 +37,7 @@ def test_whole_request_prefills_then_decodes_one_token_per_iteration():
 
 def test_long_prefill_stalls_the_decodes_of_its_iteration_with_the_roofline():
     r = roofline(resolve_model("meta-llama/Llama-3.1-8B-Instruct"), "H100")
-    s = sched(mbs=8, mnt=8192, cost=lambda c, k: iteration_time(r, c, k))
+    s = sched(mbs=8, mnt=8192, cost=lambda s: iteration_time(r, s.computed_tokens, s.kv_tokens_read))
     s.add(1, FULL, 128, 50)
     s.add(2, FULL, 128, 50)
     first = s.step()

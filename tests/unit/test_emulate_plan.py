@@ -64,3 +64,28 @@ def test_with_emulation_the_estimates_are_the_emulated_models_on_the_emulated_gp
     tokens = emulated.kv.largest_request_tokens
     expected_ms = 2 * llama.active_params * tokens / (GPU_PEAK_TFLOPS["H100"] * 1e12 * PREFILL_EFFICIENCY) * 1e3
     assert abs(emulated.estimates.largest_request_prefill_ms - expected_ms) < 0.01
+
+
+def _validation_run(tmp_path, gbps=((12.5, 20.0),)):
+    import json
+    run = tmp_path / "validate-run"
+    run.mkdir()
+    (run / "report.json").write_text(json.dumps({"kind": "tk-validate-cluster", "passed": True,
+                                                 "bandwidth_matrix": {"gbps": [list(r) for r in gbps]},
+                                                 "thresholds": {"transport": "tcp"}}))
+    return run
+
+
+def test_a_validation_run_reaches_the_env_as_its_report_and_is_recorded(tmp_path):
+    run = _validation_run(tmp_path)
+    plan = plan_of(STANDIN, *EMULATE, f"standin.emulate.kv_validation={run}")
+    for role in (plan.context, plan.generation):
+        assert role.env["TK_STANDIN_EMULATE_KV_REPORT"] == str((run / "report.json").resolve())
+        assert role.env["TK_STANDIN_EMULATE_KV_GBPS"] == "3.125"  # the nominal figure stays beside it
+    assert plan.recipe["standin"]["emulate"]["kv_validation"] == str(run)
+
+
+def test_a_validation_run_that_is_not_there_is_refused(tmp_path):
+    v = violations_of(STANDIN, *EMULATE, f"standin.emulate.kv_validation={tmp_path / 'nothing'}")
+    assert "standin.emulate.kv_validation" in fields(v)
+    assert "KV_REPORT" not in str(plan_of(STANDIN, *EMULATE).generation.env)

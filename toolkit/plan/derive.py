@@ -38,11 +38,14 @@ ETCD_TLS_DIR = "<run_dir>/secrets/etcd"  # where tk launch writes the run's cert
 @dataclass(frozen=True)
 class Emulation:
     """`standin.emulate` as derived: what the engine is given as the model (a built-in name, or the directory made
-    absolute) and its facts; ``error`` where the model cannot be resolved (rules.check_emulation reports it)."""
+    absolute) and its facts; ``error`` where the model cannot be resolved (rules.check_emulation reports it);
+    ``kv_report`` the absolute path of the validation report ``kv_validation`` names, None where it names none or
+    there is none (rules.check_emulation reports the latter)."""
 
     model_arg: str | None
     spec: ModelSpec | None
     error: ModelError | None = None
+    kv_report: str | None = None
 
 
 @dataclass(frozen=True)
@@ -159,7 +162,7 @@ def derive(loaded: LoadedRecipe) -> Derivation:
 
     env_base = options.worker_env(r, version, engine, transport, target)
     if emulation is not None and emulation.model_arg is not None:
-        env_base.update(options.emulation_env(r, engine, transport, emulation.model_arg))
+        env_base.update(options.emulation_env(r, engine, transport, emulation.model_arg, emulation.kv_report))
         emu = r.standin.emulate
         engine = dataclasses.replace(engine, label=emulated_label(engine, emulation.model_arg, emu.gpu, emu.precision))
 
@@ -288,12 +291,24 @@ def emulation_of(r: Recipe, engine: EngineProfile, base_dir: Path | None) -> Emu
         spec = resolve_model(emu.model, base_dir=base_dir)
     except ModelError as exc:
         return Emulation(None, None, exc)
+    report = emulation_report(emu.kv_validation, base_dir) if emu.kv_validation else None
     if spec.name in BUILTIN_MODELS:
-        return Emulation(spec.name, spec)
-    path = Path(emu.model).expanduser()
-    if not path.is_absolute() and base_dir is not None:
-        path = Path(base_dir) / path
-    return Emulation(str(path.resolve()), spec)
+        return Emulation(spec.name, spec, kv_report=report)
+    return Emulation(str(_under(emu.model, base_dir).resolve()), spec, kv_report=report)
+
+
+def emulation_report(given: str, base_dir: Path | None) -> str | None:
+    """The absolute path of the validation report ``standin.emulate.kv_validation`` names (a run directory holding
+    report.json, or the file), read relative to the recipe's directory; None when there is none."""
+    path = _under(given, base_dir)
+    report = path / "report.json" if path.is_dir() else path
+    return str(report.resolve()) if report.is_file() else None
+
+
+def _under(given: str, base_dir: Path | None) -> Path:
+    """A path the recipe gives, relative to the recipe's directory unless absolute (``~`` expanded)."""
+    path = Path(given).expanduser()
+    return Path(base_dir) / path if not path.is_absolute() and base_dir is not None else path
 
 
 def membership_plan(r: Recipe, version: trtllm.TrtllmVersion, servers: tuple[ServerInstance, ...]

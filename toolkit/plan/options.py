@@ -173,14 +173,19 @@ def worker_env(r: Recipe, version: trtllm.TrtllmVersion, engine: EngineProfile,
     return env
 
 
-def emulation_env(r: Recipe, engine: EngineProfile, transport: TransportProfile, model_arg: str) -> dict:
+def emulation_env(r: Recipe, engine: EngineProfile, transport: TransportProfile, model_arg: str,
+                  kv_report: str | None = None) -> dict:
     """The env that turns the engine's emulated timing on (`standin.emulate`, checked by rules.check_emulation):
-    the model and GPU whose roofline it sleeps, and the transport's nominal GB/s for the KV bytes it does not
-    move for real."""
+    the model, GPU and precision whose time it sleeps (the layout is each server's own flags and options, the
+    TensorRT-LLM line the engine's version env), the transport's nominal GB/s for its emulated KV transfer, and
+    the validation report whose measured GB/s replaces that figure when the recipe names one."""
     emu = r.standin.emulate
     prefix = engine.emulate_env_prefix
-    return {f"{prefix}MODEL": model_arg, f"{prefix}GPU": emu.gpu, f"{prefix}PRECISION": emu.precision,
-            f"{prefix}KV_GBPS": f"{transport.nominal_gbps:g}"}
+    env = {f"{prefix}MODEL": model_arg, f"{prefix}GPU": emu.gpu, f"{prefix}PRECISION": emu.precision,
+           f"{prefix}KV_GBPS": f"{transport.nominal_gbps:g}"}
+    if kv_report:
+        env[f"{prefix}KV_REPORT"] = kv_report
+    return env
 
 
 def worker_cluster_block(membership) -> dict:

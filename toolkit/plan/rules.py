@@ -94,7 +94,8 @@ def check_unverified_options(d, c: Collector) -> None:
 
 def check_emulation(d, c: Collector) -> None:
     """`standin.emulate` (toolkit.plan.derive.emulation_of): only for an engine that can emulate timing (its profile
-    names the env it reads), with a model tk can resolve and a precision the GPU has."""
+    names the env it reads), with a model tk can resolve, a precision the GPU has and, where it names one, a
+    validation report that is there."""
     r = d.recipe
     emu = r.standin.emulate if r.standin else None
     if emu is None:
@@ -110,6 +111,10 @@ def check_emulation(d, c: Collector) -> None:
         return
     if emu.precision == "fp8" and GPU_FIGURES[emu.gpu].fp8_tflops is None:
         c.add("standin.emulate.precision", f"{emu.gpu} has no FP8 tensor cores", "use precision: bf16")
+        return
+    if emu.kv_validation is not None and d.emulation.kv_report is None:
+        c.add("standin.emulate.kv_validation", f"{emu.kv_validation}: no `tk validate cluster` run directory or "
+              "report.json there", "give a validate run's directory, or remove it to use the transport's nominal GB/s")
 
 
 def check_parallelism(d, c: Collector) -> None:

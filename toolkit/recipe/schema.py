@@ -447,11 +447,15 @@ class MembershipSpec(Section):
 
 
 class EmulateSpec(Section):
-    """Emulated timing: the stand-in's iterations take the roofline time of ``model`` on ``gpu`` (facts.roofline)."""
+    """Emulated timing: the stand-in's iterations take the time of ``model`` on ``gpu`` (aiconfigurator's
+    per-operation data where it has the GPU and TensorRT-LLM line, else the roofline: toolkit.standin.emulate)."""
 
     model: PathText  # a built-in name or a directory with config.json (the model whose timing is emulated)
     gpu: Literal[EMULATED_GPUS]  # type: ignore[valid-type]
     precision: Literal[PRECISIONS] = "bf16"  # type: ignore[valid-type]
+    # a `tk validate cluster` run directory (or its report.json): the emulated KV transfer at its measured
+    # context->generation GB/s (the slowest pair) instead of the transport profile's nominal figure
+    kv_validation: Optional[PathText] = None
 
 
 class StandinSpec(Section):
@@ -490,11 +494,15 @@ class Recipe(Section):
     standin: Optional[StandinSpec] = None
 
     def manifest_doc(self) -> dict:
-        """The recipe as the plan and manifest record it; the engine-specific `standin` section only where set,
-        and `aggregated` (the baseline's section) only where the recipe wrote it."""
+        """The recipe as the plan and manifest record it; the engine-specific `standin` section only where set (its
+        emulate.kv_validation too), and `aggregated` (the baseline's section) only where the recipe wrote it."""
         exclude = ({"standin"} if self.standin is None else set()) | \
             (set() if "aggregated" in self.model_fields_set else {"aggregated"})
-        return self.model_dump(mode="json", exclude=exclude or None)
+        doc = self.model_dump(mode="json", exclude=exclude or None)
+        emulate = (doc.get("standin") or {}).get("emulate")
+        if isinstance(emulate, dict) and emulate.get("kv_validation") is None:
+            emulate.pop("kv_validation", None)  # recorded only where set (manifests before it stay as they were)
+        return doc
 
     @field_validator("name")
     @classmethod

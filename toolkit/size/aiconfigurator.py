@@ -42,6 +42,7 @@ import logging
 import math
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from toolkit.errors import TkError
@@ -59,6 +60,7 @@ BUILTIN_TO_AIC = {
     "meta-llama/Llama-3.3-70B-Instruct": "meta-llama/Meta-Llama-3.1-70B",
     "Qwen/Qwen3-0.6B": "Qwen/Qwen3-0.6B",
     "Qwen/Qwen3-32B": "Qwen/Qwen3-32B",
+    "Qwen/Qwen3-30B-A3B": "Qwen/Qwen3-30B-A3B",
     "Qwen/Qwen3-235B-A22B": "Qwen/Qwen3-235B-A22B",
     "mistralai/Mixtral-8x7B-Instruct-v0.1": "mistralai/Mixtral-8x7B-v0.1",
     "openai/gpt-oss-120b": "openai/gpt-oss-120b",
@@ -96,10 +98,12 @@ class SizingError(TkError):
     exit_code = 2
 
 
-def _import():
+def _check_pin() -> None:
+    """aiconfigurator is installed at the pinned version, its log lines quietened; imports only its small top
+    package and ``aiconfigurator_core`` (not ``aiconfigurator.cli.api``, which pulls pandas: about 0.6 s)."""
     try:
         import aiconfigurator
-        from aiconfigurator.cli import api as aic_api
+        import aiconfigurator_core  # noqa: F401  (the compiled engine and the per-operation data)
     except ImportError as exc:
         raise SizingError(f"tk size needs aiconfigurator {PINNED} ({exc}); install the extra: "
                           "pip install 'tk-disagg[size]'") from None
@@ -112,6 +116,15 @@ def _import():
                           f"(pip install aiconfigurator=={PINNED})")
     for name in ("aiconfigurator", "aiconfigurator_core"):  # its INFO lines would drown tk's table
         logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _import():
+    _check_pin()
+    try:
+        from aiconfigurator.cli import api as aic_api
+    except ImportError as exc:
+        raise SizingError(f"tk size needs aiconfigurator {PINNED} ({exc}); install the extra: "
+                          "pip install 'tk-disagg[size]'") from None
     return aic_api
 
 
@@ -124,7 +137,7 @@ def _quiet():
 
 
 def _has_trtllm_data(system: str) -> bool:
-    _import()
+    _check_pin()
     from aiconfigurator_core.sdk.perf_database import get_systems_paths
 
     for root in get_systems_paths():
@@ -135,7 +148,7 @@ def _has_trtllm_data(system: str) -> bool:
 
 
 def supported_systems() -> list[str]:
-    _import()
+    _check_pin()
     from aiconfigurator_core.sdk.perf_database import get_supported_databases
 
     return sorted(s for s, backends in get_supported_databases().items() if backends.get(BACKEND))
@@ -143,7 +156,7 @@ def supported_systems() -> list[str]:
 
 def supported_models() -> tuple[list[str], list[str]]:
     """(tk built-in names aiconfigurator can size, architectures a local config.json may have)."""
-    _import()
+    _check_pin()
     from aiconfigurator_core.sdk import common
 
     return sorted(BUILTIN_TO_AIC), sorted(common.ARCHITECTURE_TO_MODEL_FAMILY)
@@ -170,7 +183,7 @@ def _cached_config_dir(aic_id: str) -> str | None:
 def model_path_for(model: ModelSpec) -> tuple[str, str | None]:
     """What aiconfigurator reads for ``model``, and its architecture: a pre-downloaded id (built-in), the cached
     config of one, or the local directory (whose config.json's architecture tk passes on)."""
-    _import()
+    _check_pin()
     from aiconfigurator_core.sdk import common
 
     if model.source == "built-in":
@@ -387,3 +400,201 @@ def estimate_agg(model_path: str, system: str, *, isl: int, osl: int, server: Ro
     if is_moe:
         kwargs.update({"moe_tp_size": server.moe_tp, "moe_ep_size": server.moe_ep})
     return _estimate(model_path, system, "agg", kv_dtype, isl=isl, osl=osl, **kwargs)
+
+
+# --- Per-iteration times (the CPU stand-in's emulated timing; the table: toolkit/facts/steptime.py) ------------------
+#
+# Facts from aiconfigurator 0.12.0's source (the wheels; upstream github.com/ai-dynamo/aiconfigurator at 095f58a):
+# - ``aiconfigurator_core.sdk.engine.EngineHandle.compile(model_path, system, backend, backend_version=, tp_size=,
+#   pp_size=, attention_dp_size=, moe_tp_size=, moe_ep_size=, gemm_quant_mode=, moe_quant_mode=,
+#   kvcache_quant_mode=, fmha_quant_mode=)`` builds the model's context and generation operation lists (GEMMs,
+#   context/generation attention, TP all-reduce, MoE and its dispatch, ...) once and evaluates them in its compiled
+#   engine against the per-operation database of (system, TensorRT-LLM version). It is what ``cli_estimate``'s
+#   static modes run (sdk/backends/base_backend.py ``_run_static_breakdown`` ->
+#   rust_engine_step.estimate_static_latency_breakdown_with_rust).
+# - ``predict_prefill_latency(bs, isl, prefix)`` is one pass over the context operations at batch ``bs`` and
+#   ``isl - prefix`` new tokens per request (aic-core/rust/aiconfigurator-core/src/engine/runtime.rs
+#   ``predict_prefill_latency`` -> ``run_context_phase``); ``predict_decode_latency(bs, isl, osl=2)`` one decode
+#   step at KV length ``isl + 1`` (``run_generation_phase``: ``s = isl + i + 1``, i = 0). These are what its
+#   forward-pass model (the Dynamo mocker's contract, ``Engine::rank_latency_ms``) uses for a prefill-only and a
+#   decode-only iteration: ``run_context_ops(n, sum_prefill_tokens / n, sum_prefill_kv_tokens / n)`` and
+#   ``run_generation_ops_step(n, sum_decode_kv_tokens / n)``.
+# - A mixed iteration (``get_mix_step_ops`` in src/session.rs): the non-attention context operations once over all
+#   its tokens (batch 1, prefill + decode tokens), plus context attention at the prefill shape, plus generation
+#   attention at the decode shape. ``mixed_step_breakdown(ctx, gen, isl, osl, prefix)`` returns those three parts
+#   separately (``[total, shared_non_attention, context_attention, decode_attention]``, runtime.rs
+#   ``mixed_step_breakdown``; decode attention at ``s = isl + osl // 2 + 1``).
+# - Versions: ``perf_database.get_version_slots(system, backend)`` names the maintained default ("current") and
+#   the opt-in "next"; with slots, those are the queryable versions (``get_supported_databases``).
+
+PRECISION_TO_QUANT = {"bf16": "bfloat16", "fp8": "fp8"}  # the stand-in's standin.emulate.precision -> GEMM mode
+
+
+@dataclass(frozen=True)
+class DataChoice:
+    """Which aiconfigurator database times a TensorRT-LLM version on a GPU."""
+
+    system: str  # aiconfigurator's system (h100_sxm, ...)
+    version: str  # its TensorRT-LLM data version (1.3.0rc20, ...)
+    note: str  # why this version, for the server's first log line and /version
+
+
+def trtllm_data_versions(system: str) -> tuple[list[str], str | None]:
+    """(the TensorRT-LLM data versions aiconfigurator queries for ``system``, its maintained default): the version
+    slots when it has them (reads one small file), else every version it lists (reads every system's tree)."""
+    _check_pin()
+    from aiconfigurator_core.sdk import perf_database
+
+    try:
+        slots = perf_database.get_version_slots(system, BACKEND)
+        if slots:
+            return sorted(set(slots.values())), slots.get("current")
+        versions = perf_database.get_supported_databases().get(system, {}).get(BACKEND, [])
+    except Exception as exc:  # noqa: BLE001 - its own files unreadable: a reason, never a traceback
+        raise SizingError(f"aiconfigurator {PINNED} could not list its TensorRT-LLM data for {system}: "
+                          f"{type(exc).__name__}: {str(exc)[:200]}") from None
+    return sorted(versions), None
+
+
+def choose_data(gpu: str, line: str, release: str | None, listing=trtllm_data_versions) -> DataChoice:
+    """The database for TensorRT-LLM ``line`` (``release`` when the recipe names one) on tk's ``gpu``: the
+    release itself when aiconfigurator has it, else its maintained default when that is of the same line, else
+    the newest of the line. SizingError (naming what it does have) when it has no data of that line for the GPU:
+    the caller then falls back to another timing model."""
+    from toolkit.facts.versions import parse_version, version_key
+
+    system = GPU_TO_SYSTEM.get(gpu)
+    if system is None:
+        raise SizingError(f"aiconfigurator {PINNED} has no system for GPU {gpu}")
+    versions, default = listing(system)
+    if not versions:
+        raise SizingError(f"aiconfigurator {PINNED} has no TensorRT-LLM data for {system}")
+
+    def line_of(v: str) -> str | None:
+        parsed = parse_version(v.lstrip("v"))
+        return parsed.line if parsed else None
+    same = [v for v in versions if line_of(v) == line]
+    if not same:
+        raise SizingError(f"aiconfigurator {PINNED} has no TensorRT-LLM {line} data for {system} "
+                          f"(it has {', '.join(versions)})")
+    wanted = (release or "").lstrip("v")
+    if wanted in same:
+        return DataChoice(system, wanted, "the release asked for")
+    pick = default if default in same else max(same, key=lambda v: version_key(v.lstrip("v")))
+    why = f"its maintained default for {line}" if pick == default else f"the newest {line} data it has"
+    return DataChoice(system, pick, f"asked for {wanted or line}: {why}")
+
+
+def quant_modes(model: ModelSpec, precision: str, kv_dtype: str) -> dict:
+    """EngineHandle.compile's quant modes for the emulated model at ``precision`` (bf16 | fp8: an fp8 checkpoint's
+    own flavour, e.g. DeepSeek's fp8_block, else per-tensor fp8) and the role's KV cache dtype."""
+    gemm = PRECISION_TO_QUANT[precision]
+    if precision == "fp8" and model.quantization in ("fp8", "fp8_block"):
+        gemm = model.quantization
+    modes = {"gemm_quant_mode": gemm}
+    if model.is_moe:
+        modes["moe_quant_mode"] = gemm
+    kv = "bfloat16" if kv_dtype == "auto" else kv_dtype
+    if kv in KV_MODES:
+        modes["kvcache_quant_mode"] = KV_MODES[kv]
+    return modes
+
+
+class StepEngine:
+    """aiconfigurator's compiled engine for one model, layout, precision and database: the parts of one iteration
+    in milliseconds (the composition and the table: toolkit/facts/steptime.py)."""
+
+    def __init__(self, handle, choice: DataChoice, describe: str, notes: tuple[str, ...]):
+        self._h = handle
+        self.choice = choice
+        self.describe = describe  # model, layout, quant modes
+        self.notes = notes
+
+    def prefill_ms(self, n: int, tokens: int, prefix: int) -> float:
+        """n requests computing ``tokens`` new tokens each after ``prefix`` tokens already in their KV."""
+        return self._h.predict_prefill_latency(n, tokens + prefix, prefix)
+
+    def decode_ms(self, n: int, kv: int) -> float:
+        """One decode step of n requests whose KV holds ``kv`` tokens each (the token being written included)."""
+        return self._h.predict_decode_latency(n, max(1, kv - 1), 2)
+
+    def shared_ms(self, tokens: int) -> float:
+        """The non-attention work of a mixed iteration over ``tokens`` prefill + decode tokens."""
+        return self._h.mixed_step_breakdown(tokens, 0, tokens, 1, 0)[1]
+
+    def context_attention_ms(self, n: int, tokens: int) -> float:
+        """Context attention of n requests of ``tokens`` new tokens each, nothing cached before them."""
+        return self._h.mixed_step_breakdown(n * tokens, 0, tokens, 1, 0)[2]
+
+    def decode_attention_ms(self, n: int, kv: int) -> float:
+        """Generation attention of n decoding requests whose KV holds ``kv`` tokens each."""
+        return self._h.mixed_step_breakdown(0, n, max(1, kv - 1), 1, 0)[3]
+
+
+def step_engine(model: ModelSpec, choice: DataChoice, *, tp: int, pp: int = 1, attention_dp: bool = False,
+                ep: int | None = None, precision: str = "bf16", kv_dtype: str = "auto") -> StepEngine:
+    """Compile aiconfigurator's engine for ``model`` on ``choice``'s database in TensorRT-LLM's layout: attention
+    DP as aiconfigurator's ``attention_dp_size = tp`` with attention ``tp = 1``; MoE as ``moe_ep = ep`` (default
+    tp, as tk's plan writes moe_expert_parallel_size) and ``moe_tp = tp // ep``. Whatever aiconfigurator raises is
+    a SizingError naming the cause (a model, layout or precision it has no data for)."""
+    _check_pin()
+    from aiconfigurator_core.sdk.engine import EngineHandle
+
+    path, _architecture = model_path_for(model)
+    kwargs: dict = {"tp_size": 1 if attention_dp else tp, "pp_size": pp, "attention_dp_size": tp if attention_dp else 1}
+    if model.is_moe:
+        moe_ep = ep or tp
+        kwargs.update(moe_tp_size=max(1, tp // moe_ep), moe_ep_size=moe_ep)
+    kwargs.update(quant_modes(model, precision, kv_dtype))
+    notes: list[str] = []
+
+    def compile_and_probe(**more):
+        with _quiet():
+            handle = EngineHandle.compile(path, choice.system, BACKEND, backend_version=choice.version, **kwargs,
+                                          **more)
+            handle.predict_prefill_latency(1, 16, 0)  # a database miss shows here, not in the first iteration
+            handle.predict_decode_latency(1, 16, 2)
+        return handle
+
+    try:
+        try:
+            handle = compile_and_probe()
+        except Exception as exc:
+            if "data missing" not in str(exc) or kwargs.get("kvcache_quant_mode") != "fp8":
+                raise
+            handle = compile_and_probe(fmha_quant_mode="bfloat16")  # as _estimate: no fp8 context attention data
+            notes.append(f"attention (FMHA) in bfloat16: aiconfigurator {PINNED} has no fp8 context attention data "
+                         f"for this model on {choice.system}")
+    except SizingError:
+        raise
+    except KeyError as exc:
+        raise failed_on_model(path, exc) from None
+    except Exception as exc:  # noqa: BLE001 - its ValueError/RuntimeError/PerfDataNotAvailableError: a message
+        detail = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
+        raise SizingError(f"aiconfigurator {PINNED} cannot time {model.name} on {choice.system} "
+                          f"({choice.version}): {detail}") from None
+    layout = (f"TP{tp}" + (f" PP{pp}" if pp > 1 else "") + (" attention DP" if attention_dp else "")
+              + (f" EP{kwargs['moe_ep_size']}" if model.is_moe else ""))
+    quant = ", ".join(f"{k.removesuffix('_quant_mode')} {v}" for k, v in kwargs.items() if k.endswith("_quant_mode"))
+    return StepEngine(handle, choice, f"{model.name} ({layout}; {quant})", tuple(notes))
+
+
+def estimate_static(model: ModelSpec, choice: DataChoice, *, mode: str, batch: int, isl: int, osl: int, tp: int,
+                    pp: int = 1, attention_dp: bool = False, ep: int | None = None, precision: str = "bf16",
+                    kv_dtype: str = "auto") -> dict:
+    """aiconfigurator's static estimate (``cli_estimate`` mode ``static_ctx``: one prefill of ``batch`` prompts,
+    its TTFT; ``static_gen``: ``batch`` requests decoding ``osl`` tokens after ``isl``, its TPOT; ``static``: both)
+    of one server in the layout, precision and data version the stand-in's table uses (``step_engine``): its raw
+    columns. No queueing, no batching dynamics, no KV transfer (sdk/backends/base_backend.py ``run_static``)."""
+    path, _ = model_path_for(model)
+    kwargs: dict = {"tp_size": 1 if attention_dp else tp, "pp_size": pp, "attention_dp_size": tp if attention_dp else 1,
+                    "batch_size": batch, "backend_version": choice.version}
+    if model.is_moe:
+        moe_ep = ep or tp
+        kwargs.update(moe_tp_size=max(1, tp // moe_ep), moe_ep_size=moe_ep)
+    modes = quant_modes(model, precision, kv_dtype)
+    kv = modes.pop("kvcache_quant_mode", None)
+    kwargs.update(modes)
+    if kv:
+        kwargs["kvcache_quant_mode"] = kv
+    return _estimate(path, choice.system, mode, "fp8" if kv == "fp8" else "bfloat16", isl=isl, osl=osl, **kwargs)

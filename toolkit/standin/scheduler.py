@@ -11,8 +11,10 @@ Modelled on TensorRT-LLM's in-flight batching (pytorch backend, GUARANTEED_NO_EV
 - a request's first token comes out of the iteration that computes its last prompt chunk; a context-only request
   (a context server's leg) is then done; a generation-only request (a generation server's leg) arrives with its
   KV and first token and only decodes;
-- an iteration takes ``cost(computed_tokens, kv_tokens_read)`` seconds (the roofline of its whole batch), so a long
-  prefill scheduled with decodes stalls those decodes for its full duration.
+- an iteration takes ``cost(shape)`` seconds, ``shape`` being what it schedules as aiconfigurator's forward-pass
+  model reads an iteration (``toolkit.facts.steptime.IterationShape``: prefill requests, their new tokens and the KV
+  tokens they already hold, decode requests and their KV tokens), so a long prefill scheduled with decodes stalls
+  those decodes for its full duration.
 
 A prompt prefix the block cache reused (``cached``) is not computed again, only read.
 
@@ -24,6 +26,8 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
+
+from toolkit.facts.steptime import IterationShape
 
 FULL, CONTEXT_ONLY, GENERATION_ONLY = "context_and_generation", "context_only", "generation_only"
 
@@ -72,7 +76,7 @@ class Scheduler:
     max_num_tokens: int
     chunked_prefill: bool
     tokens_per_block: int
-    cost: Callable[[int, int], float]  # (computed tokens, KV tokens read) -> seconds
+    cost: Callable[[IterationShape], float]  # an iteration's shape -> seconds
     waiting: deque = field(default_factory=deque)
     active: list = field(default_factory=list)
     iterations: int = 0
@@ -126,9 +130,10 @@ class Scheduler:
                 continue
             chunks.append((req, take))
             budget -= take
-        computed = sum(t for _, t in chunks) + len(decodes)
-        kv_read = sum(r.prompt_len + r.generated for r in decodes) + sum(r.prefilled + t for r, t in chunks)
-        seconds = self.cost(computed, kv_read)
+        shape = IterationShape(prefill_requests=len(chunks), prefill_tokens=sum(t for _, t in chunks),
+                               prefill_kv_tokens=sum(r.prefilled for r, _ in chunks), decode_requests=len(decodes),
+                               decode_kv_tokens=sum(r.prompt_len + r.generated for r in decodes))
+        seconds = self.cost(shape)
         emitted, finished = [], []
         for req, take in chunks:
             req.prefilled += take
@@ -143,7 +148,8 @@ class Scheduler:
                 finished.append(req.rid)
                 self.active.remove(req)
         it = Iteration(no=self.iterations, chunks=tuple((r.rid, t) for r, t in chunks),
-                       decodes=tuple(r.rid for r in decodes), computed_tokens=computed, kv_tokens_read=kv_read,
+                       decodes=tuple(r.rid for r in decodes), computed_tokens=shape.computed_tokens,
+                       kv_tokens_read=shape.kv_tokens_read,
                        seconds=seconds, emitted=tuple(emitted), finished=tuple(finished), queued=len(self.waiting))
         self.iterations += 1
         return it

@@ -74,6 +74,7 @@ class Worker:
         self.decode_delay = float(os.environ.get(DECODE_DELAY_ENV, "0") or 0) / 1000.0
         self.clock_offset = 0.0
         self.engine = None  # the emulated engine (toolkit.standin.emulate), created on the event loop
+        self.timing = None  # its iteration timing (toolkit.standin.emulate.timing_for), built before the port binds
         self.refusals = P.RefusalLog(log)
         self.cache, self.cache_source = create_block_cache(settings)
         self.counters["cached_tokens"] = 0
@@ -84,12 +85,14 @@ class Worker:
         s = self.s
         if s.emulate is None:
             return
-        from toolkit.standin.emulate import EmulatedEngine
+        from toolkit.standin.emulate import EmulatedEngine, Layout
+        tr = s.transceiver
         self.engine = EmulatedEngine(s.emulate, tp=s.tp, kv_dtype=s.kv_dtype, max_batch_size=s.max_batch_size,
                                      max_num_tokens=s.max_num_tokens, chunked_prefill=s.enable_chunked_prefill,
                                      tokens_per_block=s.tokens_per_block,
-                                     real_kv_bytes_per_token=self.geo.bytes_per_token,
-                                     on_iteration=self._record_emulated_iteration)
+                                     on_iteration=self._record_emulated_iteration, timing=self.timing,
+                                     layout=Layout(s.tp, s.pp, s.attention_dp),
+                                     transceiver=(tr.resolved_runtime, tr.bounce_size_mb) if tr else None)
         self.engine.start()
 
     @property
@@ -169,6 +172,8 @@ class Worker:
         doc = {"version": f"{self.s.version.release} ({self.what})"}
         if self.engine:
             doc["emulated_timing"] = self.engine.describe()
+            doc["emulated_timing_source"] = self.engine.timing.source  # "aiconfigurator" | "roofline"
+            doc["emulated_timing_detail"] = self.engine.timing.detail
         return web.json_response(doc)
 
     async def models(self, request):
@@ -315,17 +320,29 @@ class Worker:
         try:
             try:
                 if req.request_type == "context_only":
-                    # The emulated prefill, then the real KV is computed and published (milliseconds for the
-                    # stand-in's model; publishing later keeps the KV slot's expiry clock out of the queueing).
+                    # The real KV is computed while the emulated prefill runs, and published after it (publishing
+                    # later keeps the KV slot's expiry clock out of the queueing): the stand-in's own work stays
+                    # inside the emulated time instead of adding to it.
                     ticket = self.engine.submit(CONTEXT_ONLY, n, 1, cached)
-                    await ticket.wait_for(1)
+                    from toolkit.standin.tasks import spawn
+                    # awaited below (its failure fails this request); spawn also logs it as background work
+                    computing = spawn(self._kv_of(req.prompt_ids), "context-kv")
+                    try:
+                        await ticket.wait_for(1)
+                    except BaseException:
+                        computing.cancel()
+                        raise
                     self.cache.store(lease, req.prompt_ids)
-                    tokens, disagg_out, extra = await self._run(req, n, count, state)
+                    tokens, disagg_out, extra = await self._run(req, n, count, state, computed=await computing)
                 elif req.request_type == "generation_only":
+                    started = time.monotonic()
                     tokens, disagg_out, extra = await self._run(req, n, count, state)  # the real NIXL read
-                    kv_s = self.engine.kv_extra_time(n)  # the emulated model's other KV bytes, at nominal GB/s
-                    if kv_s > 0:
-                        await asyncio.sleep(kv_s)
+                    from toolkit.standin.emulate import Layout
+                    xfer = self.engine.kv_transfer(n, Layout.from_dict(state.get("emulated_layout")))
+                    if xfer is not None:  # the emulated model's transfer on TensorRT-LLM's transceiver
+                        wait = self.engine.transfer_wait(xfer, time.monotonic() - started)
+                        if wait > 0:
+                            await asyncio.sleep(wait)
                     ticket = self.engine.submit(GENERATION_ONLY, n, len(tokens))
                 else:  # the real work overlaps the emulated prefill
                     ticket = self.engine.submit(FULL, n, count, cached)
@@ -372,20 +389,28 @@ class Worker:
     def _check_limits(self, req: P.Request, n: int) -> None:
         self.limits.check(n, req.request_type)
 
-    async def _run(self, req: P.Request, n: int, count: int, state: dict | None):
+    async def _kv_of(self, ids: list[int]):
+        """The prompt's KV and its digest (in a worker thread, one hand-over for both)."""
+        def compute():
+            kv = M.kv_content(self.geo, ids)
+            return kv, M.kv_digest(kv)
+        return await asyncio.to_thread(compute)
+
+    async def _run(self, req: P.Request, n: int, count: int, state: dict | None, computed=None):
         ids = req.prompt_ids
         if req.request_type == "generation_only":
             digest = await self.pool.fetch(state, n)
             first = int(req.disagg["first_gen_tokens"][0])
             return M.generate(digest, ids[-1], count, first=first), None, []
-        kv = await asyncio.to_thread(M.kv_content, self.geo, ids)
-        digest = await asyncio.to_thread(M.kv_digest, kv)
+        kv, digest = computed if computed is not None else await self._kv_of(ids)
         tokens = M.generate(digest, ids[-1], count)
         if req.request_type != "context_only":
             extra = [M.generate(M.choice_digest(digest, i), ids[-1], count) for i in range(1, req.n)]
             return tokens, None, extra
         ctx_request_id = next(self.ctx_ids)
         opaque = await self.pool.publish(kv, ctx_request_id)
+        if self.engine is not None:  # the emulated layout, for the generation server's emulated transfer
+            opaque["emulated_layout"] = self.engine.layout.to_dict()
         from toolkit.standin.kv import encode_state
         params = {"request_type": "context_only", "first_gen_tokens": tokens[:1], "ctx_request_id": ctx_request_id,
                   "encoded_opaque_state": encode_state(opaque), "draft_tokens": None}
@@ -558,6 +583,17 @@ async def serve(app: web.Application, sock: socket.socket, on_start=None, on_sto
             await on_stop()
 
 
+def emulated_timing(s: WorkerSettings):
+    """Where this server's iteration times come from (toolkit.standin.emulate.timing_for): aiconfigurator's data for
+    the emulated model in this server's layout and limits on the TensorRT-LLM line it imitates, else the roofline."""
+    from toolkit.standin.emulate import timing_for
+    from toolkit.standin.options import target_of
+    target = target_of(s.version)
+    return timing_for(s.emulate, tp=s.tp, pp=s.pp, ep=s.ep, attention_dp=s.attention_dp, kv_dtype=s.kv_dtype,
+                      version_text=target.release or target.line, max_batch_size=s.max_batch_size,
+                      max_num_tokens=s.max_num_tokens, max_seq_len=s.max_seq_len)
+
+
 def run(settings: WorkerSettings) -> int:
     worker = Worker(settings)
     agent_name = f"tk-standin-{socket.gethostname()}-{settings.port}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -581,12 +617,13 @@ def run(settings: WorkerSettings) -> int:
     else:
         mode = "aggregated (cache transceiver disabled: no cache_transceiver_config.backend)"
     if settings.emulate is not None:
-        from toolkit.facts.roofline import roofline
+        worker.timing = emulated_timing(settings)
         e = settings.emulate
-        desc = roofline(e.model, e.gpu, tp=settings.tp, precision=e.precision, kv_dtype=settings.kv_dtype).describe()
-        log.info("tk CPU stand-in, not TensorRT-LLM: %s (roofline from datasheet figures and assumed efficiencies, "
-                 "toolkit/facts/hardware.py; not a measurement); extra KV bytes at %s GB/s nominal", desc,
-                 f"{e.kv_gbps:g}" if e.kv_gbps else "no")
+        tr = settings.transceiver
+        log.info("tk CPU stand-in, not TensorRT-LLM: %s, %s; the emulated KV transfer: %s",
+                 e.roofline(settings.tp, settings.kv_dtype).describe(), worker.timing.detail,
+                 (f"TensorRT-LLM's {'C++' if tr.resolved_runtime == 'CPP' else 'Python'} transceiver at {e.kv_link}"
+                  if tr and e.kv_gbps else "none (no cache transceiver or no link figure)"))
     log.info("tk CPU stand-in, not TensorRT-LLM: serving %s for the TensorRT-LLM %s protocol on http://%s:%d; "
              "KV %d bytes/token (%s, tokens_per_block %d); %s", settings.model_arg, settings.version.line,
              settings.host, settings.port, worker.geo.bytes_per_token, settings.kv_dtype,
