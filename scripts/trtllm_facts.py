@@ -50,6 +50,9 @@ SOURCES = ROOT / "scripts" / "trtllm_sources.yaml"
 OUTPUT = ROOT / "toolkit" / "facts" / "trtllm_data.json"
 MAX_FILE_BYTES = 8 << 20  # the largest llm_args.py is ~0.3 MB; a bound on what a download may be
 DOWNLOAD_TIMEOUT_S = 60
+# pinned: the snapshot's fields are its releases'; inferred: no file of its releases could be read (a nearby commit's
+# fields), so a key it lacks is unsure, never refused (toolkit/facts/llm_args.py reads it)
+BASES = ("pinned", "inferred")
 
 
 class SourceError(Exception):
@@ -586,6 +589,10 @@ def read_snapshots(sources: dict, reader: Reader) -> list[dict]:
     last_complete: dict | None = None
     for snap in sources["snapshots"]:
         record = {k: snap[k] for k in ("id", "line", "kind", "first_release", "last_release", "note") if k in snap}
+        if snap.get("basis") not in BASES:
+            raise ValueError(f"snapshot {snap['id']}: basis must be one of {', '.join(BASES)}, not "
+                             f"{snap.get('basis')!r} (does a file of its releases give its fields?)")
+        record["basis"] = snap["basis"]
         if snap.get("commit"):
             record["source"] = {"repo": sources["repo"], "path": snap["path"], "commit": snap["commit"]}
         record["complete_sections"] = (snap.get("complete_sections", []) if snap["kind"] == "hand" else

@@ -395,3 +395,25 @@ def test_the_doctor_prints_what_a_run_wrote_inert(tmp_path, capsys):
         assert raw not in text, repr(raw)
     assert "\\x1b]0;owned\\x07" in text  # shown, as its escape
     assert "CUDA out of memory" in text
+
+
+def _ucx_table(op: str, description: str, transport: str) -> list[str]:
+    """One UCX_PROTO_INFO table of CUDA memory as UCX 1.19 prints it (title and operation on one line)."""
+    what = ("remote memory write by ucp_put*(multi) from cuda/GPU0 to cuda/dev[1]" if op == "WRITE" else
+            "remote memory read by ucp_get*(multi) into cuda/GPU0 from cuda/dev[1]")
+    rule = "[1795841642.1] [gpu:5:0]   +--------------------------------+---------------------------+---------------+"
+    return [f"[1795841642.1] [gpu:5:0]   | ucp_context_0 intra-node cfg#2 | {what} |", rule,
+            f"[1795841642.1] [gpu:5:0]   |                         0..inf | {description:<25} | {transport:<13} |",
+            rule]
+
+
+def test_ucx_software_emulation_is_the_finding_for_a_write_only():
+    """TensorRT-LLM's transceivers WRITE (the context side puts); a READ of CUDA memory that UCX emulates (as on one
+    H100 with cuda_ipc, where the WRITE was zero-copy) is not what slowed or failed a deployment."""
+    emulated = "ucx-cuda-software-emulation"
+    write_ok = _ucx_table("WRITE", "zero-copy", "cuda_ipc/cuda")
+    read_emulated = _ucx_table("READ", "software emulation", "tcp/lo")
+    assert emulated in scan(_ucx_table("WRITE", "software emulation", "tcp/lo"))
+    assert emulated not in scan(read_emulated)
+    assert emulated not in scan(write_ok + read_emulated)  # the READ row is under its own table, not the WRITE's
+    assert emulated in scan(read_emulated + _ucx_table("WRITE", "software emulation", "tcp/lo"))

@@ -286,3 +286,24 @@ def test_local_validation_refuses_buffers_beyond_this_machines_memory_with_the_f
     assert "GiB" in text and "6.0 GiB available" in text and "4 agents" in text and "--max-memory-mb" in text
     assert not any((tmp_path / "runs").glob("*/params.json"))  # refused before anything was prepared
     assert not (tmp_path / "runs").exists() or list((tmp_path / "runs").iterdir()) == []  # and its directory removed
+
+
+def test_local_validation_counts_only_host_memory_pools_against_this_machines_memory(tmp_path, monkeypatch):
+    """--memory vram puts every agent's pool on the GPU: the host's available memory says nothing about it, so pools
+    that would not fit in host memory are not refused there; the same pools in DRAM are."""
+    from toolkit import api
+    from toolkit.validate import run
+    from toolkit.validate.params import Options, ValidateError, build_params
+
+    monkeypatch.setattr(run, "available_memory", lambda: (1 << 30, 16 << 30))  # 1 GiB free of 16
+    plan = api.load_plan("standin-2p2d")
+
+    def params(memory):
+        return build_params(plan, Options(mode="local", memory=memory, max_memory_mb=1024, lengths=(65536,),
+                                          sweep=False, reverse=False), str(tmp_path))
+    vram = params("vram")
+    assert sum(vram["geometry"]["pool_bytes"].values()) > 1 << 30  # would not fit the host's 1 GiB
+    run.check_local_memory(vram)  # VRAM pools: not the host's memory
+    for memory in ("dram", "auto"):  # auto: host memory where no GPU is visible (standin's engine: DRAM)
+        with pytest.raises(ValidateError, match="1.0 GiB available"):
+            run.check_local_memory(params(memory))

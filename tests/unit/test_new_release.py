@@ -81,7 +81,7 @@ def fake_release(tmp_path_factory):
     sources = yaml.safe_load((ROOT / "scripts/trtllm_sources.yaml").read_text())
     sources["snapshots"].append({"id": "manifest@fake", "line": "1.9", "kind": "manifest", "path": MANIFEST,
                                  "commit": FAKE, "first_release": "1.9.0rc0", "last_release": "1.9.0rc1",
-                                 "complete": False, "note": "a fake release for this spec"})
+                                 "complete": False, "basis": "pinned", "note": "a fake release for this spec"})
     sources["proxy"].append({"lines": ["1.9"], "kind": "disagg_utils", "path": "tensorrt_llm/llmapi/disagg_utils.py",
                              "commit": FAKE_PROXY, "routers_from": {"path": "tensorrt_llm/serve/router.py",
                                                                     "commit": FAKE_PROXY}})

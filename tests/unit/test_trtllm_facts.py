@@ -133,10 +133,10 @@ def small_sources(tmp_path):
         "repo": "NVIDIA/TensorRT-LLM", "raw_url": "https://example.invalid/{repo}/{commit}/{path}",
         "snapshots": [
             {"id": "old", "line": "9.0", "kind": "llm_args", "path": "tensorrt_llm/llmapi/llm_args.py",
-             "commit": C1, "first_release": "9.0.0", "last_release": "9.0.1", "complete": True},
+             "commit": C1, "first_release": "9.0.0", "last_release": "9.0.1", "complete": True, "basis": "pinned"},
             {"id": "new", "line": "9.1", "kind": "manifest",
              "path": "tensorrt_llm/usage/llm_args_golden_manifest.json", "commit": C2,
-             "first_release": "9.1.0rc0", "last_release": "9.1.0rc3", "complete": False}],
+             "first_release": "9.1.0rc0", "last_release": "9.1.0rc3", "complete": False, "basis": "inferred"}],
         "renames": [{"old": "a.b", "new": "a.c.b", "pr": "#1"}],
         "env": [{"lines": ["9.1"], "side": "cpp", "kind": "envutils", "path": "cpp/tensorrt_llm/common/envUtils.cpp",
                  "commit": C2},
@@ -208,11 +208,71 @@ def test_a_missing_source_file_is_named_and_nothing_is_written(small_sources, tm
 
 
 def test_a_key_of_every_snapshot_of_a_line_is_known_and_one_no_version_has_gets_a_did_you_mean():
-    target = llm_args.Target("1.3", "1.3.0rc27")
-    assert llm_args.status(target, "cache_transceiver_config.enable_pipelined_transfer").verdict \
-        is llm_args.Verdict.KNOWN
+    target = llm_args.Target("1.3", "1.3.0rc19")  # manifest@92e3075: pinned
+    assert llm_args.status(target, "cache_transceiver_config.max_tokens_in_buffer").verdict is llm_args.Verdict.KNOWN
     st = llm_args.status(target, "cache_transceiver_config.max_tokens_in_bufer")
     assert st.verdict is llm_args.Verdict.ABSENT and "max_tokens_in_buffer" in st.fix
+
+
+def test_every_snapshot_says_whether_its_releases_are_pinned_or_inferred():
+    """The sources file marks each snapshot; the data carries it. The 1.4 bracket (manifest @ 0004396, for
+    1.3.0rc27 .. 1.4.0rc1) is inferred: no file at those releases' tags could be read."""
+    assert [s["basis"] for s in DATA["snapshots"]] == [s["basis"] for s in SOURCES["snapshots"]]
+    assert {s["basis"] for s in DATA["snapshots"]} <= {"pinned", "inferred"}
+    basis = {s.id: s.basis for s in llm_args.snapshots()}
+    assert basis["manifest@0004396"] is llm_args.Basis.INFERRED
+    assert basis["manifest@92e3075"] is basis["llm_args@3e906a0e"] is llm_args.Basis.PINNED
+
+
+def test_the_generator_carries_each_snapshot_s_basis_and_names_one_that_lacks_it(small_sources, tmp_path, capsys):
+    sources, sources_path, src = small_sources
+    data = gen.generate(sources, src)
+    assert [s["basis"] for s in data["snapshots"]] == ["pinned", "inferred"]
+    sources["snapshots"][1]["basis"] = "guessed"
+    sources_path.write_text(yaml.safe_dump(sources))
+    out = tmp_path / "data.json"
+    assert gen.main(["--from-dir", str(src), "--sources", str(sources_path), "--output", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "new" in err and "basis" in err and "pinned" in err and not out.exists()
+
+
+@pytest.mark.parametrize("release", ["1.3.0rc27", "1.4.0rc1"])
+def test_a_key_an_inferred_snapshot_lacks_is_unsure_never_absent(release):
+    """What the inferred 1.4 bracket lacks may be in the releases themselves: a warning that says the data is inferred
+    (with the nearest name where no version has the key), and the render proceeds."""
+    target = llm_args.Target(release[:3], release)
+    removed = llm_args.status(target, "disable_flashinfer_sampling")  # in manifest@92e3075, not in @0004396
+    assert removed.verdict is llm_args.Verdict.UNSURE and "inferred" in removed.reason
+    typo = llm_args.status(target, "cache_transceiver_config.max_tokens_in_bufer")
+    assert typo.verdict is llm_args.Verdict.UNSURE and "inferred" in typo.reason
+    assert "cache_transceiver_config.max_tokens_in_buffer" in typo.reason
+    # a rename is its own evidence (PR, first release with the new name), not the snapshot's absence
+    renamed = llm_args.status(target, "kv_cache_config.block_reuse_policy")
+    assert renamed.verdict is llm_args.Verdict.ABSENT and "block_reuse_config.policy" in renamed.fix
+
+
+def test_whether_a_snapshot_is_inferred_is_the_data_s(tmp_path):
+    """The same snapshot, marked pinned in the data, decides absence again: nothing in the code names it."""
+    data = json.loads((ROOT / "toolkit/facts/trtllm_data.json").read_text())
+    for snap in data["snapshots"]:
+        snap["basis"] = "pinned"
+    (tmp_path / "data.json").write_text(json.dumps(data))
+    with llm_args.use_data(tmp_path / "data.json"):
+        target = llm_args.Target("1.4", "1.4.0rc1")
+        assert llm_args.status(target, "disable_flashinfer_sampling").verdict is llm_args.Verdict.ABSENT
+        assert llm_args.status(target, "cache_transceiver_config.max_tokens_in_bufer").verdict \
+            is llm_args.Verdict.ABSENT
+
+
+def test_a_recipe_key_the_inferred_bracket_lacks_renders_with_a_warning():
+    from toolkit.plan import build_plan
+    from toolkit.recipe import load_recipe_text
+    from toolkit.render import render_files
+
+    text = (ROOT / "recipes/standin-1p1d-1.4.yaml").read_text()
+    plan = build_plan(load_recipe_text(text, "r.yaml", ["context.extra_options.disable_flashinfer_sampling=true"]))
+    assert [w for w in plan.warnings if "disable_flashinfer_sampling" in w and "inferred" in w]
+    assert yaml.safe_load(render_files(plan)["ctx.yaml"])["disable_flashinfer_sampling"] is True
 
 
 def test_a_value_outside_the_manifest_s_allowed_values_is_refused_with_them():

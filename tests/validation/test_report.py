@@ -173,6 +173,20 @@ def test_the_threshold_is_relative_to_one_descriptor_of_the_same_bytes_measured_
     assert report["curve"][0]["gbps_median"] == pytest.approx(8.0, rel=1e-3) and report["curve"][0]["pairs"] == 4
 
 
+def test_no_threshold_is_said_as_none_never_as_measured(tmp_path):
+    """--min-fraction 0 (or the rehearsal default: host memory, TCP): no bandwidth threshold applies, even where the
+    curve measured what each pair can do; the basis says so instead of naming the measurement it did not use."""
+    params = _params(tmp_path, read=False)
+    results = _results(params)
+    _curve(params, results, {1: 8.0, 4: 6.0})
+    report = _report(params, results, min_fraction=0.0)
+    jsonschema.validate(report, load_schema())
+    th = report["thresholds"]
+    assert th["basis"] == "none" and th["min_gbps"] == 0 and "no bandwidth threshold applies" in th["basis_text"]
+    assert all(r["possible_gbps"] for r in th["pairs"])  # measured, and shown, but not a threshold's basis
+    assert report["passed"]
+
+
 def test_the_report_names_the_model_and_the_request_time_beside_the_link(tmp_path):
     params = build_params(load_plan("standin-2p2d", ()), Options(mode="local", iterations=3, warmup=1),
                           str(tmp_path))  # the 1.2 line: the C++ transceiver, staged

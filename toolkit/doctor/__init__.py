@@ -155,6 +155,7 @@ def match(sig: Signature, texts: list[Text]) -> list[dict]:
     out = []
     patterns = sig.compiled()
     after = re.compile(sig.after) if sig.after else None
+    header = re.compile(sig.header) if sig.after and sig.header else None
     for text in texts:
         if text.source not in sig.where:
             continue
@@ -163,6 +164,8 @@ def match(sig: Signature, texts: list[Text]) -> list[dict]:
             head = line[:MAX_SCAN_LINE]
             if after is not None and after.search(head):
                 last_after = i
+            elif header is not None and header.search(head):
+                last_after = None  # another table begins: the rows under it are not `after`'s
             if any(p.search(head) for p in patterns) and (
                     after is None or (last_after is not None and i - last_after <= AFTER_LINES)):
                 out.append(_evidence(text, number, line))

@@ -15,6 +15,8 @@ and print the cause and the fix. A row names:
               or the tool whose message it is
     after     a pattern that must match one of the AFTER_LINES lines before a matching line (a log table whose
               header names what a row means), or None
+    header    with `after`: a pattern for the header line of every such table; a later header that `after` does not
+              match ends the table `after` found, so the rows under another table's header are not claimed
     fix_when  (pattern, fix) pairs: where a line of the evidence (its file and text) matches the pattern, the fix is
               that one instead (the first that matches): one cause whose remedy depends on what failed
     secondary a consequence of an earlier failure, not a cause: shown after the others ("look further up")
@@ -52,6 +54,7 @@ class Signature:
     secondary: bool = False
     per_request: bool = False
     after: str | None = None
+    header: str | None = None
     fix_when: tuple[tuple[str, str], ...] = ()
 
     def fix_for(self, evidence: list[dict]) -> str:
@@ -466,16 +469,19 @@ SIGNATURES: tuple[Signature, ...] = (
     ),
     Signature(
         id="ucx-cuda-software-emulation",
-        title="UCX moves CUDA memory by \"software emulation\" (a copy through host memory, ~0.5 GB/s)",
+        title="UCX writes CUDA memory by \"software emulation\" (a copy through host memory, ~0.5 GB/s)",
         patterns=(r"\|\s*software emulation\s*\|",),
-        after=r"remote memory (write|read) by ucp_(put|get)\S*.*cuda",
+        # only a put (WRITE) table's rows: TensorRT-LLM's transceivers WRITE and never READ, so an emulated get
+        # (UCX serves READ into CUDA memory so even where cuda_ipc WRITEs, gpu-findings-4) is not the cause
+        after=r"remote memory write by ucp_put\S*.*cuda",
+        header=r"remote memory \w+ by ucp_|active message by ucp_",
         where=(SERVER,),
-        cause="UCX's protocol table (UCX_PROTO_INFO=y) shows a put or get of CUDA memory served by software "
+        cause="UCX's protocol table (UCX_PROTO_INFO=y) shows a put (WRITE) of CUDA memory served by software "
               "emulation: no transport UCX was given can reach that memory directly, so every byte is copied "
               "through host memory over TCP or shared memory. Either UCX_TLS lacks cuda_ipc (one node) or an RDMA "
               "transport (between nodes), or the memory is a CUDA VMM allocation that cuda_ipc cannot map (the "
               "Python transceiver's KV pools on H100, TensorRT-LLM PR #17241; the C++ transceiver stages through "
-              "cudaMalloc'd buffers, which it can). A get (READ) so served does not affect TensorRT-LLM, which WRITEs",
+              "cudaMalloc'd buffers, which it can). A get (READ) so served is not this finding: TensorRT-LLM WRITEs",
         fix="keep tk's UCX_TLS for the transport profile (it lists cuda_copy,cuda_ipc for one node; rc for "
             "InfiniBand) and drop a role env's UCX_TLS that leaves them out; load nvidia_peermem for GPUDirect RDMA; "
             "with the Python transceiver on H100, set kv_transfer.runtime: CPP; check with tk validate cluster "

@@ -8,7 +8,8 @@ table), each with the releases that carry it. ``status(target, path)`` answers f
 - ``KNOWN``: every snapshot that speaks for the target has it;
 - ``UNSURE``: some do, some do not (the key came or went between them), or the snapshots cannot tell (a manifest
   omits str/dict fields by design): tk warns and renders;
-- ``ABSENT``: every snapshot that speaks for the target lists its section whole and lacks the key. TensorRT-LLM's
+- ``ABSENT``: every snapshot that speaks for the target lists its section whole and lacks the key (a snapshot whose
+  fields are inferred, not read from its releases' own file, never does: what it lacks is ``UNSURE``). TensorRT-LLM's
   ``TorchLlmArgs`` is a pydantic model with ``extra="forbid"`` (``StrictBaseModel`` in
   tensorrt_llm/llmapi/llm_args.py), so it refuses the options file at start-up: tk refuses it first, with the new
   spelling of a renamed key, the versions that do have it, or (only for a key no version has) the nearest name.
@@ -41,6 +42,14 @@ class Verdict(enum.Enum):
     ABSENT = "absent"
 
 
+class Basis(enum.Enum):
+    """Whether a snapshot's fields are its releases' (``PINNED``: a file of them was read) or a nearby commit's
+    (``INFERRED``: none could be; the sources file says which, scripts/trtllm_sources.yaml ``basis``)."""
+
+    PINNED = "pinned"
+    INFERRED = "inferred"
+
+
 @dataclass(frozen=True)
 class Snapshot:
     id: str
@@ -52,6 +61,7 @@ class Snapshot:
     complete_sections: tuple[str, ...]
     source: dict | None
     note: str
+    basis: Basis
 
     @property
     def releases(self) -> str:
@@ -80,6 +90,11 @@ class Snapshot:
         """Whether this snapshot lists every key of ``path``'s section (so absence means TensorRT-LLM refuses it)."""
         parent = path.rsplit(".", 1)[0] if "." in path else ""
         return "*" in self.complete_sections or parent in self.complete_sections
+
+    @property
+    def inferred(self) -> bool:
+        """Its fields are not read from its releases' own file: a key it lacks may be in them."""
+        return self.basis is Basis.INFERRED
 
 
 @dataclass(frozen=True)
@@ -141,7 +156,7 @@ def snapshots() -> tuple[Snapshot, ...]:
         out.append(Snapshot(id=s["id"], line=s["line"], kind=s["kind"], first=s["first_release"],
                             last=s["last_release"], fields=s["fields"],
                             complete_sections=tuple(s.get("complete_sections", ())), source=s.get("source"),
-                            note=s.get("note", "")))
+                            note=s.get("note", ""), basis=Basis(s["basis"])))
     return tuple(sorted(out, key=lambda s: version_key(s.first)))
 
 
@@ -213,6 +228,8 @@ def did_you_mean(path: str) -> str | None:
 
 
 def _lists_whole(s: Snapshot, path: str) -> bool:
+    if s.inferred:  # what it lists is a nearby commit's, not its releases': its absence proves nothing
+        return False
     if s.lists_whole(path):
         return True
     if s.kind != "manifest":
@@ -286,6 +303,14 @@ def status(target: Target, path: str) -> KeyStatus:
                          f"no TensorRT-LLM version tk knows has an option {path}; {EXTRA_FORBID_SOURCE} refuses "
                          "unknown keys at start-up" + (f"; did you mean {close}?" if close else ""),
                          fix=f"rename it to {close}" if close else f"remove {path}")
+    inferred = [s for s in ev if s.inferred]
+    if inferred:
+        close = did_you_mean(path) if not where(path) else None
+        return KeyStatus(Verdict.UNSURE, path,
+                         f"{path} is not in {', '.join(s.cite for s in ev)}, but what tk knows of TensorRT-LLM "
+                         f"{', '.join(s.releases for s in inferred)} is inferred (no file of those releases could be "
+                         f"read: the fields are a nearby commit's); whether TensorRT-LLM {target} accepts it is "
+                         "unverified" + (f"; did you mean {close}?" if close else ""))
     return KeyStatus(Verdict.UNSURE, path,
                      f"{path} is not in {', '.join(s.cite for s in ev)}, which cannot list every field of its "
                      f"section; whether TensorRT-LLM {target} accepts it is unverified")

@@ -66,7 +66,9 @@ class SizeResult:
             "sla": {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms},
             "aiconfigurator": aic.PINNED, "transport": self.transport,
             "bandwidth": self.bandwidth.to_dict(),
-            "transfer_term": "ttft_total_ms = ttft_ms + bytes_per_token_per_ctx_rank * isl / (gbps * 1e9) * 1e3",
+            "transfer_term": "ttft_total_ms = ttft_ms + bytes_per_token_per_ctx_rank * isl / (gbps * 1e9) * 1e3, "
+                             "gbps on bandwidth.basis: the link's GB/s, or the staged transceiver's request time "
+                             "(gather + WRITE + scatter) as bytes per second",
             "candidates": [{**c.to_dict(), "rank": i + 1, "meets_sla": self.meets(c)}
                            for i, c in enumerate(self.candidates)],
             "chosen": self.chosen.to_dict() if self.chosen else None,

@@ -72,7 +72,8 @@ def write_recipe(result, c: Candidate, *, gpu: str, gpus_per_node: int, name: st
         f"  {model.name} on {result.gpus} x {result.system}, ISL {result.isl}, OSL {result.osl},",
         f"  SLA TTFT <= {result.ttft_ms:g} ms, TPOT <= {result.tpot_ms:g} ms.",
         f"Predicted: TTFT {c.ttft_total_ms:.1f} ms (aiconfigurator {c.ttft_ms:.1f} ms + KV transfer "
-        f"{c.transfer_ms:.2f} ms at {bw.gbps:g} GB/s, {bw.source}),",
+        f"{c.transfer_ms:.2f} ms at {bw.gbps:g} GB/s, {bw.source}"
+        f"{', per request: gather + WRITE + scatter' if bw.basis == 'request' else ''}),",
         f"  TPOT {c.tpot_ms:.2f} ms, {c.tokens_s_gpu:.1f} tokens/s/GPU, {c.tokens_s_user:.1f} tokens/s/user, "
         f"concurrency {c.concurrency} per replica x {c.replicas}.",
         f"  gemm {gemm}, KV cache {c.kvcache}; {c.gpus_used} of {result.gpus} GPUs used.",

@@ -21,7 +21,7 @@ def print_size(result, top: int = 15) -> None:
     console.print(Text(f"tk size: {result.model.name} on {result.gpus} x {result.system}, ISL {result.isl}, "
                        f"OSL {result.osl}; SLA TTFT <= {result.ttft_ms:g} ms, TPOT <= {result.tpot_ms:g} ms"))
     console.print(Text(f"  engine: aiconfigurator {result.to_dict()['aiconfigurator']} ({result.aic_model}); KV transfer "
-                       f"at {bw.gbps:g} GB/s: {bw.detail}"))
+                       f"at {bw.describe()}"))
     t = Table(title=None, show_lines=False)
     for col, just in (("#", "right"), ("aic#", "right"), ("SLA", "center"), ("tk", "center"), ("mode", "left"),
                       ("configuration", "left"), ("GPUs", "right"), ("tok/s/GPU", "right"), ("tok/s/user", "right"),

@@ -11,9 +11,16 @@ KV-transfer term ("TODO, should consider kvcache model in future", aiconfigurato
   ``largest_request.bytes_per_rank``): every context rank sends its own shard over its own link at the
   same time, so the request is through when the fullest rank's shard is. At TP1 it is the whole model's KV
   bytes per token (``ModelSpec.kv_bytes_per_token_per_layer × layers``).
-- ``bandwidth``: GB/s (1e9 bytes/s) per link, one direction: the transport profile's nominal figure
-  (``facts.hardware.TRANSPORT_PROFILES``) or a figure measured by ``tk validate cluster``
-  (``report.json`` → ``bandwidth_matrix``: its slowest or median context→generation pair).
+- ``bandwidth``: GB/s (1e9 bytes/s) per rank pair, one direction, on one of two bases (``Bandwidth.basis``):
+  - ``link``: the transport profile's nominal figure (``facts.hardware.TRANSPORT_PROFILES``), or the link GB/s
+    ``tk validate cluster`` measured (``report.json`` → ``bandwidth_matrix``: its slowest or median
+    context→generation pair) where the report has no staged request time (descriptor lists; older reports);
+  - ``request``: where the report carries it, what TensorRT-LLM's transceiver costs per request: the staged
+    transfer's gather + WRITE + scatter (each forward WRITE pair's ``lengths[-1].request_ms``, the time its longest
+    validated request took), as bytes of that request per millisecond, so the term scales it by bytes. The C++
+    transceiver gathers a request's blocks into a staging buffer, posts one WRITE per rank pair and scatters on
+    arrival (``CacheFormatter::format``/``unformat``, cacheFormatter.cpp @ 00c77b30; docs/validate.md): the link's
+    GB/s alone leaves the two device copies out.
 
 Nothing else is modelled: no per-transfer latency, no overlap of the transfer with the first decode step,
 no contention between concurrent requests on one link.
@@ -33,19 +40,44 @@ from toolkit.runtime import files
 
 REPORT_MAX_BYTES = 64 << 20  # a validation report of the largest sweep is a few MiB
 MAX_GBPS = 10_000.0  # above any fabric's bandwidth per pair (NVLink 5: 900 GB/s each way): a larger figure is not one
+REQUEST_MS_RANGE = (1e-6, 3.6e6)  # a request's time: a nanosecond to an hour (the validator's bounds are far inside)
+MAX_REQUEST_BYTES = 1 << 50  # one request of one rank pair: far above any KV cache
+
+LINK = "link"
+REQUEST = "request"
+BASIS_TEXT = {
+    LINK: "the link: bytes / the transfer's GB/s",
+    REQUEST: "the transceiver's request time: gather + WRITE + scatter of the staged transfer, per byte of the "
+             "longest validated request",
+}
 
 
 @dataclass(frozen=True)
 class Bandwidth:
-    """The link figure the transfer term divides by, and where it came from."""
+    """The figure the transfer term divides by, what it is (``basis``: the link's GB/s, or the transceiver's request
+    time as bytes per second) and where it came from."""
 
     gbps: float
     source: str  # "nominal" | "measured"
     detail: str  # e.g. "infiniband profile, nominal" or "slowest of 4 pairs in runs/x/report.json"
     transport: str | None = None
+    basis: str = LINK  # LINK | REQUEST
+    link_gbps: float | None = None  # the link's figure (REQUEST: beside the request's; LINK: gbps itself)
+
+    def __post_init__(self):
+        if self.link_gbps is None and self.basis == LINK:
+            object.__setattr__(self, "link_gbps", self.gbps)
+
+    def describe(self) -> str:
+        """The line tk size prints: the figure, its basis, its source."""
+        if self.basis == REQUEST:
+            return (f"{self.gbps:g} GB/s (per request as the transceiver moves it: gather + WRITE + scatter; "
+                    f"link {self.link_gbps:g} GB/s): {self.detail}")
+        return f"{self.gbps:g} GB/s (link): {self.detail}"
 
     def to_dict(self) -> dict:
-        return {"gbps": self.gbps, "source": self.source, "detail": self.detail, "transport": self.transport}
+        return {"gbps": self.gbps, "source": self.source, "detail": self.detail, "transport": self.transport,
+                "basis": self.basis, "basis_text": BASIS_TEXT[self.basis], "link_gbps": self.link_gbps}
 
 
 def kv_dtype_of(aic_kvcache: str | None) -> str:
@@ -168,6 +200,31 @@ class _Figures:
                                 "validate again")
         return every, "pairs (any op)"
 
+    def number(self, v, field: str, low, high, whole: bool = False) -> float:
+        """A number of a pair's request within [low, high] (an integer where ``whole``; compared before any conversion:
+        an integer too large for a float is refused, not an OverflowError), else MeasuredError naming the field."""
+        if isinstance(v, bool) or not isinstance(v, int if whole else (int, float)) or not low <= v <= high:
+            raise MeasuredError(f"{self.report_file}: {field}: {repr(v)[:40]} is not a measured request figure (a "
+                                f"number from {low:g} to {high:g}); not a report tk wrote: validate again")
+        return float(v)
+
+    def requests(self) -> list[float] | None:
+        """Each forward WRITE pair's request time as GB/s (bytes of its longest validated request / its request_ms:
+        gather + WRITE + scatter), where every measured pair's longest request was staged and timed so; None where
+        any is not (descriptor lists, older reports): their link figure stands."""
+        measured = [(i, p) for i, p in self.pairs if p.get("op", "WRITE") == "WRITE" and p.get("gbps")]
+        rates = []
+        for i, p in measured:
+            lengths = p.get("lengths")
+            longest = lengths[-1] if isinstance(lengths, list) and lengths else None
+            if not isinstance(longest, dict) or longest.get("staged") is not True or longest.get("request_ms") is None:
+                return None
+            where = f"pairs[{i}].lengths[{len(lengths) - 1}]"
+            ms = self.number(longest.get("request_ms"), f"{where}.request_ms", *REQUEST_MS_RANGE)
+            nbytes = self.number(longest.get("bytes"), f"{where}.bytes", 1, MAX_REQUEST_BYTES, whole=True)
+            rates.append(self.figure(nbytes / ms * 1e3 / 1e9, f"{where}.bytes / {where}.request_ms"))
+        return [r for r in rates if r is not None] or None
+
 
 _DIRECTIONS = {"forward": ("context→generation", _Figures.forward), "reverse": ("generation→context", _Figures.reverse)}
 
@@ -176,9 +233,12 @@ def measured(run_dir: str | Path, pick: str = "slowest", direction: str = "forwa
     """The bandwidth a ``tk validate cluster`` run measured in one direction: ``pick`` is "slowest" (default: the
     deployment is as fast as its slowest pair) or "median" of the pairs' figures.
 
-    ``forward`` (context→generation, the KV of every request): ``report.json``'s ``bandwidth_matrix`` (written
-    since tk size), else the forward WRITE ``pairs``. ``reverse`` (generation→context, an answer's KV moving back:
-    the multi-turn pull-back): the ``pairs`` with ``"direction": "reverse"``, WRITE where there are such entries
+    ``forward`` (context→generation, the KV of every request): where every measured forward WRITE pair's longest
+    request was staged (the C++ transceiver; the Python one's bounce buffer), the transceiver's request time
+    (gather + WRITE + scatter, ``basis`` "request", the link's figure beside it); else the link: ``report.json``'s
+    ``bandwidth_matrix`` (written since tk size), else the forward WRITE ``pairs``. ``reverse``
+    (generation→context, an answer's KV moving back: the multi-turn pull-back, which TensorRT-LLM has no
+    transceiver for: the link): the ``pairs`` with ``"direction": "reverse"``, WRITE where there are such entries
     (READ when the agents shared a host over a CPU-progressed transport, where WRITE figures measure the host: the
     report's ``timing.shared_host`` and ``timing.cpu_progressed``), else every reverse one."""
     if direction not in _DIRECTIONS:
@@ -187,10 +247,19 @@ def measured(run_dir: str | Path, pick: str = "slowest", direction: str = "forwa
         raise ValueError(f"pick must be 'slowest' or 'median', got {pick!r}")
     report_file, report = _read_report(run_dir)
     what, read = _DIRECTIONS[direction]
-    values, where = read(_Figures(report_file, report, direction))
-    gbps = min(values) if pick == "slowest" else statistics.median(values)
+    figures = _Figures(report_file, report, direction)
+    values, where = read(figures)
+
+    def chosen(xs: list[float]) -> float:
+        return round(min(xs) if pick == "slowest" else statistics.median(xs), 6)
+
     transport = _dict(report.get("thresholds")).get("transport")
+    transport = transport if isinstance(transport, str) and len(transport) <= 64 else None
     note = "" if report.get("passed") is True else " (that validation did NOT pass)"
-    return Bandwidth(round(gbps, 6), "measured",
-                     f"{pick} of {len(values)} {what} pair(s) in {report_file} ({where}){note}",
-                     transport if isinstance(transport, str) and len(transport) <= 64 else None)
+    requests = figures.requests() if direction == "forward" else None
+    if requests:
+        return Bandwidth(chosen(requests), "measured",
+                         f"{pick} of {len(requests)} {what} pair(s) in {report_file} (pairs: the longest validated "
+                         f"request's request_ms, staged){note}", transport, basis=REQUEST, link_gbps=chosen(values))
+    return Bandwidth(chosen(values), "measured", f"{pick} of {len(values)} {what} pair(s) in {report_file} ({where}){note}",
+                     transport)

@@ -550,7 +550,8 @@ def timing_note(params: dict, shared_host: bool, cpu: tuple[bool, str] = (True, 
 def thresholds(params: dict, min_fraction: float, possible: dict, copy: dict) -> tuple[dict, dict]:
     """(the report's thresholds, (context agent, generation agent) -> the pair's min GB/s). A pair's threshold is
     min_fraction of what was measured as possible on it (raw NIXL, one descriptor of the same bytes: the curve's
-    first point), else of the transport profile's nominal GB/s; ``basis`` says which."""
+    first point), else of the transport profile's nominal GB/s; ``basis`` says which, or ``none`` where min_fraction
+    is 0 and no threshold applies."""
     nominal = params["expect"]["nominal_gbps"]
     pairs = [(c, g) for rd in params["rounds"] for c, g in rd]
     per_pair, rows = {}, []
@@ -565,8 +566,10 @@ def thresholds(params: dict, min_fraction: float, possible: dict, copy: dict) ->
             "pair (the descriptor-size curve's first point)" if measured_all else
             f"{min_fraction:g} x the {params['expect']['transport']} profile's nominal {nominal:g} GB/s"
             + (" (the curve did not measure every pair)" if params.get("curve") else ""))
-    if not min_fraction:
-        text = "none (min_fraction 0: host memory or TCP, a rehearsal that says nothing about the fabric)"
+    if not min_fraction:  # the pairs' possible_gbps stay shown, but no figure was the basis of a threshold
+        basis = "none"
+        text = ("no bandwidth threshold applies (min_fraction 0: host memory or TCP, a rehearsal that says nothing "
+                "about the fabric; a run still fails on any error and on a zero bandwidth)")
     values = list(per_pair.values()) or [min_fraction * nominal]
     return ({"transport": params["expect"]["transport"], "nominal_gbps": nominal, "min_fraction": min_fraction,
              "min_gbps": round(min(values), 6), "basis": basis, "basis_text": text, "pairs": rows,

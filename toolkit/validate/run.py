@@ -163,9 +163,12 @@ def available_memory() -> tuple[int, int] | None:
 
 
 def check_local_memory(params: dict) -> None:
-    """--local: every agent runs here, each registering its role's KV pool; together they must fit the memory this
-    machine has available (a cap above it risks the OOM killer on a shared login node). ValidateError with the
-    figures otherwise."""
+    """--local: every agent runs here, each registering its role's KV pool; the pools in host memory (DRAM) must
+    together fit the memory this machine has available (a cap above it risks the OOM killer on a shared login node).
+    VRAM pools (--memory vram) live on the GPU and are not counted; --memory auto is (its agents fall back to DRAM
+    where no GPU is visible). ValidateError with the figures otherwise."""
+    if params["memory"] == "vram":
+        return
     pools = params["geometry"]["pool_bytes"]
     agents = params["agents"]
     need = sum(int(pools[a["role"]]) for a in agents)
@@ -175,7 +178,8 @@ def check_local_memory(params: dict) -> None:
     gib = 1 << 30
     per = ", ".join(f"{pools[r] / gib:.1f} GiB per {'context' if r == Role.CTX else 'generation'} agent"
                     for r in (Role.CTX, Role.GEN) if any(a["role"] == r for a in agents))
-    raise ValidateError(f"--local: the {len(agents)} agents would register {need / gib:.1f} GiB of buffers together "
+    raise ValidateError(f"--local: the {len(agents)} agents would register {need / gib:.1f} GiB of host-memory "
+                        "buffers together "
                         f"({per}) and this machine has {have[0] / gib:.1f} GiB available (of {have[1] / gib:.1f} GiB); "
                         "lower --max-memory-mb (the cap per agent) or --lengths, or validate on the cluster")
 
