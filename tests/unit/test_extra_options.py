@@ -89,7 +89,7 @@ def test_a_renamed_key_is_refused_with_the_new_spelling_where_the_release_rename
 
 
 def test_a_value_the_line_lacks_is_refused():
-    v = only(BASE, "trtllm_version=1.3", "context.extra_options.moe_config.backend=NOPE")
+    v = only(BASE, "trtllm_version=1.3.0rc19", "context.extra_options.moe_config.backend=NOPE")  # pinned data
     assert "NOPE is not a value of moe_config.backend" in v.message and "CUTLASS" in v.fix
 
 

@@ -133,9 +133,10 @@ def test_the_planner_and_renderer_take_the_new_backend_and_router(fake_release):
     files = render_files(plan)
     assert yaml.safe_load(files["ctx.yaml"])["cache_transceiver_config"]["backend"] == NEW_BACKEND
     assert yaml.safe_load(files["disagg.yaml"])["generation_servers"]["router"]["type"] == NEW_ROUTER
-    # the release before has neither: the rules refuse each, naming the field
+    # a release before it whose data is pinned (1.4.0rc1's is inferred: warned) has neither: the rules refuse each,
+    # naming the field
     with pytest.raises(Exception) as info:
-        build_plan(load_recipe_text(SMOKE, "fake.yaml", ["trtllm_version=1.4.0rc1", f"kv_transfer.backend={NEW_BACKEND}",
+        build_plan(load_recipe_text(SMOKE, "fake.yaml", ["trtllm_version=1.3.0rc19", f"kv_transfer.backend={NEW_BACKEND}",
                                                          f"proxy.generation_router={NEW_ROUTER}"]))
     assert {v.field for v in info.value.violations} == {"kv_transfer.backend", "proxy.generation_router"}
     # a value no release has is still refused when the recipe is read, with the data's values

@@ -276,9 +276,19 @@ def test_a_recipe_key_the_inferred_bracket_lacks_renders_with_a_warning():
 
 
 def test_a_value_outside_the_manifest_s_allowed_values_is_refused_with_them():
-    target = llm_args.Target("1.3", "1.3.0rc27")
+    target = llm_args.Target("1.3", "1.3.0rc19")  # manifest@92e3075: pinned
     st = llm_args.value_status(target, "cache_transceiver_config.transceiver_runtime", "RUST")
     assert st is not None and st.verdict is llm_args.Verdict.ABSENT and "PYTHON" in st.reason + st.fix
+    assert llm_args.value_status(target, "cache_transceiver_config.transceiver_runtime", "PYTHON") is None
+
+
+def test_a_value_outside_an_inferred_snapshot_s_set_is_unsure_naming_the_set():
+    """The 1.3.0rc27..1.4.0rc1 bracket's fields are a nearby commit's: a value its set lacks may be one the release
+    takes, so it is warned and rendered, as a key it lacks is."""
+    target = llm_args.Target("1.4", "1.4.0rc1")
+    st = llm_args.value_status(target, "cache_transceiver_config.transceiver_runtime", "RUST")
+    assert st is not None and st.verdict is llm_args.Verdict.UNSURE
+    assert "inferred" in st.reason and "PYTHON" in st.reason
     assert llm_args.value_status(target, "cache_transceiver_config.transceiver_runtime", "PYTHON") is None
 
 

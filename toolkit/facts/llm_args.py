@@ -330,7 +330,8 @@ def closed_values(entry: dict | None) -> set[str] | None:
 
 def value_status(target: Target, path: str, value) -> KeyStatus | None:
     """For a key whose value is one of a fixed set (``closed_values``), a value outside every deciding snapshot's set
-    is ABSENT, outside only some UNSURE; None when the value is fine or the key takes free values."""
+    is ABSENT (UNSURE where one of them is inferred), outside only some UNSURE; None when the value is fine or the key
+    takes free values."""
     if value is None:
         return None
     values = value if isinstance(value, list) else [value]
@@ -344,6 +345,13 @@ def value_status(target: Target, path: str, value) -> KeyStatus | None:
         return None
     shown = ", ".join(sorted({str(_choice(v)) for _, vs in failing for v in vs}))
     choices = sorted(set().union(*(a for _, a in sets)))
+    inferred = [s for s, _ in failing if s.inferred]
+    if len(failing) == len(sets) and inferred:  # a nearby commit's set, not the releases': its lack proves nothing
+        return KeyStatus(Verdict.UNSURE, path,
+                         f"{shown} is not a value of {path} in {', '.join(s.cite for s, _ in failing)} (one of "
+                         f"{', '.join(choices)}), but what tk knows of TensorRT-LLM "
+                         f"{', '.join(s.releases for s in inferred)} is inferred (no file of those releases could be "
+                         f"read); whether TensorRT-LLM {target} accepts it is unverified")
     if len(failing) == len(sets):
         return KeyStatus(Verdict.ABSENT, path,
                          f"{shown} is not a value of {path} in TensorRT-LLM {target} "
