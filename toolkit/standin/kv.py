@@ -258,7 +258,6 @@ class KvPool:
         self.timeout_ms = tr.kv_transfer_timeout_ms
         self.slot_tokens = tr.max_tokens_in_buffer
         self.preallocated = tr.preallocated_buffer
-        self.blocks_per_slot = self.slot_tokens // geo.tokens_per_block
         self.slot_bytes = HEADER_BYTES + geo.num_layers * self.slot_tokens * geo.bytes_per_token_per_layer
         n_send = max(1, min(settings.max_batch_size, 16))
         n_recv = max(1, min(settings.max_batch_size, 8))
