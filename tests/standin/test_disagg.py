@@ -34,6 +34,12 @@ GEN = {**CTX, "max_batch_size": 16, "max_num_tokens": 128, "disable_overlap_sche
 GEN16 = {**GEN, "kv_cache_config": {**GEN["kv_cache_config"], "tokens_per_block": 16},
          "cache_transceiver_config": {**GEN["cache_transceiver_config"], "max_tokens_in_buffer": 128}}
 LENGTHS = [1, 2, 31, 32, 33, 64, 100, 128]
+# UCX on the C++ transceiver: a request larger than the pre-allocated buffer moves through buffers allocated for it
+CTX_UCX = {**CTX, "cache_transceiver_config": {**CTX["cache_transceiver_config"], "backend": "UCX"}}
+GEN_UCX = {**GEN, "cache_transceiver_config": {**GEN["cache_transceiver_config"], "backend": "UCX"}}
+# gen_ucx's pool: its 24 slots of 128 tokens (6.0 MiB) and 0.4 MiB for buffers of one request: one of 160 tokens
+# (81 pages of 4 KiB), not one of 256 (129 pages)
+GEN_UCX_POOL_MB = "6.4"
 
 
 def words(n: int, tag: str = "w") -> str:
@@ -42,7 +48,8 @@ def words(n: int, tag: str = "w") -> str:
 
 @pytest.fixture(scope="module")
 def dep(launcher):
-    """ctx, gen, a corrupting gen, a tokens_per_block=16 gen, a proxy (msgpack to workers) and the baseline."""
+    """ctx, gen, a corrupting gen, a tokens_per_block=16 gen, a UCX ctx and gen, a proxy (msgpack to workers) and
+    the baseline."""
     ctx_opts, gen_opts = launcher.options("ctx.yaml", CTX), launcher.options("gen.yaml", GEN)
     procs = {
         "ctx": launcher.worker("ctx", ctx_opts, wait=False),
@@ -50,6 +57,9 @@ def dep(launcher):
         "gen_corrupt": launcher.worker("gen_corrupt", gen_opts, env=worker_env(TK_STANDIN_FAULT="corrupt_kv"),
                                        wait=False),
         "gen16": launcher.worker("gen16", launcher.options("gen16.yaml", GEN16), wait=False),
+        "ctx_ucx": launcher.worker("ctx_ucx", launcher.options("ctx_ucx.yaml", CTX_UCX), wait=False),
+        "gen_ucx": launcher.worker("gen_ucx", launcher.options("gen_ucx.yaml", GEN_UCX),
+                                   env=worker_env(TK_STANDIN_POOL_MB=GEN_UCX_POOL_MB), wait=False),
     }
     baseline = AggregatedServer.like(gen_opts, launcher.dir / "baseline", model=MODEL)
     try:
@@ -142,6 +152,29 @@ def test_prompt_longer_than_max_tokens_in_buffer_fails_as_tensorrt_llm_s_agent_c
     assert "max_tokens_in_buffer is 128" in msg and dep["ctx"].endpoint in msg
 
 
+def test_prompt_longer_than_max_tokens_in_buffer_is_served_where_tensorrt_llm_allocates_a_buffer_for_it(dep):
+    """UCX on the C++ transceiver falls back to buffers allocated for the request (cacheTransBuffer.cpp,
+    getOrAllocateBuffers), the Python transceiver has no such limit: the stand-in moves the KV through a buffer
+    registered with NIXL for that request on each side, and frees it when the READ's notification comes."""
+    ctx, gen = dep["ctx_ucx"], dep["gen_ucx"]
+    before = stats(ctx)["kv"]
+    prompt = words(BUFFER + 10, "long")
+    expected = requests.post(dep["baseline"].url + "/v1/completions", timeout=30,
+                             json={"model": MODEL, "prompt": prompt, "max_tokens": 12}).json()["choices"][0]["text"]
+    status, doc, _ = generation_leg(gen, context_leg(ctx, prompt))
+    assert status == 200 and doc["choices"][0]["text"] == expected, doc  # the digest of every byte READ
+    after = stats(ctx)["kv"]
+    assert after["kv_request_buffers_sent"] == before["kv_request_buffers_sent"] + 1
+    assert after["kv_sent_slots"] == before["kv_sent_slots"]
+    assert stats(gen)["kv"]["kv_request_buffers_received"] >= 1
+    wait_for(lambda: stats(ctx)["kv"]["kv_request_buffer_bytes_held"] == 0, "the buffer freed on the notification")
+    assert stats(gen)["kv"]["kv_request_buffer_bytes_held"] == 0
+    # bounded: a buffer larger than what the generation server's per-request buffers may hold is a clear 503
+    status, doc, _ = generation_leg(gen, context_leg(ctx, words(250, "huge")))
+    assert status == 503 and f"TK_STANDIN_POOL_MB={GEN_UCX_POOL_MB}" in doc["message"], doc
+    assert gen.endpoint in doc["message"]
+
+
 def test_worker_errors_reach_the_client_with_status_and_message(dep):
     # TensorRT-LLM's disaggregated server answers a worker's refusal as {"detail": the worker's message}; the
     # stand-in proxy applies the context servers' limits itself, before the context leg
@@ -172,10 +205,16 @@ def test_tokens_per_block_mismatch_is_refused(dep):
 def test_kv_nobody_fetched_is_freed_after_the_timeout(dep):
     before = stats(dep["ctx"])["kv"]["kv_slots_expired"]
     resp = context_leg(dep["ctx"], words(20, "late"))
+    long_resp = context_leg(dep["ctx_ucx"], words(BUFFER + 40, "late"))  # in a buffer of its own
     time.sleep(TIMEOUT_MS / 1000 + 0.3)
     assert stats(dep["ctx"])["kv"]["kv_slots_expired"] >= before + 1  # (earlier tests' unfetched KV expires too)
     status, doc, _ = generation_leg(dep["gen"], resp)
     assert status == 500 and "freed the slot" in doc["message"] and dep["ctx"].endpoint in doc["message"]
+    # a buffer of its own is freed the same way; a READ that comes later finds no KV, and the context server serves on
+    wait_for(lambda: stats(dep["ctx_ucx"])["kv"]["kv_request_buffer_bytes_held"] == 0, "the buffer freed")
+    status, doc, _ = generation_leg(dep["gen_ucx"], long_resp)
+    assert status == 500 and "freed the slot" in doc["message"] and dep["ctx_ucx"].endpoint in doc["message"]
+    assert generation_leg(dep["gen_ucx"], context_leg(dep["ctx_ucx"], words(BUFFER + 40, "again")))[0] == 200
 
 
 def test_frozen_or_killed_context_server_fails_the_generation_request_in_time(launcher, dep):

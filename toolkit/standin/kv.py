@@ -21,11 +21,25 @@ Context server (``request_type: context_only`` with n prompt tokens): computes t
 (``model.kv_content``: n x bytes_per_token bytes, deterministic from the token ids) into a free send slot, writes
 the header, and returns in ``encoded_opaque_state`` (msgpack, then base64 by the HTTP layer): its NIXL agent name
 and metadata, its HTTP endpoint (for error messages), the header's and every block's (address, length), and the
-geometry (model, attention, layers, tokens_per_block, kv dtype, bytes per token). A request longer than
-``max_tokens_in_buffer`` fails as TensorRT-LLM's C++ transceiver over NIXL fails it ("Agent need all buffer
-pre-allocated", HTTP 500), and is refused with a clear error otherwise (``check_fits``). A background task frees a
-send slot when the generation server's NIXL notification for it arrives, or after ``kv_transfer_timeout_ms`` if
-nobody came (logged, counted as expired).
+geometry (model, attention, layers, tokens_per_block, kv dtype, bytes per token). A background task frees a send
+slot when the generation server's NIXL notification for it arrives, or after ``kv_transfer_timeout_ms`` if nobody
+came (logged, counted as expired).
+
+A prompt longer than ``max_tokens_in_buffer`` (``check_fits``): where TensorRT-LLM's C++ transceiver talks over an
+agent connection (NIXL, ``preallocated``) it fails as that does ("Agent need all buffer pre-allocated", HTTP 500).
+Everywhere else TensorRT-LLM serves it (the C++ transceiver over UCX or MPI through buffers it allocates for the
+request; the Python transceiver has no such buffer at all), and so does the stand-in: the KV goes into a **buffer
+of its own** (``Region`` with no slot), laid out as a slot of ``ceil(n / tokens_per_block)`` blocks, allocated and
+registered with NIXL for that request; the opaque state carries the same addresses plus the NIXL metadata of that
+one registration (``section_metadata``, loaded by the reader into the context agent it knows). Its bytes count
+against what the slots leave of ``TK_STANDIN_POOL_MB`` (``RequestArena``): a request waits for room up to
+``kv_transfer_timeout_ms``, as for a slot, then gets HTTP 503; one that could never fit gets 503 at once. It is
+deregistered and its pages returned when a slot would be freed (notification, expiry, release). Waiting rather
+than refusing at once: TensorRT-LLM allocates from GPU memory and serves such requests under load, so only a
+request that could never fit is refused. The generation server likewise READs a
+prompt longer than its receive slot into a buffer registered for that request, freed after the READ. (NIXL keeps
+what it loaded about a freed buffer in the reader's view of the context agent; it has no call to forget one
+section: a few hundred bytes per distinct buffer address.)
 
 Generation server (``request_type: generation_only``): decodes the opaque state; refuses a context server whose
 geometry differs from its own (tokens_per_block, kv dtype, model, bytes per token, layers: what TensorRT-LLM's
@@ -54,9 +68,11 @@ import asyncio
 import base64
 import contextlib
 import logging
+import mmap
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import msgpack
 import numpy as np
@@ -121,6 +137,117 @@ def decode_state(encoded: str | None) -> dict:
     return state
 
 
+@dataclass
+class Region:
+    """Where one request's KV lies, in the slot layout (header, then per layer ``tokens // tokens_per_block``
+    blocks): a slot of the pool's buffer (``slot`` its index), or a buffer allocated and registered with NIXL for
+    this request alone (``slot`` None; ``reg`` its registration, ``section`` that registration's NIXL metadata for
+    the reader, ``extent`` its (offset, bytes) in the ``RequestArena``)."""
+
+    view: np.ndarray  # header and blocks, uint8
+    tokens: int
+    slot: int | None = None
+    reg: object = None
+    section: bytes | None = None
+    extent: tuple[int, int] | None = None
+
+    @property
+    def addr(self) -> int:
+        return self.view.ctypes.data
+
+    def header(self) -> np.ndarray:
+        return self.view[:HEADER_BYTES].view(np.uint64)
+
+    def data(self, geo: M.KvLayout) -> np.ndarray:
+        size = geo.num_layers * self.tokens * geo.bytes_per_token_per_layer
+        return self.view[HEADER_BYTES:HEADER_BYTES + size].reshape(geo.num_layers, self.tokens,
+                                                                   geo.bytes_per_token_per_layer)
+
+    def block_addrs(self, geo: M.KvLayout, nblocks: int) -> list[int]:
+        base, bb, per_layer = self.addr + HEADER_BYTES, geo.block_bytes, self.tokens // geo.tokens_per_block
+        return [base + (layer * per_layer + b) * bb for layer in range(geo.num_layers) for b in range(nblocks)]
+
+
+def region_bytes(geo: M.KvLayout, tokens: int) -> int:
+    return HEADER_BYTES + geo.num_layers * tokens * geo.bytes_per_token_per_layer
+
+
+class RequestArena:
+    """The memory buffers allocated per request come from: one anonymous mapping of ``limit`` bytes (virtual until
+    touched), carved first-fit in whole pages. What is carved at once is bounded by ``limit``; a request waits for
+    room, up to a deadline (``take`` returns None past it); one larger than the whole arena is the caller's to
+    refuse (``fits``). A freed extent's pages go back to the system (MADV_DONTNEED) but stay mapped: a READ that
+    comes after the context server freed the KV (its timeout passed, or a retried generation leg) reads zeros and
+    fails the header check, where unmapped memory would crash the context server (a READ served over UCX's tcp
+    transport copies from the address it is given)."""
+
+    def __init__(self, limit: int):
+        self.limit = max(0, limit) // mmap.PAGESIZE * mmap.PAGESIZE
+        # private: MADV_DONTNEED drops its pages (they read as zeros); a shared mapping would keep them
+        self.mem = mmap.mmap(-1, self.limit, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) if self.limit else None
+        self.free: list[tuple[int, int]] = [(0, self.limit)] if self.limit else []  # (offset, size), by offset
+        self.held = 0
+        self._freed: asyncio.Condition | None = None
+
+    @staticmethod
+    def pages(nbytes: int) -> int:
+        return -(-nbytes // mmap.PAGESIZE) * mmap.PAGESIZE
+
+    def fits(self, nbytes: int) -> bool:
+        return self.pages(nbytes) <= self.limit
+
+    def _carve(self, size: int) -> int | None:
+        for i, (off, room) in enumerate(self.free):
+            if room >= size:
+                self.free[i:i + 1] = [(off + size, room - size)] if room > size else []
+                self.held += size
+                return off
+        return None
+
+    async def take(self, nbytes: int, timeout_s: float) -> tuple[int, int] | None:
+        size = self.pages(nbytes)
+        if not self.fits(nbytes):
+            return None
+        if self._freed is None:
+            self._freed = asyncio.Condition()
+        found: list[int] = []
+
+        def carved() -> bool:
+            off = self._carve(size)
+            if off is not None:
+                found.append(off)
+            return off is not None
+        async with self._freed:
+            try:
+                await asyncio.wait_for(self._freed.wait_for(carved), timeout_s)
+            except asyncio.TimeoutError:
+                if not found:  # (carved as the timeout fell: taken all the same)
+                    return None
+        return found[0], size
+
+    def view(self, extent: tuple[int, int]) -> np.ndarray:
+        assert self.mem is not None
+        return np.frombuffer(self.mem, dtype=np.uint8, count=extent[1], offset=extent[0])
+
+    async def give(self, extent: tuple[int, int]) -> None:
+        off, size = extent
+        assert self.mem is not None
+        self.mem.madvise(mmap.MADV_DONTNEED, off, size)
+        self.held -= size
+        self.free.append((off, size))
+        self.free.sort()
+        merged: list[tuple[int, int]] = []
+        for o, n in self.free:
+            if merged and merged[-1][0] + merged[-1][1] == o:
+                merged[-1] = (merged[-1][0], merged[-1][1] + n)
+            else:
+                merged.append((o, n))
+        self.free = merged
+        if self._freed is not None:
+            async with self._freed:
+                self._freed.notify_all()
+
+
 class KvPool:
     def __init__(self, settings: WorkerSettings, geo: M.KvLayout, endpoint: str, agent_name: str):
         tr = settings.transceiver
@@ -131,11 +258,11 @@ class KvPool:
         self.timeout_ms = tr.kv_transfer_timeout_ms
         self.slot_tokens = tr.max_tokens_in_buffer
         self.preallocated = tr.preallocated_buffer
-        self.blocks_per_slot = self.slot_tokens // geo.tokens_per_block
         self.slot_bytes = HEADER_BYTES + geo.num_layers * self.slot_tokens * geo.bytes_per_token_per_layer
         n_send = max(1, min(settings.max_batch_size, 16))
         n_recv = max(1, min(settings.max_batch_size, 8))
-        limit = int(float(os.environ.get(POOL_MB_ENV, "1024")) * (1 << 20))
+        self.pool_mb = float(os.environ.get(POOL_MB_ENV, "1024"))
+        limit = int(self.pool_mb * (1 << 20))
         if 2 * self.slot_bytes > limit:
             raise ConfigError(
                 f"{settings.options_file}: cache_transceiver_config.max_tokens_in_buffer: one KV slot of "
@@ -166,13 +293,19 @@ class KvPool:
         self.metadata = self.agent.get_agent_metadata()
         self.free_send: asyncio.LifoQueue | None = None
         self.free_recv: asyncio.LifoQueue | None = None
-        self.pending: dict[bytes, tuple[int, float, int]] = {}  # tag -> (slot, deadline, ctx_request_id)
+        self.pending: dict[bytes, tuple[Region, float, int]] = {}  # tag -> (region, deadline, ctx_request_id)
+        # Buffers allocated per request (prompts longer than a slot, where TensorRT-LLM allocates too): what the
+        # slots leave of TK_STANDIN_POOL_MB, at once; freed ones wait here for the reaper to deregister them.
+        self.arena = RequestArena(limit - int(self.buf.nbytes))
+        self.retired: list[Region] = []
         self.remote_agents: dict[str, bytes] = {}
         self.epoch = 0
         self.faults = faults()
         self.stats = {"kv_sent_slots": 0, "kv_slots_freed_by_notification": 0, "kv_slots_expired": 0,
                       "kv_transfers": 0, "kv_bytes_received": 0, "kv_transfer_failures": 0,
-                      "kv_remote_agents_added": 0, "kv_slots_released": 0}
+                      "kv_remote_agents_added": 0, "kv_slots_released": 0,
+                      "kv_request_buffers_sent": 0, "kv_request_buffers_received": 0,
+                      "kv_request_buffer_bytes_held": 0}
         self._reaper: asyncio.Task | None = None
         self._published: asyncio.Event | None = None
 
@@ -198,104 +331,153 @@ class KvPool:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reaper
 
+        owned = [r.reg for r, _, _ in self.pending.values() if r.reg is not None] + [r.reg for r in self.retired]
+
         def teardown():
             for name in list(self.remote_agents):
                 with contextlib.suppress(Exception):
                     self.agent.remove_remote_agent(name)
-            with contextlib.suppress(Exception):
-                self.agent.deregister_memory(self.reg)
+            for reg in [*owned, self.reg]:
+                with contextlib.suppress(Exception):
+                    self.agent.deregister_memory(reg)
         await self._nixl(teardown)
         self.executor.shutdown(wait=False)
 
     def describe(self) -> dict:
         return {"agent": self.agent_name, "backend": self.backend, "send_slots": self.n_send,
                 "recv_slots": self.n_recv, "slot_tokens": self.slot_tokens, "slot_bytes": self.slot_bytes,
-                "pool_bytes": int(self.buf.nbytes), "kv_transfer_timeout_ms": self.timeout_ms}
+                "pool_bytes": int(self.buf.nbytes), "kv_transfer_timeout_ms": self.timeout_ms,
+                "preallocated_only": self.preallocated, "request_buffer_limit_bytes": self.arena.limit}
 
     async def _nixl(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.executor, fn, *args)
 
     # --- slot geometry -----------------------------------------------------------------------------------
 
-    def _slot_offset(self, slot: int) -> int:
-        return slot * self.slot_bytes
+    def _slot(self, slot: int) -> Region:
+        off = slot * self.slot_bytes
+        return Region(self.buf[off:off + self.slot_bytes], self.slot_tokens, slot=slot)
 
-    def _slot_data(self, slot: int) -> np.ndarray:
-        off = self._slot_offset(slot) + HEADER_BYTES
-        size = self.slot_bytes - HEADER_BYTES
-        return self.buf[off:off + size].reshape(self.geo.num_layers, self.slot_tokens,
-                                                self.geo.bytes_per_token_per_layer)
+    async def _own_buffer(self, n: int, side: str, deadline: float) -> Region:
+        """A buffer for one request of n tokens longer than a slot, registered with NIXL: what TensorRT-LLM's C++
+        transceiver over UCX or MPI does with such a request (CacheTransBufferManager::getOrAllocateBuffers
+        allocates each target's buffer the pre-allocated one does not cover, cacheTransBuffer.cpp @
+        012f8ad2031a113485f7485fd9bfb8aaacded4c5; CacheFormatter::format / unformat use them where no agent
+        connection asks for "all buffer pre-allocated", cacheFormatter.cpp @ 00c77b3088c960b4f2da1c90b4559b6028d750c7),
+        and the Python transceiver's whole-request slices need no transfer buffer at all (KVSlice over every block,
+        tensorrt_llm/_torch/disaggregation/native/py_cache_transceiver.py @ 0223e36b52eb5f053548a8c906010019e0a84b0a;
+        it never reads max_tokens_in_buffer). Bounded by the ``arena``: waits for room until ``deadline``."""
+        tokens = -(-n // self.geo.tokens_per_block) * self.geo.tokens_per_block
+        nbytes = region_bytes(self.geo, tokens)
+        where = (f"{side} server {self.endpoint}: the prompt's KV ({n} tokens, longer than "
+                 f"max_tokens_in_buffer={self.slot_tokens}) needs a transfer buffer of its own of {nbytes} bytes")
+        if not self.arena.fits(nbytes):
+            raise TransferError(503, f"{where}, more than the {self.arena.limit} bytes the stand-in's "
+                                     f"per-request buffers may hold (what the slots leave of {POOL_MB_ENV}="
+                                     f"{self.pool_mb:g}); raise {POOL_MB_ENV} or max_tokens_in_buffer")
+        extent = await self.arena.take(nbytes, max(0.0, deadline - time.monotonic()))
+        if extent is None:
+            raise TransferError(503, f"{where}; per-request buffers held {self.arena.held} of {self.arena.limit} "
+                                     f"bytes for kv_transfer_timeout_ms={self.timeout_ms}")
+        self.stats["kv_request_buffer_bytes_held"] = self.arena.held
+        view = self.arena.view(extent)[:nbytes]
 
-    def _header(self, slot: int) -> np.ndarray:
-        off = self._slot_offset(slot)
-        return self.buf[off:off + HEADER_BYTES].view(np.uint64)
+        def register():
+            reg = self.agent.register_memory([(view.ctypes.data, nbytes, 0, "")], "DRAM")
+            return reg, (self.agent.get_partial_agent_metadata(reg, inc_conn_info=False) if side == "context"
+                         else None)
+        try:
+            reg, section = await self._nixl(register)
+        except Exception as exc:  # noqa: BLE001 - NIXL raises its status names
+            await self._give_back(extent)
+            raise TransferError(500, f"{where}; NIXL could not register it: {type(exc).__name__}: {exc}") from None
+        return Region(view, tokens, reg=reg, section=section, extent=extent)
 
-    def _block_addrs(self, slot: int, nblocks: int) -> list[int]:
-        base = self.base + self._slot_offset(slot) + HEADER_BYTES
-        bb = self.geo.block_bytes
-        return [base + (layer * self.blocks_per_slot + b) * bb
-                for layer in range(self.geo.num_layers) for b in range(nblocks)]
+    async def _give_back(self, extent: tuple[int, int]) -> None:
+        await self.arena.give(extent)
+        self.stats["kv_request_buffer_bytes_held"] = self.arena.held
+
+    async def _deregister(self, region: Region) -> None:
+        try:
+            await self._nixl(self.agent.deregister_memory, region.reg)
+        except Exception as exc:  # noqa: BLE001 - the memory is dropped either way
+            log.warning("NIXL deregister_memory of a per-request KV buffer failed: %s", exc)
+        assert region.extent is not None
+        await self._give_back(region.extent)
+
+    def _free_sent(self, region: Region) -> None:
+        """A send region is done with: its header cleared (a late READ then fails clearly), a slot back to the free
+        ones, a buffer of its own to the reaper, which deregisters and frees it on NIXL's thread."""
+        region.header()[:4] = 0
+        if region.slot is not None:
+            self.free_send.put_nowait(region.slot)
+        else:
+            self.retired.append(region)
+            self._published.set()
 
     # --- context side ------------------------------------------------------------------------------------
 
     def check_fits(self, n: int, side: str = "context") -> None:
-        """A prompt's KV must fit one transfer slot (max_tokens_in_buffer tokens). TensorRT-LLM's C++ transceiver over
-        NIXL fails such a request: its agent connection takes no dynamic buffer (TLLM_CHECK "Agent need all buffer
-        pre-allocated" in CacheFormatter::format, "Agent need buffer pre-allocated" in unformat), and the client
-        gets an error; the stand-in answers the same way. Elsewhere TensorRT-LLM would move it through buffers
-        allocated for the request, which the stand-in's fixed slots cannot: it refuses it, saying so."""
-        if n <= self.slot_tokens:
+        """Where TensorRT-LLM's C++ transceiver talks over an agent connection (NIXL: ``preallocated``), a prompt's KV
+        must fit its pre-allocated buffer (max_tokens_in_buffer tokens): TLLM_CHECK "Agent need all buffer
+        pre-allocated" in CacheFormatter::format, "Agent need buffer pre-allocated" in unformat (cacheFormatter.cpp
+        @ 00c77b3088c960b4f2da1c90b4559b6028d750c7), and the client gets an error; the stand-in answers the same
+        way. Elsewhere TensorRT-LLM serves it, and the stand-in moves it through a buffer of its own
+        (``_own_buffer``)."""
+        if n <= self.slot_tokens or not self.preallocated:
             return
         what = (f"{side} server {self.endpoint}: the prompt has {n} tokens but "
                 f"cache_transceiver_config.max_tokens_in_buffer is {self.slot_tokens}; its KV "
                 f"({n * self.geo.bytes_per_token} bytes) does not fit the pre-allocated transfer buffer")
         fix = "raise max_tokens_in_buffer to the longest prompt (a multiple of tokens_per_block)"
-        if self.preallocated:
-            check = "Agent need all buffer pre-allocated" if side == "context" else "Agent need buffer pre-allocated"
-            raise TransferError(500, f"{what}: [TensorRT-LLM][ERROR] Assertion failed: {check} (cacheFormatter.cpp: "
-                                     f"the C++ transceiver over NIXL has no dynamic-buffer fallback); {fix}")
-        raise TransferError(400, f"{what}, and the stand-in has no buffers allocated per request (TensorRT-LLM's "
-                                 f"transceiver would move it through one); {fix}")
+        check = "Agent need all buffer pre-allocated" if side == "context" else "Agent need buffer pre-allocated"
+        raise TransferError(500, f"{what}: [TensorRT-LLM][ERROR] Assertion failed: {check} (cacheFormatter.cpp: "
+                                 f"the C++ transceiver over NIXL has no dynamic-buffer fallback); {fix}")
 
     async def publish(self, kv: np.ndarray, ctx_request_id: int) -> dict:
         """Put a prompt's KV in a send slot; returns the opaque state for the generation server."""
         n = kv.shape[1]
         self.check_fits(n)
-        try:
-            slot = await asyncio.wait_for(self.free_send.get(), timeout=self.timeout_s)
-        except asyncio.TimeoutError:
-            raise TransferError(503, f"context server {self.endpoint}: all {self.n_send} KV send slots stayed busy "
-                                     f"for kv_transfer_timeout_ms={self.timeout_ms}") from None
+        if n > self.slot_tokens:
+            region = await self._own_buffer(n, "context", time.monotonic() + self.timeout_s)
+            self.stats["kv_request_buffers_sent"] += 1
+        else:
+            try:
+                region = self._slot(await asyncio.wait_for(self.free_send.get(), timeout=self.timeout_s))
+            except asyncio.TimeoutError:
+                raise TransferError(503, f"context server {self.endpoint}: all {self.n_send} KV send slots stayed "
+                                         f"busy for kv_transfer_timeout_ms={self.timeout_ms}") from None
+            self.stats["kv_sent_slots"] += 1
         self.epoch += 1
-        data = self._slot_data(slot)
+        data = region.data(self.geo)
         if kv.nbytes <= INLINE_BYTES:  # copied in less time than a hand-over to a thread takes
             np.copyto(data[:, :n, :], kv)
         else:
             await asyncio.to_thread(np.copyto, data[:, :n, :], kv)
-        self._header(slot)[:4] = (MAGIC, ctx_request_id, n, self.epoch)
+        region.header()[:4] = (MAGIC, ctx_request_id, n, self.epoch)
         tag = f"tk-kv:{ctx_request_id}:{self.epoch}".encode()
-        self.pending[tag] = (slot, time.monotonic() + self.timeout_s, ctx_request_id)
+        self.pending[tag] = (region, time.monotonic() + self.timeout_s, ctx_request_id)
         self._published.set()
-        self.stats["kv_sent_slots"] += 1
         nblocks = -(-n // self.geo.tokens_per_block)
-        header_addr = self.base + self._slot_offset(slot)
-        return {
+        state = {
             "engine": "tk-standin", "v": STATE_VERSION, "agent": self.agent_name, "agent_metadata": self.metadata,
             "endpoint": self.endpoint, "ctx_request_id": ctx_request_id, "epoch": self.epoch, "num_tokens": n,
-            "tag": tag, "header": [header_addr, HEADER_BYTES],
-            "blocks": [[a, self.geo.block_bytes] for a in self._block_addrs(slot, nblocks)],
+            "tag": tag, "header": [region.addr, HEADER_BYTES],
+            "blocks": [[a, self.geo.block_bytes] for a in region.block_addrs(self.geo, nblocks)],
             "geometry": self.geo.to_dict(), "max_tokens_in_buffer": self.slot_tokens,
         }
+        if region.section is not None:  # a buffer registered after the agent's metadata was taken
+            state["section_metadata"] = region.section
+        return state
 
     def release(self, ctx_request_id: int) -> bool:
         """Free the send slot of ``ctx_request_id`` now (its generation leg failed; nobody will READ it). The header
         is cleared first, so a generation server still reading it fails clearly instead of reading another request's
         KV. False when no slot holds it (already fetched, expired or released)."""
-        for tag, (slot, _, rid) in list(self.pending.items()):
+        for tag, (region, _, rid) in list(self.pending.items()):
             if rid == ctx_request_id:
                 del self.pending[tag]
-                self._header(slot)[:4] = 0
-                self.free_send.put_nowait(slot)
+                self._free_sent(region)
                 self.stats["kv_slots_released"] += 1
                 log.info("KV of ctx_request_id %d released: its generation leg failed", rid)
                 return True
@@ -322,17 +504,18 @@ class KvPool:
                 for msg in msgs:
                     entry = self.pending.pop(bytes(msg), None)
                     if entry:
-                        self.free_send.put_nowait(entry[0])
+                        self._free_sent(entry[0])
                         self.stats["kv_slots_freed_by_notification"] += 1
             now = time.monotonic()
-            for tag, (slot, deadline, rid) in list(self.pending.items()):
+            for tag, (region, deadline, rid) in list(self.pending.items()):
                 if now > deadline:
                     del self.pending[tag]
-                    self._header(slot)[:4] = 0
-                    self.free_send.put_nowait(slot)
+                    self._free_sent(region)
                     self.stats["kv_slots_expired"] += 1
                     log.warning("KV of ctx_request_id %d was not fetched within kv_transfer_timeout_ms=%d; "
                                 "its slot is freed", rid, self.timeout_ms)
+            while self.retired:
+                await self._deregister(self.retired.pop())
 
     # --- generation side ---------------------------------------------------------------------------------
 
@@ -398,23 +581,33 @@ class KvPool:
             raise TransferError(400, f"the opaque state from {ctx} lists {len(blocks)} blocks, expected "
                                      f"{self.geo.num_layers * nblocks}")
         deadline = time.monotonic() + self.timeout_s
+        if n > self.slot_tokens:  # into a buffer registered for this request (see _own_buffer)
+            region = await self._own_buffer(n, "generation", deadline)
+            try:
+                self.stats["kv_request_buffers_received"] += 1
+                return await self._read(state, region, n, nblocks, blocks, deadline)
+            finally:
+                await self._deregister(region)
         try:
             slot = await asyncio.wait_for(self.free_recv.get(), timeout=self.timeout_s)
         except asyncio.TimeoutError:
             raise TransferError(503, f"generation server {self.endpoint}: no free KV receive slot within "
                                      f"kv_transfer_timeout_ms={self.timeout_ms}") from None
         try:
-            return await self._read(state, slot, n, nblocks, blocks, deadline)
+            return await self._read(state, self._slot(slot), n, nblocks, blocks, deadline)
         finally:
             self.free_recv.put_nowait(slot)
 
-    def _post_read(self, local, remote, name: str, notif: bytes, deadline: float):
+    def _post_read(self, local, remote, name: str, notif: bytes, deadline: float, section: bytes | None = None):
         """Runs on NIXL's thread: posts the READ and waits for it briefly. Most READs finish within a millisecond:
         waited for here, with sleeps of tens of microseconds. The event loop's timers wake on epoll's millisecond
         ticks, so polling from it made a read done in 0.2 ms take 1.2 (and each poll one more hand-over to this
         thread); on the emulated generation server that is the stand-in's own cost beside the emulated transfer.
-        Past INLINE_WAIT_S the loop polls (``_until_done``), as for a long transfer. Returns (handle still to
-        release or None, status)."""
+        Past INLINE_WAIT_S the loop polls (``_until_done``), as for a long transfer. ``section``: the NIXL metadata
+        of a buffer the context server registered for this request, loaded into its agent first. Returns (handle
+        still to release or None, status)."""
+        if section is not None:
+            self.agent.add_remote_agent(section)
         ld = self.agent.get_xfer_descs(local, "DRAM")
         rd = self.agent.get_xfer_descs(remote, "DRAM")
         h = self.agent.initialize_xfer("READ", ld, rd, name, notif)
@@ -447,12 +640,13 @@ class KvPool:
             status = await self._nixl(self.agent.check_xfer_state, handle)
         return status
 
-    async def _read(self, state, slot, n, nblocks, blocks, deadline) -> bytes:
+    async def _read(self, state, region: Region, n, nblocks, blocks, deadline) -> bytes:
         ctx = state.get("endpoint", "?")
         name = state["agent"]
-        self._header(slot)[:4] = 0
-        local = np.array([[self.base + self._slot_offset(slot), HEADER_BYTES, 0]]
-                         + [[a, self.geo.block_bytes, 0] for a in self._block_addrs(slot, nblocks)], dtype=np.uint64)
+        region.header()[:4] = 0
+        local = np.array([[region.addr, HEADER_BYTES, 0]]
+                         + [[a, self.geo.block_bytes, 0] for a in region.block_addrs(self.geo, nblocks)],
+                         dtype=np.uint64)
         remote = np.array([[state["header"][0], state["header"][1], 0]] + [[a, ln, 0] for a, ln in blocks],
                           dtype=np.uint64)
         notif = b"" if "drop_notif" in self.faults else bytes(state["tag"])
@@ -462,7 +656,8 @@ class KvPool:
             what = "connecting to its NIXL agent (is the context server still running?)"
             name = await self._remote(state)
             what = "posting the NIXL READ"
-            handle, status = await self._nixl(self._post_read, local, remote, name, notif, deadline)
+            handle, status = await self._nixl(self._post_read, local, remote, name, notif, deadline,
+                                              state.get("section_metadata"))
             what = "the NIXL READ"
             status = await self._until_done(handle, status, ctx, name, deadline)
             if status != "DONE":
@@ -483,7 +678,7 @@ class KvPool:
                     await self._nixl(self.agent.release_xfer_handle, handle)
                 except Exception as exc:  # noqa: BLE001
                     log.debug("NIXL release_xfer_handle: %s", exc)
-        hdr = [int(x) for x in self._header(slot)[:4]]
+        hdr = [int(x) for x in region.header()[:4]]
         if hdr != [MAGIC, int(state["ctx_request_id"]), n, int(state["epoch"])]:
             self.stats["kv_transfer_failures"] += 1
             raise TransferError(500, (
@@ -491,7 +686,7 @@ class KvPool:
                 f"slot (kv_transfer_timeout_ms passed before the generation request came)"))
         self.stats["kv_transfers"] += 1
         self.stats["kv_bytes_received"] += len(blocks) * self.geo.block_bytes
-        data = self._slot_data(slot)[:, :n, :]
+        data = region.data(self.geo)[:, :n, :]
         corrupt = "corrupt_kv" in self.faults
 
         def digest():
