@@ -516,6 +516,7 @@ def from_config_json(path: Path, name: str | None = None) -> ModelSpec:
         attention = _read_mla(fields, hidden)
     else:
         attention = _read_gqa(fields, heads_key, heads, hidden_key, hidden)
+    # hidden_size sizes the weights estimate: MLA requires it; MHA/GQA without it takes heads x head_dim
     draft = ModelSpec(
         name=name or os.path.normpath(path.parent), num_layers=layers, num_attention_heads=heads, params=0.0,
         active_params=0.0, num_experts=experts.count, experts_per_token=experts.per_token,
