@@ -246,6 +246,35 @@ def test_values_of_the_wrong_kind_are_violations(override, expect):
     assert expect in only(BASE, override).message
 
 
+
+@pytest.mark.parametrize("override,message", [
+    ("context.extra_options=3", "must be a mapping of option: value"),
+    ('context.extra_options={"max num": 1}', "option name 'max num' must be an identifier such as max_num_tokens"),
+    ("context.extra_options.kv_cache_config={1: x}",
+     "key 1 in kv_cache_config must be a name (text of 1-128 characters)"),
+    ('context.extra_options.kv_cache_config={"": x}',
+     "key '' in kv_cache_config must be a name (text of 1-128 characters)"),
+    (f"context.extra_options.kv_cache_config={{{'k' * 129}: x}}",
+     f"key '{'k' * 79}... in kv_cache_config must be a name (text of 1-128 characters)"),  # the repr cut at 80
+    ('context.extra_options.kv_cache_config={"a\\x85": 1}',
+     "key 'a\\x85' in kv_cache_config contains the control character '\\x85'; write it on one line, without "
+     "control characters"),
+    ("context.extra_options.speculative_config.x=[1, 2, 99999999999999999999]",
+     "speculative_config.x[2] = 99999999999999999999 does not fit in 64 bits"),
+    ("context.extra_options.kv_cache_config.free_gpu_memory_fraction=.inf",
+     "kv_cache_config.free_gpu_memory_fraction is inf; give a finite number"),
+    (f"context.extra_options.kv_cache_config.dtype={'x' * 4097}",
+     "kv_cache_config.dtype is 4097 characters long; at most 4096"),
+    ('context.extra_options.kv_cache_config.dtype="a\\x85"',
+     "kv_cache_config.dtype contains the control character '\\x85'; write it on one line, without control "
+     "characters"),
+    ("context.extra_options.kv_cache_config.dtype=2024-01-01",
+     "kv_cache_config.dtype is a date; use a string, number, boolean, list or mapping"),
+])
+def test_extra_options_that_are_not_plain_yaml_values_are_refused_naming_where(override, message):
+    v = only(BASE, override)
+    assert v.field == "context.extra_options" and v.message.startswith(message + " (got ")
+
 # --- property: hostile extra_options / extra_serve_args plan or are RecipeErrors, nothing else ---------------
 
 _value = st.recursive(

@@ -337,20 +337,22 @@ def _read_config(path: Path) -> dict:
     return cfg
 
 
-def from_config_json(path: Path, name: str | None = None) -> ModelSpec:
-    """Read the attention geometry from a Hugging Face config.json; every number tk uses is checked. The model is
-    named ``name`` (a Hugging Face id), else its directory."""
-    cfg = _read_config(path)
+class _ConfigFields:
+    """The fields of one config.json, each number checked as it is read."""
 
-    def bad(key: str, value, what: str, fix: str = "") -> ModelError:
-        return ModelError(f"{path}: {key}: {_short(value)} {what}",
-                          fix or f"set {key} in {path} to the value the checkpoint was trained with "
+    def __init__(self, path: Path, cfg: dict):
+        self.path = path
+        self.cfg = cfg
+
+    def bad(self, key: str | None, value, what: str, fix: str = "") -> ModelError:
+        return ModelError(f"{self.path}: {key}: {_short(value)} {what}",
+                          fix or f"set {key} in {self.path} to the value the checkpoint was trained with "
                                  f"(a positive integer)")
 
-    def integer(keys: tuple[str, ...], bound: str, required: bool = False, default=_MISSING, zero_ok=False):
+    def integer(self, keys: tuple[str, ...], bound: str, required: bool = False, default=_MISSING, zero_ok=False):
         """The first of keys that is present (null counts as absent), as a positive integer within bounds."""
         for key in keys:
-            value = cfg.get(key)
+            value = self.cfg.get(key)
             if value is None:
                 continue
             if isinstance(value, float) and math.isfinite(value) and value.is_integer():
@@ -358,39 +360,62 @@ def from_config_json(path: Path, name: str | None = None) -> ModelSpec:
             elif isinstance(value, int) and not isinstance(value, bool):
                 number = value
             else:
-                raise bad(key, value, "is not an integer")
+                raise self.bad(key, value, "is not an integer")
             if number < 0 or (number == 0 and not zero_ok):
-                raise bad(key, value, "must be positive" if not zero_ok else "must not be negative")
+                raise self.bad(key, value, "must be positive" if not zero_ok else "must not be negative")
             if number > _BOUNDS[bound]:
-                raise bad(key, value, f"is larger than any model tk can size (at most {_BOUNDS[bound]})")
+                raise self.bad(key, value, f"is larger than any model tk can size (at most {_BOUNDS[bound]})")
             return key, number
         if required:
-            raise ModelError(f"{path}: missing integer field {keys[0]!r}; tk needs it to size the KV cache",
-                             f"add {keys[0]} to {path} (the checkpoint's own value)")
+            raise ModelError(f"{self.path}: missing integer field {keys[0]!r}; tk needs it to size the KV cache",
+                             f"add {keys[0]} to {self.path} (the checkpoint's own value)")
         return None, default
 
-    _, layers = integer(("num_hidden_layers", "n_layer", "num_layers"), "layers", required=True)
-    heads_key, heads = integer(("num_attention_heads", "n_head"), "heads", required=True)
-    hidden_key, hidden = integer(("hidden_size", "n_embd"), "hidden", default=0)
-    experts_key, experts = integer(("n_routed_experts", "num_local_experts", "num_experts"), "experts", default=0)
-    topk_key, topk = integer(("num_experts_per_tok", "num_experts_per_token"), "topk", default=0)
+
+@dataclass(frozen=True)
+class _Experts:
+    """The routed experts of a config.json: how many, and how many each token uses (0 and 0: a dense model)."""
+
+    count: int
+    per_token: int
+
+
+@dataclass(frozen=True)
+class _MoeLayers:
+    """How a MoE model's layers hold their experts: shared experts beside the routed ones, dense layers."""
+
+    shared: int
+    shared_ffn: int
+    dense_layers: int
+
+
+def _read_experts(fields: _ConfigFields) -> _Experts:
+    experts_key, experts = fields.integer(("n_routed_experts", "num_local_experts", "num_experts"), "experts",
+                                          default=0)
+    topk_key, topk = fields.integer(("num_experts_per_tok", "num_experts_per_token"), "topk", default=0)
     if experts and topk > experts:
-        raise bad(topk_key, topk, f"is more than the model's {experts} experts ({experts_key})",
-                  f"set {topk_key} in {path} to at most {experts}")
-    _, positions = integer(("max_position_embeddings",), "positions", default=0)
-    _, ffn = integer(("intermediate_size_mlp", "intermediate_size", "ffn_dim", "n_inner"), "ffn", default=0)
-    _, moe_ffn = integer(("moe_intermediate_size",), "ffn", default=0)
+        raise fields.bad(topk_key, topk, f"is more than the model's {experts} experts ({experts_key})",
+                         f"set {topk_key} in {fields.path} to at most {experts}")
+    return _Experts(experts, topk)
+
+
+def _read_mlp_sizes(fields: _ConfigFields, experts: int) -> tuple[int, int]:
+    """(a dense MLP's intermediate size, one routed expert's)."""
+    _, ffn = fields.integer(("intermediate_size_mlp", "intermediate_size", "ffn_dim", "n_inner"), "ffn", default=0)
+    _, moe_ffn = fields.integer(("moe_intermediate_size",), "ffn", default=0)
     if experts and not moe_ffn:
         # Mixtral, gpt-oss: intermediate_size is each expert's (Llama 4: its dense layers' is intermediate_size_mlp)
-        _, moe_ffn = integer(("intermediate_size",), "ffn", default=ffn)
-    _, vocab = integer(("vocab_size",), "vocab", default=0)
-    _, draft_vocab = integer(("draft_vocab_size",), "vocab", default=0)
-    _, shared = integer(("n_shared_experts", "num_shared_experts"), "experts", default=0, zero_ok=True)
-    _, shared_ffn = integer(("shared_expert_intermediate_size",), "ffn", default=0, zero_ok=True)
-    _, first_dense = integer(("first_k_dense_replace",), "layers", default=0, zero_ok=True)
-    _, sparse_step = integer(("decoder_sparse_step", "interleave_moe_layer_step"), "layers", default=1,
-                             zero_ok=True)
-    dense_only = cfg.get("mlp_only_layers")
+        _, moe_ffn = fields.integer(("intermediate_size",), "ffn", default=ffn)
+    return ffn, moe_ffn
+
+
+def _read_moe_layers(fields: _ConfigFields, layers: int, experts: int) -> _MoeLayers:
+    _, shared = fields.integer(("n_shared_experts", "num_shared_experts"), "experts", default=0, zero_ok=True)
+    _, shared_ffn = fields.integer(("shared_expert_intermediate_size",), "ffn", default=0, zero_ok=True)
+    _, first_dense = fields.integer(("first_k_dense_replace",), "layers", default=0, zero_ok=True)
+    _, sparse_step = fields.integer(("decoder_sparse_step", "interleave_moe_layer_step"), "layers", default=1,
+                                    zero_ok=True)
+    dense_only = fields.cfg.get("mlp_only_layers")
     dense_layers = 0
     if experts:
         dense_layers = min(layers, first_dense)
@@ -398,68 +423,112 @@ def from_config_json(path: Path, name: str | None = None) -> ModelSpec:
             dense_layers = max(dense_layers, min(layers, len(dense_only)))
         if sparse_step > 1:  # one MoE layer every sparse_step layers
             dense_layers = max(dense_layers, layers - layers // sparse_step)
-    _, mtp = integer(("num_nextn_predict_layers",), "layers", default=0, zero_ok=True)
-    _, window = integer(("sliding_window",), "positions", default=0, zero_ok=True)
-    types = cfg.get("layer_types")
+    return _MoeLayers(shared, shared_ffn, dense_layers)
+
+
+def _read_sliding_window(fields: _ConfigFields) -> tuple[int, int]:
+    """(the sliding window in tokens, how many layers use it), each 0 unless the file gives both."""
+    _, window = fields.integer(("sliding_window",), "positions", default=0, zero_ok=True)
+    types = fields.cfg.get("layer_types")
     sliding = sum(1 for t in types if t == "sliding_attention") if isinstance(types, list) else 0
-    dtype = cfg.get("torch_dtype", cfg.get("dtype", "bfloat16"))
+    return (window if sliding else 0), (sliding if window else 0)
+
+
+def _read_dtype(fields: _ConfigFields) -> str:
+    dtype = fields.cfg.get("torch_dtype", fields.cfg.get("dtype", "bfloat16"))
     if dtype is None:
         dtype = "bfloat16"
     if not isinstance(dtype, str) or not re.fullmatch(r"[A-Za-z0-9_.]{1,32}", dtype):
-        raise bad("torch_dtype", dtype, "is not a dtype name",
-                  f"set torch_dtype in {path} to the checkpoint's dtype, e.g. \"bfloat16\"")
+        raise fields.bad("torch_dtype", dtype, "is not a dtype name",
+                         f"set torch_dtype in {fields.path} to the checkpoint's dtype, e.g. \"bfloat16\"")
+    return dtype
+
+
+def _read_architecture(cfg: dict) -> str:
+    """``architectures[0]`` where it is a class name, else ""."""
     archs = cfg.get("architectures")
-    arch = archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) \
+    return archs[0] if isinstance(archs, list) and archs and isinstance(archs[0], str) \
         and re.fullmatch(r"[A-Za-z0-9_]{1,128}", archs[0]) else ""
-    if experts and not shared and arch.startswith("Llama4"):
-        shared = 1  # Llama 4's MoE layers add one shared expert (its config has no key for it)
-    quant, quant_note, quant_unread = checkpoint_quantization(cfg, path.parent)
-    tied = cfg.get("tie_word_embeddings") is True
-    name = name or os.path.normpath(path.parent)
-    more = dict(architecture=arch, intermediate_size=ffn, moe_intermediate_size=moe_ffn if experts else 0,
-                vocab_size=vocab, draft_vocab_size=draft_vocab, tie_word_embeddings=tied,
-                num_shared_experts=shared if experts else 0,
-                shared_expert_intermediate_size=shared_ffn if experts else 0, dense_layers=dense_layers,
-                mtp_layers=mtp, quantization=quant, quantization_note=quant_note,
-                quantization_unread=quant_unread,
-                sliding_window=window if sliding else 0, sliding_layers=sliding if window else 0)
 
-    def spec(hidden_for_estimate: int, **attention) -> ModelSpec:
-        draft = ModelSpec(name=name, num_layers=layers, num_attention_heads=heads, params=0.0, active_params=0.0,
-                          num_experts=experts, experts_per_token=topk, max_position_embeddings=positions,
-                          dtype=dtype, source=str(path), hidden_size=hidden_for_estimate, **more, **attention)
-        weights = weight_params(draft)
-        return replace(draft, params=weights.total, active_params=weights.active)
 
-    if cfg.get("kv_lora_rank") is not None:  # multi-head latent attention (DeepSeek-V2/V3/R1)
-        _, rank = integer(("kv_lora_rank",), "kv_lora_rank")
-        _, rope = integer(("qk_rope_head_dim",), "qk_rope_head_dim", default=0, zero_ok=True)
-        _, q_rank = integer(("q_lora_rank",), "kv_lora_rank", default=0, zero_ok=True)
-        _, nope = integer(("qk_nope_head_dim",), "head_dim", default=0, zero_ok=True)
-        _, v_dim = integer(("v_head_dim",), "head_dim", default=0, zero_ok=True)
-        if not hidden:
-            raise ModelError(f"{path}: missing integer field 'hidden_size'; tk needs it to estimate the prefill",
-                             f"add hidden_size to {path} (the checkpoint's own value)")
-        return spec(hidden, num_kv_heads=1, head_dim=rank + rope, attention="mla", kv_lora_rank=rank,
-                    qk_rope_head_dim=rope, q_lora_rank=q_rank, qk_nope_head_dim=nope, v_head_dim=v_dim)
-    kv_key, kv_heads = integer(("num_key_value_heads",), "kv_heads", default=heads)
+def _read_mla(fields: _ConfigFields, hidden: int) -> dict:
+    """Multi-head latent attention's geometry (DeepSeek-V2/V3/R1): ModelSpec's attention fields."""
+    _, rank = fields.integer(("kv_lora_rank",), "kv_lora_rank")
+    _, rope = fields.integer(("qk_rope_head_dim",), "qk_rope_head_dim", default=0, zero_ok=True)
+    _, q_rank = fields.integer(("q_lora_rank",), "kv_lora_rank", default=0, zero_ok=True)
+    _, nope = fields.integer(("qk_nope_head_dim",), "head_dim", default=0, zero_ok=True)
+    _, v_dim = fields.integer(("v_head_dim",), "head_dim", default=0, zero_ok=True)
+    if not hidden:
+        raise ModelError(f"{fields.path}: missing integer field 'hidden_size'; tk needs it to estimate the prefill",
+                         f"add hidden_size to {fields.path} (the checkpoint's own value)")
+    return dict(num_kv_heads=1, head_dim=rank + rope, attention="mla", kv_lora_rank=rank, qk_rope_head_dim=rope,
+                q_lora_rank=q_rank, qk_nope_head_dim=nope, v_head_dim=v_dim)
+
+
+def _read_gqa(fields: _ConfigFields, heads_key: str, heads: int, hidden_key: str | None, hidden: int) -> dict:
+    """Multi-head / grouped-query attention's geometry: ModelSpec's attention fields."""
+    path = fields.path
+    kv_key, kv_heads = fields.integer(("num_key_value_heads",), "kv_heads", default=heads)
     if kv_key and kv_heads > heads:
-        raise bad(kv_key, kv_heads, f"is more than {heads_key} ({heads})",
-                  f"set {kv_key} in {path} to a divisor of {heads_key} ({heads})")
+        raise fields.bad(kv_key, kv_heads, f"is more than {heads_key} ({heads})",
+                         f"set {kv_key} in {path} to a divisor of {heads_key} ({heads})")
     if heads % kv_heads:
-        raise bad(kv_key, kv_heads, f"does not divide {heads_key} ({heads}); grouped-query attention shares "
-                  "each KV head among a whole number of query heads",
-                  f"set {kv_key} in {path} to a divisor of {heads}")
-    _, head_dim = integer(("head_dim",), "head_dim", default=0)
+        raise fields.bad(kv_key, kv_heads, f"does not divide {heads_key} ({heads}); grouped-query attention "
+                         "shares each KV head among a whole number of query heads",
+                         f"set {kv_key} in {path} to a divisor of {heads}")
+    _, head_dim = fields.integer(("head_dim",), "head_dim", default=0)
     if not head_dim:
         if not hidden:
             raise ModelError(f"{path}: neither head_dim nor hidden_size is set; tk cannot size the KV cache",
                              f"add head_dim (or hidden_size) to {path}")
         if hidden % heads:
-            raise bad(hidden_key, hidden, f"is not a multiple of {heads_key} ({heads}), so head_dim is not a "
-                      "whole number", f"correct {hidden_key}, or add the checkpoint's head_dim to {path}")
+            raise fields.bad(hidden_key, hidden, f"is not a multiple of {heads_key} ({heads}), so head_dim is not "
+                             "a whole number", f"correct {hidden_key}, or add the checkpoint's head_dim to {path}")
         head_dim = hidden // heads
-    return spec(hidden or heads * head_dim, num_kv_heads=kv_heads, head_dim=head_dim)
+    return dict(num_kv_heads=kv_heads, head_dim=head_dim)
+
+
+def from_config_json(path: Path, name: str | None = None) -> ModelSpec:
+    """Read the attention geometry from a Hugging Face config.json; every number tk uses is checked. The model is
+    named ``name`` (a Hugging Face id), else its directory."""
+    cfg = _read_config(path)
+    fields = _ConfigFields(path, cfg)
+    _, layers = fields.integer(("num_hidden_layers", "n_layer", "num_layers"), "layers", required=True)
+    heads_key, heads = fields.integer(("num_attention_heads", "n_head"), "heads", required=True)
+    hidden_key, hidden = fields.integer(("hidden_size", "n_embd"), "hidden", default=0)
+    experts = _read_experts(fields)
+    _, positions = fields.integer(("max_position_embeddings",), "positions", default=0)
+    ffn, moe_ffn = _read_mlp_sizes(fields, experts.count)
+    _, vocab = fields.integer(("vocab_size",), "vocab", default=0)
+    _, draft_vocab = fields.integer(("draft_vocab_size",), "vocab", default=0)
+    moe = _read_moe_layers(fields, layers, experts.count)
+    _, mtp = fields.integer(("num_nextn_predict_layers",), "layers", default=0, zero_ok=True)
+    window, sliding = _read_sliding_window(fields)
+    dtype = _read_dtype(fields)
+    arch = _read_architecture(cfg)
+    shared = moe.shared
+    if experts.count and not shared and arch.startswith("Llama4"):
+        shared = 1  # Llama 4's MoE layers add one shared expert (its config has no key for it)
+    quant, quant_note, quant_unread = checkpoint_quantization(cfg, path.parent)
+    tied = cfg.get("tie_word_embeddings") is True
+    is_moe = experts.count > 0
+    if cfg.get("kv_lora_rank") is not None:  # multi-head latent attention (DeepSeek-V2/V3/R1)
+        attention = _read_mla(fields, hidden)
+    else:
+        attention = _read_gqa(fields, heads_key, heads, hidden_key, hidden)
+    # hidden_size sizes the weights estimate: MLA requires it; MHA/GQA without it takes heads x head_dim
+    draft = ModelSpec(
+        name=name or os.path.normpath(path.parent), num_layers=layers, num_attention_heads=heads, params=0.0,
+        active_params=0.0, num_experts=experts.count, experts_per_token=experts.per_token,
+        max_position_embeddings=positions, dtype=dtype, source=str(path),
+        hidden_size=hidden or heads * attention["head_dim"], architecture=arch, intermediate_size=ffn,
+        moe_intermediate_size=moe_ffn if is_moe else 0, vocab_size=vocab, draft_vocab_size=draft_vocab,
+        tie_word_embeddings=tied, num_shared_experts=shared if is_moe else 0,
+        shared_expert_intermediate_size=moe.shared_ffn if is_moe else 0, dense_layers=moe.dense_layers,
+        mtp_layers=mtp, quantization=quant, quantization_note=quant_note, quantization_unread=quant_unread,
+        sliding_window=window, sliding_layers=sliding, **attention)
+    weights = weight_params(draft)
+    return replace(draft, params=weights.total, active_params=weights.active)
 
 
 # --- weights --------------------------------------------------------------------------------------------------
@@ -489,6 +558,73 @@ def quant_name(value: str | None) -> str | None:
     return key if key in QUANT_BYTES else None
 
 
+def _unread(config: str, why: str) -> tuple[str, str, str]:
+    """A declared quantization tk cannot read: unknown, the file and field named."""
+    text = f"{config}: {why}"
+    return "", text, text
+
+
+def _compressed_tensors(qc: dict, config: str) -> tuple[str, str, str]:
+    """A compressed-tensors checkpoint's weights scheme: the first of its config_groups with one tk reads."""
+    # compressed-tensors writes config_groups as a mapping of group name -> scheme, and TensorRT-LLM reads
+    # it as one (update_quant_config_from_compressed_tensors in tensorrt_llm/models/quant_config_utils.py
+    # @ 21156a7a57acd21e17feb5c2721c30f035e0f2af iterates config_groups.values()).
+    groups = qc.get("config_groups")
+    if not isinstance(groups, dict):
+        return _unread(config, f"quantization_config.config_groups is a {type(groups).__name__}, not the mapping "
+                               "of group names to schemes compressed-tensors writes (TensorRT-LLM reads it as one "
+                               "and may not load this checkpoint)")
+    for group in groups.values():
+        weights = group.get("weights") if isinstance(group, dict) else None
+        if isinstance(weights, dict):
+            bits, kind = weights.get("num_bits"), weights.get("type")
+            if not (isinstance(bits, int) and isinstance(kind, str)):
+                continue
+            name = {(4, "float"): "nvfp4" if weights.get("group_size") == 16 else "mxfp4",
+                    (8, "float"): "fp8", (4, "int"): "int4", (8, "int"): "int8"}.get((bits, kind))
+            if name:
+                return name, f"config.json quantization_config: compressed-tensors {bits}-bit {kind}", ""
+    return _unread(config, "quantization_config.config_groups: no group has a weights scheme tk reads (num_bits 4 "
+                           "or 8, type float or int)")
+
+
+def _quantization_config(qc: dict, config: str) -> tuple[str, str, str] | None:
+    """What config.json's quantization_config declares; None where it names no quant_method."""
+    method = str(qc.get("quant_method") or "").lower()
+    if method == "fp8":
+        block = qc.get("weight_block_size")
+        return ("fp8_block" if block else "fp8"), "config.json quantization_config: quant_method fp8" + \
+            (f", weight_block_size {_short(block)}" if block else ""), ""
+    if method in ("mxfp4", "awq", "gptq"):
+        return quant_name(method) or "", f"config.json quantization_config: quant_method {method}", ""
+    if method == "modelopt":
+        algo = str(qc.get("quant_algo") or "")
+        if quant_name(algo):
+            return quant_name(algo) or "", f"config.json quantization_config: modelopt {algo}", ""
+        return _unread(config, f"quantization_config.quant_algo {_short(algo)} (modelopt) is not one tk reads")
+    if method == "compressed-tensors":
+        return _compressed_tensors(qc, config)
+    if method:
+        return _unread(config, f"quantization_config.quant_method {_short(method)} is not one tk reads (fp8, mxfp4, "
+                               "modelopt, compressed-tensors, awq, gptq)")
+    return None
+
+
+def _hf_quant_config(directory: Path) -> tuple[str, str, str]:
+    """A ModelOpt checkpoint's hf_quant_config.json (`quantization.quant_algo`); ("", "", "") where it is absent,
+    unreadable or names no quantization tk knows."""
+    try:
+        with open(Path(directory) / "hf_quant_config.json", "rb") as f:  # a bounded read: a few kB in practice
+            hf = json.loads(f.read(CONFIG_MAX_BYTES))
+    except (OSError, ValueError, RecursionError):
+        hf = None
+    quant = hf.get("quantization") if isinstance(hf, dict) else None
+    algo = str(quant.get("quant_algo") or "") if isinstance(quant, dict) else ""
+    if quant_name(algo):
+        return quant_name(algo) or "", f"hf_quant_config.json: quant_algo {algo}", ""
+    return "", "", ""
+
+
 def checkpoint_quantization(cfg: dict, directory: Path | None = None) -> tuple[str, str, str]:
     """The weights quantization a checkpoint declares: config.json `quantization_config` (quant_method fp8 /
     mxfp4 / modelopt / compressed-tensors / awq / gptq), else a ModelOpt `hf_quant_config.json` beside it
@@ -497,60 +633,14 @@ def checkpoint_quantization(cfg: dict, directory: Path | None = None) -> tuple[s
     quantization is then unknown; never an exception, whatever the shape)."""
     config = f"{directory / 'config.json'}" if directory is not None else "config.json"
     qc = cfg.get("quantization_config")
-
-    def unread(why: str) -> tuple[str, str, str]:
-        text = f"{config}: {why}"
-        return "", text, text
-
     if qc is not None and not isinstance(qc, dict):
-        return unread(f"quantization_config is a {type(qc).__name__}, not a mapping")
+        return _unread(config, f"quantization_config is a {type(qc).__name__}, not a mapping")
     if isinstance(qc, dict):
-        method = str(qc.get("quant_method") or "").lower()
-        if method == "fp8":
-            block = qc.get("weight_block_size")
-            return ("fp8_block" if block else "fp8"), "config.json quantization_config: quant_method fp8" + \
-                (f", weight_block_size {_short(block)}" if block else ""), ""
-        if method in ("mxfp4", "awq", "gptq"):
-            return quant_name(method) or "", f"config.json quantization_config: quant_method {method}", ""
-        if method == "modelopt":
-            algo = str(qc.get("quant_algo") or "")
-            if quant_name(algo):
-                return quant_name(algo) or "", f"config.json quantization_config: modelopt {algo}", ""
-            return unread(f"quantization_config.quant_algo {_short(algo)} (modelopt) is not one tk reads")
-        if method == "compressed-tensors":
-            # compressed-tensors writes config_groups as a mapping of group name -> scheme, and TensorRT-LLM reads
-            # it as one (update_quant_config_from_compressed_tensors in tensorrt_llm/models/quant_config_utils.py
-            # @ 21156a7a57acd21e17feb5c2721c30f035e0f2af iterates config_groups.values()).
-            groups = qc.get("config_groups")
-            if not isinstance(groups, dict):
-                return unread(f"quantization_config.config_groups is a {type(groups).__name__}, not the mapping of "
-                              "group names to schemes compressed-tensors writes (TensorRT-LLM reads it as one and "
-                              "may not load this checkpoint)")
-            for group in groups.values():
-                weights = group.get("weights") if isinstance(group, dict) else None
-                if isinstance(weights, dict):
-                    bits, kind = weights.get("num_bits"), weights.get("type")
-                    if not (isinstance(bits, int) and isinstance(kind, str)):
-                        continue
-                    name = {(4, "float"): "nvfp4" if weights.get("group_size") == 16 else "mxfp4",
-                            (8, "float"): "fp8", (4, "int"): "int4", (8, "int"): "int8"}.get((bits, kind))
-                    if name:
-                        return name, f"config.json quantization_config: compressed-tensors {bits}-bit {kind}", ""
-            return unread("quantization_config.config_groups: no group has a weights scheme tk reads (num_bits 4 "
-                          "or 8, type float or int)")
-        if method:
-            return unread(f"quantization_config.quant_method {_short(method)} is not one tk reads (fp8, mxfp4, "
-                          "modelopt, compressed-tensors, awq, gptq)")
+        declared = _quantization_config(qc, config)
+        if declared is not None:
+            return declared
     if directory is not None:
-        try:
-            with open(Path(directory) / "hf_quant_config.json", "rb") as f:  # a bounded read: a few kB in practice
-                hf = json.loads(f.read(CONFIG_MAX_BYTES))
-        except (OSError, ValueError, RecursionError):
-            hf = None
-        quant = hf.get("quantization") if isinstance(hf, dict) else None
-        algo = str(quant.get("quant_algo") or "") if isinstance(quant, dict) else ""
-        if quant_name(algo):
-            return quant_name(algo) or "", f"hf_quant_config.json: quant_algo {algo}", ""
+        return _hf_quant_config(directory)
     return "", "", ""
 
 

@@ -142,46 +142,61 @@ def _check_env(env) -> dict[str, str]:
 _OPTION_KEY = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}", re.ASCII)
 
 
+def _check_option_key(key, where: str) -> None:
+    """A mapping key among the options: at the top (``where`` empty) an option name, an identifier; below it a
+    name of 1-128 characters of text."""
+    if not where and (not isinstance(key, str) or not _OPTION_KEY.fullmatch(key)):
+        raise ValueError(f"option name {_cut(repr(key))} must be an identifier such as max_num_tokens")
+    if not isinstance(key, str) or not key or len(key) > 128:
+        raise ValueError(f"key {_cut(repr(key))} in {where} must be a name (text of 1-128 characters)")
+    try:
+        check_text(key)
+    except ValueError as exc:
+        raise ValueError(f"key {_cut(repr(key))} in {where} {exc}") from None
+
+
+def _check_option_scalar(value, where: str) -> None:
+    """A value among the options that is neither a mapping nor a list: a boolean, null, an integer that fits in 64
+    bits, a finite float or a bounded line of text."""
+    if isinstance(value, bool) or value is None:
+        return
+    if isinstance(value, int):
+        if not -(1 << 63) <= value < (1 << 63):
+            raise ValueError(f"{where} = {_cut(str(value))} does not fit in 64 bits")
+    elif isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where} is {value!r}; give a finite number")
+    elif isinstance(value, str):
+        if len(value) > MAX_TEXT:
+            raise ValueError(f"{where} is {len(value)} characters long; at most {MAX_TEXT}")
+        try:
+            check_text(value)
+        except ValueError as exc:
+            raise ValueError(f"{where} {exc}") from None
+    else:
+        raise ValueError(f"{where} is a {type(value).__name__}; use a string, number, boolean, list or mapping")
+
+
+def _check_option_value(value, where: str) -> None:
+    """One value among the options and everything in it, depth first; ``where`` is its dotted path ("" at the
+    top)."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            _check_option_key(key, where)
+            _check_option_value(item, f"{where}.{key}" if where else key)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            _check_option_value(item, f"{where}[{i}]")
+    else:
+        _check_option_scalar(value, where)
+
+
 def _check_options(v: Any) -> dict:
     """TensorRT-LLM LLM-API options: a mapping of option names to plain YAML values (strings, finite numbers
     that fit in 64 bits, booleans, null, lists, mappings), rendered verbatim into ctx.yaml / gen.yaml."""
     if not isinstance(v, dict):
         raise ValueError("must be a mapping of option: value")
-
-    def walk(value, where: str) -> None:
-        if isinstance(value, dict):
-            for key, item in value.items():
-                if not where and (not isinstance(key, str) or not _OPTION_KEY.fullmatch(key)):
-                    raise ValueError(f"option name {_cut(repr(key))} must be an identifier such as max_num_tokens")
-                if not isinstance(key, str) or not key or len(key) > 128:
-                    raise ValueError(f"key {_cut(repr(key))} in {where} must be a name (text of 1-128 characters)")
-                try:
-                    check_text(key)
-                except ValueError as exc:
-                    raise ValueError(f"key {_cut(repr(key))} in {where} {exc}") from None
-                walk(item, f"{where}.{key}" if where else key)
-        elif isinstance(value, list):
-            for i, item in enumerate(value):
-                walk(item, f"{where}[{i}]")
-        elif isinstance(value, bool) or value is None:
-            pass
-        elif isinstance(value, int):
-            if not -(1 << 63) <= value < (1 << 63):
-                raise ValueError(f"{where} = {_cut(str(value))} does not fit in 64 bits")
-        elif isinstance(value, float):
-            if not math.isfinite(value):
-                raise ValueError(f"{where} is {value!r}; give a finite number")
-        elif isinstance(value, str):
-            if len(value) > MAX_TEXT:
-                raise ValueError(f"{where} is {len(value)} characters long; at most {MAX_TEXT}")
-            try:
-                check_text(value)
-            except ValueError as exc:
-                raise ValueError(f"{where} {exc}") from None
-        else:
-            raise ValueError(f"{where} is a {type(value).__name__}; use a string, number, boolean, list or mapping")
-
-    walk(v, "")
+    _check_option_value(v, "")
     # The kind of each value tk or TensorRT-LLM reads (max_num_tokens a positive integer, ...) is checked by
     # the plan (toolkit/plan/rules.py, from each option's kind in the facts: facts.options), which names the key and the recipe
     # field to use instead.

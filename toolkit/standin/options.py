@@ -124,10 +124,8 @@ def target_of(version: trtllm.TrtllmVersion) -> llm_args.Target:
     return llm_args.Target(version.line, release)
 
 
-def read_options(path: str | os.PathLike, version: trtllm.TrtllmVersion) -> dict:
-    """The options file, every key and fixed-choice value checked against the facts of the target release
-    (toolkit.facts.llm_args): what TensorRT-LLM surely refuses (pydantic extra="forbid", a Literal it lacks) is
-    refused; what it may accept is accepted, as the engine would."""
+def _load_options_file(path: str | os.PathLike) -> dict:
+    """The options file's YAML mapping ({} for an empty file)."""
     where = str(path)
     try:
         text = Path(path).read_text()
@@ -141,6 +139,36 @@ def read_options(path: str | os.PathLike, version: trtllm.TrtllmVersion) -> dict
         opts = {}
     if not isinstance(opts, dict):
         raise ConfigError(f"{where}: expected a mapping of LLM-API options, got {type(opts).__name__}")
+    return opts
+
+
+def _check_option(where: str, target: llm_args.Target, opts: dict, dotted: str, key, value) -> bool:
+    """One key of the options file against the target's facts; True where the keys below it are not looked up
+    (a field that takes any keys)."""
+    if not isinstance(key, str):
+        raise ConfigError(f"{where}: option name {key!r} is not a string")
+    st = llm_args.status(target, dotted)
+    if st.verdict is llm_args.Verdict.ABSENT:
+        close = llm_args.did_you_mean(dotted) if not llm_args.where(dotted) else None
+        hint = f"; did you mean {close!r}?" if close else ""
+        raise ConfigError(f"{where}: unknown key {dotted!r} in the LLM-API options of TensorRT-LLM {target} "
+                          f"(TensorRT-LLM forbids extra keys and fails at start-up){hint}")
+    if st.below_opaque:
+        return True
+    bad = llm_args.value_status(target, dotted, value)
+    if bad is not None and bad.verdict is llm_args.Verdict.ABSENT:
+        raise ConfigError(f"{where}: {dotted}: {value!r} is not accepted by TensorRT-LLM {target} "
+                          f"({bad.fix})")
+    if isinstance(value, dict) or value is None:
+        return False
+    parent = dotted.rpartition(".")[0]
+    if parent and not isinstance(_dig(opts, parent), dict):
+        raise ConfigError(f"{where}: {parent}: expected a mapping")
+    return False
+
+
+def _check_option_keys(where: str, opts: dict, version: trtllm.TrtllmVersion) -> None:
+    """Every key of the options file, sections first, depth first."""
     target = target_of(version)
     stopped: list[str] = []
     for dotted, key, value in llm_args.walk_options(opts):
@@ -150,32 +178,27 @@ def read_options(path: str | os.PathLike, version: trtllm.TrtllmVersion) -> dict
             # serve.py pops disagg_cluster before the LLM args see it (tensorrt_llm/commands/serve.py @ 00209af1)
             stopped.append(dotted)
             continue
-        if not isinstance(key, str):
-            raise ConfigError(f"{where}: option name {key!r} is not a string")
-        st = llm_args.status(target, dotted)
-        if st.verdict is llm_args.Verdict.ABSENT:
-            close = llm_args.did_you_mean(dotted) if not llm_args.where(dotted) else None
-            hint = f"; did you mean {close!r}?" if close else ""
-            raise ConfigError(f"{where}: unknown key {dotted!r} in the LLM-API options of TensorRT-LLM {target} "
-                              f"(TensorRT-LLM forbids extra keys and fails at start-up){hint}")
-        if st.below_opaque:
+        if _check_option(where, target, opts, dotted, key, value):
             stopped.append(dotted)
-            continue
-        bad = llm_args.value_status(target, dotted, value)
-        if bad is not None and bad.verdict is llm_args.Verdict.ABSENT:
-            raise ConfigError(f"{where}: {dotted}: {value!r} is not accepted by TensorRT-LLM {target} "
-                              f"({bad.fix})")
-        if isinstance(value, dict) or value is None:
-            continue
-        parent = dotted.rpartition(".")[0]
-        if parent and not isinstance(_dig(opts, parent), dict):
-            raise ConfigError(f"{where}: {parent}: expected a mapping")
+
+
+def _check_sections(where: str, opts: dict) -> None:
+    """The sections the stand-in reads are mappings, and the backend is the one it emulates."""
     for section in ("kv_cache_config", "cache_transceiver_config", "cuda_graph_config", "moe_config",
                     "speculative_config"):
         if opts.get(section) is not None and not isinstance(opts[section], dict):
             raise ConfigError(f"{where}: {section}: expected a mapping, got {type(opts[section]).__name__}")
     if opts.get("backend") not in (None, "pytorch"):
         raise ConfigError(f"{where}: backend: {opts['backend']!r}; the stand-in emulates the pytorch backend only")
+
+
+def read_options(path: str | os.PathLike, version: trtllm.TrtllmVersion) -> dict:
+    """The options file, every key and fixed-choice value checked against the facts of the target release
+    (toolkit.facts.llm_args): what TensorRT-LLM surely refuses (pydantic extra="forbid", a Literal it lacks) is
+    refused; what it may accept is accepted, as the engine would."""
+    opts = _load_options_file(path)
+    _check_option_keys(str(path), opts, version)
+    _check_sections(str(path), opts)
     return opts
 
 

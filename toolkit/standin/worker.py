@@ -241,44 +241,56 @@ class Worker:
         return web.Response(status=exc.status, body=body, content_type=ctype.split(";")[0])
 
     async def generate(self, request: web.Request, kind: str) -> web.StreamResponse:
-        from toolkit.standin.kv import TransferError, decode_state
+        from toolkit.standin.kv import TransferError
         try:
-            raw = await request.read()
-            body = P.decode_body(raw, request.headers)
-            if len(raw) > P.OFFLOAD_BYTES:  # tokenizing a long prompt would stall every other request's tokens
-                req = await asyncio.to_thread(P.parse_request, kind, body)
-            else:
-                req = P.parse_request(kind, body)
-            n = len(req.prompt_ids)
-            if req.n > 1 and req.request_type != "context_and_generation":
-                raise P.RequestError(400, f"n={req.n}: a {req.request_type} leg carries one sequence (TensorRT-LLM's "
-                                          f"disaggregated proxy expects one choice from the context server)")
-            if req.request_type != "context_and_generation" and not self.s.disaggregated:
-                raise P.RequestError(400, (
-                    f"disaggregated_params.request_type {req.request_type}: this server's cache transceiver is "
-                    f"disabled (no cache_transceiver_config.backend in "
-                    f"{self.s.options_file or 'its options'}), it serves whole requests only"))
-            self._check_limits(req, n)
-            allowed = self.s.max_seq_len - n
-            count = min(req.max_tokens or allowed, allowed)
-            if req.request_type == "context_only":
-                count = 1
-            state = None
-            if req.request_type == "generation_only":
-                first = req.disagg.get("first_gen_tokens") or []
-                if not first or req.disagg.get("ctx_request_id") is None:
-                    raise P.RequestError(400, "generation_only request without disaggregated_params."
-                                              "first_gen_tokens and ctx_request_id")
-                state = decode_state(req.disagg.get("encoded_opaque_state"))
-            elif req.request_type == "context_only" and self.pool:
-                self.pool.check_fits(n)
+            req, n, count, state = await self._admit(request, kind)
         except (P.RequestError, TransferError) as exc:
             if isinstance(exc, TransferError):
                 exc = P.RequestError(exc.status, exc.message)
             return self._error(exc, request.headers)
-
         if self.engine:
             return await self._generate_emulated(request, req, n, count, state)
+        return await self._generate_direct(request, req, n, count, state)
+
+    async def _admit(self, request: web.Request, kind: str) -> tuple[P.Request, int, int, dict | None]:
+        """The request parsed and checked before it takes a batch slot: (the request, its prompt length, how many
+        tokens it generates, the context server's KV state for a generation leg). Raises RequestError or
+        TransferError (a generation leg's state that cannot be decoded)."""
+        from toolkit.standin.kv import decode_state
+        raw = await request.read()
+        body = P.decode_body(raw, request.headers)
+        if len(raw) > P.OFFLOAD_BYTES:  # tokenizing a long prompt would stall every other request's tokens
+            req = await asyncio.to_thread(P.parse_request, kind, body)
+        else:
+            req = P.parse_request(kind, body)
+        n = len(req.prompt_ids)
+        if req.n > 1 and req.request_type != "context_and_generation":
+            raise P.RequestError(400, f"n={req.n}: a {req.request_type} leg carries one sequence (TensorRT-LLM's "
+                                      f"disaggregated proxy expects one choice from the context server)")
+        if req.request_type != "context_and_generation" and not self.s.disaggregated:
+            raise P.RequestError(400, (
+                f"disaggregated_params.request_type {req.request_type}: this server's cache transceiver is "
+                f"disabled (no cache_transceiver_config.backend in "
+                f"{self.s.options_file or 'its options'}), it serves whole requests only"))
+        self._check_limits(req, n)
+        allowed = self.s.max_seq_len - n
+        count = min(req.max_tokens or allowed, allowed)
+        if req.request_type == "context_only":
+            count = 1
+        state = None
+        if req.request_type == "generation_only":
+            first = req.disagg.get("first_gen_tokens") or []
+            if not first or req.disagg.get("ctx_request_id") is None:
+                raise P.RequestError(400, "generation_only request without disaggregated_params."
+                                          "first_gen_tokens and ctx_request_id")
+            state = decode_state(req.disagg.get("encoded_opaque_state"))
+        elif req.request_type == "context_only" and self.pool:
+            self.pool.check_fits(n)
+        return req, n, count, state
+
+    async def _generate_direct(self, request, req: P.Request, n: int, count: int, state) -> web.StreamResponse:
+        """The request without emulated timing: it waits for a batch slot, then the real work runs at once."""
+        from toolkit.standin.kv import TransferError
         self.queued += 1
         await self.batch.acquire()
         self.queued -= 1
@@ -594,6 +606,25 @@ def emulated_timing(s: WorkerSettings):
                       max_num_tokens=s.max_num_tokens, max_seq_len=s.max_seq_len)
 
 
+def _serving_mode(worker: Worker, settings: WorkerSettings) -> str:
+    """How this server takes part in disaggregated serving, for its start-up line."""
+    if worker.pool:
+        return (f"disaggregated-capable, cache_transceiver_config.backend {settings.transceiver.backend} emulated "
+                f"with NIXL ({', '.join(f'{k}={v}' for k, v in worker.pool.describe().items())})")
+    return "aggregated (cache transceiver disabled: no cache_transceiver_config.backend)"
+
+
+def _log_emulation(settings: WorkerSettings, timing) -> None:
+    """The start-up line of a server with emulated timing: the emulated model, where its iteration times come from
+    and its emulated KV transfer."""
+    e = settings.emulate
+    tr = settings.transceiver
+    log.info("tk CPU stand-in, not TensorRT-LLM: %s, %s; the emulated KV transfer: %s",
+             e.roofline(settings.tp, settings.kv_dtype).describe(), timing.detail,
+             (f"TensorRT-LLM's {'C++' if tr.resolved_runtime == 'CPP' else 'Python'} transceiver at {e.kv_link}"
+              if tr and e.kv_gbps else "none (no cache transceiver or no link figure)"))
+
+
 def run(settings: WorkerSettings) -> int:
     worker = Worker(settings)
     agent_name = f"tk-standin-{socket.gethostname()}-{settings.port}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -611,19 +642,10 @@ def run(settings: WorkerSettings) -> int:
         if ipc:
             ipc.close()
         return 1
-    if worker.pool:
-        mode = (f"disaggregated-capable, cache_transceiver_config.backend {settings.transceiver.backend} emulated "
-                f"with NIXL ({', '.join(f'{k}={v}' for k, v in worker.pool.describe().items())})")
-    else:
-        mode = "aggregated (cache transceiver disabled: no cache_transceiver_config.backend)"
+    mode = _serving_mode(worker, settings)
     if settings.emulate is not None:
         worker.timing = emulated_timing(settings)
-        e = settings.emulate
-        tr = settings.transceiver
-        log.info("tk CPU stand-in, not TensorRT-LLM: %s, %s; the emulated KV transfer: %s",
-                 e.roofline(settings.tp, settings.kv_dtype).describe(), worker.timing.detail,
-                 (f"TensorRT-LLM's {'C++' if tr.resolved_runtime == 'CPP' else 'Python'} transceiver at {e.kv_link}"
-                  if tr and e.kv_gbps else "none (no cache transceiver or no link figure)"))
+        _log_emulation(settings, worker.timing)
     log.info("tk CPU stand-in, not TensorRT-LLM: serving %s for the TensorRT-LLM %s protocol on http://%s:%d; "
              "KV %d bytes/token (%s, tokens_per_block %d); %s", settings.model_arg, settings.version.line,
              settings.host, settings.port, worker.geo.bytes_per_token, settings.kv_dtype,
