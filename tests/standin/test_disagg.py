@@ -7,9 +7,11 @@ must all fail or show, never hang.
 
 from __future__ import annotations
 
+import base64
 import signal
 import time
 
+import msgpack
 import pytest
 import requests
 
@@ -169,10 +171,19 @@ def test_prompt_longer_than_max_tokens_in_buffer_is_served_where_tensorrt_llm_al
     assert stats(gen)["kv"]["kv_request_buffers_received"] >= 1
     wait_for(lambda: stats(ctx)["kv"]["kv_request_buffer_bytes_held"] == 0, "the buffer freed on the notification")
     assert stats(gen)["kv"]["kv_request_buffer_bytes_held"] == 0
-    # bounded: a buffer larger than what the generation server's per-request buffers may hold is a clear 503
+    # bounded: a buffer larger than what the generation server's per-request buffers may ever hold is an allocation
+    # that cannot succeed (500, not 503's "try again"), saying which bound
     status, doc, _ = generation_leg(gen, context_leg(ctx, words(250, "huge")))
-    assert status == 503 and f"TK_STANDIN_POOL_MB={GEN_UCX_POOL_MB}" in doc["message"], doc
+    assert status == 500 and f"TK_STANDIN_POOL_MB={GEN_UCX_POOL_MB}" in doc["message"], doc
     assert gen.endpoint in doc["message"]
+    # the state of a buffer of its own must carry that registration's NIXL metadata, bounded, and only then
+    resp = context_leg(ctx, words(BUFFER + 10, "nosection"))
+    params = resp["choices"][0]["disaggregated_params"]
+    state = msgpack.unpackb(base64.b64decode(params["encoded_opaque_state"]))
+    del state["section_metadata"]
+    params["encoded_opaque_state"] = base64.b64encode(msgpack.packb(state, use_bin_type=True)).decode()
+    status, doc, _ = generation_leg(gen, resp)
+    assert status == 400 and "section_metadata" in doc["message"], doc
 
 
 def test_worker_errors_reach_the_client_with_status_and_message(dep):

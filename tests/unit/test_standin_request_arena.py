@@ -30,9 +30,9 @@ def test_extents_are_whole_pages_and_the_arena_bounds_what_is_held_at_once():
         b = await arena.take(2 * PAGE, 0.1)
         assert a == (0, 2 * PAGE) and b == (2 * PAGE, 2 * PAGE) and arena.held == 4 * PAGE
         assert await arena.take(1, 0.05) is None  # full past the timeout
-        await arena.give(a)
+        arena.give(a)
         assert await arena.take(3 * PAGE, 0.05) is None  # 2 pages free, not 3 in a row
-        await arena.give(b)  # coalesced with a's pages
+        arena.give(b)  # coalesced with a's pages
         assert arena.free == [(0, 4 * PAGE)] and arena.held == 0
         assert await arena.take(4 * PAGE, 0.05) == (0, 4 * PAGE)
     asyncio.run(run())
@@ -45,7 +45,7 @@ def test_a_request_waits_for_room_and_gets_it_when_another_is_freed():
         waiting = asyncio.ensure_future(arena.take(PAGE, 2.0))
         await asyncio.sleep(0.05)
         assert not waiting.done()
-        await arena.give(first)
+        arena.give(first)
         assert await asyncio.wait_for(waiting, 1.0) == (0, PAGE)
     asyncio.run(run())
 
@@ -56,7 +56,7 @@ def test_freed_pages_stay_mapped_and_read_as_zeros():
         extent = await arena.take(2 * PAGE, 0.1)
         view = arena.view(extent)
         view[:] = 7
-        await arena.give(extent)
+        arena.give(extent)
         assert int(view.max()) == 0  # the header a late READ would find is gone; the memory is still there
     asyncio.run(run())
 

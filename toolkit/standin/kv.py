@@ -33,7 +33,8 @@ of its own** (``Region`` with no slot), laid out as a slot of ``ceil(n / tokens_
 registered with NIXL for that request; the opaque state carries the same addresses plus the NIXL metadata of that
 one registration (``section_metadata``, loaded by the reader into the context agent it knows). Its bytes count
 against what the slots leave of ``TK_STANDIN_POOL_MB`` (``RequestArena``): a request waits for room up to
-``kv_transfer_timeout_ms``, as for a slot, then gets HTTP 503; one that could never fit gets 503 at once. It is
+``kv_transfer_timeout_ms``, as for a slot, then gets HTTP 503; one that could never fit gets 500 at once (an
+allocation that cannot succeed, not "try again"). It is
 deregistered and its pages returned when a slot would be freed (notification, expiry, release). Waiting rather
 than refusing at once: TensorRT-LLM allocates from GPU memory and serves such requests under load, so only a
 request that could never fit is refused. The generation server likewise READs a
@@ -93,6 +94,7 @@ INLINE_WAIT_S = 0.002  # a READ's completion waited for in NIXL's thread before 
 # KV up to this size is copied and hashed on the event loop (tens of microseconds); larger, in a worker thread. A
 # hand-over to a thread and back took 0.1-0.3 ms on the 2-core development box.
 INLINE_BYTES = 256 << 10
+SECTION_MAX_BYTES = 64 << 10  # NIXL's metadata of one registration in an opaque state: a few hundred bytes
 
 
 class TransferError(Exception):
@@ -187,7 +189,7 @@ class RequestArena:
         self.mem = mmap.mmap(-1, self.limit, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS) if self.limit else None
         self.free: list[tuple[int, int]] = [(0, self.limit)] if self.limit else []  # (offset, size), by offset
         self.held = 0
-        self._freed: asyncio.Condition | None = None
+        self._freed: asyncio.Event | None = None
 
     @staticmethod
     def pages(nbytes: int) -> int:
@@ -205,31 +207,32 @@ class RequestArena:
         return None
 
     async def take(self, nbytes: int, timeout_s: float) -> tuple[int, int] | None:
+        """An extent of whole pages for ``nbytes``, waiting for room up to ``timeout_s``; None past it or where it
+        could never fit. Carving is synchronous, so a cancelled wait never loses an extent."""
         size = self.pages(nbytes)
         if not self.fits(nbytes):
             return None
-        if self._freed is None:
-            self._freed = asyncio.Condition()
-        found: list[int] = []
-
-        def carved() -> bool:
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
             off = self._carve(size)
             if off is not None:
-                found.append(off)
-            return off is not None
-        async with self._freed:
-            try:
-                await asyncio.wait_for(self._freed.wait_for(carved), timeout_s)
-            except asyncio.TimeoutError:
-                if not found:  # (carved as the timeout fell: taken all the same)
-                    return None
-        return found[0], size
+                return off, size
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            if self._freed is None:
+                self._freed = asyncio.Event()
+            self._freed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._freed.wait(), left)
 
     def view(self, extent: tuple[int, int]) -> np.ndarray:
         assert self.mem is not None
         return np.frombuffer(self.mem, dtype=np.uint8, count=extent[1], offset=extent[0])
 
-    async def give(self, extent: tuple[int, int]) -> None:
+    def give(self, extent: tuple[int, int]) -> None:
+        """An extent back: its pages to the system (still mapped), its room to whoever waits. Synchronous, so it
+        happens even in a cancelled request's cleanup."""
         off, size = extent
         assert self.mem is not None
         self.mem.madvise(mmap.MADV_DONTNEED, off, size)
@@ -244,8 +247,7 @@ class RequestArena:
                 merged.append((o, n))
         self.free = merged
         if self._freed is not None:
-            async with self._freed:
-                self._freed.notify_all()
+            self._freed.set()
 
 
 class KvPool:
@@ -298,6 +300,7 @@ class KvPool:
         # slots leave of TK_STANDIN_POOL_MB, at once; freed ones wait here for the reaper to deregister them.
         self.arena = RequestArena(limit - int(self.buf.nbytes))
         self.retired: list[Region] = []
+        self.orphans: list[tuple[list, tuple[int, int]]] = []  # (registrations, extent) of cancelled requests
         self.remote_agents: dict[str, bytes] = {}
         self.epoch = 0
         self.faults = faults()
@@ -331,7 +334,8 @@ class KvPool:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reaper
 
-        owned = [r.reg for r, _, _ in self.pending.values() if r.reg is not None] + [r.reg for r in self.retired]
+        owned = ([r.reg for r, _, _ in self.pending.values() if r.reg is not None] + [r.reg for r in self.retired]
+                 + [reg for registered, _ in self.orphans for reg in registered])
 
         def teardown():
             for name in list(self.remote_agents):
@@ -371,8 +375,8 @@ class KvPool:
         nbytes = region_bytes(self.geo, tokens)
         where = (f"{side} server {self.endpoint}: the prompt's KV ({n} tokens, longer than "
                  f"max_tokens_in_buffer={self.slot_tokens}) needs a transfer buffer of its own of {nbytes} bytes")
-        if not self.arena.fits(nbytes):
-            raise TransferError(503, f"{where}, more than the {self.arena.limit} bytes the stand-in's "
+        if not self.arena.fits(nbytes):  # never, whatever else is held: an allocation failure, not "try again"
+            raise TransferError(500, f"{where}, more than the {self.arena.limit} bytes the stand-in's "
                                      f"per-request buffers may hold (what the slots leave of {POOL_MB_ENV}="
                                      f"{self.pool_mb:g}); raise {POOL_MB_ENV} or max_tokens_in_buffer")
         extent = await self.arena.take(nbytes, max(0.0, deadline - time.monotonic()))
@@ -381,29 +385,57 @@ class KvPool:
                                      f"bytes for kv_transfer_timeout_ms={self.timeout_ms}")
         self.stats["kv_request_buffer_bytes_held"] = self.arena.held
         view = self.arena.view(extent)[:nbytes]
+        registered: list = []  # what NIXL's thread registered, for the reaper if this request is cancelled meanwhile
 
         def register():
             reg = self.agent.register_memory([(view.ctypes.data, nbytes, 0, "")], "DRAM")
+            registered.append(reg)
             return reg, (self.agent.get_partial_agent_metadata(reg, inc_conn_info=False) if side == "context"
                          else None)
         try:
             reg, section = await self._nixl(register)
+        except asyncio.CancelledError:
+            # The registration goes on on NIXL's thread; the reaper's deregistration is queued behind it there (one
+            # thread), so it finds what was registered, if anything, and the extent goes back after.
+            self.orphans.append((registered, extent))
+            self._wake_reaper()
+            raise
         except Exception as exc:  # noqa: BLE001 - NIXL raises its status names
-            await self._give_back(extent)
+            self._give_back(extent)
             raise TransferError(500, f"{where}; NIXL could not register it: {type(exc).__name__}: {exc}") from None
         return Region(view, tokens, reg=reg, section=section, extent=extent)
 
-    async def _give_back(self, extent: tuple[int, int]) -> None:
-        await self.arena.give(extent)
+    def _wake_reaper(self) -> None:
+        if self._published is not None:
+            self._published.set()
+
+    def _give_back(self, extent: tuple[int, int]) -> None:
+        self.arena.give(extent)
         self.stats["kv_request_buffer_bytes_held"] = self.arena.held
 
     async def _deregister(self, region: Region) -> None:
+        assert region.extent is not None
         try:
             await self._nixl(self.agent.deregister_memory, region.reg)
+        except asyncio.CancelledError:  # it goes on on NIXL's thread: the extent goes back after it (the reaper)
+            self.orphans.append(([], region.extent))
+            self._wake_reaper()
+            raise
         except Exception as exc:  # noqa: BLE001 - the memory is dropped either way
             log.warning("NIXL deregister_memory of a per-request KV buffer failed: %s", exc)
-        assert region.extent is not None
-        await self._give_back(region.extent)
+        self._give_back(region.extent)
+
+    async def _deregister_orphan(self, registered: list, extent: tuple[int, int]) -> None:
+        """A buffer whose request was cancelled while it was being registered: what NIXL's thread registered (read
+        there, after the registration) is deregistered, then the extent goes back."""
+        def undo():
+            for reg in registered:
+                self.agent.deregister_memory(reg)
+        try:
+            await self._nixl(undo)
+        except Exception as exc:  # noqa: BLE001 - the memory is dropped either way
+            log.warning("NIXL deregister_memory of a cancelled request's KV buffer failed: %s", exc)
+        self._give_back(extent)
 
     def _free_sent(self, region: Region) -> None:
         """A send region is done with: its header cleared (a late READ then fails clearly), a slot back to the free
@@ -516,6 +548,8 @@ class KvPool:
                                 "its slot is freed", rid, self.timeout_ms)
             while self.retired:
                 await self._deregister(self.retired.pop())
+            while self.orphans:
+                await self._deregister_orphan(*self.orphans.pop())
 
     # --- generation side ---------------------------------------------------------------------------------
 
@@ -565,6 +599,21 @@ class KvPool:
                 f"is {theirs}, this generation server's {self.slot_tokens}; both roles need the same transfer "
                 f"buffer"))
 
+    def check_section(self, state: dict, n: int) -> None:
+        """A prompt longer than a slot is in a buffer the context server registered for it, whose NIXL metadata
+        (``section_metadata``: bytes, bounded) the opaque state must carry; a prompt that fits a slot carries none."""
+        section = state.get("section_metadata")
+        ctx = state.get("endpoint", "?")
+        if n <= self.slot_tokens:
+            if section is not None:
+                raise TransferError(400, f"the opaque state from {ctx} carries section_metadata for a prompt of {n} "
+                                         f"tokens, which fits a slot of max_tokens_in_buffer={self.slot_tokens}")
+            return
+        if not isinstance(section, bytes) or not 0 < len(section) <= SECTION_MAX_BYTES:
+            raise TransferError(400, f"the opaque state from {ctx} lacks the NIXL metadata of the buffer its "
+                                     f"{n}-token prompt's KV is in (section_metadata: bytes, 1 to "
+                                     f"{SECTION_MAX_BYTES})")
+
     async def fetch(self, state: dict, prompt_len: int) -> bytes:
         """READ a context server's KV; returns the digest of the received bytes."""
         self.check_geometry(state)
@@ -576,6 +625,7 @@ class KvPool:
                                      f"has {prompt_len} prompt tokens")
         nblocks = -(-n // self.geo.tokens_per_block)
         self.check_fits(n, side="generation")
+        self.check_section(state, n)
         blocks = state.get("blocks") or []
         if len(blocks) != self.geo.num_layers * nblocks:
             raise TransferError(400, f"the opaque state from {ctx} lists {len(blocks)} blocks, expected "
@@ -607,7 +657,10 @@ class KvPool:
         of a buffer the context server registered for this request, loaded into its agent first. Returns (handle
         still to release or None, status)."""
         if section is not None:
-            self.agent.add_remote_agent(section)
+            loaded = self.agent.add_remote_agent(section)
+            loaded = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
+            if loaded != name:
+                raise ValueError(f"the opaque state's section_metadata is agent {loaded[:64]!r}'s, not {name!r}'s")
         ld = self.agent.get_xfer_descs(local, "DRAM")
         rd = self.agent.get_xfer_descs(remote, "DRAM")
         h = self.agent.initialize_xfer("READ", ld, rd, name, notif)
