@@ -289,8 +289,9 @@ def test_local_validation_refuses_buffers_beyond_this_machines_memory_with_the_f
 
 
 def test_local_validation_counts_only_host_memory_pools_against_this_machines_memory(tmp_path, monkeypatch):
-    """--memory vram puts every agent's pool on the GPU: the host's available memory says nothing about it, so pools
-    that would not fit in host memory are not refused there; the same pools in DRAM are."""
+    """--memory vram puts every agent's pool on the GPU: the host's available memory says nothing about it where the
+    agents check it there (torch or CuPy), so pools that would not fit in host memory are not refused; without
+    either, each agent mirrors its pool in host memory, which is counted; the same pools in DRAM are counted."""
     from toolkit import api
     from toolkit.validate import run
     from toolkit.validate.params import Options, ValidateError, build_params
@@ -303,7 +304,14 @@ def test_local_validation_counts_only_host_memory_pools_against_this_machines_me
                                           sweep=False, reverse=False), str(tmp_path))
     vram = params("vram")
     assert sum(vram["geometry"]["pool_bytes"].values()) > 1 << 30  # would not fit the host's 1 GiB
-    run.check_local_memory(vram)  # VRAM pools: not the host's memory
+    find_spec, device_checkers = run.importlib.util.find_spec, {"torch": None, "cupy": None}
+    monkeypatch.setattr(run.importlib.util, "find_spec",
+                        lambda name, *a: device_checkers[name] if name in device_checkers else find_spec(name, *a))
+    device_checkers["torch"] = object()
+    run.check_local_memory(vram)  # VRAM pools checked on the GPU (torch or CuPy): not the host's memory
+    device_checkers["torch"] = None
+    with pytest.raises(ValidateError, match="1.0 GiB available"):  # neither: each agent mirrors its pool in DRAM
+        run.check_local_memory(vram)
     for memory in ("dram", "auto"):  # auto: host memory where no GPU is visible (standin's engine: DRAM)
         with pytest.raises(ValidateError, match="1.0 GiB available"):
             run.check_local_memory(params(memory))

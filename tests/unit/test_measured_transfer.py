@@ -101,6 +101,9 @@ def test_descriptor_lists_and_older_reports_keep_the_link_figure(tmp_path):
         older.pop(key)
     bw = transfer.measured(_report(tmp_path, [older]))
     assert bw.basis == "link" and bw.gbps == STAGED[-1]["gbps"]
+    untimed = [_length(8192, 64 * MIB, 16.0, gather_ms=4.0, scatter_ms=None)]  # request_ms would be WRITE + gather
+    bw = transfer.measured(_report(tmp_path, [_pair("ctx0", "gen0", untimed)]))
+    assert bw.basis == "link" and bw.gbps == untimed[-1]["gbps"]
 
 
 def test_the_reverse_direction_keeps_the_link_figure(tmp_path):

@@ -217,8 +217,9 @@ class _Figures:
         for i, p in measured:
             lengths = p.get("lengths")
             longest = lengths[-1] if isinstance(lengths, list) and lengths else None
-            if not isinstance(longest, dict) or longest.get("staged") is not True or longest.get("request_ms") is None:
-                return None
+            if (not isinstance(longest, dict) or longest.get("staged") is not True
+                    or any(longest.get(k) is None for k in ("request_ms", "gather_p50_ms", "scatter_p50_ms"))):
+                return None  # not staged, or a copy untimed: request_ms would be the WRITE alone
             where = f"pairs[{i}].lengths[{len(lengths) - 1}]"
             ms = self.number(longest.get("request_ms"), f"{where}.request_ms", *REQUEST_MS_RANGE)
             nbytes = self.number(longest.get("bytes"), f"{where}.bytes", 1, MAX_REQUEST_BYTES, whole=True)

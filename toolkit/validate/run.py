@@ -14,6 +14,7 @@ merge into the report, release everything.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import sys
@@ -165,9 +166,11 @@ def available_memory() -> tuple[int, int] | None:
 def check_local_memory(params: dict) -> None:
     """--local: every agent runs here, each registering its role's KV pool; the pools in host memory (DRAM) must
     together fit the memory this machine has available (a cap above it risks the OOM killer on a shared login node).
-    VRAM pools (--memory vram) live on the GPU and are not counted; --memory auto is (its agents fall back to DRAM
-    where no GPU is visible). ValidateError with the figures otherwise."""
-    if params["memory"] == "vram":
+    VRAM pools (--memory vram) live on the GPU and are not counted where the agents can check them there (torch or
+    CuPy importable here); without either, each keeps a host mirror of its whole pool (validation/memory.py's
+    HostMirrorPool), which is counted. --memory auto is counted (its agents fall back to DRAM where no GPU is
+    visible). ValidateError with the figures otherwise."""
+    if params["memory"] == "vram" and any(importlib.util.find_spec(m) is not None for m in ("torch", "cupy")):
         return
     pools = params["geometry"]["pool_bytes"]
     agents = params["agents"]
