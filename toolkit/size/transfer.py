@@ -210,8 +210,9 @@ class _Figures:
 
     def requests(self) -> list[float] | None:
         """Each forward WRITE pair's request time as GB/s (bytes of its longest validated request / its request_ms:
-        gather + WRITE + scatter), where every measured pair's longest request was staged and timed so; None where
-        any is not (descriptor lists, older reports): their link figure stands."""
+        gather + WRITE + scatter), where every measured pair's longest request was staged and each of the three
+        timed; None where any is not (descriptor lists, older reports, a gather or scatter without a figure): their
+        link figure stands."""
         measured = [(i, p) for i, p in self.pairs if p.get("op", "WRITE") == "WRITE" and p.get("gbps")]
         rates = []
         for i, p in measured:
