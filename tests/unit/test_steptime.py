@@ -37,6 +37,12 @@ def test_dense_steps_every_integer_then_every_8_then_every_32():
     assert 1040 not in grid
 
 
+def test_dense_steps_keep_the_point_just_past_each_power_of_two_and_multiple_of_256():
+    grid = set(st.steps(8192))
+    assert {2 ** k + 1 for k in range(6, 13)} <= grid and {97, 161, 1281, 2305, 3585} <= grid
+    assert 1057 not in grid and 8193 not in grid
+
+
 def test_interpolation_is_exact_at_grid_points_and_for_multilinear_functions():
     xs, ys, zs = (1, 2, 4, 8), (1, 3, 9), (0, 10, 100)
 
