@@ -128,6 +128,19 @@ def test_attention_dp_times_one_ranks_share():
         pytest.approx(Parts().decode_ms(8, 1000))
 
 
+def test_attention_dp_never_splits_a_request_across_ranks():
+    """TensorRT-LLM places whole requests on attention-DP ranks: the busiest rank holds ceil(r / d) of them."""
+    alone = st.build(Parts(), max_batch_size=64, max_num_tokens=4096, max_seq_len=8192)
+    spread = st.build(Parts(), max_batch_size=64, max_num_tokens=4096, max_seq_len=8192, attention_dp=8)
+    for shape in (Shape(1, 2048), Shape(1, 1000, 3000), Shape(decode_requests=1, decode_kv_tokens=5000),
+                  Shape(1, 512, 0, 1, 900)):
+        assert spread.milliseconds(shape) == pytest.approx(alone.milliseconds(shape), rel=1e-9)
+    # 10 prompts of 300 tokens on 8 ranks: one rank runs 2 of them; 12 decodes: one rank runs 2 of mean KV
+    assert spread.milliseconds(Shape(10, 3000)) == pytest.approx(Parts().prefill_ms(2, 300, 0), rel=1e-3)
+    assert spread.milliseconds(Shape(decode_requests=12, decode_kv_tokens=12 * 700)) == \
+        pytest.approx(Parts().decode_ms(2, 700), rel=1e-3)
+
+
 def test_a_lookup_costs_microseconds(table):
     import time
     shape = Shape(2, 900, 300, 48, 48 * 1000)

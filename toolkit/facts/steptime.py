@@ -26,7 +26,9 @@ for batch (×√2) and tokens (×2), where it is smooth (attention only), and qu
 ... max_seq_len, where it is not (Qwen3-30B-A3B on H200, 9 x 818 new tokens: 93 ms at 8192 cached, 111 at 10000,
 137 at 11600). Between grid points the
 value is piecewise linear along each axis (multilinear), extrapolated linearly past the last point. Attention DP of d
-ranks: the iteration's requests and tokens are spread evenly, and a rank's share (rounded up) is timed.
+ranks: TensorRT-LLM places whole requests on ranks, so the busiest rank is timed: ceil(r / d) of the r prefills at
+their mean length and prefix, ceil(m / d) of the m decodes at their mean KV length (one 2048-token prompt at d = 8
+takes as long as at d = 1).
 """
 
 from __future__ import annotations
@@ -203,20 +205,25 @@ class StepTable:
                 + interp2(self.batch, self.kv, self.decode_attention_ms, m, k))
 
     def milliseconds(self, shape: IterationShape) -> float:
+        r, m = shape.prefill_requests, shape.decode_requests
+        tokens, prefix, kv = shape.prefill_tokens, shape.prefill_kv_tokens, shape.decode_kv_tokens
         d = self.attention_dp
-        n, m = -(-shape.prefill_requests // d), -(-shape.decode_requests // d)
-        if d > 1:  # one rank's share of an evenly spread batch
-            shape = IterationShape(n, -(-shape.prefill_tokens // d), shape.prefill_kv_tokens // d, m,
-                                   shape.decode_kv_tokens // d)
-        prefill = n > 0 and shape.prefill_tokens > 0
+        if d > 1:  # the busiest rank: whole requests go to ranks, ceil(r / d) of them of the mean length on one
+            n, md = -(-r // d), -(-m // d)
+            if r:
+                tokens, prefix = tokens * n / r, prefix * n / r
+            if m:
+                kv = kv * md / m
+            r, m = n, md
+        prefill = r > 0 and tokens > 0
         decode = m > 0
         if not prefill:
-            return self.decode(m, max(1.0, shape.decode_kv_tokens / m)) if decode else 0.0
-        t, p = shape.prefill_tokens / n, shape.prefill_kv_tokens / n
+            return self.decode(m, max(1.0, kv / m)) if decode else 0.0
+        t, p = tokens / r, prefix / r
         if not decode:
-            return self.prefill(n, t, p)
-        k = max(1.0, shape.decode_kv_tokens / m)
-        return (interp1(self.tokens, self.shared_ms, shape.prefill_tokens + m) + self._attention(n, t, p)
+            return self.prefill(r, t, p)
+        k = max(1.0, kv / m)
+        return (interp1(self.tokens, self.shared_ms, tokens + m) + self._attention(r, t, p)
                 + interp2(self.batch, self.kv, self.decode_attention_ms, m, k))
 
     def seconds(self, shape: IterationShape) -> float:
