@@ -460,6 +460,12 @@ def num(v, fmt=".1f") -> str:
     return format(v, fmt) if isinstance(v, (int, float)) else "-"
 
 
+def less_control(run: dict, measured: dict) -> float | None:
+    """The cell's TTFT p50 less the control's (what the emulation added over the serving path), or None."""
+    ctl, ttft = (run.get("control") or {}).get("ttft_p50_ms"), measured.get("ttft_p50_ms")
+    return ttft - ctl if isinstance(ctl, (int, float)) and isinstance(ttft, (int, float)) else None
+
+
 def print_report(rep: dict) -> None:
     print(f"\n== Calibration: tk bench on the emulated stand-in vs aiconfigurator {rep['aiconfigurator']} static "
           f"(ISL {ISL}, OSL {OSL}; {rep['machine']}; {rep['date']})")
@@ -467,16 +473,18 @@ def print_report(rep: dict) -> None:
           "batch the context server formed ('formed', request-weighted median); 'emu/aic': the emulated time of those "
           "iterations over aiconfigurator's; 'wait': the mean time a prompt queued for its prefill iteration")
     print(f"{'configuration':<24} {'c':>3} | {'TTFT p50':>8} {'aic':>7} {'ratio':>5} {'formed':>7} {'ratio':>5} "
-          f"{'emu/aic':>7} {'wait':>6} {'p99':>7} | {'ITL p50':>7} {'aic':>6} {'ratio':>5} | {'tok/s/GPU':>9} "
+          f"{'emu/aic':>7} {'wait':>6} {'p99':>7} {'-ctl':>7} {'ratio':>5} | {'ITL p50':>7} {'aic':>6} {'ratio':>5} | {'tok/s/GPU':>9} "
           f"{'aic':>7} {'ratio':>5} | {'aic queueing':>12}")
     for name, run in rep["configs"].items():
         for c, cell in run["cells"].items():
             m, p, f = cell["measured"], cell["predicted"], cell.get("formed") or {}
             f = {**f, **formed_summary(f["batches"])} if f.get("batches") else f
+            less = less_control(run, m)
             print(f"{name:<24} {c:>3} | {num(m['ttft_p50_ms']):>8} {num(p['ttft_ms']):>7} "
                   f"{ratio(m['ttft_p50_ms'], p['ttft_ms']):>5} {num(f.get('ttft_p50_ms')):>7} "
                   f"{ratio(m['ttft_p50_ms'], f.get('ttft_p50_ms')):>5} {num(f.get('emulated_over_aic'), '.3f'):>7} "
-                  f"{num(f.get('wait_ms_mean')):>6} {num(m['ttft_p99_ms']):>7} | "
+                  f"{num(f.get('wait_ms_mean')):>6} {num(m['ttft_p99_ms']):>7} {num(less):>7} "
+                  f"{ratio(less, p['ttft_ms']):>5} | "
                   f"{num(m['itl_p50_ms'], '.2f'):>7} {num(p['tpot_ms'], '.2f'):>6} "
                   f"{ratio(m['itl_p50_ms'], p['tpot_ms']):>5} | {num(m['output_tokens_per_s_per_gpu']):>9} "
                   f"{num(p['tokens_s_gpu']):>7} {ratio(m['output_tokens_per_s_per_gpu'], p['tokens_s_gpu']):>5} | "
@@ -525,21 +533,20 @@ def print_report(rep: dict) -> None:
 
 def markdown(rep: dict) -> str:
     """The calibration table as docs/standin.md shows it."""
-    lines = ["| configuration (1P1D) | c | TTFT p50 ms (aic) | ratio | aic for the batches formed | ratio | "
-             "emulated / aic | prefill wait ms | TTFT p99 | TTFT p50 − control | ITL p50 ms (aic) | ratio | "
-             "out tok/s/GPU (aic) | ratio |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| configuration (1P1D) | c | TTFT p50 ms (aic) | ratio | formed | ratio | emulated / aic | wait ms | "
+             "TTFT p99 | TTFT p50 − control | ratio | ITL p50 ms (aic) | ratio | out tok/s/GPU (aic) | ratio |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, run in rep["configs"].items():
-        ctl = (run.get("control") or {}).get("ttft_p50_ms")
         for c, cell in run["cells"].items():
             m, p, f = cell["measured"], cell["predicted"], cell.get("formed") or {}
             f = {**f, **formed_summary(f["batches"])} if f.get("batches") else f
-            less = m["ttft_p50_ms"] - ctl if isinstance(ctl, (int, float)) and m["ttft_p50_ms"] is not None else None
+            less = less_control(run, m)
             lines.append(f"| {name} | {c} | {num(m['ttft_p50_ms'])} ({num(p['ttft_ms'])}) | "
                          f"{ratio(m['ttft_p50_ms'], p['ttft_ms'])} | {num(f.get('ttft_p50_ms'))} | "
                          f"{ratio(m['ttft_p50_ms'], f.get('ttft_p50_ms'))} | "
                          f"{num(f.get('emulated_over_aic'), '.3f')} | {num(f.get('wait_ms_mean'))} | "
-                         f"{num(m['ttft_p99_ms'])} | {num(less)} | {num(m['itl_p50_ms'], '.2f')} "
+                         f"{num(m['ttft_p99_ms'])} | {num(less)} | {ratio(less, p['ttft_ms'])} | "
+                         f"{num(m['itl_p50_ms'], '.2f')} "
                          f"({num(p['tpot_ms'], '.2f')}) | {ratio(m['itl_p50_ms'], p['tpot_ms'])} | "
                          f"{num(m['output_tokens_per_s_per_gpu'])} ({num(p['tokens_s_gpu'])}) | "
                          f"{ratio(m['output_tokens_per_s_per_gpu'], p['tokens_s_gpu'])} |")

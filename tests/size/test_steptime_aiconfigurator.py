@@ -77,11 +77,25 @@ def test_the_table_matches_aiconfigurators_forward_pass_model(case):
     worst = max(errors, key=lambda e: e[0])
     median = statistics.median(e for e, _ in errors)
     print(f"{case}: median {median:.4%}, worst {worst[0]:.2%} at {worst[1]}")
-    assert median < 0.005 and worst[0] < 0.04
+    assert median < 0.005 and worst[0] < 0.02
     # the exact grid points are aiconfigurator's own numbers
     assert table.milliseconds(st.IterationShape(1, 1024)) == pytest.approx(ms(st.IterationShape(1, 1024)), rel=1e-9)
     assert table.milliseconds(st.IterationShape(decode_requests=8, decode_kv_tokens=8 * 1024)) == \
         pytest.approx(ms(st.IterationShape(decode_requests=8, decode_kv_tokens=8 * 1024)), rel=1e-9)
+
+
+def test_a_prefill_just_past_a_step_in_the_gemm_data_is_timed_as_aiconfigurator_times_it():
+    """aiconfigurator's GEMM data steps just past powers of two and multiples of 256 tokens (Llama-3.3-70B TP4 on
+    H100: the non-attention work is 130.6 ms at 2048 tokens, 138.4 at 2049); a prefill there is not interpolated
+    across the step (it was: 2050 tokens timed 5 % short)."""
+    model = resolve_model("meta-llama/Llama-3.3-70B-Instruct")
+    engine = aic.step_engine(model, aic.choose_data("H100", "1.3", None), tp=4)
+    table = st.build(engine, max_batch_size=128, max_num_tokens=8192, max_seq_len=8192)
+    edges = sorted({2 ** k for k in range(6, 14)} | set(range(256, 8192, 256)))
+    errors = [(abs(table.milliseconds(st.IterationShape(1, t)) - engine.prefill_ms(1, t, 0))
+               / engine.prefill_ms(1, t, 0), t) for p in edges for t in (p + 1, p + 2, p + 5) if t <= 8192]
+    worst = max(errors)
+    assert worst[0] < 0.015, f"{worst[0]:.2%} at {worst[1]} tokens"
 
 
 def test_the_parts_add_up_to_aiconfigurators_phases():

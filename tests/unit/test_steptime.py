@@ -37,6 +37,12 @@ def test_dense_steps_every_integer_then_every_8_then_every_32():
     assert 1040 not in grid
 
 
+def test_dense_steps_keep_the_point_just_past_each_power_of_two_and_multiple_of_256():
+    grid = set(st.steps(8192))
+    assert {2 ** k + 1 for k in range(6, 13)} <= grid and {97, 161, 1281, 2305, 3585} <= grid
+    assert 1057 not in grid and 8193 not in grid
+
+
 def test_interpolation_is_exact_at_grid_points_and_for_multilinear_functions():
     xs, ys, zs = (1, 2, 4, 8), (1, 3, 9), (0, 10, 100)
 
@@ -120,6 +126,19 @@ def test_attention_dp_times_one_ranks_share():
     assert table.batch[-1] == 16  # 64 requests over 4 ranks
     assert table.milliseconds(Shape(decode_requests=32, decode_kv_tokens=32 * 1000)) == \
         pytest.approx(Parts().decode_ms(8, 1000))
+
+
+def test_attention_dp_never_splits_a_request_across_ranks():
+    """TensorRT-LLM places whole requests on attention-DP ranks: the busiest rank holds ceil(r / d) of them."""
+    alone = st.build(Parts(), max_batch_size=64, max_num_tokens=4096, max_seq_len=8192)
+    spread = st.build(Parts(), max_batch_size=64, max_num_tokens=4096, max_seq_len=8192, attention_dp=8)
+    for shape in (Shape(1, 2048), Shape(1, 1000, 3000), Shape(decode_requests=1, decode_kv_tokens=5000),
+                  Shape(1, 512, 0, 1, 900)):
+        assert spread.milliseconds(shape) == pytest.approx(alone.milliseconds(shape), rel=1e-9)
+    # 10 prompts of 300 tokens on 8 ranks: one rank runs 2 of them; 12 decodes: one rank runs 2 of mean KV
+    assert spread.milliseconds(Shape(10, 3000)) == pytest.approx(Parts().prefill_ms(2, 300, 0), rel=1e-3)
+    assert spread.milliseconds(Shape(decode_requests=12, decode_kv_tokens=12 * 700)) == \
+        pytest.approx(Parts().decode_ms(2, 700), rel=1e-3)
 
 
 def test_a_lookup_costs_microseconds(table):

@@ -26,7 +26,9 @@ for batch (×√2) and tokens (×2), where it is smooth (attention only), and qu
 ... max_seq_len, where it is not (Qwen3-30B-A3B on H200, 9 x 818 new tokens: 93 ms at 8192 cached, 111 at 10000,
 137 at 11600). Between grid points the
 value is piecewise linear along each axis (multilinear), extrapolated linearly past the last point. Attention DP of d
-ranks: the iteration's requests and tokens are spread evenly, and a rank's share (rounded up) is timed.
+ranks: TensorRT-LLM places whole requests on ranks, so the busiest rank is timed: ceil(r / d) of the r prefills at
+their mean length and prefix, ceil(m / d) of the m decodes at their mean KV length (one 2048-token prompt at d = 8
+takes as long as at d = 1).
 """
 
 from __future__ import annotations
@@ -94,17 +96,21 @@ def octaves(limit: int, per_octave: int = 4, dense_to: int = 8) -> tuple:
 
 
 def steps(limit: int) -> tuple:
-    """Dense 1-D grid 1..``limit``: every integer to 64, every 8 to 1024, every 32 beyond (and ``limit``). For the
+    """Dense 1-D grid 1..``limit``: every integer to 64, every 8 to 1024, every 32 beyond (and ``limit``), and the
+    point just past each multiple of 32 to 1024 and of 256 beyond (every power of two among them). For the
     one-dimensional parts (S over tokens, N and R over batch): aiconfigurator's GEMM data is uneven at the percent
     level between its own sample points (Llama-3.1-8B on H100: S is 53.3 ms at 2560 tokens, 53.2 at 2624), so these
-    are sampled, not smoothed."""
+    are sampled, not smoothed; and it steps just past them (Llama-3.3-70B TP4 on H100: S is 130.6 ms at 2048 tokens,
+    138.4 at 2049; steps of 0.4 to 8 % seen at multiples of 16 to 256 tokens and of 256 to 4096), which the pair
+    p, p + 1 keeps instead of smearing it over the next cell."""
     limit = max(int(limit), 2)
-    points = list(range(1, min(64, limit) + 1))
-    points += range(72, min(1024, limit) + 1, 8)
-    points += range(1056, limit + 1, 32)
-    if points[-1] != limit:
-        points.append(limit)
-    return tuple(points)
+    points = set(range(1, min(64, limit) + 1))
+    points.update(range(72, min(1024, limit) + 1, 8))
+    points.update(range(1056, limit + 1, 32))
+    points.update(p + 1 for p in range(64, min(1024, limit), 32))
+    points.update(p + 1 for p in range(1024, limit, 256))
+    points.add(limit)
+    return tuple(sorted(points))
 
 
 def _locate(points: tuple, x: float) -> tuple[int, float]:
@@ -199,20 +205,25 @@ class StepTable:
                 + interp2(self.batch, self.kv, self.decode_attention_ms, m, k))
 
     def milliseconds(self, shape: IterationShape) -> float:
+        r, m = shape.prefill_requests, shape.decode_requests
+        tokens, prefix, kv = shape.prefill_tokens, shape.prefill_kv_tokens, shape.decode_kv_tokens
         d = self.attention_dp
-        n, m = -(-shape.prefill_requests // d), -(-shape.decode_requests // d)
-        if d > 1:  # one rank's share of an evenly spread batch
-            shape = IterationShape(n, -(-shape.prefill_tokens // d), shape.prefill_kv_tokens // d, m,
-                                   shape.decode_kv_tokens // d)
-        prefill = n > 0 and shape.prefill_tokens > 0
+        if d > 1:  # the busiest rank: whole requests go to ranks, ceil(r / d) of them of the mean length on one
+            n, md = -(-r // d), -(-m // d)
+            if r:
+                tokens, prefix = tokens * n / r, prefix * n / r
+            if m:
+                kv = kv * md / m
+            r, m = n, md
+        prefill = r > 0 and tokens > 0
         decode = m > 0
         if not prefill:
-            return self.decode(m, max(1.0, shape.decode_kv_tokens / m)) if decode else 0.0
-        t, p = shape.prefill_tokens / n, shape.prefill_kv_tokens / n
+            return self.decode(m, max(1.0, kv / m)) if decode else 0.0
+        t, p = tokens / r, prefix / r
         if not decode:
-            return self.prefill(n, t, p)
-        k = max(1.0, shape.decode_kv_tokens / m)
-        return (interp1(self.tokens, self.shared_ms, shape.prefill_tokens + m) + self._attention(n, t, p)
+            return self.prefill(r, t, p)
+        k = max(1.0, kv / m)
+        return (interp1(self.tokens, self.shared_ms, tokens + m) + self._attention(r, t, p)
                 + interp2(self.batch, self.kv, self.decode_attention_ms, m, k))
 
     def seconds(self, shape: IterationShape) -> float:

@@ -23,8 +23,9 @@ Test fault: ``kill -USR1 PID`` wedges the engine the way TensorRT-LLM's largest 
 /health_generate never answers. Only a restart ends it (the job's progress probe: orchestrator.policy).
 
 With emulated timing (``standin.emulate`` in the recipe, ``toolkit.standin.emulate``) requests run through an
-iteration scheduler whose iterations sleep the roofline time of the emulated model on the emulated GPU; tokens
-come out at that cadence, and every report says "emulated timing of MODEL on GPU".
+iteration scheduler whose iterations sleep the emulated model's time on the emulated GPU from its timing source
+(aiconfigurator's per-operation data where it has the GPU and TensorRT-LLM line, else the roofline: ``timing_for``);
+tokens come out at that cadence, and every report says "emulated timing of MODEL on GPU".
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ class Worker:
         self.decode_delay = float(os.environ.get(DECODE_DELAY_ENV, "0") or 0) / 1000.0
         self.clock_offset = 0.0
         self.engine = None  # the emulated engine (toolkit.standin.emulate), created on the event loop
-        self.timing = None  # its iteration timing (toolkit.standin.emulate.timing_for), built before the port binds
+        self.timing = None  # its iteration timing (toolkit.standin.emulate.timing_for): built after the port is
+        # bound, before it listens
         self.refusals = P.RefusalLog(log)
         self.cache, self.cache_source = create_block_cache(settings)
         self.counters["cached_tokens"] = 0
