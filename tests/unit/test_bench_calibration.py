@@ -27,15 +27,17 @@ def _doc_table() -> list[str]:
 def test_the_report_prints_the_docs_calibration_table_with_every_column(monkeypatch):
     bench = _script(monkeypatch)
     header, row = _doc_table()
-    # the docs' 70B c=1 cell, as calibration.json holds it
+    # the docs' 70B c=1 cell, as calibration.json holds it (the probes' iterations included)
     rep = {"configs": {"Llama-3.3-70B, H100, TP4": {
-        "control": {"ttft_p50_ms": 10.0},
+        "control": {"ttft_p50_ms": 8.541779},
         "cells": {"1": {
-            "measured": {"ttft_p50_ms": 151.5, "ttft_p99_ms": 156.5, "itl_p50_ms": 15.81,
-                         "output_tokens_per_s_per_gpu": 6.9},
-            "predicted": {"ttft_ms": 145.5, "tpot_ms": 15.81, "tokens_s_gpu": 7.0},
-            "formed": {"batches": [{"requests": 1, "tokens": 2050, "iterations": 8, "aic_ms": 145.5,
-                                    "emulated_ms_mean": 138.2}], "wait_ms_mean": 0.1}}}}}}
+            "measured": {"ttft_p50_ms": 161.358847, "ttft_p99_ms": 167.143229, "itl_p50_ms": 15.784419,
+                         "output_tokens_per_s_per_gpu": 6.850162},
+            "predicted": {"ttft_ms": 145.455014, "tpot_ms": 15.813722, "tokens_s_gpu": 7.006975},
+            "formed": {"batches": [{"requests": 1, "tokens": 3, "iterations": 5, "aic_ms": 16.732,
+                                    "emulated_ms_mean": 16.732},  # the liveness probes: not prompts
+                                   {"requests": 1, "tokens": 2050, "iterations": 8, "aic_ms": 145.455,
+                                    "emulated_ms_mean": 145.455}], "wait_ms_mean": 0.058824}}}}}}
     lines = bench.markdown(rep).splitlines()
     assert lines[0] == header
     assert lines[1].count("---") == header.count(" | ") + 1
