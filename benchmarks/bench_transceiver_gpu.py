@@ -69,33 +69,17 @@ VALIDATE_GIVE_UP_S = VALIDATE_TIMEOUT_S + 60
 def _raw_one(agent, channel, transfers, peer: str, tag: str, nbytes: int, total: int, warmup: int) -> dict | None:
     """nbytes in one descriptor from the start of both pools, bare NIXL WRITEs (the destination polls its
     notifications as the validator's does); the initiator returns its latencies."""
+    from benchmarks.bench_validate import raw_target, timed_posts
     from validation import messages as msg
-    from validation.pair import TRANSFER_POLL_S
 
-    r = 0
     if agent.role != Role.CTX:
-        channel.send(peer, msg.ready(tag, 0, total))
-        for it in range(total):
-            channel.wait(peer, r, (msg.written(tag, it),), 60, f"raw WRITE {it}", poll_s=TRANSFER_POLL_S)
-        channel.wait(peer, r, (msg.end_prefix(tag),), 120, "the raw loop's end")
+        raw_target(channel, peer, 0, tag, total, write=True)
         return None
-    channel.wait(peer, r, (msg.ready_prefix(tag),), 60, "the raw loop's target")
+    channel.wait(peer, 0, (msg.ready_prefix(tag),), 60, "the raw loop's target")
     key = ("flat", 1, nbytes)
     local, remote = transfers.dlist(agent.id, key), transfers.dlist(peer, key)
-    lat = []
-    for it in range(total):
-        notif = msg.written(tag, it).encode()
-        h = agent.nixl.make_prepped_xfer("WRITE", local, [0], remote, [0], notif, backends=transfers.backends)
-        t0 = time.perf_counter()
-        state = agent.nixl.transfer(h, notif)
-        while state == "PROC":
-            state = agent.nixl.check_xfer_state(h)
-        dt = time.perf_counter() - t0
-        h.release()
-        if state != "DONE":
-            raise RuntimeError(f"raw WRITE ended in state {state}")
-        if it >= warmup:
-            lat.append(dt)
+    lat = timed_posts(agent, transfers, "WRITE", local, remote, lambda it: ([0], [0]),
+                      lambda it: msg.written(tag, it).encode(), total, warmup)
     channel.send(peer, msg.end(tag))
     return {"latencies_s": lat}
 

@@ -67,33 +67,32 @@ PAUSE_S = 0.004  # "raw 1 slot paused": this long between two transfers, about w
 
 # -- the agent side (runs in each of the two agent processes) ---------------------------------------------
 
-def _raw_loop(agent, channel, transfers, req, op: str, peer: str, one_slot: bool = False,
-              pause_s: float = 0.0) -> dict | None:
-    """The request's transfers back to back with bare NIXL calls; the initiator returns its latencies.
-    one_slot: every transfer into the first slot (one block table rewritten back to back); pause_s: sleep
-    this long between two transfers (nothing else)."""
+def raw_target(channel, peer: str, r: int, tag: str, total: int, write: bool) -> None:
+    """The passive side of a raw loop: says it is ready, then (WRITE) polls for each transfer's notification exactly as
+    the validator's destination does, and waits for the loop's end."""
     from validation import messages as msg
     from validation.pair import TRANSFER_POLL_S
 
+    channel.send(peer, msg.ready(tag, 0, total))
+    if write:
+        for it in range(total):
+            channel.wait(peer, r, (msg.written(tag, it),), 60, f"raw WRITE {it}", poll_s=TRANSFER_POLL_S)
+    channel.wait(peer, r, (msg.end_prefix(tag),), 120, "the raw loop's end")
+
+
+def timed_posts(agent, transfers, op: str, local, remote, indices, notif_of, total: int, warmup: int,
+                pause_s: float = 0.0) -> list[float]:
+    """``total`` bare NIXL transfers back to back (``indices(it)``: the local and remote descriptor indices,
+    ``notif_of(it)``: the notification), each timed from post to DONE (polled in a tight loop); the latencies after
+    ``warmup``. pause_s: sleep this long between two transfers (nothing else)."""
     nixl, backends = agent.nixl, transfers.backends
-    initiator = req.src if op == "WRITE" else req.dst
-    if agent.id != initiator:
-        channel.send(peer, msg.ready(req.tag, 0, req.total))
-        if op == "WRITE":  # the destination polls for each notification exactly as the validator's does
-            for it in range(req.total):
-                channel.wait(peer, req.r, (msg.written(req.tag, it),), 60, f"raw WRITE {it}", poll_s=TRANSFER_POLL_S)
-        channel.wait(peer, req.r, (msg.end_prefix(req.tag),), 120, "the raw loop's end")
-        return None
-    channel.wait(peer, req.r, (msg.ready_prefix(req.tag),), 60, "the raw loop's target")
-    local, remote = transfers.dlist(agent.id, req.lists_key), transfers.dlist(peer, req.lists_key)
-    lidx, ridx = req.local_remote(op)
     latencies = []
-    for it in range(req.total):
+    for it in range(total):
         if pause_s and it:
             time.sleep(pause_s)
-        s = 0 if one_slot else req.slot_of(it)
-        notif = msg.written(req.tag, it).encode() if op == "WRITE" else b""
-        h = nixl.make_prepped_xfer(op, local, lidx[s], remote, ridx[s], notif, backends=backends)
+        lidx, ridx = indices(it)
+        notif = notif_of(it)
+        h = nixl.make_prepped_xfer(op, local, lidx, remote, ridx, notif, backends=backends)
         t0 = time.perf_counter()
         state = nixl.transfer(h, notif)
         while state == "PROC":
@@ -102,8 +101,32 @@ def _raw_loop(agent, channel, transfers, req, op: str, peer: str, one_slot: bool
         h.release()
         if state != "DONE":
             raise RuntimeError(f"raw {op} ended in state {state}")
-        if it >= req.warmup:
+        if it >= warmup:
             latencies.append(dt)
+    return latencies
+
+
+def _raw_loop(agent, channel, transfers, req, op: str, peer: str, one_slot: bool = False,
+              pause_s: float = 0.0) -> dict | None:
+    """The request's transfers back to back with bare NIXL calls; the initiator returns its latencies.
+    one_slot: every transfer into the first slot (one block table rewritten back to back); pause_s: sleep
+    this long between two transfers (nothing else)."""
+    from validation import messages as msg
+
+    initiator = req.src if op == "WRITE" else req.dst
+    if agent.id != initiator:
+        raw_target(channel, peer, req.r, req.tag, req.total, write=op == "WRITE")
+        return None
+    channel.wait(peer, req.r, (msg.ready_prefix(req.tag),), 60, "the raw loop's target")
+    local, remote = transfers.dlist(agent.id, req.lists_key), transfers.dlist(peer, req.lists_key)
+    lidx, ridx = req.local_remote(op)
+
+    def indices(it: int) -> tuple:
+        s = 0 if one_slot else req.slot_of(it)
+        return lidx[s], ridx[s]
+    latencies = timed_posts(agent, transfers, op, local, remote, indices,
+                            lambda it: msg.written(req.tag, it).encode() if op == "WRITE" else b"",
+                            req.total, req.warmup, pause_s)
     channel.send(peer, msg.end(req.tag))
     return {"latencies_s": latencies}
 
