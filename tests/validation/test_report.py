@@ -187,9 +187,11 @@ def test_no_threshold_is_said_as_none_never_as_measured(tmp_path):
     assert report["passed"]
 
 
-def test_the_report_names_the_model_and_the_request_time_beside_the_link(tmp_path):
+def _staged_report(tmp_path) -> dict:
+    """standin-2p2d (the 1.2 line: the C++ transceiver, staged) with every length one staged descriptor, its
+    gather 0.5 ms on the source and its scatter 0.3 ms on the destination."""
     params = build_params(load_plan("standin-2p2d", ()), Options(mode="local", iterations=3, warmup=1),
-                          str(tmp_path))  # the 1.2 line: the C++ transceiver, staged
+                          str(tmp_path))
     results = _results(params)
     for res in results.values():
         for rec in res["pairs"]:
@@ -197,7 +199,11 @@ def test_the_report_names_the_model_and_the_request_time_beside_the_link(tmp_pat
                 e["staged"], e["descriptors"] = True, 1
                 e["gather_s"] = [0.0005] * 3 if res["agent"] == rec["src"] else []
                 e["scatter_s"] = [0.0003] * 3 if res["agent"] == rec["dst"] else []
-    report = _report(params, results)
+    return _report(params, results)
+
+
+def test_the_report_names_the_model_and_the_request_time_beside_the_link(tmp_path):
+    report = _staged_report(tmp_path)
     jsonschema.validate(report, load_schema())
     assert report["transceiver"]["model"].startswith(
         "C++ transceiver: staged-per-rank-pair, 1 descriptor per rank pair of 2.00 MiB for the 1024-token request")
@@ -211,16 +217,7 @@ def test_the_largest_request_counts_the_staged_gather_and_scatter(tmp_path):
     gather + WRITE + scatter at the measured rates (the link alone beside it), and decides whether it dominates."""
     from toolkit.validate.report import largest_request
 
-    params = build_params(load_plan("standin-2p2d", ()), Options(mode="local", iterations=3, warmup=1),
-                          str(tmp_path))  # the 1.2 line: the C++ transceiver, staged
-    results = _results(params)
-    for res in results.values():
-        for rec in res["pairs"]:
-            for e in rec["lengths"]:
-                e["staged"], e["descriptors"] = True, 1
-                e["gather_s"] = [0.0005] * 3 if res["agent"] == rec["src"] else []
-                e["scatter_s"] = [0.0003] * 3 if res["agent"] == rec["dst"] else []
-    report = _report(params, results)
+    report = _staged_report(tmp_path)
     jsonschema.validate(report, load_schema())
     lr = report["largest_request"]
     assert lr["measured_transfer_ms"] == pytest.approx(1.0, rel=1e-3)  # the link: 2 MiB at 2.097 GB/s
