@@ -392,17 +392,12 @@ def lab(tmp: Path, env: dict) -> dict:
 async def _streams(url: str, n: int, isl: int, osl: int) -> list[float]:
     import aiohttp
 
+    from benchmarks.pd_lab import event_stamps
+
     async def one(session, i):
         body = {"model": "m", "prompt": " ".join(f"s{i}w{j}" for j in range(isl)), "max_tokens": osl, "stream": True}
-        stamps, buf = [], b""
         async with session.post(url + "/v1/completions", json=body) as resp:
-            async for chunk in resp.content.iter_any():
-                now = time.perf_counter()
-                buf += chunk
-                while b"\n\n" in buf:
-                    event, buf = buf.split(b"\n\n", 1)
-                    if event.startswith(b"data: {"):
-                        stamps.append(now)
+            stamps = await event_stamps(resp)
         return [b - a for a, b in zip(stamps, stamps[1:])]
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         gaps = await asyncio.gather(*(one(session, i) for i in range(n)))

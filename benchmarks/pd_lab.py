@@ -179,24 +179,29 @@ def prompt(n: int, salt: int) -> str:
     return " ".join(f"t{salt}x{i}" for i in range(n))  # n whitespace tokens; unique per request (no reuse)
 
 
+async def event_stamps(resp) -> list[float]:
+    """When each server-sent data event of a streamed completion arrived (time.perf_counter of its chunk)."""
+    stamps, buf = [], b""
+    async for chunk in resp.content.iter_any():
+        now = time.perf_counter()
+        buf += chunk
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            if event.startswith(b"data: {"):
+                stamps.append(now)
+    return stamps
+
+
 async def one(session, url: str, n: int, out: int, salt: int, stream: bool = True) -> dict:
     body = {"model": SERVED_MODEL, "prompt": prompt(n, salt), "max_tokens": out, "stream": stream}
     t0 = time.perf_counter()
-    stamps = []
     async with session.post(url + "/v1/completions", json=body) as resp:
         if resp.status != 200:
             raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
         if not stream:
             await resp.read()
             return {"n": n, "e2e": time.perf_counter() - t0}
-        buf = b""
-        async for chunk in resp.content.iter_any():
-            now = time.perf_counter()
-            buf += chunk
-            while b"\n\n" in buf:
-                event, buf = buf.split(b"\n\n", 1)
-                if event.startswith(b"data: {"):
-                    stamps.append(now - t0)
+        stamps = [t - t0 for t in await event_stamps(resp)]
     itl = [b - a for a, b in zip(stamps, stamps[1:])]
     return {"n": n, "ttft": stamps[0], "e2e": stamps[-1], "itl": itl}
 
