@@ -772,12 +772,11 @@ def _bench_compare(target, compare, local, overrides, run_dir, kwargs, on_progre
     if as_json:
         _emit_json(out)
         return
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(stderr=True)
-    if not con.is_terminal:
-        con = Console(stderr=True, width=120)  # logs and pipes: wide enough that no column is cut
+    from toolkit.progress import stderr_console
+
+    con = stderr_console(120)
     t = Table(title=f"tk bench --compare {out['recipe']} ({out['workload']})", title_justify="left")
     for col in ("variant", "valid", "TTFT p50 turn>=2", "recomputed turn>=2", "history reused", "req/s"):
         t.add_column(col, justify="left" if col == "variant" else "right", no_wrap=True)

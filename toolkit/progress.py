@@ -1,6 +1,18 @@
-"""Live progress on stderr while `tk launch` and `tk validate cluster` wait."""
+"""The console on stderr: live progress while `tk launch` and `tk validate cluster` wait, and the console every
+command prints its tables on (stdout is kept for --json)."""
 
 from __future__ import annotations
+
+
+def stderr_console(width: int = 120, highlight: bool = True):
+    """A rich Console on stderr; where stderr is not a terminal (logs and pipes), ``width`` columns, wide enough that
+    no column is cut."""
+    from rich.console import Console
+
+    console = Console(stderr=True, highlight=highlight)
+    if not console.is_terminal:
+        console.width = width
+    return console
 
 
 class StatusLine:

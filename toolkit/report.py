@@ -118,12 +118,11 @@ def _print_kv(console, plan: Plan) -> None:
 
 def print_plan(plan: Plan) -> None:
     """The plan on stderr, table by table, then its memory plan and warnings."""
-    from rich.console import Console
     from rich.markup import escape as esc
 
-    console = Console(stderr=True, highlight=False)
-    if not console.is_terminal:
-        console.width = 120
+    from toolkit.progress import stderr_console
+
+    console = stderr_console(120, highlight=False)
     _print_header(console, plan)
     _print_value_sources(console, plan)
     _print_roles(console, plan)
@@ -183,17 +182,15 @@ def memory_lines(plan: Plan) -> list[str]:
 
 def print_import(result, output) -> None:
     """What `tk import` did: where the recipe went, what was not carried, what tk renders differently, the plan."""
-    from rich.console import Console
     from rich.markup import escape as rich_escape
 
+    from toolkit.progress import stderr_console
     from toolkit.text import escape_controls
 
     def esc(text: str) -> str:  # a source's keys and values may hold ESC or line breaks: one line each, inert
         return rich_escape(escape_controls(text))
 
-    console = Console(stderr=True, highlight=False)
-    if not console.is_terminal:
-        console.width = 120
+    console = stderr_console(120, highlight=False)
     led = result.ledger
     console.print(f"[bold]{esc(result.source)}[/] ({led.kind}) -> "
                   f"{esc(str(output)) if output else 'stdout'}: {len(led.carried)} value(s) carried")

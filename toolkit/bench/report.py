@@ -282,13 +282,12 @@ def write_all(out: Path, doc: dict) -> list[str]:
 def print_summary(doc: dict) -> None:
     """Rich tables on stderr: the numbers per target and cell, the baseline side by side, then the verdict as
     one line per stage with every failed check spelled out."""
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
-    con = Console(stderr=True)
-    if not con.is_terminal:
-        con = Console(stderr=True, width=120)  # logs and pipes: wide enough that no column is cut
+    from toolkit.progress import stderr_console
+
+    con = stderr_console(120)
     t = Table(title=f"tk bench {doc['name']}", title_justify="left")
     for col in ("target", "cell", "req", "err", "TTFT p50", "TTFT p99", "ITL p99", "req/s", "tok/s/GPU",
                 "tok/s/user"):

@@ -85,12 +85,11 @@ def recompute(shape: MultiTurnShape, *, prefill_ms_per_token: float | None = Non
 
 
 def print_recompute(doc: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(stderr=True)
-    if not con.is_terminal:
-        con = Console(stderr=True, width=120)  # logs and pipes: wide enough that no column wraps
+    from toolkit.progress import stderr_console
+
+    con = stderr_console(120)
     timed = doc["inputs"]["prefill_ms_per_token"] is not None
     t = Table(title="multi-turn: prefill tokens per turn on the context servers (recomputed in brackets)",
               title_justify="left")

@@ -852,11 +852,9 @@ def _print_verdict(console, report: dict) -> None:
 
 def print_report(report: dict) -> None:
     """The report on stderr, section by section (stdout is kept for --json)."""
-    from rich.console import Console
+    from toolkit.progress import stderr_console
 
-    console = Console(stderr=True, highlight=False)
-    if not console.is_terminal:
-        console.width = 140
+    console = stderr_console(140, highlight=False)
     _print_header(console, report)
     _print_preflight_failures(console, report)
     _print_pairs(console, report)
