@@ -10,6 +10,7 @@ and every refusal is logged with its reason, at a bounded rate.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import ipaddress
 from pathlib import Path
@@ -50,6 +51,19 @@ TCP = (HEADER
        + row(1, "0100007F:094D", "0100007F:C738", "01", 1000, 4002)  # its end of the connection
        + row(2, "0100007F:C738", "0100007F:094D", "01", 1001, 4003)  # the other end: the client's socket
        + row(3, "0100007F:C739", "0100007F:094D", "06", 0, 0))       # an earlier client's TIME_WAIT (uid 0)
+
+
+@contextlib.contextmanager
+def _handlers_restored(signals):
+    """The handlers of ``signals`` put back as they were, whatever the gateway under test installed."""
+    import signal
+
+    saved = {s: signal.getsignal(s) for s in signals}
+    try:
+        yield
+    finally:
+        for s, h in saved.items():
+            signal.signal(s, h)
 
 
 def test_addresses_are_written_as_the_kernel_writes_them():
@@ -374,17 +388,13 @@ def test_a_gateway_that_fails_says_so_and_ends_its_server(gateway_of, capsys, mo
     import os
     import signal
     g, _ = gateway_of([1000])
-    saved = {s: signal.getsignal(s) for s in gw.ENDING_SIGNALS}
     ended = []
 
     async def broken(sock, gateway, parent):
         raise RuntimeError("the loop broke")
     monkeypatch.setattr(gw, "serve", broken)
-    try:
+    with _handlers_restored(gw.ENDING_SIGNALS):
         assert gw.run_beside(None, g, os.getppid(), end_server=lambda pid, sig: ended.append((pid, sig))) == 1
-    finally:
-        for s, h in saved.items():
-            signal.signal(s, h)
     assert ended == [(os.getppid(), signal.SIGTERM)]
     line = capsys.readouterr().err.strip()
     assert line.startswith('etcd_gateway: background-failed {"task": "gateway", "component": "etcd-gateway", '
@@ -410,19 +420,15 @@ def test_a_signalled_gateway_says_which_signal_and_ends_its_server(gateway_of, c
     import signal
     g, _ = gateway_of([1000])
     sig = getattr(signal, name)
-    saved = {s: signal.getsignal(s) for s in {*gw.ENDING_SIGNALS, sig}}
-    signal.signal(sig, lambda *_: None)  # a gateway that leaves it alone must not end the test run with it
     ended = []
 
     async def signalled(sock, gateway, parent):
         os.kill(os.getpid(), sig)
         await asyncio.sleep(0.5)
     monkeypatch.setattr(gw, "serve", signalled)
-    try:
+    with _handlers_restored({*gw.ENDING_SIGNALS, sig}):
+        signal.signal(sig, lambda *_: None)  # a gateway that leaves it alone must not end the test run with it
         assert gw.run_beside(None, g, os.getppid(), end_server=lambda pid, s: ended.append((pid, s))) == 1
-    finally:
-        for s, h in saved.items():
-            signal.signal(s, h)
     assert ended == [(os.getppid(), signal.SIGTERM)]
     assert f"etcd_gateway: ended by {name}" in capsys.readouterr().err
 
