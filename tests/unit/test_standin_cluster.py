@@ -85,16 +85,6 @@ def test_the_proxys_membership_poll_is_started_again_after_a_failure_and_says_so
     cfg = C.ClusterConfig(cluster_uri="etcd://127.0.0.1:1", cluster_name="c")
     monkeypatch.setattr(C, "POLL_S", 0.01)
     monkeypatch.setattr("toolkit.standin.tasks.KEEP_FIRST_DELAY_S", 0.01)
-
-    class Router:
-        def __init__(self):
-            self.servers = set()
-
-        def add_server(self, url):
-            self.servers.add(url)
-
-        def remove_server(self, url):
-            self.servers.discard(url)
     answers = iter([RuntimeError("a bug"), {cfg.key_prefix + "/GENERATION-h:9-1-1-001":
                                             '{"worker_id": "w", "host": "h", "port": 9, "role": 1}'}])
 
@@ -109,7 +99,7 @@ def test_the_proxys_membership_poll_is_started_again_after_a_failure_and_says_so
             pass
 
     async def main():
-        manager = C.ClusterManager(cfg, Router(), Router())
+        manager = C.ClusterManager(cfg, _Router(), _Router())
         manager.client = Client()
         await manager.start()
         for _ in range(100):
